@@ -1,0 +1,334 @@
+// Package devcerts is a small development certificate authority. It issues
+// ECDSA P-256 server and client certificates for running the resource broker
+// locally, and in tests, with mutual TLS.
+//
+// It is not meant for production: the CA key lives in memory and, when
+// saved, in a plain PEM file.
+package devcerts
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// File names used by Save, LoadCA and WriteTLSDir. The TLS directory layout
+// matches the keys of a cert-manager (kubernetes.io/tls) Secret.
+const (
+	CACertFile  = "ca.crt"
+	CAKeyFile   = "ca.key"
+	TLSCertFile = "tls.crt"
+	TLSKeyFile  = "tls.key"
+)
+
+const (
+	caValidity   = 10 * 365 * 24 * time.Hour
+	leafValidity = 365 * 24 * time.Hour
+	// clockSkew backdates NotBefore so that freshly issued certificates are
+	// accepted by peers whose clock is slightly behind.
+	clockSkew = time.Minute
+)
+
+// CA is a development certificate authority kept in memory.
+type CA struct {
+	Cert    *x509.Certificate
+	Key     crypto.Signer
+	CertPEM []byte
+}
+
+// Pair is a PEM certificate and key.
+type Pair struct {
+	CertPEM, KeyPEM []byte
+}
+
+// NewCA creates a self-signed ECDSA P-256 CA valid for 10 years.
+func NewCA(commonName string) (*CA, error) {
+	if strings.TrimSpace(commonName) == "" {
+		return nil, errors.New("devcerts: CA common name must not be empty")
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("devcerts: generating CA key: %w", err)
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: commonName},
+		NotBefore:             now.Add(-clockSkew),
+		NotAfter:              now.Add(caValidity),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, fmt.Errorf("devcerts: creating CA certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("devcerts: parsing CA certificate: %w", err)
+	}
+	return &CA{
+		Cert:    cert,
+		Key:     key,
+		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+	}, nil
+}
+
+// LoadCA reads dir/ca.crt (PEM certificate) and dir/ca.key (PEM PKCS#8
+// private key) and checks that they belong together.
+func LoadCA(dir string) (*CA, error) {
+	certPath := filepath.Join(dir, CACertFile)
+	keyPath := filepath.Join(dir, CAKeyFile)
+
+	certPEM, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, fmt.Errorf("devcerts: reading CA certificate: %w", err)
+	}
+	keyPEM, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, fmt.Errorf("devcerts: reading CA key: %w", err)
+	}
+
+	certBlock, _ := pem.Decode(certPEM)
+	if certBlock == nil || certBlock.Type != "CERTIFICATE" {
+		return nil, fmt.Errorf("devcerts: %s: no PEM CERTIFICATE block", certPath)
+	}
+	cert, err := x509.ParseCertificate(certBlock.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("devcerts: %s: %w", certPath, err)
+	}
+	if !cert.IsCA {
+		return nil, fmt.Errorf("devcerts: %s: certificate is not a CA", certPath)
+	}
+
+	key, err := parseKeyPEM(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("devcerts: %s: %w", keyPath, err)
+	}
+	if !publicKeysEqual(cert.PublicKey, key.Public()) {
+		return nil, fmt.Errorf("devcerts: %s does not match the certificate in %s", keyPath, certPath)
+	}
+
+	return &CA{
+		Cert:    cert,
+		Key:     key,
+		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw}),
+	}, nil
+}
+
+// Save writes dir/ca.crt (mode 0644) and dir/ca.key (mode 0600), creating
+// dir if needed.
+func (ca *CA) Save(dir string) error {
+	keyPEM, err := marshalKeyPEM(ca.Key)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("devcerts: %w", err)
+	}
+	if err := writeFile(filepath.Join(dir, CACertFile), ca.CertPEM, 0o644); err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(dir, CAKeyFile), keyPEM, 0o600)
+}
+
+// IssueServer issues a server certificate (ExtKeyUsageServerAuth, valid for
+// one year). Each host is put in the subject alternative names: as an IP
+// address if it parses as one, as a DNS name otherwise.
+func (ca *CA) IssueServer(commonName string, hosts []string) (Pair, error) {
+	if strings.TrimSpace(commonName) == "" {
+		return Pair{}, errors.New("devcerts: server common name must not be empty")
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: commonName},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, h := range hosts {
+		h = strings.TrimSpace(h)
+		if h == "" {
+			continue
+		}
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	if len(tmpl.IPAddresses)+len(tmpl.DNSNames) == 0 {
+		return Pair{}, fmt.Errorf("devcerts: server certificate %q needs at least one host (DNS name or IP)", commonName)
+	}
+	return ca.issue(tmpl)
+}
+
+// IssueClient issues a client certificate (ExtKeyUsageClientAuth, valid for
+// one year) whose subject common name is the cluster identity. The name must
+// be a DNS-1123 label because cluster ids become namespace names.
+func (ca *CA) IssueClient(commonName string) (Pair, error) {
+	if err := ValidateClusterID(commonName); err != nil {
+		return Pair{}, fmt.Errorf("devcerts: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: commonName},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	return ca.issue(tmpl)
+}
+
+// ValidateClusterID reports whether id can be used as a cluster identity,
+// i.e. as the common name of a client certificate: it must be a DNS-1123
+// label (lower-case alphanumerics and '-', at most 63 characters).
+func ValidateClusterID(id string) error {
+	if msgs := validation.IsDNS1123Label(id); len(msgs) > 0 {
+		return fmt.Errorf("invalid cluster id %q: must be a DNS-1123 label because it becomes a namespace name: %s",
+			id, strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// WriteTLSDir writes dir/tls.crt (0644), dir/tls.key (0600) and dir/ca.crt
+// (0644), the layout of a cert-manager Secret mounted as a volume. dir is
+// created if needed.
+func WriteTLSDir(dir string, p Pair, caPEM []byte) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("devcerts: %w", err)
+	}
+	if err := writeFile(filepath.Join(dir, TLSCertFile), p.CertPEM, 0o644); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(dir, TLSKeyFile), p.KeyPEM, 0o600); err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(dir, CACertFile), caPEM, 0o644)
+}
+
+// TLSCertificate parses the pair for use in a tls.Config.
+func (p Pair) TLSCertificate() (tls.Certificate, error) {
+	c, err := tls.X509KeyPair(p.CertPEM, p.KeyPEM)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("devcerts: %w", err)
+	}
+	return c, nil
+}
+
+// Pool returns a new certificate pool holding only the CA certificate, for
+// tls.Config.RootCAs (clients) or tls.Config.ClientCAs (servers).
+func (ca *CA) Pool() *x509.CertPool {
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	return pool
+}
+
+// issue fills in the common fields of a leaf certificate and signs it.
+func (ca *CA) issue(tmpl *x509.Certificate) (Pair, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return Pair{}, fmt.Errorf("devcerts: generating key: %w", err)
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return Pair{}, err
+	}
+	now := time.Now()
+	tmpl.SerialNumber = serial
+	tmpl.NotBefore = now.Add(-clockSkew)
+	tmpl.NotAfter = now.Add(leafValidity)
+	if tmpl.NotAfter.After(ca.Cert.NotAfter) {
+		tmpl.NotAfter = ca.Cert.NotAfter
+	}
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.BasicConstraintsValid = true
+	tmpl.IsCA = false
+
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
+	if err != nil {
+		return Pair{}, fmt.Errorf("devcerts: signing certificate %q: %w", tmpl.Subject.CommonName, err)
+	}
+	keyPEM, err := marshalKeyPEM(key)
+	if err != nil {
+		return Pair{}, err
+	}
+	return Pair{
+		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		KeyPEM:  keyPEM,
+	}, nil
+}
+
+// randomSerial returns a random positive 128-bit serial number.
+func randomSerial() (*big.Int, error) {
+	limit := new(big.Int).Lsh(big.NewInt(1), 128)
+	for {
+		n, err := rand.Int(rand.Reader, limit)
+		if err != nil {
+			return nil, fmt.Errorf("devcerts: generating serial number: %w", err)
+		}
+		if n.Sign() > 0 {
+			return n, nil
+		}
+	}
+}
+
+func marshalKeyPEM(key crypto.Signer) ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("devcerts: marshalling private key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+func parseKeyPEM(keyPEM []byte) (crypto.Signer, error) {
+	block, _ := pem.Decode(keyPEM)
+	if block == nil || block.Type != "PRIVATE KEY" {
+		return nil, errors.New("no PEM PRIVATE KEY (PKCS#8) block")
+	}
+	k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	signer, ok := k.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("unsupported private key type %T", k)
+	}
+	return signer, nil
+}
+
+func publicKeysEqual(a, b crypto.PublicKey) bool {
+	ea, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && ea.Equal(b)
+}
+
+// writeFile writes data to path with exactly perm, also when the file
+// already existed with another mode (os.WriteFile only applies perm, minus
+// the umask, on creation). An existing file is narrowed before the new
+// content is written so a key is never readable with a wider mode.
+func writeFile(path string, data []byte, perm os.FileMode) error {
+	if err := os.Chmod(path, perm); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("devcerts: %w", err)
+	}
+	if err := os.WriteFile(path, data, perm); err != nil {
+		return fmt.Errorf("devcerts: %w", err)
+	}
+	if err := os.Chmod(path, perm); err != nil {
+		return fmt.Errorf("devcerts: %w", err)
+	}
+	return nil
+}
