@@ -1,0 +1,44 @@
+// Package scripts holds the broker's Redis Lua scripts, one per atomic
+// operation. Each script file documents its KEYS, ARGV and reply; lib.lua holds
+// the helpers they share and is prepended to each of them before loading.
+package scripts
+
+import (
+	"embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed *.lua
+var files embed.FS
+
+func load(name string) *redis.Script {
+	lib, err := files.ReadFile("lib.lua")
+	if err != nil {
+		panic(err)
+	}
+	body, err := files.ReadFile(name + ".lua")
+	if err != nil {
+		panic(err)
+	}
+	return redis.NewScript(string(lib) + "\n" + string(body))
+}
+
+// The scripts, loaded once. Run them with Script.Run (EVALSHA, falling back to
+// EVAL after a Redis restart has flushed the script cache).
+var (
+	Advertise = load("advertise")
+	Reserve   = load("reserve")
+	Release   = load("release")
+	Expire    = load("expire")
+	Grant     = load("grant")
+)
+
+// All lists every script, for loading at start-up and readiness checks.
+var All = map[string]*redis.Script{
+	"advertise": Advertise,
+	"reserve":   Reserve,
+	"release":   Release,
+	"expire":    Expire,
+	"grant":     Grant,
+}

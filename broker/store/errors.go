@@ -1,0 +1,36 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+var (
+	// ErrNotFound: no such reservation or cluster.
+	ErrNotFound = errors.New("not found")
+	// ErrForbidden: the caller is neither the requester nor the provider.
+	ErrForbidden = errors.New("caller is not a party to this reservation")
+	// ErrConflict: the reservation id is taken by another requester.
+	ErrConflict = errors.New("reservation id already used by another cluster")
+)
+
+// NoFitError says that no cluster can take a request, and why, by class.
+type NoFitError struct {
+	Rejected map[string]int64 // reason -> number of clusters
+}
+
+func (e *NoFitError) Error() string {
+	reasons := make([]string, 0, len(e.Rejected))
+	for k, n := range e.Rejected {
+		if n > 0 {
+			reasons = append(reasons, fmt.Sprintf("%s=%d", k, n))
+		}
+	}
+	sort.Strings(reasons)
+	if len(reasons) == 0 {
+		return "no cluster fits the request: no cluster is advertised"
+	}
+	return "no cluster fits the request (" + strings.Join(reasons, ", ") + ")"
+}

@@ -1,0 +1,111 @@
+package store
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+func atoi(s string) int64 {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}
+
+func msTime(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
+}
+
+func toStrings(v []any) []string {
+	out := make([]string, len(v))
+	for i, x := range v {
+		switch x := x.(type) {
+		case string:
+			out[i] = x
+		case int64:
+			out[i] = strconv.FormatInt(x, 10)
+		default:
+			out[i] = fmt.Sprint(x)
+		}
+	}
+	return out
+}
+
+func parseReservation(id string, flat []string) (Reservation, error) {
+	m := make(map[string]string, len(flat)/2)
+	for i := 0; i+1 < len(flat); i += 2 {
+		m[flat[i]] = flat[i+1]
+	}
+	return reservationFromMap(id, m)
+}
+
+func resourcesFrom(m map[string]string, prefix string) Resources {
+	return Resources{
+		CPU:     atoi(m[prefix+"cpu"]),
+		Memory:  atoi(m[prefix+"mem"]),
+		GPU:     atoi(m[prefix+"gpu"]),
+		Storage: atoi(m[prefix+"sto"]),
+	}
+}
+
+func reservationFromMap(id string, m map[string]string) (Reservation, error) {
+	r := Reservation{
+		ID:        id,
+		Requester: m["requester"],
+		Target:    m["target"],
+		Phase:     m["phase"],
+		Resources: resourcesFrom(m, ""),
+		CreatedAt: msTime(atoi(m["created_ms"])),
+		ExpiresAt: msTime(atoi(m["expires_ms"])),
+		EndedAt:   msTime(atoi(m["ended_ms"])),
+		Duration:  time.Duration(atoi(m["duration_ms"])) * time.Millisecond,
+		Price:     atoi(m["price"]),
+		Owner:     m["owner"],
+		Priority:  int32(atoi(m["priority"])),
+	}
+	r.Score, _ = strconv.ParseFloat(m["score"], 64)
+	if sel := m["selector"]; sel != "" {
+		if err := json.Unmarshal([]byte(sel), &r.Selector); err != nil {
+			return r, fmt.Errorf("reservation %s: selector: %w", id, err)
+		}
+	}
+	// cjson encodes an empty array as {}; both mean no candidates.
+	if c := m["candidates"]; c != "" && c != "{}" {
+		if err := json.Unmarshal([]byte(c), &r.Candidates); err != nil {
+			return r, fmt.Errorf("reservation %s: candidates: %w", id, err)
+		}
+	}
+	if g := m["grant"]; g != "" {
+		r.Grant = json.RawMessage(g)
+	}
+	return r, nil
+}
+
+func clusterFromMap(id string, m map[string]string) (Cluster, error) {
+	c := Cluster{
+		ID: id,
+		Advertisement: Advertisement{
+			Name:        m["name"],
+			Endpoint:    m["endpoint"],
+			Capacity:    resourcesFrom(m, "cap_"),
+			Allocatable: resourcesFrom(m, "alloc_"),
+			Allocated:   resourcesFrom(m, "used_"),
+			Prices: Prices{
+				CPU: atoi(m["price_cpu"]), Memory: atoi(m["price_mem"]), GPU: atoi(m["price_gpu"]),
+				Currency: m["currency"],
+			},
+		},
+		Reserved:  resourcesFrom(m, "resv_"),
+		SeenAt:    msTime(atoi(m["seen_ms"])),
+		FirstSeen: msTime(atoi(m["first_seen_ms"])),
+	}
+	if l := m["labels"]; l != "" && l != "{}" {
+		if err := json.Unmarshal([]byte(l), &c.Labels); err != nil {
+			return c, fmt.Errorf("cluster %s: labels: %w", id, err)
+		}
+	}
+	return c, nil
+}

@@ -1,0 +1,353 @@
+// Package store is the broker's state in Redis: every mutation is one Lua
+// script from broker/scripts, run atomically, so any number of broker replicas
+// can share one Redis without coordination.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fluidos-project/resource-broker/broker/scripts"
+)
+
+// DefaultPrefix is the prefix of every key; the hash tag keeps all keys in one
+// Redis Cluster slot so multi-key scripts run there too.
+const DefaultPrefix = "rb:{b}:"
+
+// Config tunes the store. Zero values take the defaults.
+type Config struct {
+	Prefix          string
+	WeightResources float64       // default 0.7
+	WeightCost      float64       // default 0.3
+	StaleThreshold  time.Duration // default 60s
+	Retention       time.Duration // how long ended reservations stay readable; default 24h
+	EventsMaxLen    int64         // per-cluster stream bound; default 10000
+	AuditMaxLen     int64         // default 100000
+	TopCandidates   int           // candidates reported per decision; default 3
+	ExpireBatch     int           // reservations ended per expire call; default 500
+}
+
+func (c *Config) defaults() {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.WeightResources == 0 && c.WeightCost == 0 {
+		c.WeightResources, c.WeightCost = 0.7, 0.3
+	}
+	if c.StaleThreshold == 0 {
+		c.StaleThreshold = time.Minute
+	}
+	if c.Retention == 0 {
+		c.Retention = 24 * time.Hour
+	}
+	if c.EventsMaxLen == 0 {
+		c.EventsMaxLen = 10000
+	}
+	if c.AuditMaxLen == 0 {
+		c.AuditMaxLen = 100000
+	}
+	if c.TopCandidates == 0 {
+		c.TopCandidates = 3
+	}
+	if c.ExpireBatch == 0 {
+		c.ExpireBatch = 500
+	}
+}
+
+// Store reads and changes the broker state in Redis.
+type Store struct {
+	rdb redis.UniversalClient
+	cfg Config
+}
+
+// New returns a store over rdb.
+func New(rdb redis.UniversalClient, cfg Config) *Store {
+	cfg.defaults()
+	return &Store{rdb: rdb, cfg: cfg}
+}
+
+// Config returns the effective configuration.
+func (s *Store) Config() Config { return s.cfg }
+
+// Key returns a full key name, e.g. Key("cluster:", "rome").
+func (s *Store) Key(parts ...string) string {
+	k := s.cfg.Prefix
+	for _, p := range parts {
+		k += p
+	}
+	return k
+}
+
+// LoadScripts loads every script into Redis' script cache.
+func (s *Store) LoadScripts(ctx context.Context) error {
+	for name, sc := range scripts.All {
+		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+			return fmt.Errorf("load script %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Ready checks that Redis answers and holds every script.
+func (s *Store) Ready(ctx context.Context) error {
+	shas := make([]string, 0, len(scripts.All))
+	for _, sc := range scripts.All {
+		shas = append(shas, sc.Hash())
+	}
+	loaded, err := s.rdb.ScriptExists(ctx, shas...).Result()
+	if err != nil {
+		return err
+	}
+	for i, ok := range loaded {
+		if !ok {
+			return fmt.Errorf("script %s not loaded", shas[i])
+		}
+	}
+	return nil
+}
+
+func (s *Store) run(ctx context.Context, sc *redis.Script, args ...any) ([]any, error) {
+	v, err := sc.Run(ctx, s.rdb, []string{s.cfg.Prefix}, args...).Result()
+	if err != nil {
+		return nil, err
+	}
+	reply, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("unexpected script reply %T", v)
+	}
+	return reply, nil
+}
+
+// Advertise stores a cluster's advertisement and marks it live.
+func (s *Store) Advertise(ctx context.Context, id string, ad Advertisement) (Ack, error) {
+	labels := "{}"
+	if len(ad.Labels) > 0 {
+		b, err := json.Marshal(ad.Labels)
+		if err != nil {
+			return Ack{}, err
+		}
+		labels = string(b)
+	}
+	args := []any{id,
+		"name", ad.Name, "endpoint", ad.Endpoint, "labels", labels,
+		"price_cpu", ad.Prices.CPU, "price_mem", ad.Prices.Memory, "price_gpu", ad.Prices.GPU,
+		"currency", ad.Prices.Currency,
+	}
+	args = appendResources(args, "cap_", ad.Capacity)
+	args = appendResources(args, "alloc_", ad.Allocatable)
+	args = appendResources(args, "used_", ad.Allocated)
+	reply, err := s.run(ctx, scripts.Advertise, args...)
+	if err != nil {
+		return Ack{}, err
+	}
+	f := toStrings(reply)
+	return Ack{
+		SeenAt:   msTime(atoi(f[0])),
+		Reserved: Resources{CPU: atoi(f[1]), Memory: atoi(f[2]), GPU: atoi(f[3]), Storage: atoi(f[4])},
+	}, nil
+}
+
+func appendResources(args []any, prefix string, r Resources) []any {
+	return append(args, prefix+"cpu", r.CPU, prefix+"mem", r.Memory, prefix+"gpu", r.GPU, prefix+"sto", r.Storage)
+}
+
+// Reserve decides a request: it returns the decision, or a *NoFitError, or
+// ErrConflict when the id belongs to another requester.
+func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, error) {
+	selector := ""
+	if len(req.Selector) > 0 {
+		b, err := json.Marshal(req.Selector)
+		if err != nil {
+			return Decision{}, err
+		}
+		selector = string(b)
+	}
+	reply, err := s.run(ctx, scripts.Reserve,
+		req.ID, req.Requester,
+		req.Resources.CPU, req.Resources.Memory, req.Resources.GPU, req.Resources.Storage,
+		req.Duration.Milliseconds(), s.cfg.StaleThreshold.Milliseconds(),
+		s.cfg.WeightResources, s.cfg.WeightCost,
+		selector, req.Owner, req.Priority, s.cfg.TopCandidates,
+		s.cfg.EventsMaxLen, s.cfg.AuditMaxLen)
+	if err != nil {
+		return Decision{}, err
+	}
+	outcome, _ := reply[0].(string)
+	switch outcome {
+	case "reserved", "replay":
+		r, err := parseReservation(req.ID, toStrings(reply[1].([]any)))
+		return Decision{Reservation: r, Replayed: outcome == "replay"}, err
+	case "conflict":
+		return Decision{}, ErrConflict
+	case "nofit":
+		nf := &NoFitError{}
+		if err := json.Unmarshal([]byte(reply[3].(string)), &nf.Rejected); err != nil {
+			return Decision{}, fmt.Errorf("decode rejections: %w", err)
+		}
+		return Decision{}, nf
+	}
+	return Decision{}, fmt.Errorf("unexpected reserve outcome %q", outcome)
+}
+
+// ReleaseResult tells what Release did.
+type ReleaseResult struct {
+	Reservation Reservation
+	Released    bool // false: it had already ended, nothing changed
+	Clamped     bool // a counter went below zero and was clamped: an invariant was broken before
+}
+
+// Release ends a live reservation on behalf of caller (its requester or provider).
+func (s *Store) Release(ctx context.Context, id, caller string) (ReleaseResult, error) {
+	reply, err := s.run(ctx, scripts.Release, id, caller, s.cfg.EventsMaxLen, s.cfg.Retention.Milliseconds())
+	if err != nil {
+		return ReleaseResult{}, err
+	}
+	switch reply[0].(string) {
+	case "notfound":
+		return ReleaseResult{}, ErrNotFound
+	case "forbidden":
+		return ReleaseResult{}, ErrForbidden
+	}
+	r, err := parseReservation(id, toStrings(reply[1].([]any)))
+	return ReleaseResult{Reservation: r, Released: reply[0] == "released", Clamped: reply[2] == int64(1)}, err
+}
+
+// Grant attaches the provider's access grant to a live reservation (Active).
+func (s *Store) Grant(ctx context.Context, id, caller string, grant json.RawMessage) (Reservation, error) {
+	reply, err := s.run(ctx, scripts.Grant, id, caller, string(grant), s.cfg.EventsMaxLen)
+	if err != nil {
+		return Reservation{}, err
+	}
+	switch reply[0].(string) {
+	case "notfound":
+		return Reservation{}, ErrNotFound
+	case "forbidden":
+		return Reservation{}, ErrForbidden
+	}
+	r, err := parseReservation(id, toStrings(reply[1].([]any)))
+	if err == nil && reply[0] == "ended" {
+		err = fmt.Errorf("reservation %s is %s", id, r.Phase)
+	}
+	return r, err
+}
+
+// Expire ends every reservation past its expiry; it returns how many ended
+// and how many needed a counter clamped.
+func (s *Store) Expire(ctx context.Context) (expired, clamped int64, err error) {
+	for {
+		reply, err := s.run(ctx, scripts.Expire, s.cfg.ExpireBatch, s.cfg.EventsMaxLen, s.cfg.Retention.Milliseconds())
+		if err != nil {
+			return expired, clamped, err
+		}
+		n, c := reply[0].(int64), reply[1].(int64)
+		expired += n
+		clamped += c
+		if n < int64(s.cfg.ExpireBatch) {
+			return expired, clamped, nil
+		}
+	}
+}
+
+// Reservation reads one reservation.
+func (s *Store) Reservation(ctx context.Context, id string) (Reservation, error) {
+	m, err := s.rdb.HGetAll(ctx, s.Key("resv:", id)).Result()
+	if err != nil {
+		return Reservation{}, err
+	}
+	if len(m) == 0 {
+		return Reservation{}, ErrNotFound
+	}
+	return reservationFromMap(id, m)
+}
+
+// LiveReservations returns the live reservations whose target (role "by-target")
+// or requester (role "by-requester") is cluster.
+func (s *Store) LiveReservations(ctx context.Context, role, cluster string) ([]Reservation, error) {
+	ids, err := s.rdb.SMembers(ctx, s.Key(role, ":", cluster)).Result()
+	if err != nil {
+		return nil, err
+	}
+	return s.reservations(ctx, ids)
+}
+
+func (s *Store) reservations(ctx context.Context, ids []string) ([]Reservation, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.MapStringStringCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = pipe.HGetAll(ctx, s.Key("resv:", id))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make([]Reservation, 0, len(ids))
+	for i, cmd := range cmds {
+		if len(cmd.Val()) == 0 {
+			continue // ended and gone between the two reads
+		}
+		r, err := reservationFromMap(ids[i], cmd.Val())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// Cluster reads one cluster.
+func (s *Store) Cluster(ctx context.Context, id string) (Cluster, error) {
+	m, err := s.rdb.HGetAll(ctx, s.Key("cluster:", id)).Result()
+	if err != nil {
+		return Cluster{}, err
+	}
+	if len(m) == 0 {
+		return Cluster{}, ErrNotFound
+	}
+	return clusterFromMap(id, m)
+}
+
+// Clusters reads every known cluster, live or stale, in id order.
+func (s *Store) Clusters(ctx context.Context) ([]Cluster, error) {
+	ids, err := s.rdb.ZRange(ctx, s.Key("clusters"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.MapStringStringCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = pipe.HGetAll(ctx, s.Key("cluster:", id))
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make([]Cluster, 0, len(ids))
+	for i, cmd := range cmds {
+		c, err := clusterFromMap(ids[i], cmd.Val())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// CountClusters returns how many clusters are live and stale now (Redis clock).
+func (s *Store) CountClusters(ctx context.Context) (live, stale int64, err error) {
+	t, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	edge := strconv.FormatInt(t.Add(-s.cfg.StaleThreshold).UnixMilli(), 10)
+	pipe := s.rdb.Pipeline()
+	liveCmd := pipe.ZCount(ctx, s.Key("clusters"), edge, "+inf")
+	staleCmd := pipe.ZCount(ctx, s.Key("clusters"), "-inf", "("+edge)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, 0, err
+	}
+	return liveCmd.Val(), staleCmd.Val(), nil
+}

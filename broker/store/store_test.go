@@ -1,0 +1,423 @@
+package store_test
+
+import (
+	"context"
+		"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/broker/scripts"
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/redistest"
+)
+
+const gi = int64(1) << 30
+
+func newStore(t *testing.T, cfg store.Config) *store.Store {
+	t.Helper()
+	s := store.New(redistest.Start(t).Client(), cfg)
+	require.NoError(t, s.LoadScripts(context.Background()))
+	return s
+}
+
+// cluster builds an advertisement: cpu in cores, memory in GiB, gpus, price per core-hour in micro-units.
+func cluster(cores, memGi, gpus, pricePerCore int64, labels map[string]string) store.Advertisement {
+	r := store.Resources{CPU: cores * 1000, Memory: memGi * gi, GPU: gpus, Storage: 100 * gi}
+	return store.Advertisement{
+		Capacity: r, Allocatable: r, Labels: labels,
+		Prices: store.Prices{CPU: pricePerCore, Memory: pricePerCore / 8, GPU: 1_000_000, Currency: "EUR"},
+	}
+}
+
+func request(id, requester string, milli, memGi, gpus int64) store.ReserveRequest {
+	return store.ReserveRequest{ID: id, Requester: requester, Duration: time.Hour,
+		Resources: store.Resources{CPU: milli, Memory: memGi * gi, GPU: gpus}}
+}
+
+func TestReserveScoring(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name     string
+		clusters map[string]store.Advertisement
+		used     map[string]store.Resources
+		req      store.ReserveRequest
+		want     string
+	}{
+		{
+			name: "cost decides between equal clusters",
+			clusters: map[string]store.Advertisement{
+				"berlin": cluster(16, 64, 0, 40_000, nil),
+				"paris":  cluster(16, 64, 0, 30_000, nil),
+			},
+			req:  request("r1", "rome", 2000, 4, 0),
+			want: "paris",
+		},
+		{
+			name: "availability decides at equal price",
+			clusters: map[string]store.Advertisement{
+				"berlin": cluster(64, 256, 0, 30_000, nil),
+				"paris":  cluster(8, 32, 0, 30_000, nil),
+			},
+			req:  request("r1", "rome", 2000, 4, 0),
+			want: "berlin",
+		},
+		{
+			name: "much more room outweighs a slightly higher price (70/30)",
+			clusters: map[string]store.Advertisement{
+				"berlin": cluster(64, 256, 0, 31_000, nil),
+				"paris":  cluster(4, 8, 0, 30_000, nil),
+			},
+			req:  request("r1", "rome", 2000, 4, 0),
+			want: "berlin",
+		},
+		{
+			name: "ties go to the smallest cluster id",
+			clusters: map[string]store.Advertisement{
+				"lyon":  cluster(16, 64, 0, 30_000, nil),
+				"paris": cluster(16, 64, 0, 30_000, nil),
+				"milan": cluster(16, 64, 0, 30_000, nil),
+			},
+			req:  request("r1", "rome", 1000, 1, 0),
+			want: "lyon",
+		},
+		{
+			name: "a GPU request goes only where GPUs are free",
+			clusters: map[string]store.Advertisement{
+				"berlin": cluster(64, 256, 0, 10_000, nil),
+				"paris":  cluster(8, 32, 2, 90_000, nil),
+			},
+			req:  request("r1", "rome", 1000, 1, 1),
+			want: "paris",
+		},
+		{
+			name: "the requester is never its own provider",
+			clusters: map[string]store.Advertisement{
+				"rome":  cluster(128, 512, 0, 1_000, nil),
+				"paris": cluster(8, 32, 0, 90_000, nil),
+			},
+			req:  request("r1", "rome", 1000, 1, 0),
+			want: "paris",
+		},
+		{
+			name: "allocated capacity is not free",
+			clusters: map[string]store.Advertisement{
+				"berlin": cluster(16, 64, 0, 30_000, nil),
+				"paris":  cluster(16, 64, 0, 20_000, nil),
+			},
+			used: map[string]store.Resources{"paris": {CPU: 15_500, Memory: 10 * gi}},
+			req:  request("r1", "rome", 1000, 1, 0),
+			want: "berlin",
+		},
+		{
+			name: "label selector",
+			clusters: map[string]store.Advertisement{
+				"berlin": cluster(16, 64, 0, 30_000, map[string]string{"region": "eu-central"}),
+				"paris":  cluster(16, 64, 0, 20_000, map[string]string{"region": "eu-west"}),
+			},
+			req: func() store.ReserveRequest {
+				r := request("r1", "rome", 1000, 1, 0)
+				r.Selector = map[string]string{"region": "eu-central"}
+				return r
+			}(),
+			want: "berlin",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t, store.Config{})
+			for id, ad := range tc.clusters {
+				ad.Allocated = tc.used[id]
+				_, err := s.Advertise(ctx, id, ad)
+				require.NoError(t, err)
+			}
+			before, err := s.Clusters(ctx)
+			require.NoError(t, err)
+			d, err := s.Reserve(ctx, tc.req)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, d.Reservation.Target)
+			assert.Equal(t, store.PhaseReserved, d.Reservation.Phase)
+			require.NotEmpty(t, d.Reservation.Candidates)
+			assert.Equal(t, tc.want, d.Reservation.Candidates[0].Cluster)
+			assert.InDelta(t, d.Reservation.Candidates[0].Score, d.Reservation.Score, 0.01)
+			// The independent reference scorer agrees on the winner and the score.
+			refWinner, refScore := referenceDecision(before, tc.req, 0.7, 0.3, map[string]bool{})
+			assert.Equal(t, refWinner, d.Reservation.Target)
+			assert.InDelta(t, refScore, d.Reservation.Score, 0.01)
+			assertInvariant(t, s)
+		})
+	}
+}
+
+func TestReserveNothingFits(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	for id, ad := range map[string]store.Advertisement{
+		"rome":   cluster(64, 256, 0, 1, nil),
+		"paris":  cluster(2, 64, 0, 1, nil),
+		"berlin": cluster(16, 2, 0, 1, nil),
+		"lyon":   cluster(16, 64, 0, 1, nil),
+	} {
+		_, err := s.Advertise(ctx, id, ad)
+		require.NoError(t, err)
+	}
+	req := request("r1", "rome", 4000, 4, 1)
+	_, err := s.Reserve(ctx, req)
+	var nf *store.NoFitError
+	require.ErrorAs(t, err, &nf)
+	assert.Equal(t, int64(1), nf.Rejected["requester"])
+	assert.Equal(t, int64(1), nf.Rejected["insufficient_cpu"], "paris")
+	assert.Equal(t, int64(1), nf.Rejected["insufficient_mem"], "berlin")
+	assert.Equal(t, int64(1), nf.Rejected["insufficient_gpu"], "lyon")
+	assert.Contains(t, err.Error(), "insufficient_gpu=1")
+	_, err = s.Reservation(ctx, "r1")
+	assert.ErrorIs(t, err, store.ErrNotFound, "a failed decision stores no reservation, so a retry with the same id can succeed later")
+	assertInvariant(t, s)
+}
+
+func TestStaleClustersExcluded(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{StaleThreshold: 300 * time.Millisecond})
+	_, err := s.Advertise(ctx, "berlin", cluster(64, 256, 0, 1_000, nil)) // cheaper and bigger, but goes stale
+	require.NoError(t, err)
+	time.Sleep(400 * time.Millisecond)
+	_, err = s.Advertise(ctx, "paris", cluster(8, 32, 0, 50_000, nil))
+	require.NoError(t, err)
+	d, err := s.Reserve(ctx, request("r1", "rome", 1000, 1, 0))
+	require.NoError(t, err)
+	assert.Equal(t, "paris", d.Reservation.Target)
+	live, stale, err := s.CountClusters(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [2]int64{1, 1}, [2]int64{live, stale})
+
+	_, err = s.Reserve(ctx, request("r2", "rome", 64000, 1, 0))
+	var nf *store.NoFitError
+	require.ErrorAs(t, err, &nf)
+	assert.Equal(t, int64(1), nf.Rejected["stale"])
+}
+
+func TestIdempotentReserveAndRelease(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
+	require.NoError(t, err)
+
+	first, err := s.Reserve(ctx, request("r1", "rome", 3000, 4, 0))
+	require.NoError(t, err)
+	assert.False(t, first.Replayed)
+	again, err := s.Reserve(ctx, request("r1", "rome", 3000, 4, 0))
+	require.NoError(t, err)
+	assert.True(t, again.Replayed)
+	assert.Equal(t, first.Reservation, again.Reservation)
+	c, err := s.Cluster(ctx, "paris")
+	require.NoError(t, err)
+	assert.Equal(t, store.Resources{CPU: 3000, Memory: 4 * gi}, c.Reserved, "locked once")
+
+	_, err = s.Reserve(ctx, request("r1", "milan", 3000, 4, 0))
+	assert.ErrorIs(t, err, store.ErrConflict)
+
+	_, err = s.Release(ctx, "r1", "milan")
+	assert.ErrorIs(t, err, store.ErrForbidden)
+	res, err := s.Release(ctx, "r1", "rome")
+	require.NoError(t, err)
+	assert.True(t, res.Released)
+	assert.Equal(t, store.PhaseReleased, res.Reservation.Phase)
+	res, err = s.Release(ctx, "r1", "paris")
+	require.NoError(t, err)
+	assert.False(t, res.Released, "second release changes nothing")
+	c, err = s.Cluster(ctx, "paris")
+	require.NoError(t, err)
+	assert.Equal(t, store.Resources{}, c.Reserved, "freed once, not below zero")
+	_, err = s.Release(ctx, "nope", "rome")
+	assert.ErrorIs(t, err, store.ErrNotFound)
+	assertInvariant(t, s)
+}
+
+func TestExpiry(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
+	require.NoError(t, err)
+	short := request("short", "rome", 2000, 2, 0)
+	short.Duration = 150 * time.Millisecond
+	_, err = s.Reserve(ctx, short)
+	require.NoError(t, err)
+	_, err = s.Reserve(ctx, request("long", "rome", 1000, 1, 0))
+	require.NoError(t, err)
+
+	n, _, err := s.Expire(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing is due yet")
+	time.Sleep(200 * time.Millisecond)
+	n, clamped, err := s.Expire(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n)
+	assert.Zero(t, clamped)
+
+	r, err := s.Reservation(ctx, "short")
+	require.NoError(t, err)
+	assert.Equal(t, store.PhaseExpired, r.Phase)
+	c, err := s.Cluster(ctx, "paris")
+	require.NoError(t, err)
+	assert.Equal(t, store.Resources{CPU: 1000, Memory: gi}, c.Reserved, "the expired capacity came back")
+	// The requester and the provider were both told.
+	for _, who := range []string{"rome", "paris"} {
+		evs, err := s.ReadEvents(ctx, who, "0", 10, 0)
+		require.NoError(t, err)
+		require.Len(t, evs, 3, who)
+		assert.Equal(t, []string{"Reserved", "Reserved", "Expired"}, []string{evs[0].Type, evs[1].Type, evs[2].Type})
+		assert.Equal(t, "short", evs[2].Reservation)
+	}
+	assertInvariant(t, s)
+}
+
+// TestReserveMatchesReference runs random states through the script and an
+// independent Go implementation of the same rules; every decision must agree.
+func TestReserveMatchesReference(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	rng := rand.New(rand.NewPCG(1, 2))
+	ids := make([]string, 30)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("c%02d", i)
+		ad := cluster(int64(2+rng.IntN(64)), int64(4+rng.IntN(256)), int64(rng.IntN(3)), int64(10_000+rng.IntN(5)*5_000), nil)
+		ad.Allocated = store.Resources{CPU: int64(rng.IntN(2000)), Memory: int64(rng.IntN(4)) * gi}
+		_, err := s.Advertise(ctx, ids[i], ad)
+		require.NoError(t, err)
+	}
+	decided := 0
+	for i := 0; i < 300; i++ {
+		req := request(fmt.Sprintf("r%d", i), ids[rng.IntN(len(ids))], int64(100+rng.IntN(8000)), int64(1+rng.IntN(16)), int64(rng.IntN(2)))
+		clusters, err := s.Clusters(ctx)
+		require.NoError(t, err)
+		want, wantScore := referenceDecision(clusters, req, 0.7, 0.3, map[string]bool{})
+		d, err := s.Reserve(ctx, req)
+		if want == "" {
+			var nf *store.NoFitError
+			require.ErrorAs(t, err, &nf, "request %d", i)
+			continue
+		}
+		require.NoError(t, err, "request %d", i)
+		require.Equal(t, want, d.Reservation.Target, "request %d", i)
+		require.InDelta(t, wantScore, d.Reservation.Score, 0.01)
+		decided++
+	}
+	assert.Greater(t, decided, 50)
+	assertInvariant(t, s)
+}
+
+// referenceDecision is the scoring rule of ARCHITECTURE.md written plainly in Go.
+func referenceDecision(clusters []store.Cluster, req store.ReserveRequest, wRes, wCost float64, stale map[string]bool) (string, float64) {
+	type cand struct {
+		id           string
+		rs, price, s float64
+	}
+	get := func(r store.Resources, i int) int64 { return [4]int64{r.CPU, r.Memory, r.GPU, r.Storage}[i] }
+	var fits []cand
+	for _, c := range clusters {
+		if c.ID == req.Requester || stale[c.ID] {
+			continue
+		}
+		ok, sum, n := true, 0.0, 0
+		for i := 0; i < 4; i++ {
+			want := get(req.Resources, i)
+			if want == 0 {
+				continue
+			}
+			free := get(c.Free(), i)
+			if free < want {
+				ok = false
+				break
+			}
+			sum += float64(free-want) / float64(get(c.Allocatable, i))
+			n++
+		}
+		for k, v := range req.Selector {
+			if c.Labels[k] != v {
+				ok = false
+			}
+		}
+		if ok {
+			price := float64(req.Resources.CPU)/1000*float64(c.Prices.CPU) +
+				float64(req.Resources.Memory)/float64(gi)*float64(c.Prices.Memory) +
+				float64(req.Resources.GPU)*float64(c.Prices.GPU)
+			fits = append(fits, cand{id: c.ID, rs: 100 * sum / float64(n), price: price})
+		}
+	}
+	if len(fits) == 0 {
+		return "", 0
+	}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, c := range fits {
+		lo, hi = math.Min(lo, c.price), math.Max(hi, c.price)
+	}
+	for i := range fits {
+		cs := 100.0
+		if hi > lo {
+			cs = 100 * (hi - fits[i].price) / (hi - lo)
+		}
+		fits[i].s = wRes*fits[i].rs + wCost*cs
+	}
+	sort.Slice(fits, func(i, j int) bool {
+		if fits[i].s != fits[j].s {
+			return fits[i].s > fits[j].s
+		}
+		return fits[i].id < fits[j].id
+	})
+	return fits[0].id, fits[0].s
+}
+
+// assertInvariant checks, for every cluster and resource, that the broker's
+// reserved counter equals the sum of live reservations to it and stays within
+// what the cluster can give.
+func assertInvariant(t *testing.T, s *store.Store) {
+	t.Helper()
+	ctx := context.Background()
+	clusters, err := s.Clusters(ctx)
+	require.NoError(t, err)
+	for _, c := range clusters {
+		live, err := s.LiveReservations(ctx, "by-target", c.ID)
+		require.NoError(t, err)
+		var sum store.Resources
+		for _, r := range live {
+			require.True(t, r.Live(), "index holds only live reservations")
+			sum.CPU += r.Resources.CPU
+			sum.Memory += r.Resources.Memory
+			sum.GPU += r.Resources.GPU
+			sum.Storage += r.Resources.Storage
+		}
+		assert.Equal(t, sum, c.Reserved, "cluster %s: reserved counter = sum of live reservations", c.ID)
+		free := c.Free()
+		for name, v := range map[string]int64{"cpu": free.CPU, "mem": free.Memory, "gpu": free.GPU, "sto": free.Storage} {
+			if v < 0 {
+				t.Errorf("cluster %s overbooked on %s by %d", c.ID, name, -v)
+			}
+		}
+	}
+}
+
+func TestAdvertiseCannotSetBrokerOwnedFields(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	s := store.New(rdb, store.Config{})
+	require.NoError(t, s.LoadScripts(ctx))
+	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1, nil))
+	require.NoError(t, err)
+	_, err = s.Reserve(ctx, request("r1", "rome", 1000, 1, 0))
+	require.NoError(t, err)
+	before, err := rdb.HGetAll(ctx, s.Key("cluster:", "paris")).Result()
+	require.NoError(t, err)
+
+	// Call the script directly, as a buggy or hostile caller would.
+	err = scripts.Advertise.Run(ctx, rdb, []string{store.DefaultPrefix}, "paris", "alloc_cpu", "1", "resv_cpu", "0").Err()
+	require.ErrorContains(t, err, "unknown field resv_cpu")
+	after, err := rdb.HGetAll(ctx, s.Key("cluster:", "paris")).Result()
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "nothing written")
+}

@@ -1,0 +1,128 @@
+package store
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Resources is an amount of each resource the broker accounts for, in the
+// integer units kept in Redis.
+type Resources struct {
+	CPU     int64 // millicores
+	Memory  int64 // bytes
+	GPU     int64 // devices (nvidia.com/gpu)
+	Storage int64 // bytes of ephemeral storage
+}
+
+// Prices are a cluster's hourly rates in micro-units of its currency.
+type Prices struct {
+	CPU      int64 // per core-hour
+	Memory   int64 // per GiB-hour
+	GPU      int64 // per GPU-hour
+	Currency string
+}
+
+// Advertisement is what a cluster publishes about itself.
+type Advertisement struct {
+	Name        string
+	Endpoint    string
+	Labels      map[string]string
+	Capacity    Resources
+	Allocatable Resources
+	Allocated   Resources // requests of local pods, excluding what runs on reservations
+	Prices      Prices
+}
+
+// Cluster is a stored advertisement with the broker-owned fields.
+type Cluster struct {
+	ID string
+	Advertisement
+	Reserved  Resources // capacity locked by live reservations
+	SeenAt    time.Time // broker (Redis) clock
+	FirstSeen time.Time
+}
+
+// Free is what a new reservation may still take: allocatable - allocated - reserved.
+func (c Cluster) Free() Resources {
+	return Resources{
+		CPU:     c.Allocatable.CPU - c.Allocated.CPU - c.Reserved.CPU,
+		Memory:  c.Allocatable.Memory - c.Allocated.Memory - c.Reserved.Memory,
+		GPU:     c.Allocatable.GPU - c.Allocated.GPU - c.Reserved.GPU,
+		Storage: c.Allocatable.Storage - c.Allocated.Storage - c.Reserved.Storage,
+	}
+}
+
+// Ack is the broker's answer to an advertisement.
+type Ack struct {
+	SeenAt   time.Time
+	Reserved Resources
+}
+
+// ReserveRequest asks for capacity on the best cluster other than the requester.
+type ReserveRequest struct {
+	ID        string // client-chosen, makes the request idempotent
+	Requester string
+	Resources Resources
+	Duration  time.Duration
+	Selector  map[string]string // labels the provider must carry
+	Owner     string
+	Priority  int32
+}
+
+// Candidate is one cluster's score for a decision.
+type Candidate struct {
+	Cluster       string  `json:"cluster"`
+	Score         float64 `json:"score"`
+	ResourceScore float64 `json:"resource_score"`
+	CostScore     float64 `json:"cost_score"`
+	Price         int64   `json:"price"` // micro-units per hour for the whole request
+}
+
+// Reservation phases.
+const (
+	PhaseReserved = "Reserved"
+	PhaseActive   = "Active"
+	PhaseReleased = "Released"
+	PhaseExpired  = "Expired"
+)
+
+// Reservation is a stored reservation.
+type Reservation struct {
+	ID         string
+	Requester  string
+	Target     string
+	Phase      string
+	Resources  Resources
+	CreatedAt  time.Time
+	ExpiresAt  time.Time
+	EndedAt    time.Time // zero while live
+	Duration   time.Duration
+	Score      float64
+	Price      int64
+	Owner      string
+	Priority   int32
+	Selector   map[string]string
+	Candidates []Candidate
+	Grant      json.RawMessage // set by the provider; nil until granted
+}
+
+// Live reports whether the reservation still holds capacity.
+func (r Reservation) Live() bool { return r.Phase == PhaseReserved || r.Phase == PhaseActive }
+
+// Decision is the outcome of a successful Reserve.
+type Decision struct {
+	Reservation Reservation
+	Replayed    bool // the id was decided before; this is the first answer again
+}
+
+// Event is one notification on a cluster's stream.
+type Event struct {
+	ID          string // stream id, resumable cursor
+	Type        string // Reserved, Granted, Released, Expired
+	Reservation string
+	Requester   string
+	Provider    string
+	Phase       string
+	Resources   Resources
+	ExpiresAt   time.Time
+}
