@@ -2,7 +2,7 @@ package store_test
 
 import (
 	"context"
-		"fmt"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sort"
