@@ -1,0 +1,124 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// MaxBodyBytes bounds every request body the broker reads.
+const MaxBodyBytes = 64 << 10
+
+// InvalidError is a client mistake: the server answers 400 with Error() as the message.
+type InvalidError struct{ Msg string }
+
+func (e *InvalidError) Error() string { return e.Msg }
+
+func invalid(format string, a ...any) error { return &InvalidError{Msg: fmt.Sprintf(format, a...)} }
+
+// Decode reads exactly one JSON object into v, refusing unknown fields and
+// trailing data. Errors are *InvalidError, or *http.MaxBytesError when the
+// body was cut by http.MaxBytesReader.
+func Decode(r io.Reader, v any) error {
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return err
+		}
+		if errors.Is(err, io.EOF) {
+			return invalid("empty body: a JSON object is required")
+		}
+		return invalid("malformed JSON: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return err
+		}
+		return invalid("malformed JSON: unexpected data after the object")
+	}
+	return nil
+}
+
+// Limits are the server's bounds on requests.
+type Limits struct {
+	DefaultDuration time.Duration
+	MaxDuration     time.Duration
+}
+
+func (l Limits) duration(s string) (time.Duration, error) {
+	if s == "" {
+		return l.DefaultDuration, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, invalid("duration: %q is not a Go duration such as 30m or 1h", s)
+	}
+	if d <= 0 {
+		return 0, invalid("duration: must be positive, got %s", s)
+	}
+	if l.MaxDuration > 0 && d > l.MaxDuration {
+		return 0, invalid("duration: %s exceeds the maximum of %s", s, l.MaxDuration)
+	}
+	return d, nil
+}
+
+// ValidateClusterID checks a cluster identity: a DNS-1123 label, because it
+// names tenant namespaces (rb-<id>) and Redis keys.
+func ValidateClusterID(id string) error {
+	if errs := validation.IsDNS1123Label(id); len(errs) > 0 {
+		return invalid("cluster id %q: %s", id, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// ValidateReservationID checks a client-chosen reservation id: agents use it
+// as a Kubernetes object name, so it must be a DNS-1123 subdomain.
+func ValidateReservationID(id string) error {
+	if id == "" {
+		return invalid("id: required (client-chosen, makes the request idempotent)")
+	}
+	if errs := validation.IsDNS1123Subdomain(id); len(errs) > 0 {
+		return invalid("id %q: %s", id, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func validateLabels(field string, labels map[string]string) error {
+	for k, v := range labels {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return invalid("%s: key %q: %s", field, k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return invalid("%s[%s]: %s", field, k, strings.Join(errs, "; "))
+		}
+	}
+	return nil
+}
+
+func validateText(field, s string, max int) error {
+	if len(s) > max {
+		return invalid("%s: longer than %d characters", field, max)
+	}
+	return nil
+}
+
+func validateEndpoint(field, s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "https" || u.Host == "" {
+		return invalid("%s: %q is not an https:// URL", field, s)
+	}
+	return validateText(field, s, 2048)
+}

@@ -1,0 +1,320 @@
+package api
+
+import (
+	"encoding/json"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/fluidos-project/resource-broker/broker/store"
+)
+
+// Error is the body of every error answer.
+type Error struct {
+	Error  string `json:"error"`
+	Reason string `json:"reason"`
+	// Rejected counts, for a NoCapacity answer, the clusters excluded by reason
+	// (stale, requester, selector, insufficient_cpu, insufficient_mem, ...).
+	Rejected map[string]int64 `json:"rejected,omitempty"`
+}
+
+// Error reasons.
+const (
+	ReasonBadRequest  = "BadRequest"
+	ReasonTooLarge    = "RequestTooLarge"
+	ReasonForbidden   = "Forbidden"
+	ReasonNotFound    = "NotFound"
+	ReasonNoCapacity  = "NoCapacity"
+	ReasonConflict    = "Conflict"
+	ReasonUnavailable = "Unavailable"
+	ReasonInternal    = "Internal"
+)
+
+// ClusterResources are the amounts a cluster advertises. Reserved and
+// Available are computed by the broker; values sent by a client are ignored.
+type ClusterResources struct {
+	Capacity    Quantities  `json:"capacity"`
+	Allocatable Quantities  `json:"allocatable"`
+	Allocated   Quantities  `json:"allocated"`
+	Reserved    *Quantities `json:"reserved,omitempty"`
+	Available   *Quantities `json:"available,omitempty"`
+}
+
+// Prices are hourly rates, as decimal quantities ("0.031") in Currency.
+type Prices struct {
+	Currency string             `json:"currency,omitempty"`
+	CPU      *resource.Quantity `json:"cpu,omitempty"`    // per core-hour
+	Memory   *resource.Quantity `json:"memory,omitempty"` // per GiB-hour
+	GPU      *resource.Quantity `json:"gpu,omitempty"`    // per GPU-hour
+}
+
+// Advertisement is the body of PUT /api/v2/clusters/{id}/advertisement.
+type Advertisement struct {
+	ClusterName string            `json:"clusterName,omitempty"`
+	Endpoint    string            `json:"endpoint,omitempty"` // the API server URL providers publish
+	Labels      map[string]string `json:"labels,omitempty"`
+	Resources   ClusterResources  `json:"resources"`
+	Prices      *Prices           `json:"prices,omitempty"`
+}
+
+// ToStore validates and converts the advertisement.
+func (a Advertisement) ToStore() (store.Advertisement, error) {
+	out := store.Advertisement{Name: a.ClusterName, Endpoint: a.Endpoint, Labels: a.Labels}
+	if err := validateText("clusterName", a.ClusterName, 253); err != nil {
+		return out, err
+	}
+	if err := validateEndpoint("endpoint", a.Endpoint); err != nil {
+		return out, err
+	}
+	if err := validateLabels("labels", a.Labels); err != nil {
+		return out, err
+	}
+	var err error
+	if out.Capacity, err = a.Resources.Capacity.ToResources("resources.capacity"); err != nil {
+		return out, invalid("%v", err)
+	}
+	if out.Allocatable, err = a.Resources.Allocatable.ToResources("resources.allocatable"); err != nil {
+		return out, invalid("%v", err)
+	}
+	if out.Allocated, err = a.Resources.Allocated.ToResources("resources.allocated"); err != nil {
+		return out, invalid("%v", err)
+	}
+	if a.Prices != nil {
+		if out.Prices, err = a.Prices.toStore(); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+func (p Prices) toStore() (store.Prices, error) {
+	out := store.Prices{Currency: p.Currency}
+	if p.Currency != "" && !isCurrencyCode(p.Currency) {
+		return out, invalid("prices.currency: %q is not an ISO 4217 code such as EUR", p.Currency)
+	}
+	for _, f := range []struct {
+		name string
+		q    *resource.Quantity
+		dst  *int64
+	}{{"cpu", p.CPU, &out.CPU}, {"memory", p.Memory, &out.Memory}, {"gpu", p.GPU, &out.GPU}} {
+		if f.q == nil {
+			continue
+		}
+		if f.q.Sign() < 0 {
+			return out, invalid("prices.%s: must not be negative, got %s", f.name, f.q)
+		}
+		if f.q.Cmp(*resource.NewQuantity(1<<32, resource.DecimalSI)) > 0 {
+			return out, invalid("prices.%s: %s is too large", f.name, f.q)
+		}
+		*f.dst = f.q.ScaledValue(resource.Micro)
+	}
+	return out, nil
+}
+
+func isCurrencyCode(s string) bool {
+	if len(s) != 3 {
+		return false
+	}
+	for _, c := range s {
+		if c < 'A' || c > 'Z' {
+			return false
+		}
+	}
+	return true
+}
+
+// Cluster is a stored advertisement as the broker sees it.
+type Cluster struct {
+	ClusterID   string            `json:"clusterID"`
+	ClusterName string            `json:"clusterName,omitempty"`
+	Endpoint    string            `json:"endpoint,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Resources   ClusterResources  `json:"resources"`
+	Prices      *Prices           `json:"prices,omitempty"`
+	SeenAt      time.Time         `json:"seenAt"`
+	Live        bool              `json:"live"`
+}
+
+// ClusterFromStore renders a stored cluster; live is judged by the caller.
+func ClusterFromStore(c store.Cluster, live bool) Cluster {
+	reserved, available := FromResources(c.Reserved), FromResources(c.Free())
+	out := Cluster{
+		ClusterID: c.ID, ClusterName: c.Name, Endpoint: c.Endpoint, Labels: c.Labels,
+		Resources: ClusterResources{
+			Capacity:    FromResources(c.Capacity),
+			Allocatable: FromResources(c.Allocatable),
+			Allocated:   FromResources(c.Allocated),
+			Reserved:    &reserved,
+			Available:   &available,
+		},
+		SeenAt: c.SeenAt,
+		Live:   live,
+	}
+	if c.Prices != (store.Prices{}) {
+		out.Prices = &Prices{
+			Currency: c.Prices.Currency,
+			CPU:      resource.NewScaledQuantity(c.Prices.CPU, resource.Micro),
+			Memory:   resource.NewScaledQuantity(c.Prices.Memory, resource.Micro),
+			GPU:      resource.NewScaledQuantity(c.Prices.GPU, resource.Micro),
+		}
+	}
+	return out
+}
+
+// LabelSelector selects providers by their advertised labels.
+type LabelSelector struct {
+	MatchLabels map[string]string `json:"matchLabels,omitempty"`
+}
+
+// ReservationRequest is the body of POST /api/v2/reservations.
+type ReservationRequest struct {
+	ID        string         `json:"id"`
+	Resources Quantities     `json:"resources"`
+	Duration  string         `json:"duration,omitempty"` // Go duration; the server's default when empty
+	Selector  *LabelSelector `json:"selector,omitempty"`
+	Owner     string         `json:"owner,omitempty"` // namespace/name of the pod or Reservation object
+	Priority  int32          `json:"priority,omitempty"`
+}
+
+// ToStore validates the request of requester and converts it.
+func (r ReservationRequest) ToStore(requester string, lim Limits) (store.ReserveRequest, error) {
+	out := store.ReserveRequest{ID: r.ID, Requester: requester, Owner: r.Owner, Priority: r.Priority}
+	if err := ValidateReservationID(r.ID); err != nil {
+		return out, err
+	}
+	var err error
+	if out.Resources, err = requestedResources(r.Resources, "resources"); err != nil {
+		return out, err
+	}
+	if out.Duration, err = lim.duration(r.Duration); err != nil {
+		return out, err
+	}
+	if r.Selector != nil {
+		if err := validateLabels("selector.matchLabels", r.Selector.MatchLabels); err != nil {
+			return out, err
+		}
+		out.Selector = r.Selector.MatchLabels
+	}
+	return out, validateText("owner", r.Owner, 253)
+}
+
+// requestedResources converts a request's amounts: cpu and memory are required and positive.
+func requestedResources(q Quantities, field string) (store.Resources, error) {
+	res, err := q.ToResources(field)
+	if err != nil {
+		return res, invalid("%v", err)
+	}
+	if res.CPU <= 0 {
+		return res, invalid("%s.cpu: required and must be positive", field)
+	}
+	if res.Memory <= 0 {
+		return res, invalid("%s.memory: required and must be positive", field)
+	}
+	return res, nil
+}
+
+// Candidate is one cluster's score in a decision.
+type Candidate struct {
+	Cluster       string  `json:"cluster"`
+	Score         float64 `json:"score"`
+	ResourceScore float64 `json:"resourceScore"`
+	CostScore     float64 `json:"costScore"`
+	// Price of the whole request per hour, in micro-units of the cluster's currency.
+	Price int64 `json:"pricePerHourMicros"`
+}
+
+// Reservation is a reservation as the v2 API shows it.
+type Reservation struct {
+	ID         string         `json:"id"`
+	Requester  string         `json:"requester"`
+	Provider   string         `json:"provider"`
+	Phase      string         `json:"phase"`
+	Resources  Quantities     `json:"resources"`
+	Score      float64        `json:"score"`
+	Price      int64          `json:"pricePerHourMicros"`
+	Owner      string         `json:"owner,omitempty"`
+	Priority   int32          `json:"priority,omitempty"`
+	Selector   *LabelSelector `json:"selector,omitempty"`
+	CreatedAt  time.Time      `json:"createdAt"`
+	ExpiresAt  time.Time      `json:"expiresAt"`
+	EndedAt    *time.Time     `json:"endedAt,omitempty"`
+	Candidates []Candidate    `json:"candidates,omitempty"`
+	Grant      *Grant         `json:"grant,omitempty"` // shown to the requester only
+}
+
+// ReservationFromStore renders a stored reservation; withGrant shows the
+// provider's grant (only its requester may see it).
+func ReservationFromStore(r store.Reservation, withGrant bool) Reservation {
+	out := Reservation{
+		ID: r.ID, Requester: r.Requester, Provider: r.Target, Phase: r.Phase,
+		Resources: FromResources(r.Resources), Score: r.Score, Price: r.Price,
+		Owner: r.Owner, Priority: r.Priority, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt,
+	}
+	if len(r.Selector) > 0 {
+		out.Selector = &LabelSelector{MatchLabels: r.Selector}
+	}
+	if !r.EndedAt.IsZero() {
+		t := r.EndedAt
+		out.EndedAt = &t
+	}
+	for _, c := range r.Candidates {
+		out.Candidates = append(out.Candidates, Candidate(c))
+	}
+	if withGrant && len(r.Grant) > 0 {
+		var g Grant
+		if json.Unmarshal(r.Grant, &g) == nil {
+			out.Grant = &g
+		}
+	}
+	return out
+}
+
+// Grant is what a provider hands its requester: access to the tenant namespace
+// set aside for it. Body of POST /api/v2/reservations/{id}/grant.
+type Grant struct {
+	Endpoint  string    `json:"endpoint"`  // provider API server, https://
+	CABundle  []byte    `json:"caBundle"`  // PEM, base64 in JSON
+	Token     string    `json:"token"`     // bearer token of the tenant ServiceAccount
+	Namespace string    `json:"namespace"` // tenant namespace, rb-<requester>
+	ExpiresAt time.Time `json:"expiresAt"` // when the token stops working
+}
+
+// Validate checks a grant.
+func (g Grant) Validate() error {
+	if g.Endpoint == "" {
+		return invalid("endpoint: required")
+	}
+	if err := validateEndpoint("endpoint", g.Endpoint); err != nil {
+		return err
+	}
+	if g.Token == "" {
+		return invalid("token: required")
+	}
+	if err := validateText("token", g.Token, 16<<10); err != nil {
+		return err
+	}
+	if err := ValidateClusterID(g.Namespace); err != nil {
+		return invalid("namespace: %v", err)
+	}
+	if g.ExpiresAt.IsZero() {
+		return invalid("expiresAt: required")
+	}
+	return nil
+}
+
+// Event is one notification on GET /api/v2/events (the SSE data field).
+type Event struct {
+	Type        string     `json:"type"` // Reserved, Granted, Released, Expired
+	Reservation string     `json:"reservation"`
+	Requester   string     `json:"requester"`
+	Provider    string     `json:"provider"`
+	Phase       string     `json:"phase"`
+	Resources   Quantities `json:"resources"`
+	ExpiresAt   time.Time  `json:"expiresAt"`
+}
+
+// EventFromStore renders a stored event.
+func EventFromStore(e store.Event) Event {
+	return Event{Type: e.Type, Reservation: e.Reservation, Requester: e.Requester, Provider: e.Provider,
+		Phase: e.Phase, Resources: FromResources(e.Resources), ExpiresAt: e.ExpiresAt}
+}

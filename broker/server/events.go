@@ -1,0 +1,93 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+// streamEvents serves GET /api/v2/events as server-sent events: the caller's
+// own notifications, each with its Redis stream id as the SSE id. A client
+// resumes with ?since=<id> or the Last-Event-ID header; without either it gets
+// only events from now on, and since=0 replays everything retained.
+func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller string) {
+	since := r.URL.Query().Get("since")
+	if h := r.Header.Get("Last-Event-ID"); h != "" && since == "" {
+		since = h
+	}
+	if since != "" && since != "$" && !validStreamID(since) {
+		writeError(w, http.StatusBadRequest, api.ReasonBadRequest, "since: "+since+" is not a stream id such as 1700000000000-0")
+		return
+	}
+	ctx := r.Context()
+	cursor, err := s.store.EventCursor(ctx, caller, since)
+	if err != nil {
+		s.writeStoreError(w, "", err)
+		return
+	}
+	s.metrics.streams.Inc()
+	defer s.metrics.streams.Dec()
+
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	// The server's WriteTimeout would cut a long stream: push the deadline on.
+	extend := func() { _ = rc.SetWriteDeadline(time.Now().Add(s.block + 30*time.Second)) }
+	extend()
+	if _, err := fmt.Fprintf(w, "retry: 1000\n: cursor %s\n\n", cursor); err != nil {
+		return
+	}
+	_ = rc.Flush()
+	for ctx.Err() == nil {
+		events, err := s.store.ReadEvents(ctx, caller, cursor, 256, s.block)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error(err, "read event stream", "cluster", caller)
+				fmt.Fprintf(w, "event: error\ndata: %q\n\n", err.Error())
+				_ = rc.Flush()
+			}
+			return
+		}
+		extend()
+		if len(events) == 0 {
+			if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil {
+				return
+			}
+		}
+		for _, e := range events {
+			data, _ := json.Marshal(api.EventFromStore(e))
+			if _, err := fmt.Fprintf(w, "id: %s\nevent: %s\ndata: %s\n\n", e.ID, e.Type, data); err != nil {
+				return
+			}
+			cursor = e.ID
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+	}
+}
+
+// validStreamID accepts Redis stream ids: <ms> or <ms>-<seq>.
+func validStreamID(s string) bool {
+	if len(s) == 0 || len(s) > 41 {
+		return false
+	}
+	dash := false
+	for i, c := range s {
+		switch {
+		case c >= '0' && c <= '9':
+		case c == '-' && !dash && i > 0 && i < len(s)-1:
+			dash = true
+		default:
+			return false
+		}
+	}
+	return true
+}

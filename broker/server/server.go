@@ -1,0 +1,188 @@
+// Package server is the broker's HTTP API: v2 (ours) and v1 (the seed agents'
+// protocol), over mutual TLS where the client certificate's CN is the cluster
+// identity, plus health, readiness and Prometheus metrics.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/store"
+)
+
+// Config configures a Server.
+type Config struct {
+	Store  *store.Store
+	Limits api.Limits
+	Log    logr.Logger
+	// EventBlock is how long one Redis read of an event stream waits before the
+	// stream sends a keep-alive comment; default 5s.
+	EventBlock time.Duration
+}
+
+// Server serves the broker API.
+type Server struct {
+	store   *store.Store
+	limits  api.Limits
+	log     logr.Logger
+	metrics *metrics
+	block   time.Duration
+}
+
+// New returns a server.
+func New(cfg Config) *Server {
+	if cfg.EventBlock == 0 {
+		cfg.EventBlock = 5 * time.Second
+	}
+	if cfg.Limits.DefaultDuration == 0 {
+		cfg.Limits.DefaultDuration = time.Hour
+	}
+	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store), block: cfg.EventBlock}
+}
+
+// Handler returns the API routes, to be served over mutual TLS.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	s.health(mux)
+	handle := func(pattern string, h func(http.ResponseWriter, *http.Request, string)) {
+		mux.Handle(pattern, s.authenticated(pattern, h))
+	}
+	handle("PUT /api/v2/clusters/{id}/advertisement", s.putAdvertisement)
+	handle("GET /api/v2/clusters", s.listClusters)
+	handle("GET /api/v2/clusters/{id}", s.getCluster)
+	handle("POST /api/v2/reservations", s.postReservation)
+	handle("GET /api/v2/reservations", s.listReservations)
+	handle("GET /api/v2/reservations/{id}", s.getReservation)
+	handle("DELETE /api/v2/reservations/{id}", s.deleteReservation)
+	handle("POST /api/v2/reservations/{id}/grant", s.postGrant)
+	handle("GET /api/v2/events", s.streamEvents)
+
+	handle("POST /api/v1/advertisements", s.v1PostAdvertisement)
+	handle("GET /api/v1/advertisements/{clusterID}", s.v1GetAdvertisement)
+	handle("POST /api/v1/reservations", s.v1PostReservation)
+	handle("GET /api/v1/instructions", s.v1Instructions)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, api.ReasonNotFound, "no route for "+r.Method+" "+r.URL.Path)
+	})
+	return mux
+}
+
+// HealthHandler serves /healthz, /readyz and /metrics in plain HTTP, for
+// kubelet probes and Prometheus, which present no client certificate.
+func (s *Server) HealthHandler() http.Handler {
+	mux := http.NewServeMux()
+	s.health(mux)
+	return mux
+}
+
+func (s *Server) health(mux *http.ServeMux) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := s.store.Ready(ctx); err != nil {
+			// After a Redis restart the script cache is empty: load again.
+			if lerr := s.store.LoadScripts(ctx); lerr != nil {
+				writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "redis: "+err.Error())
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
+}
+
+// authenticated resolves the caller's identity from its client certificate,
+// bounds the body, and counts the request.
+func (s *Server) authenticated(route string, h func(http.ResponseWriter, *http.Request, string)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		defer func() { s.metrics.requests.WithLabelValues(route, strconv.Itoa(rec.code)).Inc() }()
+		if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+			writeError(rec, http.StatusUnauthorized, api.ReasonForbidden, "a client certificate is required")
+			return
+		}
+		cn := r.TLS.PeerCertificates[0].Subject.CommonName
+		if cn == "" {
+			writeError(rec, http.StatusForbidden, api.ReasonForbidden, "client certificate has an empty common name")
+			return
+		}
+		if err := api.ValidateClusterID(cn); err != nil {
+			writeError(rec, http.StatusForbidden, api.ReasonForbidden, "client certificate: "+err.Error())
+			return
+		}
+		r.Body = http.MaxBytesReader(rec, r.Body, api.MaxBodyBytes)
+		h(rec, r, cn)
+	})
+}
+
+// statusRecorder remembers the status code; it forwards Flush and Unwrap so
+// streaming and http.ResponseController keep working.
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.code = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, reason, msg string) {
+	writeJSON(w, code, api.Error{Error: msg, Reason: reason})
+}
+
+// writeDecodeError answers a body that failed api.Decode or validation.
+func writeDecodeError(w http.ResponseWriter, err error) {
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		writeError(w, http.StatusRequestEntityTooLarge, api.ReasonTooLarge,
+			"request body exceeds "+strconv.FormatInt(tooBig.Limit, 10)+" bytes")
+		return
+	}
+	writeError(w, http.StatusBadRequest, api.ReasonBadRequest, err.Error())
+}
+
+// writeStoreError answers a failed store call.
+func (s *Server) writeStoreError(w http.ResponseWriter, script string, err error) {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		writeError(w, http.StatusNotFound, api.ReasonNotFound, err.Error())
+	case errors.Is(err, store.ErrForbidden):
+		writeError(w, http.StatusForbidden, api.ReasonForbidden, err.Error())
+	case errors.Is(err, store.ErrConflict):
+		writeError(w, http.StatusConflict, api.ReasonConflict, err.Error())
+	default:
+		if script != "" {
+			s.metrics.scriptErrors.WithLabelValues(script).Inc()
+		}
+		s.log.Error(err, "redis call failed", "script", script)
+		writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "broker state unavailable, retry: "+err.Error())
+	}
+}

@@ -1,0 +1,102 @@
+package server
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/store"
+)
+
+// The seed agents' protocol, served unchanged beside v2.
+
+func (s *Server) v1PostAdvertisement(w http.ResponseWriter, r *http.Request, caller string) {
+	var body api.V1Advertisement
+	if err := api.Decode(r.Body, &body); err != nil {
+		writeDecodeError(w, err)
+		return
+	}
+	if body.ClusterID != caller {
+		writeError(w, http.StatusForbidden, api.ReasonForbidden,
+			"clusterID "+strconv.Quote(body.ClusterID)+" differs from the certificate's "+caller)
+		return
+	}
+	ad, err := body.ToStore()
+	if err != nil {
+		writeDecodeError(w, err)
+		return
+	}
+	instructions, err := s.v1InstructionsFor(r, caller)
+	if err != nil {
+		s.writeStoreError(w, "", err)
+		return
+	}
+	s.advertise(w, r.Context(), caller, ad, func(c store.Cluster) any {
+		return api.V1AdvertisementResponse{Advertisement: api.V1AdvertisementFromStore(c), ProviderInstructions: instructions}
+	})
+}
+
+func (s *Server) v1GetAdvertisement(w http.ResponseWriter, r *http.Request, _ string) {
+	c, err := s.store.Cluster(r.Context(), r.PathValue("clusterID"))
+	if err != nil {
+		s.writeStoreError(w, "", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.V1AdvertisementFromStore(c))
+}
+
+func (s *Server) v1PostReservation(w http.ResponseWriter, r *http.Request, caller string) {
+	var body api.V1ReservationRequest
+	if err := api.Decode(r.Body, &body); err != nil {
+		s.metrics.reservations.WithLabelValues(outcomeInvalid).Inc()
+		writeDecodeError(w, err)
+		return
+	}
+	req, err := body.ToStore(v1ReservationID(caller), caller, s.limits)
+	if err != nil {
+		s.metrics.reservations.WithLabelValues(outcomeInvalid).Inc()
+		writeDecodeError(w, err)
+		return
+	}
+	if d, ok := s.reserve(w, r.Context(), req); ok {
+		writeJSON(w, http.StatusCreated, api.V1ReservationFromStore(d.Reservation))
+	}
+}
+
+// v1ReservationID makes an id in the seed's style, rsv-<requester>-<unix-millis>,
+// with a random suffix so two requests in one millisecond don't collide.
+func v1ReservationID(requester string) string {
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return "rsv-" + requester + "-" + strconv.FormatInt(time.Now().UnixMilli(), 10) + "-" + hex.EncodeToString(b[:])
+}
+
+func (s *Server) v1Instructions(w http.ResponseWriter, r *http.Request, caller string) {
+	out, err := s.v1InstructionsFor(r, caller)
+	if err != nil {
+		s.writeStoreError(w, "", err)
+		return
+	}
+	if out == nil {
+		out = []api.V1Reservation{}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// v1InstructionsFor lists the reservations in phase Reserved whose target is the caller.
+func (s *Server) v1InstructionsFor(r *http.Request, caller string) ([]api.V1Reservation, error) {
+	rs, err := s.store.LiveReservations(r.Context(), "by-target", caller)
+	if err != nil {
+		return nil, err
+	}
+	var out []api.V1Reservation
+	for _, res := range rs {
+		if res.Phase == store.PhaseReserved {
+			out = append(out, api.V1ReservationFromStore(res))
+		}
+	}
+	return out, nil
+}

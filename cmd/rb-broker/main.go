@@ -1,0 +1,167 @@
+// Command rb-broker is the central Resource Broker: a stateless HTTP server
+// over mutual TLS, with all state in Redis.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/server"
+	"github.com/fluidos-project/resource-broker/broker/store"
+)
+
+type options struct {
+	listenAddress   string
+	healthAddress   string
+	certDir         string
+	redisURL        string
+	sentinelMaster  string
+	sentinelAddrs   []string
+	redisPoolSize   int
+	weightResources float64
+	weightCost      float64
+	staleThreshold  time.Duration
+	defaultDuration time.Duration
+	maxDuration     time.Duration
+	expiryInterval  time.Duration
+}
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "rb-broker:", err)
+		os.Exit(1)
+	}
+}
+
+func newCommand() *cobra.Command {
+	o := options{}
+	cmd := &cobra.Command{
+		Use:           "rb-broker",
+		Short:         "The central Resource Broker: scores clusters and locks capacity in Redis, serves the API over mutual TLS",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return run(ctx, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.listenAddress, "listen-address", ":8443", "address of the mutual-TLS API")
+	f.StringVar(&o.healthAddress, "health-address", ":8081", "address of plain-HTTP /healthz, /readyz and /metrics (empty: off)")
+	f.StringVar(&o.certDir, "cert-dir", "/etc/rb-broker/tls", "directory with tls.crt, tls.key and ca.crt (the CA that signs client certificates)")
+	f.StringVar(&o.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://); the password may also come from REDIS_PASSWORD")
+	f.StringVar(&o.sentinelMaster, "redis-sentinel-master", "", "Sentinel master name; with --redis-sentinel-addrs, used instead of --redis-url's host")
+	f.StringSliceVar(&o.sentinelAddrs, "redis-sentinel-addrs", nil, "Sentinel addresses host:port, comma-separated")
+	f.IntVar(&o.redisPoolSize, "redis-pool-size", 256, "Redis connections per replica (each open event stream holds one while it waits)")
+	f.Float64Var(&o.weightResources, "weight-resources", 0.7, "weight of the resource-availability score (weights sum to 1)")
+	f.Float64Var(&o.weightCost, "weight-cost", 0.3, "weight of the cost score (weights sum to 1)")
+	f.DurationVar(&o.staleThreshold, "stale-threshold", time.Minute, "a cluster not advertised for this long (Redis clock) is not a candidate")
+	f.DurationVar(&o.defaultDuration, "default-duration", time.Hour, "duration of a reservation that names none")
+	f.DurationVar(&o.maxDuration, "max-duration", 24*time.Hour, "longest duration a reservation may ask for")
+	f.DurationVar(&o.expiryInterval, "expiry-interval", time.Second, "how often this replica releases expired reservations")
+	gf := flag.NewFlagSet("klog", flag.ExitOnError)
+	klog.InitFlags(gf)
+	f.AddGoFlagSet(gf)
+	return cmd
+}
+
+func (o options) validate() error {
+	var errs []error
+	if o.weightResources < 0 || o.weightCost < 0 || math.Abs(o.weightResources+o.weightCost-1) > 1e-9 {
+		errs = append(errs, fmt.Errorf("--weight-resources (%g) and --weight-cost (%g) must be non-negative and sum to 1", o.weightResources, o.weightCost))
+	}
+	for name, d := range map[string]time.Duration{"--stale-threshold": o.staleThreshold, "--default-duration": o.defaultDuration,
+		"--max-duration": o.maxDuration, "--expiry-interval": o.expiryInterval} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+		}
+	}
+	if o.defaultDuration > o.maxDuration {
+		errs = append(errs, fmt.Errorf("--default-duration (%s) exceeds --max-duration (%s)", o.defaultDuration, o.maxDuration))
+	}
+	if (o.sentinelMaster == "") != (len(o.sentinelAddrs) == 0) {
+		errs = append(errs, errors.New("--redis-sentinel-master and --redis-sentinel-addrs go together"))
+	}
+	if o.redisPoolSize < 1 {
+		errs = append(errs, errors.New("--redis-pool-size must be at least 1"))
+	}
+	return errors.Join(errs...)
+}
+
+func (o options) redisClient() (redis.UniversalClient, error) {
+	u, err := redis.ParseURL(o.redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("--redis-url: %w", err)
+	}
+	if pw := os.Getenv("REDIS_PASSWORD"); pw != "" {
+		u.Password = pw
+	}
+	if o.sentinelMaster != "" {
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: o.sentinelMaster, SentinelAddrs: o.sentinelAddrs,
+			Username: u.Username, Password: u.Password, DB: u.DB, TLSConfig: u.TLSConfig, PoolSize: o.redisPoolSize,
+		}), nil
+	}
+	u.PoolSize = o.redisPoolSize
+	return redis.NewClient(u), nil
+}
+
+func run(ctx context.Context, o options) error {
+	log := klog.Background().WithName("rb-broker")
+	tlsConfig, err := server.TLSConfig(o.certDir)
+	if err != nil {
+		return err
+	}
+	rdb, err := o.redisClient()
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold})
+	srv := server.New(server.Config{Store: st, Log: log,
+		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}})
+
+	// Wait for Redis rather than crash-looping while it starts.
+	for {
+		if err = st.LoadScripts(ctx); err == nil {
+			break
+		}
+		log.Error(err, "Redis not ready, retrying")
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+	apiLn, err := net.Listen("tcp", o.listenAddress)
+	if err != nil {
+		return err
+	}
+	var healthLn net.Listener
+	if o.healthAddress != "" {
+		if healthLn, err = net.Listen("tcp", o.healthAddress); err != nil {
+			return err
+		}
+	}
+	log.Info("serving", "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", o.redisURL,
+		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold)
+	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, TLSConfig: tlsConfig, HealthListener: healthLn, ExpiryInterval: o.expiryInterval})
+}
