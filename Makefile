@@ -38,3 +38,27 @@ $(ENVTEST_DIR)/kubectl: go.mod
 $(ENVTEST_DIR)/etcd: go.mod
 	@echo ">> building etcd $$(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
 	go build -ldflags "-s -w" -o $@ go.etcd.io/etcd/server/v3
+
+# cert-manager's real CRDs, for the envtest control plane of the manifests
+# test (manifests/manifests_test.go). Taken from deploy/crds/ of cert-manager's
+# Go module, fetched (checksum-verified) with `go mod download` outside this
+# module, so cert-manager is not a dependency in go.mod.
+CERT_MANAGER_VERSION ?= v1.21.2
+CERT_MANAGER_CRDS    := $(CURDIR)/bin/crds/cert-manager
+
+.PHONY: cert-manager-crds
+cert-manager-crds: $(CERT_MANAGER_CRDS)/cert-manager-$(CERT_MANAGER_VERSION).stamp ## Copy cert-manager's CRDs (CERT_MANAGER_VERSION) from its Go module into bin/crds/cert-manager.
+
+$(CERT_MANAGER_CRDS)/cert-manager-$(CERT_MANAGER_VERSION).stamp:
+	@echo ">> cert-manager $(CERT_MANAGER_VERSION) CRDs from its Go module into $(CERT_MANAGER_CRDS)"
+	@set -euo pipefail; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	(cd "$$tmp" && GOWORK=off go mod download -json github.com/cert-manager/cert-manager@$(CERT_MANAGER_VERSION)) > "$$tmp/download.json"; \
+	dir=$$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p' "$$tmp/download.json"); \
+	if [ -z "$$dir" ] || ! ls "$$dir"/deploy/crds/*.yaml >/dev/null 2>&1; then \
+		echo "no deploy/crds/*.yaml in cert-manager $(CERT_MANAGER_VERSION) ($$dir)" >&2; exit 1; \
+	fi; \
+	rm -rf "$(CERT_MANAGER_CRDS)"; \
+	mkdir -p "$(CERT_MANAGER_CRDS)"; \
+	install -m 0644 "$$dir"/deploy/crds/*.yaml "$(CERT_MANAGER_CRDS)/"; \
+	touch "$@"
