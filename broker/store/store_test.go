@@ -372,33 +372,9 @@ func referenceDecision(clusters []store.Cluster, req store.ReserveRequest, wRes,
 	return fits[0].id, fits[0].s
 }
 
-// assertInvariant checks, for every cluster and resource, that the broker's
-// reserved counter equals the sum of live reservations to it and stays within
-// what the cluster can give.
 func assertInvariant(t *testing.T, s *store.Store) {
 	t.Helper()
-	ctx := context.Background()
-	clusters, err := s.Clusters(ctx)
-	require.NoError(t, err)
-	for _, c := range clusters {
-		live, err := s.LiveReservations(ctx, "by-target", c.ID)
-		require.NoError(t, err)
-		var sum store.Resources
-		for _, r := range live {
-			require.True(t, r.Live(), "index holds only live reservations")
-			sum.CPU += r.Resources.CPU
-			sum.Memory += r.Resources.Memory
-			sum.GPU += r.Resources.GPU
-			sum.Storage += r.Resources.Storage
-		}
-		assert.Equal(t, sum, c.Reserved, "cluster %s: reserved counter = sum of live reservations", c.ID)
-		free := c.Free()
-		for name, v := range map[string]int64{"cpu": free.CPU, "mem": free.Memory, "gpu": free.GPU, "sto": free.Storage} {
-			if v < 0 {
-				t.Errorf("cluster %s overbooked on %s by %d", c.ID, name, -v)
-			}
-		}
-	}
+	require.NoError(t, s.CheckInvariant(context.Background()))
 }
 
 func TestAdvertiseCannotSetBrokerOwnedFields(t *testing.T) {
@@ -420,4 +396,22 @@ func TestAdvertiseCannotSetBrokerOwnedFields(t *testing.T) {
 	after, err := rdb.HGetAll(ctx, s.Key("cluster:", "paris")).Result()
 	require.NoError(t, err)
 	assert.Equal(t, before, after, "nothing written")
+}
+
+func TestCheckInvariantDetectsDrift(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	s := store.New(rdb, store.Config{})
+	require.NoError(t, s.LoadScripts(ctx))
+	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1, nil))
+	require.NoError(t, err)
+	_, err = s.Reserve(ctx, request("r1", "rome", 1000, 1, 0))
+	require.NoError(t, err)
+	require.NoError(t, s.CheckInvariant(ctx))
+
+	require.NoError(t, rdb.HIncrBy(ctx, s.Key("cluster:", "paris"), "resv_cpu", 1).Err())
+	require.ErrorContains(t, s.CheckInvariant(ctx), "reserved counter")
+	require.NoError(t, rdb.HSet(ctx, s.Key("cluster:", "paris"), "resv_cpu", 1000, "used_cpu", 7500).Err())
+	require.ErrorContains(t, s.CheckInvariant(ctx), "overbooked")
 }
