@@ -17,17 +17,18 @@ import (
 
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 )
 
 func TestReserveReadRelease(t *testing.T) {
-	b := newBed(t, store.Config{}, api.Limits{})
-	b.advertise("paris", "16", "64Gi", "", "0.03", nil)
-	b.advertise("berlin", "16", "64Gi", "", "0.05", nil)
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
+	b.Advertise("berlin", "16", "64Gi", "", "0.05", nil)
 
-	code, data := b.do("rome", http.MethodPost, "/api/v2/reservations", reservation("r1", "2", "4Gi"))
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("r1", "2", "4Gi"))
 	require.Equal(t, http.StatusCreated, code, "%s", data)
-	r := decode[api.Reservation](t, data)
+	r := brokertest.Decode[api.Reservation](t, data)
 	assert.Equal(t, "paris", r.Provider, "cheaper at equal size")
 	assert.Equal(t, "Reserved", r.Phase)
 	assert.Equal(t, "2", r.Resources.CPU.String())
@@ -37,106 +38,106 @@ func TestReserveReadRelease(t *testing.T) {
 	assert.Greater(t, r.Candidates[0].Score, r.Candidates[1].Score)
 
 	for cn, want := range map[string]int{"rome": 200, "paris": 200, "berlin": 403} {
-		code, data := b.do(cn, http.MethodGet, "/api/v2/reservations/r1", nil)
+		code, data := b.Do(cn, http.MethodGet, "/api/v2/reservations/r1", nil)
 		assert.Equal(t, want, code, "GET as %s: %s", cn, data)
 	}
-	code, data = b.do("berlin", http.MethodDelete, "/api/v2/reservations/r1", nil)
+	code, data = b.Do("berlin", http.MethodDelete, "/api/v2/reservations/r1", nil)
 	assert.Equal(t, http.StatusForbidden, code, "%s", data)
-	assert.Equal(t, api.ReasonForbidden, decode[api.Error](t, data).Reason)
+	assert.Equal(t, api.ReasonForbidden, brokertest.Decode[api.Error](t, data).Reason)
 
-	code, data = b.do("rome", http.MethodGet, "/api/v2/reservations?role=requester", nil)
+	code, data = b.Do("rome", http.MethodGet, "/api/v2/reservations?role=requester", nil)
 	require.Equal(t, http.StatusOK, code)
-	assert.Len(t, decode[[]api.Reservation](t, data), 1)
+	assert.Len(t, brokertest.Decode[[]api.Reservation](t, data), 1)
 
-	code, data = b.do("rome", http.MethodDelete, "/api/v2/reservations/r1", nil)
+	code, data = b.Do("rome", http.MethodDelete, "/api/v2/reservations/r1", nil)
 	require.Equal(t, http.StatusOK, code, "%s", data)
-	assert.Equal(t, "Released", decode[api.Reservation](t, data).Phase)
-	code, data = b.do("paris", http.MethodDelete, "/api/v2/reservations/r1", nil)
+	assert.Equal(t, "Released", brokertest.Decode[api.Reservation](t, data).Phase)
+	code, data = b.Do("paris", http.MethodDelete, "/api/v2/reservations/r1", nil)
 	require.Equal(t, http.StatusOK, code, "release twice: same answer, %s", data)
-	code, _ = b.do("rome", http.MethodDelete, "/api/v2/reservations/nope", nil)
+	code, _ = b.Do("rome", http.MethodDelete, "/api/v2/reservations/nope", nil)
 	assert.Equal(t, http.StatusNotFound, code)
 
-	c, err := b.store.Cluster(context.Background(), "paris")
+	c, err := b.Store.Cluster(context.Background(), "paris")
 	require.NoError(t, err)
 	assert.Equal(t, store.Resources{}, c.Reserved, "freed exactly once")
-	require.NoError(t, b.store.CheckInvariant(context.Background()))
+	require.NoError(t, b.Store.CheckInvariant(context.Background()))
 }
 
 func TestIdempotentReservation(t *testing.T) {
-	b := newBed(t, store.Config{}, api.Limits{})
-	b.advertise("paris", "8", "32Gi", "", "0.03", nil)
-	code, first := b.do("rome", http.MethodPost, "/api/v2/reservations", reservation("same-id", "3", "1Gi"))
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	code, first := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("same-id", "3", "1Gi"))
 	require.Equal(t, http.StatusCreated, code, "%s", first)
-	code, again := b.do("rome", http.MethodPost, "/api/v2/reservations", reservation("same-id", "3", "1Gi"))
+	code, again := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("same-id", "3", "1Gi"))
 	require.Equal(t, http.StatusOK, code, "a retry is answered with the first decision, %s", again)
-	assert.Equal(t, decode[api.Reservation](t, first), decode[api.Reservation](t, again))
-	code, data := b.do("milan", http.MethodPost, "/api/v2/reservations", reservation("same-id", "3", "1Gi"))
+	assert.Equal(t, brokertest.Decode[api.Reservation](t, first), brokertest.Decode[api.Reservation](t, again))
+	code, data := b.Do("milan", http.MethodPost, "/api/v2/reservations", reservation("same-id", "3", "1Gi"))
 	assert.Equal(t, http.StatusConflict, code, "%s", data)
-	assert.Equal(t, api.ReasonConflict, decode[api.Error](t, data).Reason)
+	assert.Equal(t, api.ReasonConflict, brokertest.Decode[api.Error](t, data).Reason)
 
-	c, err := b.store.Cluster(context.Background(), "paris")
+	c, err := b.Store.Cluster(context.Background(), "paris")
 	require.NoError(t, err)
 	assert.Equal(t, int64(3000), c.Reserved.CPU, "locked once")
 }
 
 func TestNothingFits(t *testing.T) {
-	b := newBed(t, store.Config{}, api.Limits{})
-	b.advertise("paris", "2", "32Gi", "", "0.03", nil)
-	b.advertise("berlin", "16", "1Gi", "", "0.03", nil)
-	b.advertise("rome", "64", "256Gi", "", "0.03", nil)
-	code, data := b.do("rome", http.MethodPost, "/api/v2/reservations", reservation("big", "4", "8Gi"))
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "2", "32Gi", "", "0.03", nil)
+	b.Advertise("berlin", "16", "1Gi", "", "0.03", nil)
+	b.Advertise("rome", "64", "256Gi", "", "0.03", nil)
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("big", "4", "8Gi"))
 	require.Equal(t, http.StatusConflict, code, "%s", data)
-	e := decode[api.Error](t, data)
+	e := brokertest.Decode[api.Error](t, data)
 	assert.Equal(t, api.ReasonNoCapacity, e.Reason)
 	assert.Equal(t, map[string]int64{"requester": 1, "insufficient_cpu": 1, "insufficient_mem": 1, "stale": 0, "selector": 0}, e.Rejected)
 	assert.Contains(t, e.Error, "insufficient_cpu=1")
 }
 
 func TestExpiryTimer(t *testing.T) {
-	b := newBed(t, store.Config{}, api.Limits{})
-	b.advertise("paris", "8", "32Gi", "", "0.03", nil)
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
 	req := reservation("short", "2", "2Gi")
 	req.Duration = "300ms"
-	code, data := b.do("rome", http.MethodPost, "/api/v2/reservations", req)
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", req)
 	require.Equal(t, http.StatusCreated, code, "%s", data)
 	require.Eventually(t, func() bool {
-		_, data := b.do("rome", http.MethodGet, "/api/v2/reservations/short", nil)
-		return decode[api.Reservation](t, data).Phase == "Expired"
+		_, data := b.Do("rome", http.MethodGet, "/api/v2/reservations/short", nil)
+		return brokertest.Decode[api.Reservation](t, data).Phase == "Expired"
 	}, 5*time.Second, 50*time.Millisecond, "the broker's timer expires it")
-	c, err := b.store.Cluster(context.Background(), "paris")
+	c, err := b.Store.Cluster(context.Background(), "paris")
 	require.NoError(t, err)
 	assert.Equal(t, store.Resources{}, c.Reserved, "capacity came back")
 }
 
 func TestIdentity(t *testing.T) {
-	b := newBed(t, store.Config{}, api.Limits{})
-	b.advertise("paris", "8", "32Gi", "", "0.03", nil)
-	code, data := b.do("paris", http.MethodPost, "/api/v2/reservations", reservation("paris-r", "1", "1Gi"))
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	code, data := b.Do("paris", http.MethodPost, "/api/v2/reservations", reservation("paris-r", "1", "1Gi"))
 	require.Equal(t, http.StatusConflict, code, "only paris is advertised and it cannot serve itself: %s", data)
-	b.advertise("berlin", "8", "32Gi", "", "0.03", nil)
-	code, data = b.do("paris", http.MethodPost, "/api/v2/reservations", reservation("paris-r", "1", "1Gi"))
+	b.Advertise("berlin", "8", "32Gi", "", "0.03", nil)
+	code, data = b.Do("paris", http.MethodPost, "/api/v2/reservations", reservation("paris-r", "1", "1Gi"))
 	require.Equal(t, http.StatusCreated, code, "%s", data)
-	before := b.snapshot()
+	before := b.Snapshot()
 
-	q := quantities("1", "1Gi", "")
-	code, _ = b.do("rome", http.MethodPut, "/api/v2/clusters/paris/advertisement",
+	q := brokertest.Quantities("1", "1Gi", "")
+	code, _ = b.Do("rome", http.MethodPut, "/api/v2/clusters/paris/advertisement",
 		api.Advertisement{Resources: api.ClusterResources{Capacity: q, Allocatable: q, Allocated: q}})
 	assert.Equal(t, http.StatusForbidden, code, "rome cannot advertise as paris")
-	code, _ = b.do("rome", http.MethodPost, "/api/v1/advertisements",
+	code, _ = b.Do("rome", http.MethodPost, "/api/v1/advertisements",
 		api.V1Advertisement{ClusterID: "paris", Resources: api.V1Resources{Capacity: q, Allocatable: q, Allocated: q, Available: q}})
 	assert.Equal(t, http.StatusForbidden, code, "nor through v1")
-	code, _ = b.do("rome", http.MethodGet, "/api/v2/reservations/paris-r", nil)
+	code, _ = b.Do("rome", http.MethodGet, "/api/v2/reservations/paris-r", nil)
 	assert.Equal(t, http.StatusForbidden, code, "rome cannot read paris's reservation")
-	code, _ = b.do("rome", http.MethodDelete, "/api/v2/reservations/paris-r", nil)
+	code, _ = b.Do("rome", http.MethodDelete, "/api/v2/reservations/paris-r", nil)
 	assert.Equal(t, http.StatusForbidden, code, "nor release it")
-	code, _ = b.do("rome", http.MethodPost, "/api/v2/reservations/paris-r/grant",
+	code, _ = b.Do("rome", http.MethodPost, "/api/v2/reservations/paris-r/grant",
 		api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-paris", ExpiresAt: time.Now().Add(time.Hour)})
 	assert.Equal(t, http.StatusForbidden, code, "nor grant it")
-	assert.Equal(t, before, b.snapshot(), "refused calls changed nothing")
+	assert.Equal(t, before, b.Snapshot(), "refused calls changed nothing")
 
 	// No client certificate: the TLS handshake fails.
-	anon := b.httpClient(&tls.Config{RootCAs: b.ca.Pool()})
-	_, err := anon.Get(b.url + "/api/v2/clusters")
+	anon := b.HTTPClient(&tls.Config{RootCAs: b.CA.Pool()})
+	_, err := anon.Get(b.URL + "/api/v2/clusters")
 	require.Error(t, err, "no client certificate must fail the handshake")
 	// A certificate from another CA is not accepted either.
 	other, err := devcerts.NewCA("other")
@@ -145,56 +146,56 @@ func TestIdentity(t *testing.T) {
 	require.NoError(t, err)
 	cert, err := pair.TLSCertificate()
 	require.NoError(t, err)
-	foreign := b.httpClient(&tls.Config{RootCAs: b.ca.Pool(), Certificates: []tls.Certificate{cert}})
-	_, err = foreign.Get(b.url + "/api/v2/clusters")
+	foreign := b.HTTPClient(&tls.Config{RootCAs: b.CA.Pool(), Certificates: []tls.Certificate{cert}})
+	_, err = foreign.Get(b.URL + "/api/v2/clusters")
 	require.Error(t, err)
 }
 
 func TestGrant(t *testing.T) {
-	b := newBed(t, store.Config{}, api.Limits{})
-	b.advertise("paris", "8", "32Gi", "", "0.03", nil)
-	code, data := b.do("rome", http.MethodPost, "/api/v2/reservations", reservation("g1", "1", "1Gi"))
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("g1", "1", "1Gi"))
 	require.Equal(t, http.StatusCreated, code, "%s", data)
 
 	grant := api.Grant{Endpoint: "https://paris:6443", CABundle: []byte("-----BEGIN CERTIFICATE-----"), Token: "secret-token",
 		Namespace: "rb-rome", ExpiresAt: time.Now().Add(time.Hour).UTC().Truncate(time.Second)}
-	code, data = b.do("rome", http.MethodPost, "/api/v2/reservations/g1/grant", grant)
+	code, data = b.Do("rome", http.MethodPost, "/api/v2/reservations/g1/grant", grant)
 	assert.Equal(t, http.StatusForbidden, code, "only the provider grants: %s", data)
 	bad := grant
 	bad.Namespace = "Not_A_Namespace"
-	code, data = b.do("paris", http.MethodPost, "/api/v2/reservations/g1/grant", bad)
+	code, data = b.Do("paris", http.MethodPost, "/api/v2/reservations/g1/grant", bad)
 	assert.Equal(t, http.StatusBadRequest, code, "%s", data)
-	code, data = b.do("paris", http.MethodPost, "/api/v2/reservations/g1/grant", grant)
+	code, data = b.Do("paris", http.MethodPost, "/api/v2/reservations/g1/grant", grant)
 	require.Equal(t, http.StatusOK, code, "%s", data)
-	assert.Equal(t, "Active", decode[api.Reservation](t, data).Phase)
-	assert.Nil(t, decode[api.Reservation](t, data).Grant, "the provider's answer does not echo the token")
+	assert.Equal(t, "Active", brokertest.Decode[api.Reservation](t, data).Phase)
+	assert.Nil(t, brokertest.Decode[api.Reservation](t, data).Grant, "the provider's answer does not echo the token")
 
-	_, data = b.do("rome", http.MethodGet, "/api/v2/reservations/g1", nil)
-	r := decode[api.Reservation](t, data)
+	_, data = b.Do("rome", http.MethodGet, "/api/v2/reservations/g1", nil)
+	r := brokertest.Decode[api.Reservation](t, data)
 	require.NotNil(t, r.Grant, "the requester reads its grant")
 	assert.Equal(t, grant, *r.Grant)
-	_, data = b.do("paris", http.MethodGet, "/api/v2/reservations/g1", nil)
-	assert.Nil(t, decode[api.Reservation](t, data).Grant)
+	_, data = b.Do("paris", http.MethodGet, "/api/v2/reservations/g1", nil)
+	assert.Nil(t, brokertest.Decode[api.Reservation](t, data).Grant)
 
-	code, _ = b.do("rome", http.MethodDelete, "/api/v2/reservations/g1", nil)
+	code, _ = b.Do("rome", http.MethodDelete, "/api/v2/reservations/g1", nil)
 	require.Equal(t, http.StatusOK, code)
-	code, data = b.do("paris", http.MethodPost, "/api/v2/reservations/g1/grant", grant)
+	code, data = b.Do("paris", http.MethodPost, "/api/v2/reservations/g1/grant", grant)
 	assert.Equal(t, http.StatusConflict, code, "an ended reservation takes no grant: %s", data)
 }
 
 // TestConcurrentReservations fires 2,000 reservation requests at once at 20
 // clusters that can hold only part of them, from five requesters.
 func TestConcurrentReservations(t *testing.T) {
-	b := newBed(t, store.Config{}, api.Limits{})
+	b := brokertest.Start(t, brokertest.Options{})
 	slots := 0
 	for i := 0; i < 20; i++ {
 		cores := 10 + 5*(i%5) // 10..30 cores, 1 core per request
 		slots += cores
-		b.advertise(fmt.Sprintf("provider-%02d", i), fmt.Sprint(cores), "1Ti", "", fmt.Sprintf("0.0%d", 1+i%9), nil)
+		b.Advertise(fmt.Sprintf("provider-%02d", i), fmt.Sprint(cores), "1Ti", "", fmt.Sprintf("0.0%d", 1+i%9), nil)
 	}
 	requesters := []string{"rome", "milan", "turin", "naples", "genoa"}
 	for _, r := range requesters {
-		b.client(r) // issue certificates before the burst
+		b.Client(r) // issue certificates before the burst
 	}
 	const n = 2000
 	var granted, refused atomic.Int64
@@ -208,8 +209,8 @@ func TestConcurrentReservations(t *testing.T) {
 			<-start
 			cn := requesters[i%len(requesters)]
 			body := fmt.Sprintf(`{"id":"burst-%d","resources":{"cpu":"1","memory":"1Gi"}}`, i)
-			req, _ := http.NewRequest(http.MethodPost, b.url+"/api/v2/reservations", strings.NewReader(body))
-			resp, err := b.client(cn).Do(req)
+			req, _ := http.NewRequest(http.MethodPost, b.URL+"/api/v2/reservations", strings.NewReader(body))
+			resp, err := b.Client(cn).Do(req)
 			if err != nil {
 				errs <- err.Error()
 				return
@@ -234,8 +235,8 @@ func TestConcurrentReservations(t *testing.T) {
 	}
 	assert.Equal(t, int64(slots), granted.Load(), "every slot granted, none twice")
 	assert.Equal(t, int64(n-slots), refused.Load())
-	require.NoError(t, b.store.CheckInvariant(context.Background()))
-	clusters, err := b.store.Clusters(context.Background())
+	require.NoError(t, b.Store.CheckInvariant(context.Background()))
+	clusters, err := b.Store.Clusters(context.Background())
 	require.NoError(t, err)
 	for _, c := range clusters {
 		assert.Equal(t, c.Allocatable.CPU, c.Reserved.CPU, "cluster %s is exactly full", c.ID)
@@ -243,22 +244,22 @@ func TestConcurrentReservations(t *testing.T) {
 }
 
 func TestHealthAndMetrics(t *testing.T) {
-	b := newBed(t, store.Config{}, api.Limits{})
-	b.advertise("paris", "8", "32Gi", "", "0.03", nil)
-	code, _ := b.do("rome", http.MethodPost, "/api/v2/reservations", reservation("m1", "1", "1Gi"))
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	code, _ := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("m1", "1", "1Gi"))
 	require.Equal(t, http.StatusCreated, code)
-	code, _ = b.do("rome", http.MethodPost, "/api/v2/reservations", reservation("m2", "100", "1Gi"))
+	code, _ = b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("m2", "100", "1Gi"))
 	require.Equal(t, http.StatusConflict, code)
 
 	for _, path := range []string{"/healthz", "/readyz"} {
-		resp, err := http.Get(b.health + path)
+		resp, err := http.Get(b.Health + path)
 		require.NoError(t, err)
 		resp.Body.Close()
 		assert.Equal(t, http.StatusOK, resp.StatusCode, path)
-		code, _ := b.do("rome", http.MethodGet, path, nil)
+		code, _ := b.Do("rome", http.MethodGet, path, nil)
 		assert.Equal(t, http.StatusOK, code, "also on the API port: %s", path)
 	}
-	resp, err := http.Get(b.health + "/metrics")
+	resp, err := http.Get(b.Health + "/metrics")
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -273,11 +274,11 @@ func TestHealthAndMetrics(t *testing.T) {
 	}
 
 	// Redis loses its script cache (as after a restart): readiness reloads it.
-	require.NoError(t, b.rdb.ScriptFlush(context.Background()).Err())
-	resp, err = http.Get(b.health + "/readyz")
+	require.NoError(t, b.RDB.ScriptFlush(context.Background()).Err())
+	resp, err = http.Get(b.Health + "/readyz")
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	code, data := b.do("rome", http.MethodPost, "/api/v2/reservations", reservation("m3", "1", "1Gi"))
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("m3", "1", "1Gi"))
 	assert.Equal(t, http.StatusCreated, code, "%s", data)
 }

@@ -1,24 +1,10 @@
 package server_test
 
 import (
-	"k8s.io/apimachinery/pkg/api/resource"
-
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
 )
 
-func mustQ(s string) *resource.Quantity {
-	q := resource.MustParse(s)
-	return &q
-}
-
-func quantities(cpu, memory, gpu string) api.Quantities {
-	q := api.Quantities{CPU: mustQ(cpu), Memory: mustQ(memory)}
-	if gpu != "" {
-		q.GPU = mustQ(gpu)
-	}
-	return q
-}
-
 func reservation(id, cpu, memory string) api.ReservationRequest {
-	return api.ReservationRequest{ID: id, Resources: quantities(cpu, memory, "")}
+	return api.ReservationRequest{ID: id, Resources: brokertest.Quantities(cpu, memory, "")}
 }

@@ -1,0 +1,235 @@
+// Package brokertest runs a real broker for tests: rb-broker's server on a
+// real redis-server, over real mutual TLS on loopback, with a client
+// certificate per cluster issued by a throw-away CA.
+package brokertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/server"
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/redistest"
+)
+
+// Broker is one running broker.
+type Broker struct {
+	t      testing.TB
+	Redis  *redistest.Server
+	RDB    *redis.Client
+	Store  *store.Store
+	URL    string // https://127.0.0.1:<port>, the mutual-TLS API
+	Health string // http://127.0.0.1:<port>, /healthz /readyz /metrics
+	CA     *devcerts.CA
+	Dir    string // holds broker/ (the server's cert dir) and clusters/<id>/ once ClusterCertDir is called
+
+	mu      sync.Mutex
+	clients map[string]*http.Client
+}
+
+// Options tune the broker; zero values take the defaults of store.Config and api.Limits.
+type Options struct {
+	Store          store.Config
+	Limits         api.Limits
+	ExpiryInterval time.Duration // default 50ms
+	EventBlock     time.Duration // default 500ms
+}
+
+// Start runs a broker for t and stops it at cleanup.
+func Start(t testing.TB, o Options) *Broker {
+	t.Helper()
+	if o.ExpiryInterval == 0 {
+		o.ExpiryInterval = 50 * time.Millisecond
+	}
+	if o.EventBlock == 0 {
+		o.EventBlock = 500 * time.Millisecond
+	}
+	rs := redistest.Start(t)
+	rdb := rs.Client()
+	st := store.New(rdb, o.Store)
+	ca, err := devcerts.NewCA("test CA")
+	require.NoError(t, err)
+	pair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1"})
+	require.NoError(t, err)
+	base := t.TempDir()
+	dir := filepath.Join(base, "broker")
+	require.NoError(t, devcerts.WriteTLSDir(dir, pair, ca.CertPEM))
+	tlsConfig, err := server.TLSConfig(dir)
+	require.NoError(t, err)
+
+	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	healthLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := server.New(server.Config{Store: st, Limits: o.Limits, Log: testr.NewWithInterface(t, testr.Options{}), EventBlock: o.EventBlock})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- srv.Run(ctx, server.RunOptions{APIListener: apiLn, TLSConfig: tlsConfig, HealthListener: healthLn, ExpiryInterval: o.ExpiryInterval})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(15 * time.Second):
+			t.Error("broker did not stop")
+		}
+	})
+	b := &Broker{t: t, Redis: rs, RDB: rdb, Store: st, CA: ca, Dir: base, clients: map[string]*http.Client{},
+		URL: "https://" + apiLn.Addr().String(), Health: "http://" + healthLn.Addr().String()}
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(b.Health + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 10*time.Second, 20*time.Millisecond)
+	return b
+}
+
+// Client returns a keep-alive HTTPS client presenting a certificate with CN=cn.
+func (b *Broker) Client(cn string) *http.Client {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c, ok := b.clients[cn]; ok {
+		return c
+	}
+	pair, err := b.CA.IssueClient(cn)
+	require.NoError(b.t, err)
+	cert, err := pair.TLSCertificate()
+	require.NoError(b.t, err)
+	c := b.HTTPClient(&tls.Config{RootCAs: b.CA.Pool(), Certificates: []tls.Certificate{cert}})
+	b.clients[cn] = c
+	return c
+}
+
+// HTTPClient returns a keep-alive HTTPS client with the given TLS configuration.
+func (b *Broker) HTTPClient(cfg *tls.Config) *http.Client {
+	tr := &http.Transport{TLSClientConfig: cfg, MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}
+	b.t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// Do sends body (marshalled unless it is a string or []byte) as cn and returns the status and the body.
+func (b *Broker) Do(cn, method, path string, body any) (int, []byte) {
+	b.t.Helper()
+	var rd io.Reader
+	switch v := body.(type) {
+	case nil:
+	case string:
+		rd = bytes.NewBufferString(v)
+	case []byte:
+		rd = bytes.NewReader(v)
+	default:
+		data, err := json.Marshal(v)
+		require.NoError(b.t, err)
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequest(method, b.URL+path, rd)
+	require.NoError(b.t, err)
+	resp, err := b.Client(cn).Do(req)
+	require.NoError(b.t, err)
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	require.NoError(b.t, err)
+	return resp.StatusCode, data
+}
+
+// Decode unmarshals a response body, failing the test with the body on error.
+func Decode[T any](t testing.TB, data []byte) T {
+	t.Helper()
+	var v T
+	require.NoError(t, json.Unmarshal(data, &v), "body: %s", data)
+	return v
+}
+
+// Advertise publishes a cluster through the v2 API: everything allocatable,
+// nothing allocated, priced per core-hour in EUR.
+func (b *Broker) Advertise(id string, cpu, memory, gpu string, pricePerCore string, labels map[string]string) {
+	b.t.Helper()
+	q := Quantities(cpu, memory, gpu)
+	body := api.Advertisement{
+		ClusterName: id, Endpoint: "https://" + id + ".example:6443", Labels: labels,
+		Resources: api.ClusterResources{Capacity: q, Allocatable: q, Allocated: Quantities("0", "0", "")},
+		Prices:    &api.Prices{Currency: "EUR", CPU: MustQ(pricePerCore), Memory: MustQ("0.004")},
+	}
+	code, data := b.Do(id, http.MethodPut, "/api/v2/clusters/"+id+"/advertisement", body)
+	require.Equal(b.t, http.StatusOK, code, "%s", data)
+}
+
+// Snapshot returns every rb:* key with a type-aware dump of its value, to
+// prove that a refused call changed nothing.
+func (b *Broker) Snapshot() map[string]string {
+	b.t.Helper()
+	ctx := context.Background()
+	keys, err := b.RDB.Keys(ctx, "rb:*").Result()
+	require.NoError(b.t, err)
+	sort.Strings(keys)
+	out := map[string]string{}
+	for _, k := range keys {
+		typ := b.RDB.Type(ctx, k).Val()
+		var v any
+		switch typ {
+		case "hash":
+			v = b.RDB.HGetAll(ctx, k).Val()
+		case "zset":
+			v = b.RDB.ZRangeWithScores(ctx, k, 0, -1).Val()
+		case "set":
+			m := b.RDB.SMembers(ctx, k).Val()
+			sort.Strings(m)
+			v = m
+		case "stream":
+			v = b.RDB.XRange(ctx, k, "-", "+").Val()
+		default:
+			v = b.RDB.Dump(ctx, k).Val()
+		}
+		data, _ := json.Marshal(v)
+		out[k] = typ + " " + string(data)
+	}
+	return out
+}
+
+// ClusterCertDir writes a client certificate for cluster id in the cert-manager
+// layout (tls.crt, tls.key, ca.crt) and returns its directory.
+func (b *Broker) ClusterCertDir(id string) string {
+	b.t.Helper()
+	pair, err := b.CA.IssueClient(id)
+	require.NoError(b.t, err)
+	dir := filepath.Join(b.Dir, "clusters", id)
+	require.NoError(b.t, devcerts.WriteTLSDir(dir, pair, b.CA.CertPEM))
+	return dir
+}
+
+// MustQ parses a quantity.
+func MustQ(s string) *resource.Quantity {
+	q := resource.MustParse(s)
+	return &q
+}
+
+// Quantities builds wire quantities; gpu may be empty.
+func Quantities(cpu, memory, gpu string) api.Quantities {
+	q := api.Quantities{CPU: MustQ(cpu), Memory: MustQ(memory)}
+	if gpu != "" {
+		q.GPU = MustQ(gpu)
+	}
+	return q
+}
