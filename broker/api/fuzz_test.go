@@ -1,0 +1,116 @@
+package api_test
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/store"
+)
+
+var limits = api.Limits{DefaultDuration: time.Hour, MaxDuration: 24 * time.Hour}
+
+// checkRequest is what every accepted request must satisfy before it reaches Redis.
+func checkRequest(t *testing.T, r store.ReserveRequest) {
+	t.Helper()
+	if r.Resources.CPU <= 0 || r.Resources.Memory <= 0 || r.Resources.GPU < 0 || r.Resources.Storage < 0 {
+		t.Fatalf("accepted invalid amounts %+v", r.Resources)
+	}
+	for _, v := range []int64{r.Resources.CPU, r.Resources.Memory, r.Resources.GPU, r.Resources.Storage} {
+		if v > 1<<52 {
+			t.Fatalf("accepted an amount beyond 2^52: %d", v)
+		}
+	}
+	if r.Duration <= 0 || r.Duration > limits.MaxDuration {
+		t.Fatalf("accepted duration %s", r.Duration)
+	}
+	if err := api.ValidateReservationID(r.ID); err != nil {
+		t.Fatalf("accepted id %q: %v", r.ID, err)
+	}
+}
+
+func FuzzReservationRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"id":"r1","resources":{"cpu":"500m","memory":"1Gi"}}`,
+		`{"id":"r1","resources":{"cpu":"2","memory":"4Gi","gpu":"1","storage":"10Gi"},"duration":"30m","selector":{"matchLabels":{"region":"eu"}},"owner":"ns/pod","priority":10}`,
+		`{"id":"r1","resources":{"cpu":"1e3","memory":"1.5Gi"}}`,
+		`{"id":"r1","resources":{"cpu":"-1","memory":"1Gi"}}`,
+		`{"id":"r1","resources":{"cpu":"0.0001","memory":"1"}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var body api.ReservationRequest
+		if api.Decode(bytes.NewReader(data), &body) != nil {
+			return
+		}
+		r, err := body.ToStore("rome", limits)
+		if err != nil {
+			return
+		}
+		checkRequest(t, r)
+	})
+}
+
+func FuzzV1ReservationRequest(f *testing.F) {
+	f.Add([]byte(`{"requestedResources":{"cpu":"2","memory":"4Gi"},"priority":5,"duration":"1h"}`))
+	f.Add([]byte(`{"requestedResources":{"cpu":"2","memory":"4Gi","gpu":"1"}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var body api.V1ReservationRequest
+		if api.Decode(bytes.NewReader(data), &body) != nil {
+			return
+		}
+		r, err := body.ToStore("rsv-rome-1", "rome", limits)
+		if err != nil {
+			return
+		}
+		checkRequest(t, r)
+	})
+}
+
+func FuzzAdvertisement(f *testing.F) {
+	f.Add([]byte(`{"clusterName":"paris","endpoint":"https://paris:6443","labels":{"region":"eu"},
+		"resources":{"capacity":{"cpu":"8","memory":"32Gi"},"allocatable":{"cpu":"7500m","memory":"30Gi","gpu":"2"},"allocated":{"cpu":"1","memory":"1Gi"}},
+		"prices":{"currency":"EUR","cpu":"0.031","memory":"0.004","gpu":"0.9"}}`))
+	f.Add([]byte(`{"resources":{"capacity":{},"allocatable":{},"allocated":{}}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var body api.Advertisement
+		if api.Decode(bytes.NewReader(data), &body) != nil {
+			return
+		}
+		ad, err := body.ToStore()
+		if err != nil {
+			return
+		}
+		for _, r := range []store.Resources{ad.Capacity, ad.Allocatable, ad.Allocated} {
+			for _, v := range []int64{r.CPU, r.Memory, r.GPU, r.Storage} {
+				if v < 0 || v > 1<<52 {
+					t.Fatalf("accepted amount %d", v)
+				}
+			}
+		}
+		if ad.Prices.CPU < 0 || ad.Prices.Memory < 0 || ad.Prices.GPU < 0 {
+			t.Fatalf("accepted negative price %+v", ad.Prices)
+		}
+	})
+}
+
+func FuzzV1Advertisement(f *testing.F) {
+	f.Add([]byte(`{"clusterID":"paris","clusterName":"paris","resources":{"capacity":{"cpu":"8","memory":"32Gi"},
+		"allocatable":{"cpu":"8","memory":"32Gi"},"allocated":{"cpu":"500m","memory":"1Gi"},"available":{"cpu":"7","memory":"31Gi"}},
+		"timestamp":"2026-11-22T10:00:00Z"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var body api.V1Advertisement
+		if api.Decode(bytes.NewReader(data), &body) != nil {
+			return
+		}
+		ad, err := body.ToStore()
+		if err != nil {
+			return
+		}
+		if ad.Allocatable.CPU < 0 || ad.Allocated.Memory < 0 {
+			t.Fatalf("accepted negative amounts %+v", ad)
+		}
+	})
+}

@@ -1,0 +1,104 @@
+package server_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
+)
+
+// seedAdvertisement is what a seed agent posts: it copies a "reserved" it read
+// before and computes "available" itself; the broker must ignore both.
+func seedAdvertisement(id, cpu, mem, gpu string) string {
+	return `{"clusterID":"` + id + `","clusterName":"` + id + `",
+	  "resources":{
+	    "capacity":{"cpu":"` + cpu + `","memory":"` + mem + `","gpu":"` + gpu + `"},
+	    "allocatable":{"cpu":"` + cpu + `","memory":"` + mem + `","gpu":"` + gpu + `"},
+	    "allocated":{"cpu":"500m","memory":"1Gi"},
+	    "reserved":{"cpu":"0","memory":"0"},
+	    "available":{"cpu":"999","memory":"999Ti"}},
+	  "timestamp":"` + time.Now().UTC().Format(time.RFC3339) + `"}`
+}
+
+// TestSeedProtocol plays a seed agent that speaks only v1 (raw JSON, field
+// names from the seed protocol), as provider paris and requester rome.
+func TestSeedProtocol(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	obj := func(data []byte) map[string]any {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(data, &m), "%s", data)
+		return m
+	}
+
+	// A cluster advertising GPUs with no GPU allocated (crashed the seed broker).
+	code, data := b.Do("paris", http.MethodPost, "/api/v1/advertisements", seedAdvertisement("paris", "8", "32Gi", "2"))
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	resp := obj(data)
+	assert.NotContains(t, resp, "providerInstructions", "omitted when empty")
+	ad := resp["advertisement"].(map[string]any)
+	assert.Equal(t, "paris", ad["clusterID"])
+	res := ad["resources"].(map[string]any)
+	assert.Equal(t, map[string]any{"cpu": "7500m", "memory": "31Gi", "gpu": "2"}, res["available"], "recomputed, not the agent's")
+
+	code, data = b.Do("rome", http.MethodPost, "/api/v1/advertisements", seedAdvertisement("rome", "2", "4Gi", "0"))
+	require.Equal(t, http.StatusOK, code, "%s", data)
+
+	code, data = b.Do("paris", http.MethodGet, "/api/v1/instructions", nil)
+	require.Equal(t, http.StatusOK, code)
+	assert.JSONEq(t, `[]`, string(data), "an empty JSON array, not null")
+
+	code, data = b.Do("rome", http.MethodPost, "/api/v1/reservations", `{"requestedResources":{"cpu":"2","memory":"4Gi"},"priority":5,"duration":"30m"}`)
+	require.Equal(t, http.StatusCreated, code, "%s", data)
+	r := obj(data)
+	assert.Regexp(t, regexp.MustCompile(`^rsv-rome-\d+-[0-9a-f]+$`), r["id"])
+	assert.Equal(t, "rome", r["requesterID"])
+	assert.Equal(t, "paris", r["targetClusterID"])
+	assert.Equal(t, map[string]any{"cpu": "2", "memory": "4Gi"}, r["requestedResources"])
+	status := r["status"].(map[string]any)
+	assert.Equal(t, "Reserved", status["phase"])
+	expires, err := time.Parse(time.RFC3339, status["expiresAt"].(string))
+	require.NoError(t, err)
+	assert.WithinDuration(t, time.Now().Add(30*time.Minute), expires, time.Minute)
+	_, err = time.Parse(time.RFC3339, r["createdAt"].(string))
+	require.NoError(t, err)
+	id := r["id"].(string)
+
+	// The provider learns of it by polling and by the piggyback on its next advertisement.
+	code, data = b.Do("paris", http.MethodGet, "/api/v1/instructions", nil)
+	require.Equal(t, http.StatusOK, code)
+	var instructions []map[string]any
+	require.NoError(t, json.Unmarshal(data, &instructions))
+	require.Len(t, instructions, 1)
+	assert.Equal(t, id, instructions[0]["id"])
+	code, data = b.Do("paris", http.MethodPost, "/api/v1/advertisements", seedAdvertisement("paris", "8", "32Gi", "2"))
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	resp = obj(data)
+	piggy := resp["providerInstructions"].([]any)
+	require.Len(t, piggy, 1)
+	assert.Equal(t, id, piggy[0].(map[string]any)["id"])
+	assert.Equal(t, map[string]any{"cpu": "2", "memory": "4Gi"},
+		resp["advertisement"].(map[string]any)["resources"].(map[string]any)["reserved"], "the broker's reserved, not the agent's 0")
+
+	code, data = b.Do("rome", http.MethodGet, "/api/v1/advertisements/paris", nil)
+	require.Equal(t, http.StatusOK, code)
+	res = obj(data)["resources"].(map[string]any)
+	assert.Equal(t, map[string]any{"cpu": "5500m", "memory": "27Gi", "gpu": "2"}, res["available"])
+	code, _ = b.Do("rome", http.MethodGet, "/api/v1/advertisements/nowhere", nil)
+	assert.Equal(t, http.StatusNotFound, code)
+
+	// 409 when nothing fits; the seed's status codes.
+	code, data = b.Do("rome", http.MethodPost, "/api/v1/reservations", `{"requestedResources":{"cpu":"64","memory":"4Gi"}}`)
+	assert.Equal(t, http.StatusConflict, code, "%s", data)
+
+	// The seed agent releases nothing over v1, but a v2 release of its id works and the instruction disappears.
+	code, _ = b.Do("paris", http.MethodDelete, "/api/v2/reservations/"+id, nil)
+	require.Equal(t, http.StatusOK, code)
+	_, data = b.Do("paris", http.MethodGet, "/api/v1/instructions", nil)
+	assert.JSONEq(t, `[]`, string(data))
+}
