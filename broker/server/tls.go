@@ -10,66 +10,93 @@ import (
 	"time"
 )
 
-// TLSConfig returns a server configuration that requires client certificates
-// signed by dir/ca.crt and serves dir/tls.crt + dir/tls.key (the layout of a
-// cert-manager Secret). The key pair is re-read when the files change, so a
-// renewed certificate is picked up without a restart.
+// TLSConfig returns a server configuration that serves dir/tls.crt +
+// dir/tls.key and requires client certificates signed by dir/ca.crt (the
+// layout of a cert-manager Secret). All three files are re-read when they
+// change, so cert-manager's renewals of the key pair or the CA are picked up
+// without a restart.
 func TLSConfig(dir string) (*tls.Config, error) {
-	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
-	if err != nil {
-		return nil, fmt.Errorf("read client CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("%s: no PEM certificate found", filepath.Join(dir, "ca.crt"))
-	}
-	kp := &keyPair{cert: filepath.Join(dir, "tls.crt"), key: filepath.Join(dir, "tls.key")}
-	if _, err := kp.get(nil); err != nil {
+	r := &tlsReloader{dir: dir}
+	if _, err := r.load(); err != nil {
 		return nil, err
 	}
 	return &tls.Config{
-		MinVersion:     tls.VersionTLS12,
-		ClientAuth:     tls.RequireAndVerifyClientCert,
-		ClientCAs:      pool,
-		GetCertificate: kp.get,
-		NextProtos:     []string{"h2", "http/1.1"},
+		MinVersion:         tls.VersionTLS12,
+		ClientAuth:         tls.RequireAndVerifyClientCert,
+		NextProtos:         []string{"h2", "http/1.1"},
+		GetConfigForClient: r.get,
 	}, nil
 }
 
-// keyPair caches a certificate and reloads it at most every 30 s when the
-// file's modification time changed.
-type keyPair struct {
-	cert, key string
-	mu        sync.Mutex
-	loaded    *tls.Certificate
-	modTime   time.Time
-	checked   time.Time
+// tlsReloader keeps the per-connection configuration and rebuilds it, at most
+// every checkEvery, when a file's modification time changed.
+type tlsReloader struct {
+	dir string
+
+	mu      sync.Mutex
+	current *tls.Config
+	stamp   string
+	checked time.Time
 }
 
-func (k *keyPair) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.loaded != nil && time.Since(k.checked) < 30*time.Second {
-		return k.loaded, nil
+const checkEvery = 10 * time.Second
+
+func (r *tlsReloader) files() []string {
+	return []string{filepath.Join(r.dir, "tls.crt"), filepath.Join(r.dir, "tls.key"), filepath.Join(r.dir, "ca.crt")}
+}
+
+func (r *tlsReloader) get(*tls.ClientHelloInfo) (*tls.Config, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.current != nil && time.Since(r.checked) < checkEvery {
+		return r.current, nil
 	}
-	k.checked = time.Now()
-	st, err := os.Stat(k.cert)
-	if err != nil {
-		if k.loaded != nil {
-			return k.loaded, nil
+	r.checked = time.Now()
+	cfg, err := r.loadLocked()
+	if err != nil && r.current != nil {
+		return r.current, nil // keep serving while a rotation is half-written
+	}
+	return cfg, err
+}
+
+func (r *tlsReloader) load() (*tls.Config, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.loadLocked()
+}
+
+func (r *tlsReloader) loadLocked() (*tls.Config, error) {
+	stamp := ""
+	for _, f := range r.files() {
+		st, err := os.Stat(f)
+		if err != nil {
+			return nil, fmt.Errorf("TLS: %w", err)
 		}
-		return nil, fmt.Errorf("server certificate: %w", err)
+		stamp += st.ModTime().String() + "|"
 	}
-	if k.loaded != nil && st.ModTime().Equal(k.modTime) {
-		return k.loaded, nil
+	if r.current != nil && stamp == r.stamp {
+		return r.current, nil
 	}
-	c, err := tls.LoadX509KeyPair(k.cert, k.key)
+	files := r.files()
+	pair, err := tls.LoadX509KeyPair(files[0], files[1])
 	if err != nil {
-		if k.loaded != nil {
-			return k.loaded, nil // keep serving the old pair while a rotation is half-written
-		}
-		return nil, fmt.Errorf("server key pair: %w", err)
+		return nil, fmt.Errorf("TLS: server key pair: %w", err)
 	}
-	k.loaded, k.modTime = &c, st.ModTime()
-	return k.loaded, nil
+	caPEM, err := os.ReadFile(files[2])
+	if err != nil {
+		return nil, fmt.Errorf("TLS: client CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("TLS: %s holds no PEM certificate", files[2])
+	}
+	r.current = &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+		Certificates: []tls.Certificate{pair},
+		NextProtos:   []string{"h2", "http/1.1"},
+	}
+	r.stamp = stamp
+	return r.current, nil
 }
