@@ -2,21 +2,58 @@
 SHELL := /usr/bin/env bash
 
 K8S_VERSION  := $(shell go list -m -f '{{.Version}}' k8s.io/kubernetes)
+ETCD_VERSION := $(shell go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)
 K8S_MINOR    := $(word 2,$(subst ., ,$(K8S_VERSION)))
 ENVTEST_DIR  := $(CURDIR)/bin/k8s
 VERSION_PKG  := k8s.io/component-base/version
 K8S_LDFLAGS  := -s -w -X $(VERSION_PKG).gitVersion=$(K8S_VERSION) -X $(VERSION_PKG).gitMajor=1 -X $(VERSION_PKG).gitMinor=$(K8S_MINOR)
 GO_TEST_FLAGS ?= -count=1 -timeout 30m
+BENCH        ?= .
+BENCHTIME    ?= 2s
 BINARIES     := rb-broker rbctl
+GOLANGCI_LINT_VERSION ?= v2.15.0
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 
 .PHONY: help
 help: ## Show this help.
-	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
+
+.PHONY: demo
+demo: build ## Run the demo (today: the broker alone with Redis and three clusters' certificates; the three-cluster demo comes with the end-to-end work).
+	hack/demo-broker.sh
+
+.PHONY: test
+test: envtest-bin cert-manager-crds check-redis ## Run every test (needs redis-server; builds the test control plane on first use).
+	go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: check-redis
+check-redis:
+	@command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install -y redis-server (or brew install redis)" >&2; exit 1; }
+
+.PHONY: bench
+bench: check-redis ## Run the benchmarks (BENCH=regexp, BENCHTIME=2s); see docs/benchmarks.md.
+	go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./broker/...
+
+.PHONY: fuzz
+fuzz: ## Fuzz the request decoders for 30 s each.
+	for f in FuzzReservationRequest FuzzV1ReservationRequest FuzzAdvertisement FuzzV1Advertisement; do \
+		go test -run '^$$' -fuzz "^$$f$$" -fuzztime 30s ./broker/api/ || exit 1; done
+
+.PHONY: vet
+vet: ## go vet and gofmt check.
+	go vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+.PHONY: lint
+lint: bin/golangci-lint ## Run golangci-lint (.golangci.yml), built from the Go module proxy.
+	bin/golangci-lint run ./...
+
+bin/golangci-lint:
+	GOBIN=$(CURDIR)/bin GOFLAGS=-mod=mod go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
 .PHONY: build
-build: $(addprefix bin/,$(BINARIES)) ## Build every binary of ours into bin/.
+build: $(addprefix bin/,$(BINARIES)) ## Build our binaries into bin/.
 
 bin/%: FORCE
 	go build -o $@ ./cmd/$*
@@ -24,20 +61,31 @@ bin/%: FORCE
 .PHONY: FORCE
 FORCE:
 
+.PHONY: certs
+certs: bin/rbctl ## Make a development CA, a broker certificate and client certificates for rome, paris, berlin in .certs/.
+	bin/rbctl certs --out .certs --clusters rome,paris,berlin
+
+.PHONY: run-broker
+run-broker: bin/rb-broker certs check-redis ## Run Redis (in .demo/) and one broker on :8443 with the development certificates.
+	hack/run-broker.sh
+
+# The test control plane, built from the versions in go.mod. A stamp per
+# version keeps it cached across go.mod edits that do not change the versions.
+ENVTEST_STAMP := $(ENVTEST_DIR)/.built-k8s-$(K8S_VERSION)-etcd-$(ETCD_VERSION)
+
 .PHONY: envtest-bin
-envtest-bin: $(ENVTEST_DIR)/kube-apiserver $(ENVTEST_DIR)/etcd $(ENVTEST_DIR)/kubectl ## Build the test control plane (kube-apiserver, etcd, kubectl) from go.mod's versions into bin/k8s.
+envtest-bin: $(ENVTEST_STAMP) ## Build the test control plane (kube-apiserver, etcd, kubectl) from go.mod's versions into bin/k8s.
 
-$(ENVTEST_DIR)/kube-apiserver: go.mod
+$(ENVTEST_STAMP):
+	@mkdir -p $(ENVTEST_DIR)
 	@echo ">> building kube-apiserver $(K8S_VERSION) (first time: several minutes)"
-	go build -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kube-apiserver
-
-$(ENVTEST_DIR)/kubectl: go.mod
+	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+	@echo ">> building etcd $(ETCD_VERSION)"
+	go build -ldflags "-s -w" -o $(ENVTEST_DIR)/etcd go.etcd.io/etcd/server/v3
 	@echo ">> building kubectl $(K8S_VERSION)"
-	go build -ldflags "$(K8S_LDFLAGS)" -o $@ k8s.io/kubernetes/cmd/kubectl
-
-$(ENVTEST_DIR)/etcd: go.mod
-	@echo ">> building etcd $$(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
-	go build -ldflags "-s -w" -o $@ go.etcd.io/etcd/server/v3
+	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kubectl k8s.io/kubernetes/cmd/kubectl
+	@rm -f $(ENVTEST_DIR)/.built-*
+	@touch $@
 
 # cert-manager's real CRDs, for the envtest control plane of the manifests
 # test (manifests/manifests_test.go). Taken from deploy/crds/ of cert-manager's
