@@ -8,11 +8,11 @@ import (
 )
 
 var (
-	// ErrNotFound: no such reservation or cluster.
+	// ErrNotFound means there is no such reservation or cluster.
 	ErrNotFound = errors.New("not found")
-	// ErrForbidden: the caller is neither the requester nor the provider.
+	// ErrForbidden means the caller is neither the requester nor the provider.
 	ErrForbidden = errors.New("caller is not a party to this reservation")
-	// ErrConflict: the reservation id is taken by another requester.
+	// ErrConflict means the reservation id is taken by another requester.
 	ErrConflict = errors.New("reservation id already used by another cluster")
 )
 

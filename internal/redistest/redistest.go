@@ -43,6 +43,9 @@ func WithAppendOnly() Option {
 // Binary returns the redis-server path, or an error with InstallHint.
 func Binary() (string, error) {
 	if p := os.Getenv("REDIS_SERVER"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("REDIS_SERVER=%s: %w; %s", p, err, InstallHint)
+		}
 		return p, nil
 	}
 	p, err := exec.LookPath("redis-server")
@@ -98,14 +101,13 @@ func (s *Server) start(bin string) error {
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-exited:
-			return fmt.Errorf("redis-server exited: %v; log:\n%s", err, tail(filepath.Join(s.Dir, "redis.log")))
+			return fmt.Errorf("redis-server exited: %w; log:\n%s", err, tail(filepath.Join(s.Dir, "redis.log")))
 		default:
 		}
 		c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
 		err := c.Ping(context.Background()).Err()
 		c.Close()
 		if err == nil {
-			go func() { <-exited }()
 			return nil
 		}
 		time.Sleep(10 * time.Millisecond)
