@@ -12,7 +12,7 @@ import (
 	_ "github.com/virtual-kubelet/virtual-kubelet/node"
 	_ "go.etcd.io/etcd/server/v3"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "sigs.k8s.io/scheduler-plugins/pkg/coscheduling"
 )
