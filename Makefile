@@ -12,6 +12,7 @@ BENCH        ?= .
 BENCHTIME    ?= 2s
 BINARIES     := rb-broker rbctl
 GOLANGCI_LINT_VERSION ?= v2.15.0
+CONTROLLER_GEN_VERSION ?= v0.20.1
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 
@@ -51,6 +52,17 @@ lint: bin/golangci-lint ## Run golangci-lint (.golangci.yml), built from the Go 
 
 bin/golangci-lint:
 	GOBIN=$(CURDIR)/bin GOFLAGS=-mod=mod go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+.PHONY: generate
+generate: bin/controller-gen ## Generate deepcopy code and the CRDs (manifests/crds) from api/.
+	bin/controller-gen object:headerFile="" paths=./api/... crd paths=./api/... output:crd:artifacts:config=manifests/crds
+
+.PHONY: verify-generate
+verify-generate: generate ## Fail when generated code or CRDs are out of date.
+	@git diff --exit-code -- api manifests/crds || { echo "run make generate and commit the result" >&2; exit 1; }
+
+bin/controller-gen:
+	GOBIN=$(CURDIR)/bin GOFLAGS=-mod=mod go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
 .PHONY: build
 build: $(addprefix bin/,$(BINARIES)) ## Build our binaries into bin/.

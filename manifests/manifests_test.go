@@ -55,7 +55,7 @@ const (
 
 // bases are the kustomize directories, relative to manifests/, each of which
 // must build on its own.
-var bases = []string{"broker", "broker/agent-certificates", "redis"}
+var bases = []string{"crds", "broker", "broker/agent-certificates", "redis"}
 
 // certManagerCRDs is where `make cert-manager-crds` puts cert-manager's CRDs.
 var certManagerCRDs = []string{"bin", "crds", "cert-manager"}

@@ -1,0 +1,35 @@
+package v1alpha1
+
+// Labels and annotations shared by the parts of the system.
+const (
+	// ProviderLabel marks a virtual node that stands for a provider cluster; its value is the provider's cluster id.
+	ProviderLabel = "broker.fluidos.eu/provider"
+	// VirtualNodeTaint is the taint key of our virtual nodes (effect NoSchedule); the scheduler plugin admits reserved pods past it.
+	VirtualNodeTaint = "broker.fluidos.eu/virtual-node"
+	// PodLabel, on a Reservation, names the pod it was opened for.
+	PodLabel = "broker.fluidos.eu/pod"
+	// RequesterLabel, on provider-side objects, names the requester cluster.
+	RequesterLabel = "broker.fluidos.eu/requester"
+	// ReservationLabel, on provider-side objects, names the broker reservation id.
+	ReservationLabel = "broker.fluidos.eu/reservation"
+	// ManagedByLabel marks objects the agent manages.
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	// ManagedByValue is ManagedByLabel's value on our objects.
+	ManagedByValue = "rb-agent"
+	// TenantNamespacePrefix prefixes the namespace a provider sets aside for a requester: rb-<requester>.
+	TenantNamespacePrefix = "rb-"
+	// ReleaseFinalizer holds a Reservation until the agent has released it at the broker.
+	ReleaseFinalizer = "broker.fluidos.eu/release"
+)
+
+// Condition types.
+const (
+	// ConditionReserved is True while the broker holds capacity for the reservation.
+	ConditionReserved = "Reserved"
+	// ConditionSynced is False while the agent cannot reach the broker about this object.
+	ConditionSynced = "Synced"
+	// ConditionEnforced is True when a provider has set aside namespace, quota and credentials.
+	ConditionEnforced = "Enforced"
+	// ConditionPublished is True when the broker acknowledged the last advertisement.
+	ConditionPublished = "Published"
+)

@@ -1,0 +1,143 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ReservationPhase is where a reservation stands.
+// +kubebuilder:validation:Enum=Pending;Reserved;Active;Released;Failed;Expired
+type ReservationPhase string
+
+// Reservation phases.
+const (
+	// ReservationPending: not yet decided by the broker (or waiting for capacity).
+	ReservationPending ReservationPhase = "Pending"
+	// ReservationReserved: capacity locked on a provider.
+	ReservationReserved ReservationPhase = "Reserved"
+	// ReservationActive: the provider set the capacity aside and granted access.
+	ReservationActive ReservationPhase = "Active"
+	// ReservationReleased: given back.
+	ReservationReleased ReservationPhase = "Released"
+	// ReservationFailed: the broker refused it; Reason says why.
+	ReservationFailed ReservationPhase = "Failed"
+	// ReservationExpired: its duration passed.
+	ReservationExpired ReservationPhase = "Expired"
+)
+
+// ReservationSpec is what is asked of the broker.
+type ReservationSpec struct {
+	// Resources to reserve on one provider cluster: cpu and memory are required;
+	// nvidia.com/gpu and ephemeral-storage are optional.
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:validation:MaxProperties=4
+	// +kubebuilder:validation:XValidation:rule="'cpu' in self && 'memory' in self",message="cpu and memory are required"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k in ['cpu', 'memory', 'nvidia.com/gpu', 'ephemeral-storage'])",message="only cpu, memory, nvidia.com/gpu and ephemeral-storage can be reserved"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !quantity(string(self[k])).isLessThan(quantity('0')))",message="quantities must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!('cpu' in self) || !('memory' in self) || (quantity(string(self['cpu'])).isGreaterThan(quantity('0')) && quantity(string(self['memory'])).isGreaterThan(quantity('0')))",message="cpu and memory must be positive"
+	Resources corev1.ResourceList `json:"resources"`
+
+	// Duration of the reservation at the broker; the broker's default when unset.
+	// +optional
+	Duration *metav1.Duration `json:"duration,omitempty"`
+
+	// ProviderSelector lists labels the provider cluster must advertise.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=16
+	ProviderSelector map[string]string `json:"providerSelector,omitempty"`
+
+	// Priority orders waiting reservations: higher first.
+	// +optional
+	Priority int32 `json:"priority,omitempty"`
+
+	// PodName is the pod this reservation was opened for, in the same namespace
+	// (set by the scheduler plugin; empty for a reservation made by hand).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	PodName string `json:"podName,omitempty"`
+}
+
+// ReservationStatus mirrors the broker's decision.
+type ReservationStatus struct {
+	// Phase of the reservation.
+	// +optional
+	Phase ReservationPhase `json:"phase,omitempty"`
+
+	// ReservationID is the id at the broker (the object's UID).
+	// +optional
+	ReservationID string `json:"reservationID,omitempty"`
+
+	// Provider is the cluster id of the provider that holds the capacity.
+	// +optional
+	Provider string `json:"provider,omitempty"`
+
+	// VirtualNode is the node that stands for the provider in this cluster.
+	// +optional
+	VirtualNode string `json:"virtualNode,omitempty"`
+
+	// Score of the provider in the broker's decision, 0 to 100, as a decimal string.
+	// +optional
+	Score string `json:"score,omitempty"`
+
+	// Reason is a CamelCase word for the last failure (e.g. NoCapacity, BrokerUnavailable).
+	// +optional
+	Reason string `json:"reason,omitempty"`
+
+	// Message explains the phase in words (the broker's reason for a refusal).
+	// +optional
+	Message string `json:"message,omitempty"`
+
+	// ReservedAt is when the broker decided.
+	// +optional
+	ReservedAt *metav1.Time `json:"reservedAt,omitempty"`
+
+	// ExpiresAt is when the broker releases the capacity unless renewed.
+	// +optional
+	ExpiresAt *metav1.Time `json:"expiresAt,omitempty"`
+
+	// Attempts counts the requests made to the broker for this reservation.
+	// +optional
+	Attempts int32 `json:"attempts,omitempty"`
+
+	// ObservedGeneration is the generation last acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions: Reserved, Synced.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Reservation asks the broker for capacity on another cluster. The scheduler
+// plugin creates one, owned by the pod, when the pod fits no local node.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=rsv;rsvs,categories=broker
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.status.provider`
+// +kubebuilder:printcolumn:name="CPU",type=string,JSONPath=`.spec.resources.cpu`
+// +kubebuilder:printcolumn:name="Memory",type=string,JSONPath=`.spec.resources.memory`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Reservation struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec is immutable: delete the reservation and create another"
+	Spec   ReservationSpec   `json:"spec"`
+	Status ReservationStatus `json:"status,omitempty"`
+}
+
+// ReservationList is a list of Reservations.
+// +kubebuilder:object:root=true
+type ReservationList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Reservation `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Reservation{}, &ReservationList{})
+}
