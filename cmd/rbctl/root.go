@@ -1,10 +1,13 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"os"
+
+	"github.com/spf13/cobra"
+)
 
 // newRootCommand builds the rbctl command tree. Each subcommand lives in its
-// own file and is registered here as a sibling (certs today; clusters,
-// reservations and explain later).
+// own file and is registered here as a sibling.
 func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "rbctl",
@@ -14,8 +17,25 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
+	g := &globalOptions{}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.brokerURL, "broker-url", envOr("RB_BROKER_URL", defaultBrokerURL),
+		"broker API URL (env RB_BROKER_URL)")
+	pf.StringVar(&g.certDir, "cert-dir", envOr("RB_CERT_DIR", defaultCertDir),
+		"directory with this cluster's tls.crt, tls.key and the broker's ca.crt, as written by rbctl certs (env RB_CERT_DIR)")
+	pf.StringVarP(&g.output, "output", "o", outputTable, "output format of broker commands: table, json or yaml")
 	root.AddCommand(
 		newCertsCommand(),
+		newClustersCommand(g),
+		newReservationsCommand(g),
+		newExplainCommand(g),
 	)
 	return root
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

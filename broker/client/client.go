@@ -1,0 +1,466 @@
+// Package client is the typed Go client of the broker's v2 HTTP API, used by
+// the cluster agents and rbctl.
+//
+// A Client speaks mutual TLS: its identity is the common name of its client
+// certificate, which the broker takes as the cluster id. New reads the
+// certificate from a directory in the layout of a cert-manager Secret
+// (tls.crt, tls.key, ca.crt) and picks up a renewed key pair without a
+// restart.
+//
+// Errors from the broker are *APIError; IsNoCapacity, IsNotFound,
+// IsForbidden, IsConflict and IsRetryable classify any error a method
+// returns. Calls that are idempotent on the broker (every GET, advertising,
+// reserving with a client-chosen id, releasing) are retried a few times with
+// back-off on transport errors and 5xx answers (see WithRetries); anything
+// else is left to the caller.
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+// Defaults of the options.
+const (
+	DefaultTimeout           = 30 * time.Second
+	DefaultRetries           = 3
+	DefaultBackoff           = 250 * time.Millisecond
+	DefaultCertCheckInterval = 30 * time.Second
+	DefaultStreamIdleTimeout = time.Minute
+
+	maxBackoff       = 5 * time.Second
+	maxResponseBytes = 16 << 20
+	maxErrorBytes    = 64 << 10
+)
+
+type config struct {
+	timeout           time.Duration
+	retries           int
+	backoff           time.Duration
+	certCheckInterval time.Duration
+	streamIdle        time.Duration
+	userAgent         string
+}
+
+// Option configures a Client.
+type Option func(*config)
+
+// WithTimeout bounds each call (each attempt, when retried) from sending the
+// request to reading the whole answer; for Events it bounds only the wait for
+// the stream's headers. Default DefaultTimeout.
+func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
+
+// WithRetries sets how many times an idempotent call is retried after a
+// transport error or a 5xx answer, and the first back-off, which doubles on
+// each retry (with jitter, at most 5s, or the server's Retry-After). max <= 0
+// disables retries. Default DefaultRetries and DefaultBackoff.
+func WithRetries(max int, backoff time.Duration) Option {
+	return func(c *config) { c.retries, c.backoff = max, backoff }
+}
+
+// WithCertCheckInterval sets how often, at most, New's client re-reads its
+// key pair to notice a renewal. Default DefaultCertCheckInterval.
+func WithCertCheckInterval(d time.Duration) Option {
+	return func(c *config) { c.certCheckInterval = d }
+}
+
+// WithStreamIdleTimeout ends an event stream on which nothing, not even the
+// broker's keep-alive comments (every few seconds), arrived for d: it catches
+// a connection that died silently. 0 disables. Default DefaultStreamIdleTimeout.
+func WithStreamIdleTimeout(d time.Duration) Option {
+	return func(c *config) { c.streamIdle = d }
+}
+
+// WithUserAgent sets the User-Agent header.
+func WithUserAgent(ua string) Option { return func(c *config) { c.userAgent = ua } }
+
+// Client calls the broker's v2 API. It is safe for concurrent use.
+type Client struct {
+	base string // scheme://host[:port][/prefix], without a trailing slash
+	cfg  config
+	kp   *keyPair          // New: the reloading key pair
+	leaf *x509.Certificate // NewWithTLS: the static certificate, if any
+
+	mu sync.RWMutex
+	tr *http.Transport
+}
+
+// New returns a client of the broker at baseURL (https://host:port) that
+// authenticates with certDir/tls.crt and tls.key and trusts the broker
+// certificates signed by certDir/ca.crt. The key pair is re-read when its
+// files change (checked at most every WithCertCheckInterval); new
+// connections then present the new certificate and idle ones are closed.
+// A changed ca.crt is not re-read.
+func New(baseURL, certDir string, opts ...Option) (*Client, error) {
+	cfg := newConfig(opts)
+	pool, err := loadCAPool(certDir)
+	if err != nil {
+		return nil, err
+	}
+	kp, err := loadKeyPair(certDir, cfg.certCheckInterval)
+	if err != nil {
+		return nil, err
+	}
+	tlsCfg := &tls.Config{
+		MinVersion:           tls.VersionTLS12,
+		RootCAs:              pool,
+		GetClientCertificate: kp.getClientCertificate,
+	}
+	c, err := newClient(baseURL, tlsCfg, cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.kp = kp
+	kp.onChange = c.renewTransport
+	return c, nil
+}
+
+// NewWithTLS returns a client with a TLS configuration of the caller's (its
+// client certificate, root CAs); the configuration is cloned and raised to
+// TLS 1.2 at least. Nothing is reloaded.
+func NewWithTLS(baseURL string, tlsConfig *tls.Config, opts ...Option) (*Client, error) {
+	if tlsConfig == nil {
+		return nil, errors.New("client: nil TLS configuration")
+	}
+	cfg := tlsConfig.Clone()
+	if cfg.MinVersion < tls.VersionTLS12 {
+		cfg.MinVersion = tls.VersionTLS12
+	}
+	c, err := newClient(baseURL, cfg, newConfig(opts))
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Certificates) > 0 && len(cfg.Certificates[0].Certificate) > 0 {
+		c.leaf = cfg.Certificates[0].Leaf
+		if c.leaf == nil {
+			c.leaf, _ = x509.ParseCertificate(cfg.Certificates[0].Certificate[0])
+		}
+	}
+	return c, nil
+}
+
+func newConfig(opts []Option) config {
+	cfg := config{
+		timeout:           DefaultTimeout,
+		retries:           DefaultRetries,
+		backoff:           DefaultBackoff,
+		certCheckInterval: DefaultCertCheckInterval,
+		streamIdle:        DefaultStreamIdleTimeout,
+		userAgent:         "rb-client",
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.retries < 0 {
+		cfg.retries = 0
+	}
+	if cfg.backoff <= 0 {
+		cfg.backoff = DefaultBackoff
+	}
+	return cfg
+}
+
+func newClient(baseURL string, tlsCfg *tls.Config, cfg config) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return nil, fmt.Errorf("client: broker URL: %w", err)
+	}
+	if u.Scheme != "https" || u.Host == "" {
+		return nil, fmt.Errorf("client: broker URL %q: must be https://host[:port]", baseURL)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("client: broker URL %q: must not have a query or fragment", baseURL)
+	}
+	base := u.Scheme + "://" + u.Host + strings.TrimRight(u.EscapedPath(), "/")
+	return &Client{base: base, cfg: cfg, tr: newTransport(tlsCfg)}, nil
+}
+
+func newTransport(tlsCfg *tls.Config) *http.Transport {
+	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           d.DialContext,
+		TLSClientConfig:       tlsCfg,
+		TLSHandshakeTimeout:   10 * time.Second,
+		MaxIdleConns:          64,
+		MaxIdleConnsPerHost:   16,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// renewTransport starts a new connection pool after a key pair renewal, so
+// that every later request presents the new certificate: connections of the
+// old pool are closed once idle (those in use finish first, then time out).
+func (c *Client) renewTransport() {
+	c.mu.Lock()
+	old := c.tr
+	c.tr = old.Clone()
+	c.mu.Unlock()
+	old.CloseIdleConnections()
+}
+
+func (c *Client) httpClient(stream bool) *http.Client {
+	if c.kp != nil {
+		c.kp.current() // notice a renewal before picking the pool
+	}
+	c.mu.RLock()
+	tr := c.tr
+	c.mu.RUnlock()
+	hc := &http.Client{
+		Transport: tr,
+		// The API never redirects; a redirect is answered as an error.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	if !stream {
+		hc.Timeout = c.cfg.timeout
+	}
+	return hc
+}
+
+// CloseIdleConnections closes the connections kept alive for later calls.
+func (c *Client) CloseIdleConnections() {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	c.tr.CloseIdleConnections()
+}
+
+// Identity returns the cluster id the broker sees: the common name of the
+// client certificate in use ("" if NewWithTLS got no static certificate).
+func (c *Client) Identity() string {
+	if leaf := c.Certificate(); leaf != nil {
+		return leaf.Subject.CommonName
+	}
+	return ""
+}
+
+// Certificate returns the client certificate in use (after a renewal, the
+// new one), or nil if NewWithTLS got no static certificate.
+func (c *Client) Certificate() *x509.Certificate {
+	if c.kp != nil {
+		cert, _ := c.kp.current()
+		return cert.Leaf
+	}
+	return c.leaf
+}
+
+// BaseURL returns the broker URL the client calls.
+func (c *Client) BaseURL() string { return c.base }
+
+// Advertise publishes the advertisement of cluster id, which must be the
+// client's own identity, and returns the cluster as the broker stored it.
+// Retried on transport errors and 5xx.
+func (c *Client) Advertise(ctx context.Context, id string, a api.Advertisement) (api.Cluster, error) {
+	var out api.Cluster
+	if err := requireID("cluster id", id); err != nil {
+		return out, err
+	}
+	err := c.call(ctx, http.MethodPut, "/api/v2/clusters/"+url.PathEscape(id)+"/advertisement", nil, a, true, &out)
+	return out, err
+}
+
+// Clusters lists every cluster the broker knows, live or stale, by id.
+func (c *Client) Clusters(ctx context.Context) ([]api.Cluster, error) {
+	var out []api.Cluster
+	err := c.call(ctx, http.MethodGet, "/api/v2/clusters", nil, nil, true, &out)
+	return out, err
+}
+
+// Cluster reads one cluster.
+func (c *Client) Cluster(ctx context.Context, id string) (api.Cluster, error) {
+	var out api.Cluster
+	if err := requireID("cluster id", id); err != nil {
+		return out, err
+	}
+	err := c.call(ctx, http.MethodGet, "/api/v2/clusters/"+url.PathEscape(id), nil, nil, true, &out)
+	return out, err
+}
+
+// Reserve asks the broker to choose a provider and lock capacity for r. r.ID
+// is chosen by the caller and makes the call idempotent: asking again with
+// the same id returns the first decision, so the call is retried on
+// transport errors and 5xx. A refusal because nothing fits is an *APIError
+// for which IsNoCapacity is true, with the rejections by reason.
+func (c *Client) Reserve(ctx context.Context, r api.ReservationRequest) (api.Reservation, error) {
+	var out api.Reservation
+	if err := requireID("reservation id", r.ID); err != nil {
+		return out, err
+	}
+	err := c.call(ctx, http.MethodPost, "/api/v2/reservations", nil, r, true, &out)
+	return out, err
+}
+
+// Reservation reads a reservation the caller is a party to; its grant is
+// shown to the requester only.
+func (c *Client) Reservation(ctx context.Context, id string) (api.Reservation, error) {
+	var out api.Reservation
+	if err := requireID("reservation id", id); err != nil {
+		return out, err
+	}
+	err := c.call(ctx, http.MethodGet, "/api/v2/reservations/"+url.PathEscape(id), nil, nil, true, &out)
+	return out, err
+}
+
+// Role values for Reservations.
+const (
+	RoleRequester = "requester"
+	RoleProvider  = "provider"
+)
+
+// Reservations lists the caller's live reservations as requester
+// (RoleRequester), as provider (RoleProvider), or both ("").
+func (c *Client) Reservations(ctx context.Context, role string) ([]api.Reservation, error) {
+	var q url.Values
+	if role != "" {
+		q = url.Values{"role": {role}}
+	}
+	var out []api.Reservation
+	err := c.call(ctx, http.MethodGet, "/api/v2/reservations", q, nil, true, &out)
+	return out, err
+}
+
+// Release ends a reservation (as its requester or provider) and returns it
+// in its final phase. Releasing an ended reservation changes nothing and
+// succeeds, so the call is retried on transport errors and 5xx.
+func (c *Client) Release(ctx context.Context, id string) (api.Reservation, error) {
+	var out api.Reservation
+	if err := requireID("reservation id", id); err != nil {
+		return out, err
+	}
+	err := c.call(ctx, http.MethodDelete, "/api/v2/reservations/"+url.PathEscape(id), nil, nil, true, &out)
+	return out, err
+}
+
+// Grant hands the requester of reservation id its access, as the provider;
+// the reservation becomes Active. Not retried: each grant notifies the
+// requester. A reservation that has ended answers IsConflict.
+func (c *Client) Grant(ctx context.Context, id string, g api.Grant) (api.Reservation, error) {
+	var out api.Reservation
+	if err := requireID("reservation id", id); err != nil {
+		return out, err
+	}
+	err := c.call(ctx, http.MethodPost, "/api/v2/reservations/"+url.PathEscape(id)+"/grant", nil, g, false, &out)
+	return out, err
+}
+
+func requireID(what, id string) error {
+	if id == "" {
+		return fmt.Errorf("client: %s must not be empty", what)
+	}
+	return nil
+}
+
+// call sends one API request, retrying it when idempotent, and decodes a 2xx
+// answer into out.
+func (c *Client) call(ctx context.Context, method, path string, query url.Values, body any, idempotent bool, out any) error {
+	var payload []byte
+	if body != nil {
+		var err error
+		if payload, err = json.Marshal(body); err != nil {
+			return fmt.Errorf("client: encode %s %s: %w", method, path, err)
+		}
+	}
+	target := c.base + path
+	if len(query) > 0 {
+		target += "?" + query.Encode()
+	}
+	attempts := 1
+	if idempotent {
+		attempts += c.cfg.retries
+	}
+	var err error
+	for attempt := 0; attempt < attempts; attempt++ {
+		if attempt > 0 {
+			if !sleep(ctx, c.backoff(attempt, err)) {
+				return err
+			}
+		}
+		err = c.once(ctx, method, path, target, payload, out)
+		if err == nil || !IsRetryable(err) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+func (c *Client) once(ctx context.Context, method, path, target string, payload []byte, out any) error {
+	var rd io.Reader
+	if payload != nil {
+		rd = bytes.NewReader(payload)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, rd)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", c.cfg.userAgent)
+	if payload != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.httpClient(false).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBytes))
+		return newAPIError(method, path, resp, data)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	if err != nil {
+		return err // a transport error while reading: retryable
+	}
+	if len(data) > maxResponseBytes {
+		return fmt.Errorf("client: %s %s: answer larger than %d bytes", method, path, maxResponseBytes)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("client: %s %s: decode answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// backoff is the wait before retry number attempt (1, 2, ...): the base
+// doubled each time, with jitter, at most maxBackoff, unless the server asked
+// for a longer Retry-After.
+func (c *Client) backoff(attempt int, lastErr error) time.Duration {
+	d := c.cfg.backoff << (attempt - 1)
+	if d > maxBackoff || d <= 0 {
+		d = maxBackoff
+	}
+	d = d/2 + rand.N(d/2+1)
+	if ae, ok := asAPIError(lastErr); ok && ae.RetryAfter > d {
+		d = min(ae.RetryAfter, 2*maxBackoff)
+	}
+	return d
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
+)
+
+// brokerArgs are the flags that point rbctl at b as cluster id.
+func brokerArgs(b *brokertest.Broker, id string, args ...string) []string {
+	return append([]string{"--broker-url", b.URL, "--cert-dir", b.ClusterCertDir(id)}, args...)
+}
+
+// assertRow checks that out has a line matching pattern (whole line).
+func assertRow(t *testing.T, out, pattern string) {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^` + pattern + `$`)
+	assert.Regexp(t, re, out)
+}
+
+func reserve(t *testing.T, b *brokertest.Broker, requester, id, cpu, memory string) api.Reservation {
+	t.Helper()
+	code, data := b.Do(requester, http.MethodPost, "/api/v2/reservations",
+		api.ReservationRequest{ID: id, Resources: brokertest.Quantities(cpu, memory, "")})
+	require.Equal(t, http.StatusCreated, code, "%s", data)
+	return brokertest.Decode[api.Reservation](t, data)
+}
+
+func TestClustersCommand(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{Store: store.Config{StaleThreshold: 1500 * time.Millisecond}})
+	b.Advertise("oslo", "4", "8Gi", "", "0.02", nil)
+	time.Sleep(1600 * time.Millisecond) // oslo goes stale
+	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
+	b.Advertise("berlin", "8", "32Gi", "2", "0.05", nil)
+	reserve(t, b, "rome", "r1", "2", "4Gi")
+
+	out, err := runRbctl(t, brokerArgs(b, "rome", "clusters")...)
+	require.NoError(t, err, out)
+	t.Logf("\n%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 4, out)
+	assertRow(t, lines[0], `NAME +LIVE +CPU\(free/alloc\) +MEMORY\(free/alloc\) +GPU +PRICE/CORE-H +LAST-SEEN`)
+	assertRow(t, lines[1], `berlin +yes +8/8 +32Gi/32Gi +2/2 +0\.05 EUR +\d+s`)
+	assertRow(t, lines[2], `oslo +no +4/4 +8Gi/8Gi +- +0\.02 EUR +\d+s`)
+	assertRow(t, lines[3], `paris +yes +14/16 +60Gi/64Gi +- +0\.03 EUR +\d+s`)
+
+	out, err = runRbctl(t, brokerArgs(b, "rome", "clusters", "-o", "json")...)
+	require.NoError(t, err, out)
+	var clusters []api.Cluster
+	require.NoError(t, json.Unmarshal([]byte(out), &clusters), out)
+	require.Len(t, clusters, 3)
+	assert.Equal(t, "berlin", clusters[0].ClusterID)
+	assert.Equal(t, "14", clusters[2].Resources.Available.CPU.String())
+
+	out, err = runRbctl(t, brokerArgs(b, "rome", "clusters", "-o", "yaml")...)
+	require.NoError(t, err, out)
+	clusters = nil
+	require.NoError(t, yaml.Unmarshal([]byte(out), &clusters), out)
+	require.Len(t, clusters, 3)
+	assert.Contains(t, out, "clusterID: paris")
+
+	_, err = runRbctl(t, brokerArgs(b, "rome", "clusters", "-o", "xml")...)
+	assert.ErrorContains(t, err, "must be table, json or yaml")
+}
+
+func TestReservationsCommand(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
+	b.Advertise("berlin", "16", "64Gi", "", "0.05", nil)
+	r1 := reserve(t, b, "rome", "r1", "2", "4Gi")
+	reserve(t, b, "paris", "r2", "500m", "1536Mi") // paris as requester, on berlin
+
+	out, err := runRbctl(t, brokerArgs(b, "rome", "reservations")...)
+	require.NoError(t, err, out)
+	t.Logf("\n%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2, out)
+	assertRow(t, lines[0], `ID +PHASE +REQUESTER +PROVIDER +CPU +MEMORY +SCORE +EXPIRES`)
+	assertRow(t, lines[1], `r1 +Reserved +rome +paris +2 +4Gi +`+regexp.QuoteMeta(score(r1.Score))+` +in (59|60)m`)
+
+	// paris provides r1 and requested r2.
+	out, err = runRbctl(t, brokerArgs(b, "paris", "reservations")...)
+	require.NoError(t, err, out)
+	assertRow(t, out, `r1 +Reserved +rome +paris +2 +4Gi +\d+\.\d\d +in \d+m`)
+	assertRow(t, out, `r2 +Reserved +paris +berlin +0\.5 +1\.5Gi +\d+\.\d\d +in \d+m`)
+	out, err = runRbctl(t, brokerArgs(b, "paris", "reservations", "--role", "provider")...)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "r1 ")
+	assert.NotContains(t, out, "r2 ")
+
+	out, err = runRbctl(t, brokerArgs(b, "rome", "reservations", "--role", "requester", "-o", "json")...)
+	require.NoError(t, err, out)
+	var list []api.Reservation
+	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
+	require.Len(t, list, 1)
+	assert.Equal(t, "r1", list[0].ID)
+
+	_, err = runRbctl(t, brokerArgs(b, "rome", "reservations", "--role", "owner")...)
+	assert.ErrorContains(t, err, "must be requester or provider")
+
+	code, data := b.Do("rome", http.MethodDelete, "/api/v2/reservations/r1", nil)
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	out, err = runRbctl(t, brokerArgs(b, "rome", "reservations")...)
+	require.NoError(t, err, out)
+	assert.Equal(t, 1, strings.Count(strings.TrimSpace(out), "\n")+1, "only the header once r1 is released:\n%s", out)
+}
+
+func TestExplainCommand(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
+	b.Advertise("berlin", "16", "64Gi", "", "0.05", nil)
+	b.Advertise("madrid", "4", "8Gi", "", "0.01", nil)
+	r := reserve(t, b, "rome", "r1", "2", "4Gi")
+	require.Equal(t, "paris", r.Provider)
+
+	out, err := runRbctl(t, brokerArgs(b, "rome", "explain", "r1")...)
+	require.NoError(t, err, out)
+	t.Logf("\n%s", out)
+	assertRow(t, out, `Reservation: +r1`)
+	assertRow(t, out, `Phase: +Reserved`)
+	assertRow(t, out, `Requester: +rome`)
+	assertRow(t, out, `Request: +cpu 2, memory 4Gi`)
+	assertRow(t, out, `Provider: +paris`)
+	assertRow(t, out, `Score: +`+regexp.QuoteMeta(score(r.Score))+` of 100`)
+	assertRow(t, out, `Price: +`+regexp.QuoteMeta(money(r.Price, "EUR"))+` per hour for the request`)
+	assertRow(t, out, `Expires: +\S+ \(in (59|60)m\)`)
+	assert.Contains(t, out, "paris has the highest score of the 3 best candidates")
+	assert.Contains(t, out, "score = 0.70 x resource score + 0.30 x cost score")
+	assert.Regexp(t, `paris beats madrid by \d+\.\d\d points: resource score \d+\.\d\d vs \d+\.\d\d, `+
+		`cost score \d+\.\d\d vs 100\.00; it is 0\.04 EUR per hour dearer\.`, out)
+	assertRow(t, out, ` +RANK +CLUSTER +SCORE +RESOURCE-SCORE +COST-SCORE +PRICE/H`)
+	c := r.Candidates
+	require.Len(t, c, 3)
+	for i, cand := range c {
+		pattern := ` +` + []string{"1", "2", "3"}[i] + ` +` + cand.Cluster + ` +` + regexp.QuoteMeta(score(cand.Score)) +
+			` +` + regexp.QuoteMeta(score(cand.ResourceScore)) + ` +` + regexp.QuoteMeta(score(cand.CostScore)) +
+			` +` + regexp.QuoteMeta(money(cand.Price, "EUR"))
+		if i == 0 {
+			pattern += ` +<- chosen`
+		}
+		assertRow(t, out, pattern)
+	}
+
+	// The provider may explain too; as JSON it is the reservation.
+	out, err = runRbctl(t, brokerArgs(b, "paris", "explain", "r1", "-o", "json")...)
+	require.NoError(t, err, out)
+	got := brokertest.Decode[api.Reservation](t, []byte(out))
+	assert.Equal(t, r.Candidates, got.Candidates)
+
+	_, err = runRbctl(t, brokerArgs(b, "berlin", "explain", "r1")...)
+	assert.ErrorContains(t, err, "403 Forbidden", "not a party")
+	_, err = runRbctl(t, brokerArgs(b, "rome", "explain", "nope")...)
+	assert.ErrorContains(t, err, "404 NotFound")
+	_, err = runRbctl(t, brokerArgs(b, "rome", "explain")...)
+	assert.Error(t, err, "the reservation id is required")
+}
+
+func TestBrokerFlagsFromEnvironment(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
+	t.Setenv("RB_BROKER_URL", b.URL)
+	t.Setenv("RB_CERT_DIR", b.ClusterCertDir("rome"))
+	out, err := runRbctl(t, "clusters")
+	require.NoError(t, err, out)
+	assertRow(t, out, `paris +yes +16/16 +64Gi/64Gi +- +0\.03 EUR +\d+s`)
+
+	t.Setenv("RB_CERT_DIR", filepath.Join(t.TempDir(), "missing"))
+	_, err = runRbctl(t, "clusters")
+	assert.ErrorContains(t, err, "RB_CERT_DIR")
+}
+
+func TestFormatting(t *testing.T) {
+	for in, want := range map[string]string{"64Gi": "64Gi", "1536Mi": "1.5Gi", "100": "100", "2048": "2Ki", "1Ti": "1Ti", "0": "0"} {
+		assert.Equal(t, want, bytesHuman(brokertest.MustQ(in)), in)
+	}
+	for in, want := range map[string]string{"16": "16", "13500m": "13.5", "250m": "0.25"} {
+		assert.Equal(t, want, cores(brokertest.MustQ(in)), in)
+	}
+	assert.Equal(t, "0.03", decimal(brokertest.MustQ("30m")))
+	assert.Equal(t, "0.076 EUR", money(76000, "EUR"))
+	now := time.Now()
+	assert.Equal(t, "in 59m", until(now, now.Add(59*time.Minute+10*time.Second)))
+	assert.Equal(t, "3m ago", until(now, now.Add(-3*time.Minute)))
+	assert.Equal(t, "0s", ago(now, now.Add(time.Second)), "a broker clock ahead of ours")
+}
+
+func TestReasons(t *testing.T) {
+	eur := map[string]string{"paris": "EUR", "berlin": "EUR"}
+	only := reasons(api.Reservation{Provider: "paris", Candidates: []api.Candidate{{Cluster: "paris", Score: 90, ResourceScore: 85.71, CostScore: 100}}}, eur)
+	assert.Contains(t, only[0], "paris was the only candidate")
+	assert.Contains(t, only[1], "score = 0.70 x resource score + 0.30 x cost score")
+
+	tie := reasons(api.Reservation{Provider: "berlin", Candidates: []api.Candidate{
+		{Cluster: "berlin", Score: 100, ResourceScore: 100, CostScore: 100, Price: 1000},
+		{Cluster: "paris", Score: 100, ResourceScore: 100, CostScore: 100, Price: 1000},
+	}}, eur)
+	assert.Contains(t, tie[len(tie)-1], "berlin and paris tie at 100.00; on equal scores the broker picks the smaller cluster id.")
+	assert.Contains(t, tie[1], "the broker's weights", "equal sub-scores tell nothing about the weights")
+
+	cheaper := reasons(api.Reservation{Provider: "paris", Candidates: []api.Candidate{
+		{Cluster: "paris", Score: 100, ResourceScore: 100, CostScore: 100, Price: 60000},
+		{Cluster: "berlin", Score: 70, ResourceScore: 100, CostScore: 0, Price: 100000},
+	}}, eur)
+	assert.Equal(t, "paris beats berlin by 30.00 points: resource score 100.00 vs 100.00, cost score 100.00 vs 0.00;"+
+		" it is 0.04 EUR per hour cheaper.", cheaper[len(cheaper)-1])
+
+	none := reasons(api.Reservation{Provider: "paris"}, eur)
+	assert.Equal(t, []string{"The broker recorded no candidates for this decision."}, none)
+}

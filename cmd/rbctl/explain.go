@@ -1,0 +1,200 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+func newExplainCommand(g *globalOptions) *cobra.Command {
+	return &cobra.Command{
+		Use:   "explain <reservation>",
+		Short: "Explain why the broker chose a reservation's provider",
+		Long: `explain shows a reservation's request and the broker's decision: the
+provider it chose, its score, and the best candidates it compared, with their
+resource score, cost score and the price of the request on each. Only the
+requester and the provider of a reservation may read it.`,
+		Example: `  rbctl explain r1
+  rbctl explain r1 --cert-dir .certs/clusters/paris -o yaml`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			r, err := c.Reservation(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if done, err := g.printStructured(cmd.OutOrStdout(), r); done {
+				return err
+			}
+			// Currencies come with the clusters; without them prices are bare numbers.
+			currency := map[string]string{}
+			if clusters, err := c.Clusters(cmd.Context()); err == nil {
+				for _, cl := range clusters {
+					if cl.Prices != nil {
+						currency[cl.ClusterID] = cl.Prices.Currency
+					}
+				}
+			}
+			return printExplanation(cmd.OutOrStdout(), r, currency, time.Now())
+		},
+	}
+}
+
+func printExplanation(out io.Writer, r api.Reservation, currency map[string]string, now time.Time) error {
+	w := newTabWriter(out)
+	field := func(name, value string) { row(w, name+":", value) }
+	field("Reservation", r.ID)
+	field("Phase", r.Phase)
+	field("Requester", r.Requester)
+	field("Request", describeRequest(r.Resources))
+	if r.Selector != nil && len(r.Selector.MatchLabels) > 0 {
+		field("Selector", labelsString(r.Selector.MatchLabels))
+	}
+	if r.Owner != "" {
+		field("Owner", r.Owner)
+	}
+	if r.Priority != 0 {
+		field("Priority", strconv.Itoa(int(r.Priority)))
+	}
+	field("Created", timestamp(r.CreatedAt)+" ("+ago(now, r.CreatedAt)+" ago)")
+	if r.EndedAt != nil {
+		field("Ended", timestamp(*r.EndedAt)+" ("+ago(now, *r.EndedAt)+" ago)")
+	} else {
+		field("Expires", timestamp(r.ExpiresAt)+" ("+until(now, r.ExpiresAt)+")")
+	}
+	field("Provider", r.Provider)
+	field("Score", strconv.FormatFloat(r.Score, 'f', 2, 64)+" of 100")
+	field("Price", money(r.Price, currency[r.Provider])+" per hour for the request")
+	if err := w.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintf(out, "\nWhy %s:\n", r.Provider)
+	for _, line := range reasons(r, currency) {
+		fmt.Fprintf(out, "  %s\n", line)
+	}
+	if len(r.Candidates) == 0 {
+		return nil
+	}
+
+	fmt.Fprintln(out, "\nCandidates (best first):")
+	w = newTabWriter(out)
+	row(w, "  RANK", "CLUSTER", "SCORE", "RESOURCE-SCORE", "COST-SCORE", "PRICE/H")
+	for i, c := range r.Candidates {
+		cells := []string{"  " + strconv.Itoa(i+1), c.Cluster, score(c.Score), score(c.ResourceScore), score(c.CostScore),
+			money(c.Price, currency[c.Cluster])}
+		if c.Cluster == r.Provider {
+			cells = append(cells, "<- chosen")
+		}
+		row(w, cells...)
+	}
+	return w.Flush()
+}
+
+// reasons explains the decision in sentences.
+func reasons(r api.Reservation, currency map[string]string) []string {
+	cands := r.Candidates
+	if len(cands) == 0 {
+		return []string{"The broker recorded no candidates for this decision."}
+	}
+	var out []string
+	if len(cands) == 1 {
+		out = append(out, fmt.Sprintf("%s was the only candidate: the only live cluster, other than the requester"+
+			" and matching its selector, with enough free capacity.", cands[0].Cluster))
+	} else {
+		out = append(out, fmt.Sprintf("%s has the highest score of the %d best candidates the broker compared.", r.Provider, len(cands)))
+	}
+	if wr, ok := inferWeights(cands); ok {
+		out = append(out, fmt.Sprintf("score = %.2f x resource score + %.2f x cost score (weights inferred from the scores).", wr, 1-wr))
+	} else {
+		out = append(out, "score = w_res x resource score + w_cost x cost score (the broker's weights, 0.7 and 0.3 by default).")
+	}
+	out = append(out,
+		"resource score: how much of the cluster stays free after the request, on average over the requested resources (0-100).",
+		"cost score: 100 for the cheapest cluster that fits, 0 for the dearest, in between pro rata.")
+
+	var win, runnerUp *api.Candidate
+	for i := range cands {
+		switch {
+		case cands[i].Cluster == r.Provider && win == nil:
+			win = &cands[i]
+		case runnerUp == nil && cands[i].Cluster != r.Provider:
+			runnerUp = &cands[i]
+		}
+	}
+	if win == nil || runnerUp == nil {
+		return out
+	}
+	var b strings.Builder
+	if win.Score == runnerUp.Score {
+		fmt.Fprintf(&b, "%s and %s tie at %s; on equal scores the broker picks the smaller cluster id.", win.Cluster, runnerUp.Cluster, score(win.Score))
+	} else {
+		fmt.Fprintf(&b, "%s beats %s by %s points: resource score %s vs %s, cost score %s vs %s",
+			win.Cluster, runnerUp.Cluster, score(win.Score-runnerUp.Score),
+			score(win.ResourceScore), score(runnerUp.ResourceScore), score(win.CostScore), score(runnerUp.CostScore))
+		cw, cr := currency[win.Cluster], currency[runnerUp.Cluster]
+		if d := runnerUp.Price - win.Price; d != 0 && cw == cr {
+			what := "cheaper"
+			if d < 0 {
+				what, d = "dearer", -d
+			}
+			fmt.Fprintf(&b, "; it is %s per hour %s", money(d, cw), what)
+		}
+		b.WriteString(".")
+	}
+	return append(out, b.String())
+}
+
+// inferWeights recovers the broker's resource weight w from score = w*rs +
+// (1-w)*cs, using a candidate whose two scores differ enough for the
+// rounding of the reported scores (to 0.01) not to matter.
+func inferWeights(cands []api.Candidate) (float64, bool) {
+	for _, c := range cands {
+		if d := c.ResourceScore - c.CostScore; math.Abs(d) >= 5 {
+			w := math.Round((c.Score-c.CostScore)/d*100) / 100
+			if w >= 0 && w <= 1 {
+				return w, true
+			}
+		}
+	}
+	return 0, false
+}
+
+func describeRequest(q api.Quantities) string {
+	parts := []string{"cpu " + cores(q.CPU), "memory " + bytesHuman(q.Memory)}
+	if q.GPU != nil && !q.GPU.IsZero() {
+		parts = append(parts, "gpu "+count(q.GPU))
+	}
+	if q.Storage != nil && !q.Storage.IsZero() {
+		parts = append(parts, "ephemeral storage "+bytesHuman(q.Storage))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func labelsString(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+func score(f float64) string { return strconv.FormatFloat(f, 'f', 2, 64) }
+
+func timestamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
