@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"strconv"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -85,6 +86,23 @@ func (a Advertisement) ToStore() (store.Advertisement, error) {
 		}
 	}
 	return out, nil
+}
+
+// MarshalJSON writes prices as plain decimals ("0.03", not the quantity
+// canonical form "30m"), which is how people read money.
+func (p Prices) MarshalJSON() ([]byte, error) {
+	decimal := func(q *resource.Quantity) string {
+		if q == nil {
+			return ""
+		}
+		return strconv.FormatFloat(float64(q.ScaledValue(resource.Micro))/1e6, 'f', -1, 64)
+	}
+	return json.Marshal(struct {
+		Currency string `json:"currency,omitempty"`
+		CPU      string `json:"cpu,omitempty"`
+		Memory   string `json:"memory,omitempty"`
+		GPU      string `json:"gpu,omitempty"`
+	}{p.Currency, decimal(p.CPU), decimal(p.Memory), decimal(p.GPU)})
 }
 
 func (p Prices) toStore() (store.Prices, error) {

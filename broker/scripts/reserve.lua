@@ -22,7 +22,8 @@
 -- ARGV[15] event stream max length  ARGV[16] audit stream max length
 -- Reply: {outcome, reservation, candidates_json, rejections_json}
 --   outcome     "reserved" (new), "replay" (id already decided: the first
---               answer), "conflict" (id belongs to another requester),
+--               answer), "conflict" (id belongs to another requester, or was
+--               decided for other amounts),
 --               "nofit" (nothing written but the audit entry)
 --   reservation flat field/value array of the reservation hash ({} if none)
 --   candidates  JSON array of the best candidates {cluster, score, resource_score, cost_score, price}
@@ -33,7 +34,7 @@ local rk = prefix .. 'resv:' .. id
 local existing = redis.call('HGETALL', rk)
 if #existing > 0 then
   local r = to_map(existing)
-  if r.requester ~= requester then
+  if r.requester ~= requester or r.cpu ~= ARGV[3] or r.mem ~= ARGV[4] or r.gpu ~= ARGV[5] or r.sto ~= ARGV[6] then
     return {'conflict', {}, '[]', '{}'}
   end
   return {'replay', existing, r.candidates or '[]', '{}'}

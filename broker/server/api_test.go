@@ -273,12 +273,32 @@ func TestHealthAndMetrics(t *testing.T) {
 		assert.Contains(t, string(body), want)
 	}
 
+	// The advertised price reads as money, not as a quantity's canonical "30m".
+	_, data := b.Do("rome", http.MethodGet, "/api/v2/clusters/paris", nil)
+	assert.Contains(t, string(data), `"prices":{"currency":"EUR","cpu":"0.03","memory":"0.004","gpu":"0"}`)
+
 	// Redis loses its script cache (as after a restart): readiness reloads it.
 	require.NoError(t, b.RDB.ScriptFlush(context.Background()).Err())
 	resp, err = http.Get(b.Health + "/readyz")
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("m3", "1", "1Gi"))
+	code, data = b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("m3", "1", "1Gi"))
 	assert.Equal(t, http.StatusCreated, code, "%s", data)
+
+	// Redis down: not ready, but metrics still answer (with what they can collect).
+	b.Redis.Stop()
+	resp, err = http.Get(b.Health + "/readyz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	resp, err = http.Get(b.Health + "/metrics")
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, string(body), `rb_broker_reservations_total{outcome="reserved"} 2`)
+	code, data = b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("m4", "1", "1Gi"))
+	assert.Equal(t, http.StatusServiceUnavailable, code, "%s", data)
+	assert.Equal(t, api.ReasonUnavailable, brokertest.Decode[api.Error](t, data).Reason)
 }

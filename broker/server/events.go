@@ -41,7 +41,9 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 	// The server's WriteTimeout would cut a long stream: push the deadline on.
 	extend := func() { _ = rc.SetWriteDeadline(time.Now().Add(s.block + 30*time.Second)) }
 	extend()
-	if _, err := fmt.Fprintf(w, "retry: 1000\n: cursor %s\n\n", cursor); err != nil {
+	// An id without data dispatches no event but sets the client's last event
+	// id, so a standard SSE client that reconnects at once resumes from here.
+	if _, err := fmt.Fprintf(w, "retry: 1000\nid: %s\n: cursor %s\n\n", cursor, cursor); err != nil {
 		return
 	}
 	_ = rc.Flush()

@@ -46,7 +46,7 @@ func openStream(t *testing.T, b *brokertest.Broker, cn, query string, header htt
 			line := sc.Text()
 			switch {
 			case line == "":
-				if ev.id != "" {
+				if ev.kind != "" {
 					out <- ev
 				}
 				ev = sseEvent{}

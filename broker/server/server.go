@@ -101,7 +101,7 @@ func (s *Server) health(mux *http.ServeMux) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok"))
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 }
 
 // authenticated resolves the caller's identity from its client certificate,

@@ -12,8 +12,8 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrForbidden means the caller is neither the requester nor the provider.
 	ErrForbidden = errors.New("caller is not a party to this reservation")
-	// ErrConflict means the reservation id is taken by another requester.
-	ErrConflict = errors.New("reservation id already used by another cluster")
+	// ErrConflict means the reservation id is taken by another requester or was decided for other amounts.
+	ErrConflict = errors.New("reservation id already used by another cluster or for other amounts")
 )
 
 // NoFitError says that no cluster can take a request, and why, by class.

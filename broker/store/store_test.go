@@ -191,6 +191,10 @@ func TestStaleClustersExcluded(t *testing.T) {
 	d, err := s.Reserve(ctx, request("r1", "rome", 1000, 1, 0))
 	require.NoError(t, err)
 	assert.Equal(t, "paris", d.Reservation.Target)
+	clusters, err := s.Clusters(ctx)
+	require.NoError(t, err)
+	require.Len(t, clusters, 2)
+	assert.Equal(t, []string{"berlin", "paris"}, []string{clusters[0].ID, clusters[1].ID}, "id order, not last-seen order")
 	live, stale, err := s.CountClusters(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, [2]int64{1, 1}, [2]int64{live, stale})
@@ -219,7 +223,9 @@ func TestIdempotentReserveAndRelease(t *testing.T) {
 	assert.Equal(t, store.Resources{CPU: 3000, Memory: 4 * gi}, c.Reserved, "locked once")
 
 	_, err = s.Reserve(ctx, request("r1", "milan", 3000, 4, 0))
-	assert.ErrorIs(t, err, store.ErrConflict)
+	assert.ErrorIs(t, err, store.ErrConflict, "another requester")
+	_, err = s.Reserve(ctx, request("r1", "rome", 3000, 8, 0))
+	assert.ErrorIs(t, err, store.ErrConflict, "same id, other amounts")
 
 	_, err = s.Release(ctx, "r1", "milan")
 	assert.ErrorIs(t, err, store.ErrForbidden)

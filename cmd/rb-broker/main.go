@@ -117,10 +117,11 @@ func (o options) redisClient() (redis.UniversalClient, error) {
 	if o.sentinelMaster != "" {
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName: o.sentinelMaster, SentinelAddrs: o.sentinelAddrs,
-			Username: u.Username, Password: u.Password, DB: u.DB, TLSConfig: u.TLSConfig, PoolSize: o.redisPoolSize,
+			Username: u.Username, Password: u.Password, DB: u.DB, TLSConfig: u.TLSConfig, PoolSize: o.redisPoolSize, MaxRetries: 1,
 		}), nil
 	}
 	u.PoolSize = o.redisPoolSize
+	u.MaxRetries = 1 // fail fast while Redis is down: callers retry, and /readyz must answer quickly
 	return redis.NewClient(u), nil
 }
 

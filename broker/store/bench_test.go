@@ -1,0 +1,260 @@
+package store_test
+
+// Benchmarks of the decision path on a real redis-server (internal/redistest).
+// They run only with -bench; docs/benchmarks.md says how to run and read them.
+//
+// Each leaf reports, besides ns/op:
+//   decisions/s (or calls/s, ads/s)  throughput over the timed loop
+//   p50-ms, p99-ms                   per-operation latency seen by the client
+//   redis-us/op                      server time per script call (INFO commandstats)
+//   redis-busy-%                     share of the wall clock the single Redis thread spent in those calls
+// Compare decisions/s with the calls/s of baseline-trivial-evalsha, the floor
+// of one EVALSHA round trip on the same server and client.
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/redistest"
+)
+
+// benchParallelism × GOMAXPROCS goroutines issue requests in the parallel
+// leaves (16 in flight on a 2-core machine), over the client's pool of 64.
+const benchParallelism = 8
+
+// benchScale multiplies realistic cluster sizes so that no benchmark run can
+// exhaust any capacity (each iteration is exactly one Reserve, never a nofit,
+// never a release), while staying below 2^53 so Lua's doubles stay exact.
+const benchScale = 1000
+
+// benchCluster is a realistic, varied advertisement (size, memory per core,
+// GPUs, local usage, prices, labels), scaled by benchScale.
+func benchCluster(rng *rand.Rand, id string) store.Advertisement {
+	cores := []int64{16, 32, 48, 64, 96, 128, 256, 512, 1024}[rng.IntN(9)]
+	memPerCore := []int64{2, 4, 8}[rng.IntN(3)]
+	var gpus int64
+	if rng.IntN(5) == 0 {
+		gpus = []int64{1, 2, 4, 8}[rng.IntN(4)]
+	}
+	r := store.Resources{
+		CPU:     cores * 1000 * benchScale,
+		Memory:  cores * memPerCore * gi * benchScale,
+		GPU:     gpus * benchScale,
+		Storage: cores * 10 * gi * benchScale,
+	}
+	usedPct := rng.Int64N(70) // local pods already use 0-69% of it
+	used := store.Resources{CPU: r.CPU * usedPct / 100, Memory: r.Memory * usedPct / 100, GPU: r.GPU / 2, Storage: r.Storage * usedPct / 100}
+	regions := []string{"eu-west", "eu-central", "eu-south", "eu-north", "us-east"}
+	return store.Advertisement{
+		Name: id, Endpoint: "https://" + id + ".example:6443",
+		Labels:   map[string]string{"region": regions[rng.IntN(len(regions))], "tier": []string{"edge", "cloud"}[rng.IntN(2)]},
+		Capacity: r, Allocatable: r, Allocated: used,
+		Prices: store.Prices{
+			CPU:      20_000 + rng.Int64N(40_000),     // 0.02-0.06 EUR per core-hour
+			Memory:   2_000 + rng.Int64N(4_000),       // 0.002-0.006 EUR per GiB-hour
+			GPU:      500_000 + rng.Int64N(2_000_000), // 0.5-2.5 EUR per GPU-hour
+			Currency: "EUR",
+		},
+	}
+}
+
+func benchClusterID(i int) string { return fmt.Sprintf("c%05d", i) }
+
+// advertiseMany advertises n clusters concurrently (not n serial round trips).
+func advertiseMany(b *testing.B, st *store.Store, n int) {
+	b.Helper()
+	rng := rand.New(rand.NewPCG(uint64(n), 42))
+	ads := make([]store.Advertisement, n)
+	for i := range ads {
+		ads[i] = benchCluster(rng, benchClusterID(i))
+	}
+	var g errgroup.Group
+	g.SetLimit(32)
+	for i := range ads {
+		g.Go(func() error {
+			_, err := st.Advertise(context.Background(), benchClusterID(i), ads[i])
+			return err
+		})
+	}
+	require.NoError(b, g.Wait())
+}
+
+// benchRequests are the shapes the requesters ask for (CPU and memory, as the
+// v2 API requires; no GPU, so every live cluster is a candidate).
+var benchRequests = []store.Resources{
+	{CPU: 250, Memory: 512 << 20},
+	{CPU: 500, Memory: 1 * gi},
+	{CPU: 1000, Memory: 2 * gi},
+	{CPU: 2000, Memory: 4 * gi},
+	{CPU: 500, Memory: 2 * gi},
+	{CPU: 4000, Memory: 8 * gi},
+}
+
+// benchStats reads the server-side time of every command from INFO commandstats.
+type benchStats map[string]struct{ calls, usec int64 }
+
+func readStats(b *testing.B, rdb *redis.Client) benchStats {
+	b.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	require.NoError(b, err)
+	out := benchStats{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var st struct{ calls, usec int64 }
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				st.calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				st.usec, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = st
+	}
+	return out
+}
+
+// report adds the throughput, latency percentiles and server-time metrics.
+func report(b *testing.B, rdb *redis.Client, unit, cmd string, lat []time.Duration) {
+	b.Helper()
+	secs := b.Elapsed().Seconds()
+	if secs > 0 {
+		b.ReportMetric(float64(b.N)/secs, unit)
+	}
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		pct := func(p float64) float64 {
+			return float64(lat[int(p*float64(len(lat)-1))]) / float64(time.Millisecond)
+		}
+		b.ReportMetric(pct(0.50), "p50-ms")
+		b.ReportMetric(pct(0.99), "p99-ms")
+	}
+	if st := readStats(b, rdb)[cmd]; st.calls > 0 && secs > 0 {
+		b.ReportMetric(float64(st.usec)/float64(st.calls), "redis-us/op")
+		b.ReportMetric(100*float64(st.usec)/1e6/secs, "redis-busy-%")
+	}
+}
+
+// runSerialAndParallel benchmarks op as "serial" (one caller: latency) and
+// "parallel" (benchParallelism × GOMAXPROCS callers over the pool: throughput).
+// cmd is the Redis command whose server time is reported (evalsha).
+func runSerialAndParallel(b *testing.B, rdb *redis.Client, unit, cmd string, op func(ctx context.Context, seq int64) error) {
+	ctx := context.Background()
+	var seq atomic.Int64 // unique across both leaves and every b.N round
+	b.Run("serial", func(b *testing.B) {
+		require.NoError(b, rdb.ConfigResetStat(ctx).Err())
+		lat := make([]time.Duration, 0, 1<<14)
+		for b.Loop() {
+			t0 := time.Now()
+			if err := op(ctx, seq.Add(1)); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		report(b, rdb, unit, cmd, lat)
+	})
+	b.Run("parallel", func(b *testing.B) {
+		require.NoError(b, rdb.ConfigResetStat(ctx).Err())
+		var mu sync.Mutex
+		var all []time.Duration
+		b.SetParallelism(benchParallelism)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			lat := make([]time.Duration, 0, 1024)
+			for pb.Next() {
+				t0 := time.Now()
+				if err := op(ctx, seq.Add(1)); err != nil {
+					b.Error(err)
+					return
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			mu.Lock()
+			all = append(all, lat...)
+			mu.Unlock()
+		})
+		b.StopTimer()
+		report(b, rdb, unit, cmd, all)
+	})
+}
+
+func benchStore(b *testing.B) (*store.Store, *redis.Client) {
+	b.Helper()
+	rdb := redistest.Start(b).Client()
+	// An hour of liveness: the clusters are advertised once, before the timed
+	// loops, and must stay live through the slowest run.
+	st := store.New(rdb, store.Config{StaleThreshold: time.Hour})
+	require.NoError(b, st.LoadScripts(context.Background()))
+	return st, rdb
+}
+
+// BenchmarkReserve measures one decision (reserve.lua: a full scan of the
+// live clusters) at several federation sizes, against the floor of a trivial
+// EVALSHA on the same server and client.
+func BenchmarkReserve(b *testing.B) {
+	st, rdb := benchStore(b)
+	ctx := context.Background()
+
+	b.Run("baseline-trivial-evalsha", func(b *testing.B) {
+		trivial := redis.NewScript("return 1")
+		require.NoError(b, trivial.Load(ctx, rdb).Err())
+		runSerialAndParallel(b, rdb, "calls/s", "evalsha", func(ctx context.Context, _ int64) error {
+			return rdb.EvalSha(ctx, trivial.Hash(), nil).Err()
+		})
+	})
+
+	for _, n := range []int{10, 100, 1000, 10000} {
+		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
+			// A fresh data set per size (FLUSHALL keeps the script cache).
+			require.NoError(b, rdb.FlushAll(ctx).Err())
+			advertiseMany(b, st, n)
+			requesters := min(n, 8) // requesters are federation members: the scan skips them
+			runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {
+				_, err := st.Reserve(ctx, store.ReserveRequest{
+					ID:        "b" + strconv.FormatInt(seq, 36),
+					Requester: benchClusterID(int(seq) % requesters),
+					Resources: benchRequests[seq%int64(len(benchRequests))],
+					Duration:  time.Hour,
+				})
+				return err
+			})
+		})
+	}
+}
+
+// BenchmarkAdvertise measures one advertisement (a heartbeat: the same
+// cluster publishing again) with 100 clusters known.
+func BenchmarkAdvertise(b *testing.B) {
+	st, rdb := benchStore(b)
+	const n = 100
+	b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
+		advertiseMany(b, st, n)
+		rng := rand.New(rand.NewPCG(n, 42))
+		ads := make([]store.Advertisement, n)
+		for i := range ads {
+			ads[i] = benchCluster(rng, benchClusterID(i))
+		}
+		runSerialAndParallel(b, rdb, "ads/s", "evalsha", func(ctx context.Context, seq int64) error {
+			i := int(seq % n)
+			_, err := st.Advertise(ctx, benchClusterID(i), ads[i])
+			return err
+		})
+	})
+}
