@@ -16,6 +16,9 @@ const (
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	// ManagedByValue is ManagedByLabel's value on our objects.
 	ManagedByValue = "rb-agent"
+	// TenantLabel marks a namespace a provider set aside for a requester; its value is the requester's cluster id.
+	// Pods there run on reservations: the collector does not count them as local usage.
+	TenantLabel = "broker.fluidos.eu/tenant"
 	// TenantNamespacePrefix prefixes the namespace a provider sets aside for a requester: rb-<requester>.
 	TenantNamespacePrefix = "rb-"
 	// ReleaseFinalizer holds a Reservation until the agent has released it at the broker.
