@@ -15,7 +15,9 @@ require (
 	k8s.io/api v0.35.8
 	k8s.io/apiextensions-apiserver v0.35.4
 	k8s.io/apimachinery v0.35.8
+	k8s.io/apiserver v0.35.8
 	k8s.io/client-go v0.35.8
+	k8s.io/component-helpers v0.35.8
 	k8s.io/klog/v2 v2.140.0
 	k8s.io/kubernetes v1.35.8
 	sigs.k8s.io/controller-runtime v0.23.3
@@ -140,6 +142,7 @@ require (
 	golang.org/x/text v0.39.0 // indirect
 	golang.org/x/time v0.15.0 // indirect
 	golang.org/x/tools v0.47.0 // indirect
+	gomodules.xyz/jsonpatch/v2 v2.4.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20251202230838-ff82c1b0f217 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20251202230838-ff82c1b0f217 // indirect
 	google.golang.org/grpc v1.79.3 // indirect
@@ -149,12 +152,10 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
-	k8s.io/apiserver v0.35.8 // indirect
 	k8s.io/cli-runtime v0.35.8 // indirect
 	k8s.io/cloud-provider v0.35.8 // indirect
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
 	k8s.io/component-base v0.35.8 // indirect
-	k8s.io/component-helpers v0.35.8 // indirect
 	k8s.io/controller-manager v0.35.8 // indirect
 	k8s.io/csi-translation-lib v0.32.5 // indirect
 	k8s.io/dynamic-resource-allocation v0.35.8 // indirect

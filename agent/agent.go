@@ -1,0 +1,114 @@
+// Package agent wires the parts of rb-agent, the one component in a member
+// cluster that talks to the broker: the collector and publisher (what this
+// cluster offers), the Reservation reconciler (requester side), the tenant
+// reconciler (provider side) and the follower of the broker's event stream.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/fluidos-project/resource-broker/agent/follower"
+	"github.com/fluidos-project/resource-broker/agent/provider"
+	"github.com/fluidos-project/resource-broker/agent/reservation"
+	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+)
+
+// Options configure an agent.
+type Options struct {
+	// ClusterID is this cluster's identity; it must equal the CN of the broker client certificate.
+	ClusterID string
+	// Broker is the broker client (mutual TLS with this cluster's certificate).
+	Broker *brokerclient.Client
+	// Namespace holds the agent's own objects (ProviderInstructions).
+	Namespace string
+	// Endpoint is this cluster's API server URL as requesters reach it; CABundle its CA.
+	Endpoint string
+	CABundle []byte
+	// Labels and Prices are advertised to the broker.
+	Labels map[string]string
+	Prices *api.Prices
+	// TokenTTL is the lifetime of tokens granted to requesters (default 1h).
+	TokenTTL time.Duration
+	// Debounce and PublishPeriod pace the advertisement (defaults 1s and 30s).
+	Debounce, PublishPeriod time.Duration
+	// MinBackoff and MaxBackoff pace retries of refused reservations (defaults 1s, 30s).
+	MinBackoff, MaxBackoff time.Duration
+	// ReserveBroker, when set, replaces Broker for the Reservation reconciler (tests inject faults).
+	ReserveBroker reservation.Broker
+}
+
+// Validate checks the options, including that the identity matches the certificate.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.ClusterID == "" {
+		errs = append(errs, errors.New("--cluster-id is required"))
+	} else if err := api.ValidateClusterID(o.ClusterID); err != nil {
+		errs = append(errs, fmt.Errorf("--cluster-id: %w", err))
+	}
+	if o.Broker == nil {
+		errs = append(errs, errors.New("a broker client is required"))
+	} else if cn := o.Broker.Identity(); o.ClusterID != "" && cn != o.ClusterID {
+		errs = append(errs, fmt.Errorf("--cluster-id %q differs from the broker certificate's CN %q: the broker would see this cluster as %q", o.ClusterID, cn, cn))
+	}
+	if o.Namespace == "" {
+		errs = append(errs, errors.New("--namespace is required"))
+	}
+	if o.Endpoint == "" {
+		errs = append(errs, errors.New("the API server endpoint is unknown: set --endpoint"))
+	}
+	if o.TokenTTL != 0 && o.TokenTTL < 10*time.Minute {
+		errs = append(errs, fmt.Errorf("--token-ttl %s is below the TokenRequest minimum of 10m", o.TokenTTL))
+	}
+	return errors.Join(errs...)
+}
+
+// EndpointFrom fills Endpoint and CABundle from a rest config when unset.
+func (o *Options) EndpointFrom(cfg *rest.Config) {
+	if o.Endpoint == "" {
+		o.Endpoint = cfg.Host
+	}
+	if len(o.CABundle) == 0 {
+		o.CABundle = cfg.CAData
+	}
+}
+
+// Setup registers every part of the agent with mgr.
+func Setup(mgr ctrl.Manager, o Options) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	var rb reservation.Broker = o.Broker
+	if o.ReserveBroker != nil {
+		rb = o.ReserveBroker
+	}
+	rec := &reservation.Reconciler{
+		Client: mgr.GetClient(), Broker: rb, Recorder: mgr.GetEventRecorderFor("rb-agent"),
+		MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff,
+	}
+	if err := rec.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("reservation reconciler: %w", err)
+	}
+	tenants := &provider.TenantReconciler{
+		Client: mgr.GetClient(), Broker: o.Broker, Recorder: mgr.GetEventRecorderFor("rb-agent"),
+		Namespace: o.Namespace, Endpoint: o.Endpoint, CABundle: o.CABundle, TokenTTL: o.TokenTTL,
+	}
+	if err := tenants.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("tenant reconciler: %w", err)
+	}
+	return mgr.Add(&follower.Follower{
+		Broker: o.Broker, Client: mgr.GetClient(), ClusterID: o.ClusterID, Namespace: o.Namespace, Reservations: rec,
+	})
+}
+
+// ensure the follower's contract stays what Setup relies on.
+var _ interface {
+	Start(context.Context) error
+	NeedLeaderElection() bool
+} = &follower.Follower{}

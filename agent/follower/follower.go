@@ -1,0 +1,170 @@
+// Package follower keeps the agent in step with the broker without polling:
+// it follows the cluster's event stream, routes requester events to the
+// Reservation reconciler and turns provider events into ProviderInstructions,
+// and after every (re)connection resynchronises from the broker's lists, so a
+// missed event never leaves anything behind.
+package follower
+
+import (
+	"context"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/agent/provider"
+	"github.com/fluidos-project/resource-broker/agent/reservation"
+	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+)
+
+// Broker is what the follower needs of the broker client.
+type Broker interface {
+	OpenEvents(ctx context.Context, since string) (*brokerclient.EventStream, error)
+	Reservations(ctx context.Context, role string) ([]api.Reservation, error)
+}
+
+// Follower is a manager.Runnable; it runs on the leader only.
+type Follower struct {
+	Broker    Broker
+	Client    client.Client
+	ClusterID string
+	// Namespace holds this agent's ProviderInstructions.
+	Namespace string
+	// Reservations is asked to look again at a Reservation the broker changed.
+	Reservations *reservation.Reconciler
+	// MaxBackoff bounds the wait between reconnections (default 10s).
+	MaxBackoff time.Duration
+	// OnConnect, if set, is called after each successful resync (tests, metrics).
+	OnConnect func()
+}
+
+// NeedLeaderElection keeps one follower per cluster.
+func (f *Follower) NeedLeaderElection() bool { return true }
+
+// Start follows the stream until ctx ends.
+func (f *Follower) Start(ctx context.Context) error {
+	logger := log.FromContext(ctx).WithName("follower")
+	if f.MaxBackoff == 0 {
+		f.MaxBackoff = 10 * time.Second
+	}
+	since, backoff := "", 250*time.Millisecond
+	for ctx.Err() == nil {
+		err := f.follow(ctx, &since, &backoff)
+		if ctx.Err() != nil {
+			return nil
+		}
+		logger.Info("broker event stream interrupted, reconnecting", "error", err.Error(), "in", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, f.MaxBackoff)
+	}
+	return nil
+}
+
+// follow opens the stream, resyncs, then handles events until the stream
+// breaks. The stream is open before the resync reads the lists, so an event
+// that happens in between is seen (perhaps twice: handling is idempotent).
+func (f *Follower) follow(ctx context.Context, since *string, backoff *time.Duration) error {
+	stream, err := f.Broker.OpenEvents(ctx, *since)
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	if err := f.resync(ctx); err != nil {
+		return err
+	}
+	if f.OnConnect != nil {
+		f.OnConnect()
+	}
+	for {
+		id, e, err := stream.Next()
+		if err != nil {
+			if last := stream.LastEventID(); last != "" {
+				*since = last
+			}
+			return err
+		}
+		if err := f.handle(ctx, e); err != nil {
+			return err // not advancing since: the event is handled again after reconnecting
+		}
+		*since = id
+		*backoff = 250 * time.Millisecond
+	}
+}
+
+func (f *Follower) handle(ctx context.Context, e api.Event) error {
+	if e.Provider == f.ClusterID {
+		if err := f.provide(ctx, e.Reservation, e.Requester, e.Phase, e.Resources, e.ExpiresAt); err != nil {
+			return err
+		}
+	}
+	if e.Requester == f.ClusterID {
+		rsv, err := reservation.Lookup(ctx, f.Client, e.Reservation)
+		if err != nil {
+			return err
+		}
+		if rsv != nil {
+			f.Reservations.Enqueue(types.NamespacedName{Namespace: rsv.Namespace, Name: rsv.Name})
+		}
+	}
+	return nil
+}
+
+// provide records (or forgets) a reservation this cluster provides.
+func (f *Follower) provide(ctx context.Context, id, requester, phase string, res api.Quantities, expires time.Time) error {
+	pi := provider.InstructionFor(f.Namespace, id, requester, res, expires)
+	if phase == string(rbv1.ReservationReserved) || phase == string(rbv1.ReservationActive) {
+		err := f.Client.Create(ctx, pi)
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		if err == nil {
+			log.FromContext(ctx).Info("providing capacity", "reservation", id, "requester", requester)
+		}
+		return err
+	}
+	return client.IgnoreNotFound(f.Client.Delete(ctx, pi))
+}
+
+// resync makes the local objects match the broker's lists.
+func (f *Follower) resync(ctx context.Context) error {
+	provided, err := f.Broker.Reservations(ctx, brokerclient.RoleProvider)
+	if err != nil {
+		return err
+	}
+	live := map[string]bool{}
+	for _, r := range provided {
+		live[r.ID] = true
+		if err := f.provide(ctx, r.ID, r.Requester, r.Phase, r.Resources, r.ExpiresAt); err != nil {
+			return err
+		}
+	}
+	var pis rbv1.ProviderInstructionList
+	if err := f.Client.List(ctx, &pis, client.InNamespace(f.Namespace)); err != nil {
+		return err
+	}
+	for i := range pis.Items {
+		if !live[pis.Items[i].Name] {
+			if err := client.IgnoreNotFound(f.Client.Delete(ctx, &pis.Items[i])); err != nil {
+				return err
+			}
+		}
+	}
+	var rsvs rbv1.ReservationList
+	if err := f.Client.List(ctx, &rsvs); err != nil {
+		return err
+	}
+	for _, r := range rsvs.Items {
+		if r.Status.Phase == rbv1.ReservationReserved || r.Status.Phase == rbv1.ReservationActive {
+			f.Reservations.Enqueue(types.NamespacedName{Namespace: r.Namespace, Name: r.Name})
+		}
+	}
+	return nil
+}

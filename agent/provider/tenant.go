@@ -1,0 +1,327 @@
+// Package provider is the provider side of the agent: for every requester
+// that holds reservations on this cluster it keeps a tenant namespace
+// (rb-<requester>) with a ResourceQuota equal to the sum of those
+// reservations, a ServiceAccount with a namespaced Role, and hands the
+// requester a short-lived token through the broker. When the requester's last
+// reservation ends, all of it is removed.
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+)
+
+// RequesterIndex indexes ProviderInstructions by spec.requester.
+const RequesterIndex = "spec.requester"
+
+// Names of the per-tenant objects inside the tenant namespace.
+const (
+	TenantServiceAccount = "rb-tenant"
+	TenantRole           = "rb-tenant"
+	TenantQuota          = "rb-reservations"
+)
+
+// Granter hands a requester its access through the broker.
+type Granter interface {
+	Grant(ctx context.Context, id string, g api.Grant) (api.Reservation, error)
+}
+
+// TenantReconciler reconciles the tenant of one requester; its requests are
+// keyed by the requester's cluster id (Name), whatever object changed.
+type TenantReconciler struct {
+	Client   client.Client
+	Broker   Granter
+	Recorder record.EventRecorder
+	// Namespace holds this agent's ProviderInstructions.
+	Namespace string
+	// Endpoint and CABundle are this cluster's API server as requesters reach it.
+	Endpoint string
+	CABundle []byte
+	// TokenTTL is the lifetime of a granted token (default 1h, at least 10m);
+	// grants are renewed after two thirds of it.
+	TokenTTL time.Duration
+}
+
+// SetupWithManager registers the reconciler and its index.
+func (r *TenantReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.TokenTTL == 0 {
+		r.TokenTTL = time.Hour
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &rbv1.ProviderInstruction{}, RequesterIndex,
+		func(o client.Object) []string { return []string{o.(*rbv1.ProviderInstruction).Spec.Requester} }); err != nil {
+		return err
+	}
+	byRequester := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		if pi, ok := o.(*rbv1.ProviderInstruction); ok {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: pi.Spec.Requester}}}
+		}
+		if requester := o.GetLabels()[rbv1.TenantLabel]; requester != "" {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: requester}}}
+		}
+		return nil
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("tenant").
+		Watches(&rbv1.ProviderInstruction{}, byRequester).
+		Watches(&corev1.Namespace{}, byRequester).
+		Watches(&corev1.ResourceQuota{}, byRequester).
+		Complete(r)
+}
+
+// TenantNamespace is the namespace set aside for a requester.
+func TenantNamespace(requester string) string { return rbv1.TenantNamespacePrefix + requester }
+
+// Reconcile makes the tenant of requester match its live reservations here.
+func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	requester := req.Name
+	logger := log.FromContext(ctx).WithValues("requester", requester)
+	var list rbv1.ProviderInstructionList
+	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace), client.MatchingFields{RequesterIndex: requester}); err != nil {
+		return ctrl.Result{}, err
+	}
+	now := time.Now()
+	var live []*rbv1.ProviderInstruction
+	for i := range list.Items {
+		pi := &list.Items[i]
+		switch {
+		case !pi.DeletionTimestamp.IsZero():
+		case pi.Spec.ExpiresAt != nil && !pi.Spec.ExpiresAt.After(now):
+			// The broker expires it too and says so; don't wait for the event.
+			if err := r.Client.Delete(ctx, pi); client.IgnoreNotFound(err) != nil {
+				return ctrl.Result{}, err
+			}
+		default:
+			live = append(live, pi)
+		}
+	}
+	ns := TenantNamespace(requester)
+	if len(live) == 0 {
+		return ctrl.Result{}, r.removeTenant(ctx, ns)
+	}
+	if err := r.ensureNamespace(ctx, ns, requester); err != nil {
+		if errors.Is(err, errTerminating) {
+			logger.Info("tenant namespace still terminating, waiting")
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if err := r.ensureQuota(ctx, ns, requester, live); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.ensureAccess(ctx, ns, requester); err != nil {
+		return ctrl.Result{}, err
+	}
+	next := now.Add(r.TokenTTL)
+	for _, pi := range live {
+		renewAt, err := r.grant(ctx, ns, pi)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if renewAt.Before(next) {
+			next = renewAt
+		}
+		if pi.Spec.ExpiresAt != nil && pi.Spec.ExpiresAt.Before(&metav1.Time{Time: next}) {
+			next = pi.Spec.ExpiresAt.Time
+		}
+	}
+	return ctrl.Result{RequeueAfter: max(time.Until(next), time.Second)}, nil
+}
+
+var errTerminating = errors.New("namespace terminating")
+
+func (r *TenantReconciler) ensureNamespace(ctx context.Context, name, requester string) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := controllerutil.CreateOrPatch(ctx, r.Client, ns, func() error {
+		if ns.Labels == nil {
+			ns.Labels = map[string]string{}
+		}
+		ns.Labels[rbv1.TenantLabel] = requester
+		ns.Labels[rbv1.ManagedByLabel] = rbv1.ManagedByValue
+		// Mirrored pods are ordinary workloads: hold them to the restricted-ish baseline.
+		ns.Labels["pod-security.kubernetes.io/enforce"] = "baseline"
+		return nil
+	}); err != nil {
+		return err
+	}
+	if !ns.DeletionTimestamp.IsZero() {
+		return errTerminating
+	}
+	return nil
+}
+
+// ensureQuota caps the tenant at the sum of its live reservations.
+func (r *TenantReconciler) ensureQuota(ctx context.Context, ns, requester string, live []*rbv1.ProviderInstruction) error {
+	hard := corev1.ResourceList{}
+	for _, pi := range live {
+		for name, q := range pi.Spec.Resources {
+			key := corev1.ResourceName("requests." + string(name))
+			sum := hard[key]
+			sum.Add(q)
+			hard[key] = sum
+		}
+	}
+	quota := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: TenantQuota, Namespace: ns}}
+	_, err := controllerutil.CreateOrPatch(ctx, r.Client, quota, func() error {
+		quota.Labels = map[string]string{rbv1.TenantLabel: requester, rbv1.ManagedByLabel: rbv1.ManagedByValue}
+		if !equalResources(quota.Spec.Hard, hard) {
+			quota.Spec.Hard = hard
+		}
+		return nil
+	})
+	return err
+}
+
+// equalResources compares by value, so "1000m" equals "1".
+func equalResources(a, b corev1.ResourceList) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		w, ok := b[k]
+		if !ok || v.Cmp(w) != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// TenantRules are what a requester may do in its tenant namespace.
+var TenantRules = []rbacv1.PolicyRule{
+	{APIGroups: []string{""}, Resources: []string{"pods", "pods/status", "pods/log", "configmaps", "secrets", "services", "events"},
+		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}},
+}
+
+func (r *TenantReconciler) ensureAccess(ctx context.Context, ns, requester string) error {
+	labels := map[string]string{rbv1.TenantLabel: requester, rbv1.ManagedByLabel: rbv1.ManagedByValue}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: TenantServiceAccount, Namespace: ns}}
+	if _, err := controllerutil.CreateOrPatch(ctx, r.Client, sa, func() error {
+		sa.Labels = labels
+		sa.AutomountServiceAccountToken = ptr.To(false)
+		return nil
+	}); err != nil {
+		return err
+	}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: TenantRole, Namespace: ns}}
+	if _, err := controllerutil.CreateOrPatch(ctx, r.Client, role, func() error {
+		role.Labels = labels
+		if !equality.Semantic.DeepEqual(role.Rules, TenantRules) {
+			role.Rules = TenantRules
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: TenantRole, Namespace: ns}}
+	_, err := controllerutil.CreateOrPatch(ctx, r.Client, binding, func() error {
+		binding.Labels = labels
+		binding.RoleRef = rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: TenantRole}
+		binding.Subjects = []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: TenantServiceAccount, Namespace: ns}}
+		return nil
+	})
+	return err
+}
+
+// grant sends a fresh token for pi's reservation unless the last one is still
+// young; it returns when the grant should be renewed.
+func (r *TenantReconciler) grant(ctx context.Context, ns string, pi *rbv1.ProviderInstruction) (time.Time, error) {
+	renew := func(at time.Time) time.Time { return at.Add(r.TokenTTL * 2 / 3) }
+	if pi.Status.GrantedAt != nil && pi.Status.Enforced && time.Now().Before(renew(pi.Status.GrantedAt.Time)) {
+		return renew(pi.Status.GrantedAt.Time), nil
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: TenantServiceAccount, Namespace: ns}}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(r.TokenTTL.Seconds()))}}
+	if err := r.Client.SubResource("token").Create(ctx, sa, tr); err != nil {
+		return time.Time{}, fmt.Errorf("token for %s/%s: %w", ns, TenantServiceAccount, err)
+	}
+	_, err := r.Broker.Grant(ctx, pi.Spec.ReservationID, api.Grant{
+		Endpoint: r.Endpoint, CABundle: r.CABundle, Token: tr.Status.Token, Namespace: ns, ExpiresAt: tr.Status.ExpirationTimestamp.Time,
+	})
+	if brokerclient.IsNotFound(err) || brokerclient.IsConflict(err) {
+		// The reservation has ended at the broker: this instruction is stale.
+		return time.Now().Add(r.TokenTTL), client.IgnoreNotFound(r.Client.Delete(ctx, pi))
+	}
+	if err != nil {
+		meta.SetStatusCondition(&pi.Status.Conditions, metav1.Condition{Type: rbv1.ConditionEnforced, Status: metav1.ConditionFalse,
+			Reason: "GrantFailed", Message: err.Error(), ObservedGeneration: pi.Generation})
+		_ = r.Client.Status().Update(ctx, pi)
+		return time.Time{}, fmt.Errorf("grant %s: %w", pi.Spec.ReservationID, err)
+	}
+	now := metav1.Now()
+	first := !pi.Status.Enforced
+	pi.Status.Enforced = true
+	pi.Status.TenantNamespace = ns
+	pi.Status.GrantedAt = &now
+	meta.SetStatusCondition(&pi.Status.Conditions, metav1.Condition{Type: rbv1.ConditionEnforced, Status: metav1.ConditionTrue,
+		Reason: "Granted", Message: "namespace " + ns + ", quota and credentials in place", ObservedGeneration: pi.Generation})
+	if err := r.Client.Status().Update(ctx, pi); err != nil {
+		return time.Time{}, err
+	}
+	if first {
+		r.Recorder.Eventf(pi, corev1.EventTypeNormal, "Enforced", "capacity set aside in %s for %s", ns, pi.Spec.Requester)
+	}
+	return renew(now.Time), nil
+}
+
+// removeTenant deletes the namespace; everything of the tenant is inside it.
+func (r *TenantReconciler) removeTenant(ctx context.Context, name string) error {
+	var ns corev1.Namespace
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: name}, &ns); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if ns.Labels[rbv1.ManagedByLabel] != rbv1.ManagedByValue || !ns.DeletionTimestamp.IsZero() {
+		return nil // not ours, or already going
+	}
+	log.FromContext(ctx).Info("last reservation ended, removing tenant", "namespace", name)
+	err := r.Client.Delete(ctx, &ns, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// InstructionFor builds the ProviderInstruction that records a reservation this cluster provides.
+func InstructionFor(namespace string, id, requester string, res api.Quantities, expires time.Time) *rbv1.ProviderInstruction {
+	list := corev1.ResourceList{}
+	add := func(name corev1.ResourceName, q *resource.Quantity) {
+		if q != nil && !q.IsZero() {
+			list[name] = *q
+		}
+	}
+	add(corev1.ResourceCPU, res.CPU)
+	add(corev1.ResourceMemory, res.Memory)
+	add("nvidia.com/gpu", res.GPU)
+	add(corev1.ResourceEphemeralStorage, res.Storage)
+	pi := &rbv1.ProviderInstruction{
+		ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: namespace, Labels: map[string]string{
+			rbv1.RequesterLabel: requester, rbv1.ManagedByLabel: rbv1.ManagedByValue}},
+		Spec: rbv1.ProviderInstructionSpec{ReservationID: id, Requester: requester, Resources: list},
+	}
+	if !expires.IsZero() {
+		pi.Spec.ExpiresAt = &metav1.Time{Time: expires}
+	}
+	return pi
+}

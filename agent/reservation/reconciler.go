@@ -1,0 +1,312 @@
+// Package reservation is the requester side of the agent: it turns each
+// Reservation object into a reservation at the broker (idempotent by the
+// object's UID), mirrors the broker's decision into status, queues refused
+// reservations with back-off until capacity appears, and releases at the
+// broker before the object goes away (finalizer).
+package reservation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+)
+
+// UIDIndex indexes Reservations by UID, the id they carry at the broker.
+const UIDIndex = "metadata.uid"
+
+// Broker is what the reconciler needs of the broker client.
+type Broker interface {
+	Reserve(ctx context.Context, r api.ReservationRequest) (api.Reservation, error)
+	Reservation(ctx context.Context, id string) (api.Reservation, error)
+	Release(ctx context.Context, id string) (api.Reservation, error)
+}
+
+// Reconciler reconciles Reservation objects.
+type Reconciler struct {
+	Client   client.Client
+	Broker   Broker
+	Recorder record.EventRecorder
+	// MinBackoff and MaxBackoff bound the wait between attempts of a
+	// reservation the broker refused or could not be reached for.
+	MinBackoff, MaxBackoff time.Duration
+	// Notify receives a Reservation to look at again (from the broker's event stream).
+	Notify chan event.GenericEvent
+}
+
+// SetupWithManager registers the reconciler and the UID index.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.MinBackoff == 0 {
+		r.MinBackoff = time.Second
+	}
+	if r.MaxBackoff == 0 {
+		r.MaxBackoff = 30 * time.Second
+	}
+	if r.Notify == nil {
+		r.Notify = make(chan event.GenericEvent, 1024)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &rbv1.Reservation{}, UIDIndex,
+		func(o client.Object) []string { return []string{string(o.GetUID())} }); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("reservation").
+		For(&rbv1.Reservation{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WatchesRawSource(source.Channel(r.Notify, &handler.EnqueueRequestForObject{})).
+		Complete(r)
+}
+
+// Reconcile brings one Reservation in line with the broker.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var rsv rbv1.Reservation
+	if err := r.Client.Get(ctx, req.NamespacedName, &rsv); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !rsv.DeletionTimestamp.IsZero() {
+		return r.release(ctx, &rsv)
+	}
+	if controllerutil.AddFinalizer(&rsv, rbv1.ReleaseFinalizer) {
+		if err := r.Client.Update(ctx, &rsv); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	switch rsv.Status.Phase {
+	case rbv1.ReservationReleased, rbv1.ReservationExpired:
+		return ctrl.Result{}, nil // over; deleting the object is the owner's business
+	case rbv1.ReservationReserved, rbv1.ReservationActive:
+		return r.refresh(ctx, &rsv)
+	default: // new, Pending, or Failed and waiting for capacity
+		return r.reserve(ctx, &rsv)
+	}
+}
+
+// reserve asks the broker; the UID makes a retried request lock capacity once.
+func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation) (ctrl.Result, error) {
+	logger := log.FromContext(ctx)
+	req, err := requestFor(rsv)
+	if err != nil {
+		return r.fail(ctx, rsv, "Invalid", err.Error(), false)
+	}
+	rsv.Status.Attempts++
+	decision, err := r.Broker.Reserve(ctx, req)
+	switch {
+	case err == nil:
+		r.mirror(rsv, decision)
+		meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
+			Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
+		if err := r.Client.Status().Update(ctx, rsv); err != nil {
+			return ctrl.Result{}, err
+		}
+		logger.Info("reserved", "provider", decision.Provider, "score", decision.Score, "attempts", rsv.Status.Attempts)
+		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "Reserved", "reserved on %s (score %.2f) until %s",
+			decision.Provider, decision.Score, decision.ExpiresAt.Format(time.RFC3339))
+		return r.untilExpiry(rsv), nil
+	case brokerclient.IsNoCapacity(err):
+		return r.fail(ctx, rsv, "NoCapacity", err.Error(), true)
+	case brokerclient.IsRetryable(err):
+		rsv.Status.Phase = rbv1.ReservationPending
+		r.unsynced(rsv, err)
+		if uerr := r.Client.Status().Update(ctx, rsv); uerr != nil {
+			return ctrl.Result{}, uerr
+		}
+		return ctrl.Result{RequeueAfter: r.backoff(rsv.Status.Attempts)}, nil
+	default: // refused for good (400, 403, conflict)
+		return r.fail(ctx, rsv, reasonOf(err), err.Error(), false)
+	}
+}
+
+// refresh reads the broker's view of a live reservation (after an event, or
+// when it should have expired).
+func (r *Reconciler) refresh(ctx context.Context, rsv *rbv1.Reservation) (ctrl.Result, error) {
+	at, err := r.Broker.Reservation(ctx, rsv.Status.ReservationID)
+	switch {
+	case err == nil:
+	case brokerclient.IsNotFound(err):
+		at = api.Reservation{Phase: string(rbv1.ReservationExpired)} // forgotten after its retention
+	default:
+		r.unsynced(rsv, err)
+		if uerr := r.Client.Status().Update(ctx, rsv); uerr != nil {
+			return ctrl.Result{}, uerr
+		}
+		return ctrl.Result{RequeueAfter: r.backoff(2)}, nil
+	}
+	before := rsv.Status.Phase
+	if at.ID != "" {
+		r.mirror(rsv, at)
+	} else {
+		rsv.Status.Phase = rbv1.ReservationExpired
+	}
+	if !isLive(rsv.Status.Phase) {
+		meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionFalse,
+			Reason: string(rsv.Status.Phase), Message: "the broker no longer holds this capacity", ObservedGeneration: rsv.Generation})
+	}
+	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
+		Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
+	if err := r.Client.Status().Update(ctx, rsv); err != nil {
+		return ctrl.Result{}, err
+	}
+	if before != rsv.Status.Phase {
+		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, string(rsv.Status.Phase), "reservation is %s at the broker", rsv.Status.Phase)
+	}
+	if isLive(rsv.Status.Phase) {
+		return r.untilExpiry(rsv), nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// release gives the capacity back before the object may go.
+func (r *Reconciler) release(ctx context.Context, rsv *rbv1.Reservation) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(rsv, rbv1.ReleaseFinalizer) {
+		return ctrl.Result{}, nil
+	}
+	if rsv.Status.ReservationID != "" {
+		if _, err := r.Broker.Release(ctx, rsv.Status.ReservationID); err != nil && !brokerclient.IsNotFound(err) {
+			r.unsynced(rsv, err)
+			if uerr := r.Client.Status().Update(ctx, rsv); uerr != nil && !apierrors.IsNotFound(uerr) {
+				return ctrl.Result{}, uerr
+			}
+			return ctrl.Result{RequeueAfter: r.backoff(2)}, nil
+		}
+		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "Released", "released at the broker")
+	}
+	controllerutil.RemoveFinalizer(rsv, rbv1.ReleaseFinalizer)
+	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, rsv))
+}
+
+func (r *Reconciler) fail(ctx context.Context, rsv *rbv1.Reservation, reason, msg string, retry bool) (ctrl.Result, error) {
+	changed := rsv.Status.Phase != rbv1.ReservationFailed || rsv.Status.Reason != reason
+	rsv.Status.Phase = rbv1.ReservationFailed
+	rsv.Status.Reason = reason
+	rsv.Status.Message = msg
+	rsv.Status.ObservedGeneration = rsv.Generation
+	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionFalse,
+		Reason: reason, Message: msg, ObservedGeneration: rsv.Generation})
+	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
+		Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
+	if err := r.Client.Status().Update(ctx, rsv); err != nil {
+		return ctrl.Result{}, err
+	}
+	if changed {
+		r.Recorder.Event(rsv, corev1.EventTypeWarning, reason, msg)
+	}
+	if !retry {
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{RequeueAfter: r.backoff(rsv.Status.Attempts)}, nil
+}
+
+// mirror copies the broker's reservation into status.
+func (r *Reconciler) mirror(rsv *rbv1.Reservation, at api.Reservation) {
+	rsv.Status.Phase = rbv1.ReservationPhase(at.Phase)
+	rsv.Status.ReservationID = at.ID
+	rsv.Status.Provider = at.Provider
+	rsv.Status.Score = strconv.FormatFloat(at.Score, 'f', 2, 64)
+	rsv.Status.Reason, rsv.Status.Message = "", fmt.Sprintf("reserved on %s", at.Provider)
+	rsv.Status.ReservedAt = &metav1.Time{Time: at.CreatedAt}
+	rsv.Status.ExpiresAt = &metav1.Time{Time: at.ExpiresAt}
+	rsv.Status.ObservedGeneration = rsv.Generation
+	if isLive(rsv.Status.Phase) {
+		meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionTrue,
+			Reason: at.Phase, Message: "capacity held on " + at.Provider, ObservedGeneration: rsv.Generation})
+	}
+}
+
+func (r *Reconciler) unsynced(rsv *rbv1.Reservation, err error) {
+	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionFalse,
+		Reason: "BrokerUnavailable", Message: err.Error(), ObservedGeneration: rsv.Generation})
+}
+
+// untilExpiry looks again shortly after the broker should have expired it, in
+// case the event stream missed it.
+func (r *Reconciler) untilExpiry(rsv *rbv1.Reservation) ctrl.Result {
+	if rsv.Status.ExpiresAt == nil {
+		return ctrl.Result{}
+	}
+	return ctrl.Result{RequeueAfter: time.Until(rsv.Status.ExpiresAt.Time) + 2*time.Second}
+}
+
+func (r *Reconciler) backoff(attempts int32) time.Duration {
+	d := r.MinBackoff
+	for i := int32(1); i < attempts && d < r.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, r.MaxBackoff)
+}
+
+func isLive(p rbv1.ReservationPhase) bool {
+	return p == rbv1.ReservationReserved || p == rbv1.ReservationActive
+}
+
+func reasonOf(err error) string {
+	var apiErr *brokerclient.APIError
+	if errors.As(err, &apiErr) && apiErr.Reason != "" {
+		return apiErr.Reason
+	}
+	return "BrokerError"
+}
+
+// requestFor builds the broker request of a Reservation.
+func requestFor(rsv *rbv1.Reservation) (api.ReservationRequest, error) {
+	q := func(name corev1.ResourceName) *resource.Quantity {
+		v, ok := rsv.Spec.Resources[name]
+		if !ok {
+			return nil
+		}
+		return &v
+	}
+	req := api.ReservationRequest{
+		ID:        string(rsv.UID),
+		Resources: api.Quantities{CPU: q(corev1.ResourceCPU), Memory: q(corev1.ResourceMemory), GPU: q("nvidia.com/gpu"), Storage: q(corev1.ResourceEphemeralStorage)},
+		Owner:     rsv.Namespace + "/" + rsv.Name,
+		Priority:  rsv.Spec.Priority,
+	}
+	if req.Resources.CPU == nil || req.Resources.Memory == nil {
+		return req, errors.New("spec.resources needs cpu and memory")
+	}
+	if rsv.Spec.Duration != nil {
+		req.Duration = rsv.Spec.Duration.Duration.String()
+	}
+	if len(rsv.Spec.ProviderSelector) > 0 {
+		req.Selector = &api.LabelSelector{MatchLabels: rsv.Spec.ProviderSelector}
+	}
+	return req, nil
+}
+
+// Lookup finds the Reservation that carries a broker id, for event routing.
+func Lookup(ctx context.Context, c client.Client, id string) (*rbv1.Reservation, error) {
+	var list rbv1.ReservationList
+	if err := c.List(ctx, &list, client.MatchingFields{UIDIndex: id}); err != nil {
+		return nil, err
+	}
+	if len(list.Items) == 0 {
+		return nil, nil
+	}
+	return &list.Items[0], nil
+}
+
+// Enqueue asks the reconciler to look at a Reservation again.
+func (r *Reconciler) Enqueue(key types.NamespacedName) {
+	r.Notify <- event.GenericEvent{Object: &rbv1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}
+}
