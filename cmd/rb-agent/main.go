@@ -1,0 +1,184 @@
+// Command rb-agent runs in every member cluster: it measures the cluster and
+// advertises it to the broker, turns Reservations into broker reservations,
+// and sets capacity aside for the clusters it provides to.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/fluidos-project/resource-broker/agent"
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+)
+
+type options struct {
+	clusterID     string
+	brokerURL     string
+	brokerCertDir string
+	endpoint      string
+	namespace     string
+	labels        map[string]string
+	currency      string
+	priceCPU      string
+	priceMemory   string
+	priceGPU      string
+	tokenTTL      time.Duration
+	debounce      time.Duration
+	publishPeriod time.Duration
+	leaderElect   bool
+	metricsAddr   string
+	probeAddr     string
+}
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "rb-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func newCommand() *cobra.Command {
+	o := options{}
+	cmd := &cobra.Command{
+		Use:           "rb-agent",
+		Short:         "The resource-broker agent of one member cluster",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return run(o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.clusterID, "cluster-id", "", "this cluster's id (a DNS label such as rome); must equal the CN of the broker client certificate")
+	f.StringVar(&o.brokerURL, "broker-url", "", "the broker's API, e.g. https://rb-broker.example:443")
+	f.StringVar(&o.brokerCertDir, "broker-cert-dir", "/etc/rb-agent/tls", "directory with tls.crt, tls.key and ca.crt for the broker")
+	f.StringVar(&o.endpoint, "endpoint", "", "this cluster's API server URL as requesters reach it (default: from the kubeconfig)")
+	f.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "resource-broker"), "namespace of the agent's ProviderInstructions")
+	f.StringToStringVar(&o.labels, "labels", nil, "labels to advertise, e.g. region=eu-west,zone=a,gpu-model=a100")
+	f.StringVar(&o.currency, "currency", "EUR", "ISO 4217 currency of the prices")
+	f.StringVar(&o.priceCPU, "price-cpu", "", "price of one core for one hour, e.g. 0.031")
+	f.StringVar(&o.priceMemory, "price-memory", "", "price of one GiB for one hour, e.g. 0.004")
+	f.StringVar(&o.priceGPU, "price-gpu", "", "price of one GPU for one hour, e.g. 0.90")
+	f.DurationVar(&o.tokenTTL, "token-ttl", time.Hour, "lifetime of the tokens granted to requesters (at least 10m; renewed after two thirds)")
+	f.DurationVar(&o.debounce, "debounce", time.Second, "how long a change settles before it is advertised")
+	f.DurationVar(&o.publishPeriod, "publish-period", 30*time.Second, "advertise at least this often, aligned to the wall clock")
+	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect one active agent among replicas")
+	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 to disable)")
+	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "healthz/readyz address")
+	gf := flag.NewFlagSet("klog", flag.ExitOnError)
+	klog.InitFlags(gf)
+	f.AddGoFlagSet(gf)
+	return cmd
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// prices parses the price flags with apimachinery quantities.
+func (o options) prices() (*api.Prices, error) {
+	p := &api.Prices{Currency: o.currency}
+	for flagName, spec := range map[string]struct {
+		value string
+		dst   **resource.Quantity
+	}{"--price-cpu": {o.priceCPU, &p.CPU}, "--price-memory": {o.priceMemory, &p.Memory}, "--price-gpu": {o.priceGPU, &p.GPU}} {
+		if spec.value == "" {
+			continue
+		}
+		q, err := resource.ParseQuantity(spec.value)
+		if err != nil || q.Sign() < 0 {
+			return nil, fmt.Errorf("%s %q: want a non-negative decimal such as 0.031", flagName, spec.value)
+		}
+		*spec.dst = &q
+	}
+	return p, nil
+}
+
+func (o options) validate() error {
+	var errs []error
+	if o.clusterID == "" {
+		errs = append(errs, errors.New("--cluster-id is required"))
+	}
+	if o.brokerURL == "" {
+		errs = append(errs, errors.New("--broker-url is required"))
+	} else if !strings.HasPrefix(o.brokerURL, "https://") {
+		errs = append(errs, fmt.Errorf("--broker-url %q: the broker is only reachable over https://", o.brokerURL))
+	}
+	if _, err := o.prices(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.debounce <= 0 || o.publishPeriod <= 0 {
+		errs = append(errs, errors.New("--debounce and --publish-period must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+func run(o options) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	ctrl.SetLogger(klog.NewKlogr())
+	bc, err := brokerclient.New(o.brokerURL, o.brokerCertDir)
+	if err != nil {
+		return fmt.Errorf("broker client: %w", err)
+	}
+	prices, _ := o.prices()
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	ao := agent.Options{
+		ClusterID: o.clusterID, Broker: bc, Namespace: o.namespace, Endpoint: o.endpoint,
+		Labels: o.labels, Prices: prices, TokenTTL: o.tokenTTL, Debounce: o.debounce, PublishPeriod: o.publishPeriod,
+	}
+	ao.EndpointFrom(cfg)
+	if err := ao.Validate(); err != nil { // before the manager: a wrong identity must fail fast
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := rbv1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:  o.probeAddr,
+		LeaderElection:          o.leaderElect,
+		LeaderElectionID:        "rb-agent." + rbv1.GroupVersion.Group,
+		LeaderElectionNamespace: o.namespace,
+	})
+	if err != nil {
+		return err
+	}
+	if err := agent.Setup(mgr, ao); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	klog.InfoS("starting rb-agent", "cluster", o.clusterID, "broker", o.brokerURL, "endpoint", ao.Endpoint)
+	return mgr.Start(ctrl.SetupSignalHandler())
+}

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/internal/devcerts"
+)
+
+func TestStartupRefusesBadConfiguration(t *testing.T) {
+	ca, err := devcerts.NewCA("test")
+	require.NoError(t, err)
+	pair, err := ca.IssueClient("paris")
+	require.NoError(t, err)
+	certs := filepath.Join(t.TempDir(), "paris")
+	require.NoError(t, devcerts.WriteTLSDir(certs, pair, ca.CertPEM))
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600))
+	t.Setenv("KUBECONFIG", kubeconfig)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--broker-url=https://b"}, "--cluster-id is required"},
+		{[]string{"--cluster-id=rome"}, "--broker-url is required"},
+		{[]string{"--cluster-id=rome", "--broker-url=http://b"}, "only reachable over https://"},
+		{[]string{"--cluster-id=rome", "--broker-url=https://b", "--price-cpu=cheap"}, "--price-cpu"},
+		{[]string{"--cluster-id=rome", "--broker-url=https://b", "--price-gpu=-1"}, "--price-gpu"},
+		{[]string{"--cluster-id=rome", "--broker-url=https://b", "--broker-cert-dir=/nonexistent"}, "/nonexistent"},
+		{[]string{"--cluster-id=Rome_1", "--broker-url=https://b", "--broker-cert-dir=" + certs}, "--cluster-id"},
+		{[]string{"--cluster-id=rome", "--broker-url=https://b", "--broker-cert-dir=" + certs}, `differs from the broker certificate's CN "paris"`},
+		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--broker-cert-dir=" + certs, "--token-ttl=1m"}, "below the TokenRequest minimum"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			cmd := newCommand()
+			cmd.SetArgs(tc.args)
+			err := cmd.Execute()
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
