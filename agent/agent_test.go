@@ -23,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/fluidos-project/resource-broker/agent"
+	"github.com/fluidos-project/resource-broker/agent/provider"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
@@ -56,6 +57,7 @@ func newCluster(t *testing.T, b *brokertest.Broker, id string) *cluster {
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	require.NoError(t, err)
 	require.NoError(t, c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNamespace}}))
+	require.NoError(t, c.Create(context.Background(), provider.NewTenantClusterRole()), "installed by manifests/agent")
 	return &cluster{t: t, id: id, cfg: cfg, client: c, broker: b}
 }
 

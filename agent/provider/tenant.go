@@ -15,7 +15,6 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -38,11 +37,13 @@ import (
 // RequesterIndex indexes ProviderInstructions by spec.requester.
 const RequesterIndex = "spec.requester"
 
-// Names of the per-tenant objects inside the tenant namespace.
+// Names of the per-tenant objects inside the tenant namespace, and of the
+// ClusterRole (shipped in manifests/agent) that their RoleBinding grants.
 const (
 	TenantServiceAccount = "rb-tenant"
-	TenantRole           = "rb-tenant"
+	TenantRoleBinding    = "rb-tenant"
 	TenantQuota          = "rb-reservations"
+	TenantClusterRole    = "rb-tenant"
 )
 
 // Granter hands a requester its access through the broker.
@@ -90,6 +91,14 @@ func (r *TenantReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Namespace{}, byRequester).
 		Watches(&corev1.ResourceQuota{}, byRequester).
 		Complete(r)
+}
+
+// NewTenantClusterRole is the ClusterRole that tenant RoleBindings grant.
+func NewTenantClusterRole() *rbacv1.ClusterRole {
+	return &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: TenantClusterRole, Labels: map[string]string{rbv1.ManagedByLabel: rbv1.ManagedByValue}},
+		Rules:      TenantRules,
+	}
 }
 
 // TenantNamespace is the namespace set aside for a requester.
@@ -209,7 +218,9 @@ func equalResources(a, b corev1.ResourceList) bool {
 	return true
 }
 
-// TenantRules are what a requester may do in its tenant namespace.
+// TenantRules are what a requester may do in its tenant namespace. They live
+// in a ClusterRole bound per namespace, so the agent needs only the right to
+// bind that one role, not every permission it hands out.
 var TenantRules = []rbacv1.PolicyRule{
 	{APIGroups: []string{""}, Resources: []string{"pods", "pods/status", "pods/log", "configmaps", "secrets", "services", "events"},
 		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}},
@@ -225,20 +236,10 @@ func (r *TenantReconciler) ensureAccess(ctx context.Context, ns, requester strin
 	}); err != nil {
 		return err
 	}
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: TenantRole, Namespace: ns}}
-	if _, err := controllerutil.CreateOrPatch(ctx, r.Client, role, func() error {
-		role.Labels = labels
-		if !equality.Semantic.DeepEqual(role.Rules, TenantRules) {
-			role.Rules = TenantRules
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: TenantRole, Namespace: ns}}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: TenantRoleBinding, Namespace: ns}}
 	_, err := controllerutil.CreateOrPatch(ctx, r.Client, binding, func() error {
 		binding.Labels = labels
-		binding.RoleRef = rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: TenantRole}
+		binding.RoleRef = rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: TenantClusterRole}
 		binding.Subjects = []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: TenantServiceAccount, Namespace: ns}}
 		return nil
 	})
