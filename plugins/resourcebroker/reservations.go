@@ -1,0 +1,416 @@
+package resourcebroker
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+	resourcehelper "k8s.io/component-helpers/resource"
+	v1helper "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/features"
+	schedutil "k8s.io/kubernetes/pkg/scheduler/util"
+
+	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+)
+
+// ReservationEventResource is how the scheduler names Reservation events
+// (<plural>.<version>.<group>): registering it in EventsToRegister makes
+// the scheduler watch Reservations with a dynamic informer and run this
+// plugin's queueing hint on every change.
+const ReservationEventResource = "reservations.v1alpha1.broker.fluidos.eu"
+
+// GPUResource is the extended resource a reservation may carry.
+const GPUResource v1.ResourceName = "nvidia.com/gpu"
+
+var reservationGVR = brokerv1alpha1.GroupVersion.WithResource("reservations")
+
+const (
+	indexPodUID   = "broker.fluidos.eu/pod-uid"  // controller owner: a Pod's UID
+	indexPodName  = "broker.fluidos.eu/pod-name" // <ns>/<spec.podName> of a reservation made by hand
+	indexProvider = "broker.fluidos.eu/provider" // status.provider of a usable reservation
+)
+
+// reservationCache is the plugin's own informer on Reservations. The
+// scheduler's dynamic informer (the one behind the queueing hints) is not
+// reachable from a plugin, so this one is what PreFilter, Filter and
+// PostFilter read: no API call on the scheduling path.
+type reservationCache struct {
+	informer cache.SharedIndexInformer
+}
+
+func newReservationCache(client dynamic.Interface) (*reservationCache, error) {
+	inf := dynamicinformer.NewFilteredDynamicInformer(client, reservationGVR, metav1.NamespaceAll, 0, cache.Indexers{
+		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
+		indexPodUID: func(obj any) ([]string, error) {
+			if uid := ownerPodUID(obj.(*brokerv1alpha1.Reservation)); uid != "" {
+				return []string{string(uid)}, nil
+			}
+			return nil, nil
+		},
+		indexPodName: func(obj any) ([]string, error) {
+			r := obj.(*brokerv1alpha1.Reservation)
+			if r.Spec.PodName != "" && metav1.GetControllerOfNoCopy(r) == nil {
+				return []string{r.Namespace + "/" + r.Spec.PodName}, nil
+			}
+			return nil, nil
+		},
+		indexProvider: func(obj any) ([]string, error) {
+			r := obj.(*brokerv1alpha1.Reservation)
+			if usable(r) && r.Status.Provider != "" {
+				return []string{r.Status.Provider}, nil
+			}
+			return nil, nil
+		},
+	}, nil)
+	// Store typed objects: the indexers, the plugin and the tests see
+	// *v1alpha1.Reservation, converted once per change.
+	if err := inf.Informer().SetTransform(func(obj any) (any, error) {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			r := &brokerv1alpha1.Reservation{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, r); err != nil {
+				return nil, fmt.Errorf("decoding Reservation %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+			}
+			return r, nil
+		}
+		return obj, nil
+	}); err != nil {
+		return nil, err
+	}
+	return &reservationCache{informer: inf.Informer()}, nil
+}
+
+// start runs the informer until ctx ends and waits (at most timeout) for its
+// first list, so that a missing CRD or missing RBAC is an error at start-up.
+func (c *reservationCache) start(ctx context.Context, timeout time.Duration) error {
+	go c.informer.RunWithContext(ctx)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if !cache.WaitForCacheSync(wctx.Done(), c.informer.HasSynced) {
+		return fmt.Errorf("reservations.%s not listed within %s: are the CRDs installed (manifests/crds) and may the scheduler list and watch them (manifests/scheduler)?",
+			brokerv1alpha1.GroupVersion.Group, timeout)
+	}
+	return nil
+}
+
+func (c *reservationCache) byIndex(index, key string) []*brokerv1alpha1.Reservation {
+	objs, err := c.informer.GetIndexer().ByIndex(index, key)
+	if err != nil || len(objs) == 0 {
+		return nil
+	}
+	out := make([]*brokerv1alpha1.Reservation, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(*brokerv1alpha1.Reservation))
+	}
+	return out
+}
+
+// forPod is the reservation that pod may use: the one it controls (made by
+// this plugin), else one made by hand naming it in spec.podName. Nil when
+// there is none.
+func (c *reservationCache) forPod(pod *v1.Pod) *brokerv1alpha1.Reservation {
+	if rs := c.byIndex(indexPodUID, string(pod.UID)); len(rs) > 0 {
+		return pickReservation(rs)
+	}
+	if rs := c.byIndex(indexPodName, pod.Namespace+"/"+pod.Name); len(rs) > 0 {
+		return pickReservation(rs)
+	}
+	return nil
+}
+
+// pickReservation prefers, among several, one that is usable, then one that
+// is not being deleted; ties by name.
+func pickReservation(rs []*brokerv1alpha1.Reservation) *brokerv1alpha1.Reservation {
+	rank := func(r *brokerv1alpha1.Reservation) int {
+		switch {
+		case r.DeletionTimestamp != nil:
+			return 2
+		case usable(r):
+			return 0
+		default:
+			return 1
+		}
+	}
+	best := rs[0]
+	for _, r := range rs[1:] {
+		if rank(r) < rank(best) || (rank(r) == rank(best) && r.Name < best.Name) {
+			best = r
+		}
+	}
+	return best
+}
+
+// outstanding counts the reservations of namespace ns that have not ended.
+func (c *reservationCache) outstanding(ns string) int {
+	n := 0
+	for _, r := range c.byIndex(cache.NamespaceIndex, ns) {
+		if !ended(r) {
+			n++
+		}
+	}
+	return n
+}
+
+// usable: the broker holds capacity for it on a provider and it is not being deleted.
+func usable(r *brokerv1alpha1.Reservation) bool {
+	if r == nil || r.DeletionTimestamp != nil {
+		return false
+	}
+	return r.Status.Phase == brokerv1alpha1.ReservationReserved || r.Status.Phase == brokerv1alpha1.ReservationActive
+}
+
+// ended: it will never become usable again.
+func ended(r *brokerv1alpha1.Reservation) bool {
+	if r.DeletionTimestamp != nil {
+		return true
+	}
+	switch r.Status.Phase {
+	case brokerv1alpha1.ReservationReleased, brokerv1alpha1.ReservationFailed, brokerv1alpha1.ReservationExpired:
+		return true
+	}
+	return false
+}
+
+func ownerPodUID(r *brokerv1alpha1.Reservation) types.UID {
+	if ref := metav1.GetControllerOfNoCopy(r); ref != nil && ref.Kind == "Pod" && ref.APIVersion == "v1" {
+		return ref.UID
+	}
+	return ""
+}
+
+// toReservation reads a Reservation out of an event object: typed (this
+// plugin's cache), unstructured (the scheduler's dynamic informer) or a
+// tombstone of either.
+func toReservation(obj any) *brokerv1alpha1.Reservation {
+	switch o := obj.(type) {
+	case *brokerv1alpha1.Reservation:
+		return o
+	case *unstructured.Unstructured:
+		r := &brokerv1alpha1.Reservation{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, r); err != nil {
+			return nil
+		}
+		return r
+	case cache.DeletedFinalStateUnknown:
+		return toReservation(o.Obj)
+	}
+	return nil
+}
+
+// ReservationName is the name of the reservation the plugin makes for pod:
+// the pod's name and a hash of its UID, so that it is the same on every
+// scheduling attempt and after a scheduler restart (a create that finds it
+// already there is success: one reservation per pod), and a pod recreated
+// under the same name does not collide with its predecessor's reservation
+// while the garbage collector removes that one.
+func ReservationName(pod *v1.Pod) string {
+	sum := sha256.Sum256([]byte(pod.UID))
+	suffix := hex.EncodeToString(sum[:])[:8]
+	prefix := pod.Name
+	if max := 253 - len(suffix) - 1; len(prefix) > max {
+		prefix = strings.TrimRight(prefix[:max], "-.")
+	}
+	return prefix + "-" + suffix
+}
+
+// podLabelValue is the pod's name when it fits in a label value, else a
+// shortened form that still ends with a hash of the full name.
+func podLabelValue(name string) string {
+	if len(name) <= 63 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return strings.TrimRight(name[:54], "-._") + "-" + hex.EncodeToString(sum[:])[:8]
+}
+
+// PodRequests are the pod's effective requests as the scheduler counts them
+// (init containers, restartable init containers i.e. sidecars, overhead,
+// pod-level resources when that feature is on).
+func PodRequests(pod *v1.Pod) v1.ResourceList {
+	return resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{
+		SkipPodLevelResources: !utilfeature.DefaultFeatureGate.Enabled(features.PodLevelResources),
+	})
+}
+
+// ReservationResources sizes a reservation for requests: cpu and memory
+// (at least the scheduler's defaults for a container that requests none,
+// 100m and 200Mi, since a reservation must be positive), and the GPUs and
+// ephemeral storage when requested.
+func ReservationResources(requests v1.ResourceList) v1.ResourceList {
+	out := v1.ResourceList{}
+	cpu := requests.Cpu().DeepCopy()
+	if cpu.Sign() <= 0 {
+		cpu = *resource.NewMilliQuantity(schedutil.DefaultMilliCPURequest, resource.DecimalSI)
+	}
+	mem := requests.Memory().DeepCopy()
+	if mem.Sign() <= 0 {
+		mem = *resource.NewQuantity(schedutil.DefaultMemoryRequest, resource.BinarySI)
+	}
+	out[v1.ResourceCPU] = cpu
+	out[v1.ResourceMemory] = mem
+	for _, name := range []v1.ResourceName{GPUResource, v1.ResourceEphemeralStorage} {
+		if q, ok := requests[name]; ok && q.Sign() > 0 {
+			out[name] = q.DeepCopy()
+		}
+	}
+	return out
+}
+
+// newReservation is the Reservation the plugin asks for on behalf of pod.
+func newReservation(pod *v1.Pod, args *ResourceBrokerArgs) *brokerv1alpha1.Reservation {
+	var priority int32
+	if pod.Spec.Priority != nil {
+		priority = *pod.Spec.Priority
+	}
+	return &brokerv1alpha1.Reservation{
+		TypeMeta: metav1.TypeMeta{APIVersion: brokerv1alpha1.GroupVersion.String(), Kind: "Reservation"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      ReservationName(pod),
+			Namespace: pod.Namespace,
+			Labels:    map[string]string{brokerv1alpha1.PodLabel: podLabelValue(pod.Name)},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion:         "v1",
+				Kind:               "Pod",
+				Name:               pod.Name,
+				UID:                pod.UID,
+				Controller:         ptrTo(true),
+				BlockOwnerDeletion: ptrTo(true),
+			}},
+		},
+		Spec: brokerv1alpha1.ReservationSpec{
+			Resources: ReservationResources(PodRequests(pod)),
+			Duration:  args.ReservationDuration.DeepCopy(),
+			Priority:  priority,
+			PodName:   pod.Name,
+		},
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// fitsReservation reports whether requests fit in what is left of the
+// reservation's resources after used; it names the first resource short.
+func fitsReservation(requests, reserved, used v1.ResourceList) (bool, v1.ResourceName) {
+	for _, name := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory, GPUResource, v1.ResourceEphemeralStorage} {
+		want, ok := requests[name]
+		if !ok || want.Sign() <= 0 {
+			continue
+		}
+		left := reserved[name].DeepCopy()
+		if u, ok := used[name]; ok {
+			left.Sub(u)
+		}
+		if want.Cmp(left) > 0 {
+			return false, name
+		}
+	}
+	return true, ""
+}
+
+// nodeTracker keeps, from the scheduler's Node informer, what PreFilter needs
+// in O(1): whether any node is one of our virtual nodes or carries a taint
+// that a pod must tolerate, and the virtual nodes of each provider.
+type nodeTracker struct {
+	mu        sync.RWMutex
+	virtual   map[string]string // node -> provider ("" when only the taint marks it)
+	providers map[string]sets.Set[string]
+	tainted   sets.Set[string] // nodes with a NoSchedule/NoExecute taint other than ours
+}
+
+func newNodeTracker() *nodeTracker {
+	return &nodeTracker{virtual: map[string]string{}, providers: map[string]sets.Set[string]{}, tainted: sets.New[string]()}
+}
+
+func (t *nodeTracker) set(node *v1.Node) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.removeLocked(node.Name)
+	if provider, ok := virtualNodeProvider(node); ok {
+		t.virtual[node.Name] = provider
+		if provider != "" {
+			if t.providers[provider] == nil {
+				t.providers[provider] = sets.New[string]()
+			}
+			t.providers[provider].Insert(node.Name)
+		}
+	}
+	for i := range node.Spec.Taints {
+		if hardTaint(&node.Spec.Taints[i]) {
+			t.tainted.Insert(node.Name)
+			break
+		}
+	}
+}
+
+func (t *nodeTracker) remove(name string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.removeLocked(name)
+}
+
+func (t *nodeTracker) removeLocked(name string) {
+	if p, ok := t.virtual[name]; ok {
+		delete(t.virtual, name)
+		if s := t.providers[p]; s != nil {
+			s.Delete(name)
+			if s.Len() == 0 {
+				delete(t.providers, p)
+			}
+		}
+	}
+	t.tainted.Delete(name)
+}
+
+// plain: no virtual node and no tainted node, so the Filter has nothing to
+// do for a pod without a reservation.
+func (t *nodeTracker) plain() bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.virtual) == 0 && t.tainted.Len() == 0
+}
+
+func (t *nodeTracker) nodesOf(provider string) []string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return sets.List(t.providers[provider])
+}
+
+// virtualNodeProvider tells whether node is one of our virtual nodes (label
+// ProviderLabel, or taint VirtualNodeTaint) and for which provider.
+func virtualNodeProvider(node *v1.Node) (string, bool) {
+	if p, ok := node.Labels[brokerv1alpha1.ProviderLabel]; ok {
+		return p, true
+	}
+	for i := range node.Spec.Taints {
+		if node.Spec.Taints[i].Key == brokerv1alpha1.VirtualNodeTaint {
+			return "", true
+		}
+	}
+	return "", false
+}
+
+// hardTaint: a taint the TaintToleration filter enforces (NoSchedule,
+// NoExecute), except ours, which this plugin handles.
+func hardTaint(t *v1.Taint) bool {
+	return (t.Effect == v1.TaintEffectNoSchedule || t.Effect == v1.TaintEffectNoExecute) && t.Key != brokerv1alpha1.VirtualNodeTaint
+}
+
+// untoleratedTaint is TaintToleration's filter rule for every taint but ours.
+func untoleratedTaint(logger klog.Logger, node *v1.Node, pod *v1.Pod, comparisonOperators bool) (v1.Taint, bool) {
+	return v1helper.FindMatchingUntoleratedTaint(logger, node.Spec.Taints, pod.Spec.Tolerations, hardTaint, comparisonOperators)
+}

@@ -1,0 +1,637 @@
+// Package resourcebroker is the ResourceBroker scheduler plugin: a pod of
+// the rb-scheduler profile that fits no local node gets a broker
+// Reservation (owned by the pod) and is bound to the provider's virtual node
+// once the broker has reserved capacity there. A pod that fits locally is
+// scheduled exactly as by the default profile. See README.md beside this
+// file.
+package resourcebroker
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/client-go/dynamic"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/features"
+
+	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+)
+
+// Name is the name of the plugin used in the plugin registry and in configurations.
+const Name = "ResourceBroker"
+
+// Unschedulable reasons; they are aggregated per node in the pod's
+// PodScheduled condition, so they do not name the node.
+const (
+	ErrReasonVirtualNode       = "node(s) were broker virtual nodes not reserved for the pod"
+	ErrReasonUntoleratedTaint  = "node(s) had untolerated taint(s)"
+	errReasonReservationFormat = "node(s) had too little %s left in the pod's broker reservation"
+)
+
+// cacheSyncTimeout bounds the wait for the first list of Reservations at start-up.
+var cacheSyncTimeout = time.Minute
+
+const stateKey fwk.StateKey = Name
+
+var (
+	_ fwk.PreFilterPlugin   = &ResourceBroker{}
+	_ fwk.FilterPlugin      = &ResourceBroker{}
+	_ fwk.PostFilterPlugin  = &ResourceBroker{}
+	_ fwk.ReservePlugin     = &ResourceBroker{}
+	_ fwk.PostBindPlugin    = &ResourceBroker{}
+	_ fwk.EnqueueExtensions = &ResourceBroker{}
+	_ fwk.SignPlugin        = &ResourceBroker{}
+)
+
+// ResourceBroker is the plugin.
+type ResourceBroker struct {
+	handle   fwk.Handle
+	args     *ResourceBrokerArgs
+	selector labels.Selector
+	excluded sets.Set[string]
+
+	comparisonOperators bool // TaintTolerationComparisonOperators
+
+	rsvs      *reservationCache
+	nodes     *nodeTracker
+	worker    *worker
+	podLister corelisters.PodLister
+
+	mu      sync.Mutex
+	claims  map[types.UID]claim            // pod -> reservation it was reserved against (Reserve..Unreserve/deletion)
+	blocked map[string]sets.Set[types.UID] // namespace -> pods held back by the per-namespace limit
+}
+
+// claim records, from Reserve on, which reservation a pod is placed with.
+type claim struct {
+	rsvUID    types.UID
+	namespace string
+	name      string
+	requests  v1.ResourceList
+	local     bool // placed on a local node: the reservation is released once the pod is bound
+}
+
+// New builds the plugin: decodes and checks the args (invalid args stop the
+// scheduler), starts its Reservation informer and its API worker, and hooks
+// into the scheduler's Node and Pod informers.
+func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+	logger := klog.FromContext(ctx).WithValues("plugin", Name)
+	args, err := DecodeArgs(obj)
+	if err != nil {
+		return nil, err
+	}
+	selector := labels.Everything()
+	if args.Selector != nil {
+		if selector, err = metav1.LabelSelectorAsSelector(args.Selector); err != nil {
+			return nil, err
+		}
+	}
+	if h.KubeConfig() == nil {
+		return nil, fmt.Errorf("%s: the scheduler handle has no kubeconfig", Name)
+	}
+	client, err := dynamic.NewForConfig(h.KubeConfig())
+	if err != nil {
+		return nil, err
+	}
+	rsvs, err := newReservationCache(client)
+	if err != nil {
+		return nil, err
+	}
+	pl := &ResourceBroker{
+		handle:              h,
+		args:                args,
+		selector:            selector,
+		excluded:            sets.New(args.ExcludedNamespaces...),
+		comparisonOperators: utilfeature.DefaultFeatureGate.Enabled(features.TaintTolerationComparisonOperators),
+		rsvs:                rsvs,
+		nodes:               newNodeTracker(),
+		worker:              newWorker(client),
+		podLister:           h.SharedInformerFactory().Core().V1().Pods().Lister(),
+		claims:              map[types.UID]claim{},
+		blocked:             map[string]sets.Set[types.UID]{},
+	}
+	pl.worker.build = pl.buildReservation
+	pl.worker.done = pl.created
+
+	if _, err := rsvs.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { pl.onReservation(ctx, nil, toReservation(obj)) },
+		UpdateFunc: func(old, obj any) { pl.onReservation(ctx, toReservation(old), toReservation(obj)) },
+		DeleteFunc: func(obj any) { pl.onReservationDelete(ctx, toReservation(obj)) },
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := h.SharedInformerFactory().Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { pl.onNode(ctx, nil, obj) },
+		UpdateFunc: func(old, obj any) { pl.onNode(ctx, old, obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if n, ok := obj.(*v1.Node); ok {
+				pl.nodes.remove(n.Name)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if p, ok := obj.(*v1.Pod); ok {
+				pl.forgetPod(p)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+
+	if err := rsvs.start(ctx, cacheSyncTimeout); err != nil {
+		return nil, fmt.Errorf("%s: %w", Name, err)
+	}
+	pl.worker.run(klog.NewContext(ctx, logger))
+	logger.V(2).Info("Plugin started", "selector", selector.String(), "reservationDuration", args.ReservationDuration.Duration,
+		"maxOutstandingReservationsPerNamespace", *args.MaxOutstandingReservationsPerNamespace, "excludedNamespaces", args.ExcludedNamespaces)
+	return pl, nil
+}
+
+// Name returns the name of the plugin.
+func (pl *ResourceBroker) Name() string { return Name }
+
+// eligible: the pod opted in (selector) and its namespace is not excluded.
+func (pl *ResourceBroker) eligible(pod *v1.Pod) bool {
+	return !pl.excluded.Has(pod.Namespace) && pl.selector.Matches(labels.Set(pod.Labels))
+}
+
+// stateData is what PreFilter found for a pod with a reservation. It is
+// never changed after PreFilter, so Clone shares it.
+type stateData struct {
+	rsv      *brokerv1alpha1.Reservation
+	usable   bool
+	requests v1.ResourceList
+}
+
+func (s *stateData) Clone() fwk.StateData { return s }
+
+func readState(state fwk.CycleState) *stateData {
+	d, err := state.Read(stateKey)
+	if err != nil {
+		return nil
+	}
+	s, _ := d.(*stateData)
+	return s
+}
+
+// PreFilter looks the pod's reservation up in the informer cache (no API
+// call). A pod without one costs nothing: when no node is tainted or
+// virtual, Filter is skipped altogether. A pod whose reservation is Reserved
+// or Active is narrowed to the provider's virtual node once that node
+// exists; until then (and while the reservation is Pending or Failed) local
+// nodes stay candidates, so that a pod that becomes schedulable locally
+// lands there.
+func (pl *ResourceBroker) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	var rsv *brokerv1alpha1.Reservation
+	if pl.eligible(pod) {
+		rsv = pl.rsvs.forPod(pod)
+	}
+	if rsv == nil {
+		if pl.nodes.plain() {
+			return nil, fwk.NewStatus(fwk.Skip)
+		}
+		return nil, nil
+	}
+	s := &stateData{rsv: rsv, usable: usable(rsv), requests: PodRequests(pod)}
+	state.Write(stateKey, s)
+	if !s.usable {
+		return nil, nil
+	}
+	names := pl.virtualNodesFor(rsv)
+	present := sets.New[string]()
+	for _, n := range names {
+		if _, err := pl.handle.SnapshotSharedLister().NodeInfos().Get(n); err == nil {
+			present.Insert(n)
+		}
+	}
+	if present.Len() == 0 {
+		klog.FromContext(ctx).V(4).Info("Reservation usable but its virtual node is not there yet", "pod", klog.KObj(pod),
+			"reservation", klog.KObj(rsv), "provider", rsv.Status.Provider, "virtualNode", rsv.Status.VirtualNode)
+		return nil, nil
+	}
+	return &fwk.PreFilterResult{NodeNames: present}, nil
+}
+
+// virtualNodesFor: status.virtualNode when the agent set it, else the
+// virtual nodes labelled with the reservation's provider.
+func (pl *ResourceBroker) virtualNodesFor(rsv *brokerv1alpha1.Reservation) []string {
+	if rsv.Status.VirtualNode != "" {
+		return []string{rsv.Status.VirtualNode}
+	}
+	if rsv.Status.Provider == "" {
+		return nil
+	}
+	return pl.nodes.nodesOf(rsv.Status.Provider)
+}
+
+// PreFilterExtensions: none (the filter does not depend on other pods'
+// placement except through the reservation's own accounting).
+func (pl *ResourceBroker) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// Filter admits a pod to one of our virtual nodes only when its reservation
+// is usable, targets that node's provider and has enough left for it; on
+// every node it applies TaintToleration's rule to all taints but
+// VirtualNodeTaint (the rb-scheduler profile disables TaintToleration's
+// filter, see README.md).
+func (pl *ResourceBroker) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+	node := nodeInfo.Node()
+	if provider, ok := virtualNodeProvider(node); ok {
+		s := readState(state)
+		if s == nil || !s.usable || s.rsv.Status.Provider == "" || s.rsv.Status.Provider != provider ||
+			(s.rsv.Status.VirtualNode != "" && s.rsv.Status.VirtualNode != node.Name) {
+			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, ErrReasonVirtualNode)
+		}
+		if ok, name := fitsReservation(s.requests, s.rsv.Spec.Resources, pl.usedOf(s.rsv, pod, nodeInfo)); !ok {
+			return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf(errReasonReservationFormat, name))
+		}
+	}
+	if taint, ok := untoleratedTaint(klog.FromContext(ctx), node, pod, pl.comparisonOperators); ok {
+		klog.FromContext(ctx).V(4).Info("node had untolerated taints", "node", klog.KObj(node), "pod", klog.KObj(pod), "untoleratedTaint", taint)
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, ErrReasonUntoleratedTaint)
+	}
+	return nil
+}
+
+// usedOf sums the requests of the other pods placed with rsv: those reserved
+// in this scheduler (claims) and those already on the node (after a
+// restart, claims are empty but the pods are there).
+func (pl *ResourceBroker) usedOf(rsv *brokerv1alpha1.Reservation, pod *v1.Pod, nodeInfo fwk.NodeInfo) v1.ResourceList {
+	used := v1.ResourceList{}
+	add := func(l v1.ResourceList) {
+		for k, q := range l {
+			sum := used[k]
+			sum.Add(q)
+			used[k] = sum
+		}
+	}
+	counted := sets.New(pod.UID)
+	pl.mu.Lock()
+	for uid, c := range pl.claims {
+		if c.rsvUID == rsv.UID && !c.local && !counted.Has(uid) {
+			counted.Insert(uid)
+			add(c.requests)
+		}
+	}
+	pl.mu.Unlock()
+	for _, pi := range nodeInfo.GetPods() {
+		p := pi.GetPod()
+		if counted.Has(p.UID) {
+			continue
+		}
+		if r := pl.rsvs.forPod(p); r != nil && r.UID == rsv.UID {
+			counted.Insert(p.UID)
+			add(PodRequests(p))
+		}
+	}
+	return used
+}
+
+// PostFilter runs when no node fits. For an eligible pod without a
+// reservation it queues the creation of one (the API call is made by a
+// worker, never here) and reports "waiting for broker reservation <name>";
+// for a pod with one it reports where that reservation stands (a Failed
+// one's reason and message included).
+func (pl *ResourceBroker) PostFilter(ctx context.Context, _ fwk.CycleState, pod *v1.Pod, _ fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
+	if !pl.eligible(pod) {
+		return nil, fwk.NewStatus(fwk.Unschedulable)
+	}
+	if rsv := pl.rsvs.forPod(pod); rsv != nil {
+		return nil, fwk.NewStatus(fwk.Unschedulable, pl.describe(ctx, pod, rsv))
+	}
+	if o, ok := pl.worker.creating(pod.UID); ok {
+		return nil, fwk.NewStatus(fwk.Unschedulable, "waiting for broker reservation "+o.name)
+	}
+	limit := int(*pl.args.MaxOutstandingReservationsPerNamespace)
+	if n := pl.rsvs.outstanding(pod.Namespace) + pl.worker.inflightIn(pod.Namespace); n >= limit {
+		pl.block(pod)
+		return nil, fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf(
+			"namespace %s has %d broker reservations outstanding, the most allowed (maxOutstandingReservationsPerNamespace)", pod.Namespace, n))
+	}
+	name := ReservationName(pod)
+	if pl.worker.create(pod, name) {
+		klog.FromContext(ctx).V(2).Info("No node fits; asking the broker", "pod", klog.KObj(pod), "reservation", name)
+	}
+	return nil, fwk.NewStatus(fwk.Unschedulable, "waiting for broker reservation "+name)
+}
+
+// describe says where the pod's reservation stands, for its PodScheduled
+// condition; an ended reservation of its own is deleted so that the next
+// attempt asks for a new one.
+func (pl *ResourceBroker) describe(ctx context.Context, pod *v1.Pod, rsv *brokerv1alpha1.Reservation) string {
+	switch {
+	case rsv.DeletionTimestamp != nil:
+		return fmt.Sprintf("waiting for broker reservation %s to be deleted", rsv.Name)
+	case rsv.Status.Phase == brokerv1alpha1.ReservationFailed:
+		msg := fmt.Sprintf("broker reservation %s failed", rsv.Name)
+		if rsv.Status.Reason != "" {
+			msg += " (" + rsv.Status.Reason + ")"
+		}
+		if rsv.Status.Message != "" {
+			msg += ": " + rsv.Status.Message
+		}
+		return msg
+	case rsv.Status.Phase == brokerv1alpha1.ReservationReleased || rsv.Status.Phase == brokerv1alpha1.ReservationExpired:
+		if ownerPodUID(rsv) == pod.UID {
+			klog.FromContext(ctx).V(2).Info("Reservation ended before use; replacing it", "pod", klog.KObj(pod), "reservation", klog.KObj(rsv), "phase", rsv.Status.Phase)
+			pl.worker.delete(rsv.Namespace, rsv.Name, rsv.UID)
+		}
+		return fmt.Sprintf("broker reservation %s is %s; waiting for a new one", rsv.Name, strings.ToLower(string(rsv.Status.Phase)))
+	case usable(rsv):
+		vn := rsv.Status.VirtualNode
+		if vn == "" {
+			vn = "of provider " + rsv.Status.Provider
+		}
+		return fmt.Sprintf("waiting for broker reservation %s: %s on provider %s, virtual node %s does not admit the pod yet",
+			rsv.Name, rsv.Status.Phase, rsv.Status.Provider, vn)
+	default:
+		return "waiting for broker reservation " + rsv.Name
+	}
+}
+
+// Reserve records which reservation the pod is placed with: on a virtual
+// node, the pod now consumes it (a second pod cannot); on a local node, the
+// reservation is to be released once the pod is bound.
+func (pl *ResourceBroker) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
+	s := readState(state)
+	if s == nil {
+		return nil
+	}
+	local := true
+	if ni, err := pl.handle.SnapshotSharedLister().NodeInfos().Get(nodeName); err == nil {
+		_, virtual := virtualNodeProvider(ni.Node())
+		local = !virtual
+	}
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	pl.claims[pod.UID] = claim{rsvUID: s.rsv.UID, namespace: s.rsv.Namespace, name: s.rsv.Name, requests: s.requests, local: local}
+	return nil
+}
+
+// Unreserve undoes Reserve (binding failed or a later plugin rejected the pod).
+func (pl *ResourceBroker) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, _ string) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	delete(pl.claims, pod.UID)
+}
+
+// PostBind releases the reservation of a pod that was bound to a local node
+// before using it: the Reservation is deleted (by the worker), and the
+// agent's finalizer releases it at the broker.
+func (pl *ResourceBroker) PostBind(ctx context.Context, _ fwk.CycleState, pod *v1.Pod, nodeName string) {
+	pl.mu.Lock()
+	c, ok := pl.claims[pod.UID]
+	if ok && c.local {
+		delete(pl.claims, pod.UID)
+	}
+	pl.mu.Unlock()
+	if !ok || !c.local {
+		return
+	}
+	klog.FromContext(ctx).V(2).Info("Pod bound locally before using its reservation; releasing it", "pod", klog.KObj(pod), "node", nodeName, "reservation", klog.KRef(c.namespace, c.name))
+	pl.worker.delete(c.namespace, c.name, c.rsvUID)
+	pl.handle.EventRecorder().Eventf(pod, nil, v1.EventTypeNormal, "BrokerReservationReleased", "Release",
+		"Pod fits local node %s; releasing broker reservation %s", nodeName, c.name)
+}
+
+// SignPod lets the scheduler batch pods without a reservation (their Filter
+// result depends on their tolerations only); a pod with one is not batched.
+func (pl *ResourceBroker) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
+	if pl.eligible(pod) && pl.rsvs.forPod(pod) != nil {
+		return nil, fwk.NewStatus(fwk.Unschedulable, "pod has a broker reservation")
+	}
+	return []fwk.SignFragment{
+		{Key: fwk.TolerationsSignerName, Value: fwk.TolerationsSigner(pod)},
+		{Key: "broker.fluidos.eu/Reservation", Value: ""},
+	}, nil
+}
+
+// buildReservation is the worker's view of a create: the current pod (from
+// the scheduler's informer), or nil when it is gone, replaced or bound.
+func (pl *ResourceBroker) buildReservation(namespace, name string, uid types.UID) *unstructured.Unstructured {
+	pod, err := pl.podLister.Pods(namespace).Get(name)
+	if err != nil || pod.UID != uid || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil {
+		return nil
+	}
+	u, err := toUnstructured(newReservation(pod, pl.args))
+	if err != nil {
+		return nil
+	}
+	return u
+}
+
+// created follows up a create: when the cache already has the reservation
+// the in-flight mark goes (otherwise the informer's Add does it); a create
+// given up on is reported on the pod and the pod is retried.
+func (pl *ResourceBroker) created(o op, err error) {
+	pod, perr := pl.podLister.Pods(o.namespace).Get(o.podName)
+	if perr != nil || pod.UID != o.uid {
+		pl.worker.forget(o.uid)
+		return
+	}
+	if err != nil {
+		pl.handle.EventRecorder().Eventf(pod, nil, v1.EventTypeWarning, "BrokerReservationFailed", "Create",
+			"Could not create broker reservation %s: %v", o.name, err)
+		pl.activate(pod)
+		return
+	}
+	if pl.rsvs.forPod(pod) != nil {
+		pl.worker.forget(o.uid)
+	}
+}
+
+func (pl *ResourceBroker) block(pod *v1.Pod) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if pl.blocked[pod.Namespace] == nil {
+		pl.blocked[pod.Namespace] = sets.New[types.UID]()
+	}
+	pl.blocked[pod.Namespace].Insert(pod.UID)
+}
+
+func (pl *ResourceBroker) isBlocked(pod *v1.Pod) bool {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	return pl.blocked[pod.Namespace].Has(pod.UID)
+}
+
+func (pl *ResourceBroker) forgetPod(pod *v1.Pod) {
+	pl.worker.forget(pod.UID)
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	delete(pl.claims, pod.UID)
+	if s := pl.blocked[pod.Namespace]; s != nil {
+		s.Delete(pod.UID)
+		if s.Len() == 0 {
+			delete(pl.blocked, pod.Namespace)
+		}
+	}
+}
+
+// activate moves pods to the active queue at once (no back-off). It is
+// called from this plugin's own informers, after their caches hold the
+// change, so the attempt it triggers reads fresh data; the queueing hints
+// (EventsToRegister) react to the same changes through the scheduler's
+// informers, which may run a little ahead of this plugin's cache.
+func (pl *ResourceBroker) activate(pods ...*v1.Pod) {
+	m := make(map[string]*v1.Pod, len(pods))
+	for _, p := range pods {
+		if p != nil && p.Spec.NodeName == "" {
+			m[p.Namespace+"/"+p.Name] = p
+		}
+	}
+	if len(m) > 0 {
+		pl.handle.Activate(klog.Background(), m)
+	}
+}
+
+// podOf is the unbound pod a reservation is for, if it is in the cache.
+func (pl *ResourceBroker) podOf(r *brokerv1alpha1.Reservation) *v1.Pod {
+	if r == nil {
+		return nil
+	}
+	var name string
+	uid := ownerPodUID(r)
+	if uid != "" {
+		name = metav1.GetControllerOfNoCopy(r).Name
+	} else if r.Spec.PodName != "" && metav1.GetControllerOfNoCopy(r) == nil {
+		name = r.Spec.PodName
+	} else {
+		return nil
+	}
+	pod, err := pl.podLister.Pods(r.Namespace).Get(name)
+	if err != nil || (uid != "" && pod.UID != uid) || pod.Spec.NodeName != "" {
+		return nil
+	}
+	return pod
+}
+
+// onReservation reacts to a Reservation added or changed in the cache.
+func (pl *ResourceBroker) onReservation(ctx context.Context, old, r *brokerv1alpha1.Reservation) {
+	if r == nil {
+		return
+	}
+	if uid := ownerPodUID(r); uid != "" {
+		pl.worker.forget(uid)
+	}
+	pod := pl.podOf(r)
+	if pod != nil && reservationChangeMatters(old, r) {
+		klog.FromContext(ctx).V(4).Info("Reservation changed; retrying its pod", "reservation", klog.KObj(r), "phase", r.Status.Phase, "pod", klog.KObj(pod))
+		pl.activate(pod)
+	}
+	if old != nil && !ended(old) && ended(r) {
+		pl.activateBlocked(r.Namespace)
+	}
+}
+
+func (pl *ResourceBroker) onReservationDelete(_ context.Context, r *brokerv1alpha1.Reservation) {
+	if r == nil {
+		return
+	}
+	if uid := ownerPodUID(r); uid != "" {
+		pl.worker.forget(uid)
+	}
+	pl.activate(pl.podOf(r))
+	pl.activateBlocked(r.Namespace)
+}
+
+func (pl *ResourceBroker) activateBlocked(ns string) {
+	pl.mu.Lock()
+	uids := pl.blocked[ns]
+	delete(pl.blocked, ns)
+	pl.mu.Unlock()
+	if uids.Len() == 0 {
+		return
+	}
+	pods, err := pl.podLister.Pods(ns).List(labels.Everything())
+	if err != nil {
+		return
+	}
+	var todo []*v1.Pod
+	for _, p := range pods {
+		if uids.Has(p.UID) {
+			todo = append(todo, p)
+		}
+	}
+	pl.activate(todo...)
+}
+
+// reservationChangeMatters: a change that can let the pod be scheduled or
+// changes what its condition should say.
+func reservationChangeMatters(old, r *brokerv1alpha1.Reservation) bool {
+	if old == nil {
+		return usable(r) || ended(r)
+	}
+	return old.Status.Phase != r.Status.Phase ||
+		old.Status.Provider != r.Status.Provider ||
+		old.Status.VirtualNode != r.Status.VirtualNode ||
+		(old.DeletionTimestamp == nil) != (r.DeletionTimestamp == nil)
+}
+
+// onNode keeps the node tracker current and, when a virtual node appears or
+// changes, retries the pods whose usable reservation targets its provider.
+func (pl *ResourceBroker) onNode(ctx context.Context, oldObj, obj any) {
+	node, ok := obj.(*v1.Node)
+	if !ok {
+		return
+	}
+	pl.nodes.set(node)
+	provider, virtual := virtualNodeProvider(node)
+	if !virtual || provider == "" {
+		return
+	}
+	if old, ok := oldObj.(*v1.Node); ok && !virtualNodeChanged(old, node) {
+		return
+	}
+	var pods []*v1.Pod
+	for _, r := range pl.rsvs.byIndex(indexProvider, provider) {
+		if p := pl.podOf(r); p != nil {
+			pods = append(pods, p)
+		}
+	}
+	if len(pods) > 0 {
+		klog.FromContext(ctx).V(4).Info("Virtual node changed; retrying the pods reserved on its provider", "node", klog.KObj(node), "provider", provider, "pods", len(pods))
+		pl.activate(pods...)
+	}
+}
+
+func virtualNodeChanged(old, n *v1.Node) bool {
+	return old.Labels[brokerv1alpha1.ProviderLabel] != n.Labels[brokerv1alpha1.ProviderLabel] ||
+		!equalResources(old.Status.Allocatable, n.Status.Allocatable) ||
+		len(old.Spec.Taints) != len(n.Spec.Taints) ||
+		old.Spec.Unschedulable != n.Spec.Unschedulable
+}
+
+func equalResources(a, b v1.ResourceList) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, q := range a {
+		if q2, ok := b[k]; !ok || q.Cmp(q2) != 0 {
+			return false
+		}
+	}
+	return true
+}
