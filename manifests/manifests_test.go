@@ -24,10 +24,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,6 +48,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
+	"github.com/fluidos-project/resource-broker/agent/provider"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
 
@@ -55,7 +59,7 @@ const (
 
 // bases are the kustomize directories, relative to manifests/, each of which
 // must build on its own.
-var bases = []string{"crds", "broker", "broker/agent-certificates", "redis"}
+var bases = []string{"crds", "broker", "broker/agent-certificates", "redis", "agent"}
 
 // certManagerCRDs is where `make cert-manager-crds` puts cert-manager's CRDs.
 var certManagerCRDs = []string{"bin", "crds", "cert-manager"}
@@ -701,4 +705,20 @@ func TestBasesStandAlone(t *testing.T) {
 			t.Errorf("base %s: %v", b, err)
 		}
 	}
+}
+
+// TestTenantClusterRoleMatchesTheAgent keeps the shipped rb-tenant ClusterRole
+// equal to what the agent's tenant RoleBindings are meant to grant.
+func TestTenantClusterRoleMatchesTheAgent(t *testing.T) {
+	objs := build(t, "agent")
+	for _, u := range objs {
+		if u.GetKind() != "ClusterRole" || u.GetName() != provider.TenantClusterRole {
+			continue
+		}
+		var role rbacv1.ClusterRole
+		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &role))
+		assert.Equal(t, provider.TenantRules, role.Rules)
+		return
+	}
+	t.Fatalf("manifests/agent has no ClusterRole %s", provider.TenantClusterRole)
 }
