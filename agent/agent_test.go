@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
@@ -23,6 +24,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/fluidos-project/resource-broker/agent"
+	"github.com/fluidos-project/resource-broker/agent/metrics"
 	"github.com/fluidos-project/resource-broker/agent/provider"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -304,9 +306,14 @@ func TestBrokerUnreachable(t *testing.T) {
 		assert.Equal(c, metav1.ConditionFalse, condition(&rsv, rbv1.ConditionSynced).Status)
 		assert.Equal(c, "BrokerUnavailable", condition(&rsv, rbv1.ConditionSynced).Reason)
 	}, 15*time.Second, 50*time.Millisecond)
+	assert.Positive(t, promtestutil.ToFloat64(metrics.BrokerCalls.WithLabelValues("reserve", "unavailable")),
+		"failed calls are counted in rb_agent_broker_calls_total")
+	assert.Zero(t, promtestutil.ToFloat64(metrics.StreamConnected), "the event stream is down with the broker")
 
 	b.Redis.Restart() // empty: the broker reloads its scripts; paris advertises again
 	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
 	got := rome.waitPhase("patient", rbv1.ReservationReserved, 15*time.Second)
 	assert.Equal(t, metav1.ConditionTrue, condition(got, rbv1.ConditionSynced).Status)
+	require.Eventually(t, func() bool { return promtestutil.ToFloat64(metrics.StreamConnected) == 1 }, 15*time.Second, 50*time.Millisecond,
+		"the follower reconnects by itself")
 }

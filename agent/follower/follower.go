@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/fluidos-project/resource-broker/agent/metrics"
 	"github.com/fluidos-project/resource-broker/agent/provider"
 	"github.com/fluidos-project/resource-broker/agent/reservation"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
@@ -80,6 +81,8 @@ func (f *Follower) follow(ctx context.Context, since *string, backoff *time.Dura
 	if err := f.resync(ctx); err != nil {
 		return err
 	}
+	metrics.StreamConnected.Set(1)
+	defer metrics.StreamConnected.Set(0)
 	if f.OnConnect != nil {
 		f.OnConnect()
 	}
@@ -91,6 +94,7 @@ func (f *Follower) follow(ctx context.Context, since *string, backoff *time.Dura
 			}
 			return err
 		}
+		metrics.StreamEvents.WithLabelValues(e.Type).Inc()
 		if err := f.handle(ctx, e); err != nil {
 			return err // not advancing since: the event is handled again after reconnecting
 		}

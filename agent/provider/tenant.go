@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/fluidos-project/resource-broker/agent/metrics"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
@@ -261,6 +262,7 @@ func (r *TenantReconciler) grant(ctx context.Context, ns string, pi *rbv1.Provid
 	_, err := r.Broker.Grant(ctx, pi.Spec.ReservationID, api.Grant{
 		Endpoint: r.Endpoint, CABundle: r.CABundle, Token: tr.Status.Token, Namespace: ns, ExpiresAt: tr.Status.ExpirationTimestamp.Time,
 	})
+	metrics.BrokerCalls.WithLabelValues("grant", metrics.Outcome(err, brokerclient.IsNoCapacity, brokerclient.IsRetryable)).Inc()
 	if brokerclient.IsNotFound(err) || brokerclient.IsConflict(err) {
 		// The reservation has ended at the broker: this instruction is stale.
 		return time.Now().Add(r.TokenTTL), client.IgnoreNotFound(r.Client.Delete(ctx, pi))

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/fluidos-project/resource-broker/agent/metrics"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
@@ -71,6 +72,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		func(o client.Object) []string { return []string{string(o.GetUID())} }); err != nil {
 		return err
 	}
+	if err := metrics.RegisterReservationCollector(mgr.GetCache()); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("reservation").
 		For(&rbv1.Reservation{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -111,6 +115,7 @@ func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 	}
 	rsv.Status.Attempts++
 	decision, err := r.Broker.Reserve(ctx, req)
+	metrics.BrokerCalls.WithLabelValues("reserve", outcome(err)).Inc()
 	switch {
 	case err == nil:
 		r.mirror(rsv, decision)
@@ -141,6 +146,7 @@ func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 // when it should have expired).
 func (r *Reconciler) refresh(ctx context.Context, rsv *rbv1.Reservation) (ctrl.Result, error) {
 	at, err := r.Broker.Reservation(ctx, rsv.Status.ReservationID)
+	metrics.BrokerCalls.WithLabelValues("get", outcome(err)).Inc()
 	switch {
 	case err == nil:
 	case brokerclient.IsNotFound(err):
@@ -182,7 +188,9 @@ func (r *Reconciler) release(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 		return ctrl.Result{}, nil
 	}
 	if rsv.Status.ReservationID != "" {
-		if _, err := r.Broker.Release(ctx, rsv.Status.ReservationID); err != nil && !brokerclient.IsNotFound(err) {
+		_, err := r.Broker.Release(ctx, rsv.Status.ReservationID)
+		metrics.BrokerCalls.WithLabelValues("release", outcome(err)).Inc()
+		if err != nil && !brokerclient.IsNotFound(err) {
 			r.unsynced(rsv, err)
 			if uerr := r.Client.Status().Update(ctx, rsv); uerr != nil && !apierrors.IsNotFound(uerr) {
 				return ctrl.Result{}, uerr
@@ -253,6 +261,10 @@ func (r *Reconciler) backoff(attempts int32) time.Duration {
 		d *= 2
 	}
 	return min(d, r.MaxBackoff)
+}
+
+func outcome(err error) string {
+	return metrics.Outcome(err, brokerclient.IsNoCapacity, brokerclient.IsRetryable)
 }
 
 func isLive(p rbv1.ReservationPhase) bool {
