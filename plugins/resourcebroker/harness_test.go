@@ -496,7 +496,7 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool
 // schedulerCounter is the in-process scheduler's counter name{labels...}.
 func schedulerCounter(t testing.TB, name string, labels map[string]string) float64 {
 	t.Helper()
-	families, err := legacyregistry.DefaultGatherer.Gather()
+	families, err := legacyGather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -526,3 +526,5 @@ func matchLabels(m *dto.Metric, want map[string]string) bool {
 	}
 	return n == len(want)
 }
+
+func legacyGather() ([]*dto.MetricFamily, error) { return legacyregistry.DefaultGatherer.Gather() }
