@@ -59,7 +59,7 @@ const (
 
 // bases are the kustomize directories, relative to manifests/, each of which
 // must build on its own.
-var bases = []string{"crds", "broker", "broker/agent-certificates", "redis", "agent"}
+var bases = []string{"crds", "broker", "broker/agent-certificates", "redis", "agent", "scheduler"}
 
 // certManagerCRDs is where `make cert-manager-crds` puts cert-manager's CRDs.
 var certManagerCRDs = []string{"bin", "crds", "cert-manager"}
