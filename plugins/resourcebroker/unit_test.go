@@ -1,0 +1,238 @@
+package resourcebroker
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/validation"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+)
+
+func rl(pairs ...string) v1.ResourceList {
+	out := v1.ResourceList{}
+	for i := 0; i < len(pairs); i += 2 {
+		out[v1.ResourceName(pairs[i])] = resource.MustParse(pairs[i+1])
+	}
+	return out
+}
+
+func assertResources(t *testing.T, want, got v1.ResourceList) {
+	t.Helper()
+	assert.Len(t, got, len(want), "got %v", got)
+	for k, q := range want {
+		g, ok := got[k]
+		if assert.True(t, ok, "missing %s in %v", k, got) {
+			assert.Zero(t, q.Cmp(g), "%s: got %s, want %s", k, g.String(), q.String())
+		}
+	}
+}
+
+func TestReservationResources(t *testing.T) {
+	// A best-effort pod still gets a positive reservation (the CRD requires it).
+	assertResources(t, rl("cpu", "100m", "memory", "200Mi"), ReservationResources(PodRequests(&v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c"}}}})))
+	// GPUs and ephemeral storage ride along; other resources (hugepages) do not.
+	pod := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{
+		{Name: "a", Resources: v1.ResourceRequirements{Requests: rl("cpu", "1500m", "memory", "1Gi", "ephemeral-storage", "2Gi", "hugepages-2Mi", "4Mi", "nvidia.com/gpu", "2")}},
+		{Name: "b", Resources: v1.ResourceRequirements{Requests: rl("cpu", "500m", "memory", "512Mi")}},
+	}}}
+	assertResources(t, rl("cpu", "2", "memory", "1536Mi", "ephemeral-storage", "2Gi", "nvidia.com/gpu", "2"), ReservationResources(PodRequests(pod)))
+	// Init containers: the larger of the init peak and the running sum.
+	pod = &v1.Pod{Spec: v1.PodSpec{
+		InitContainers: []v1.Container{{Name: "i", Resources: v1.ResourceRequirements{Requests: rl("cpu", "4", "memory", "100Mi")}}},
+		Containers:     []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Requests: rl("cpu", "1", "memory", "1Gi")}}},
+		Overhead:       rl("cpu", "250m", "memory", "10Mi"),
+	}}
+	assertResources(t, rl("cpu", "4250m", "memory", "1034Mi"), ReservationResources(PodRequests(pod)))
+}
+
+func TestReservationName(t *testing.T) {
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-0", UID: "u1"}}
+	a, b := ReservationName(pod), ReservationName(pod)
+	assert.Equal(t, a, b, "deterministic")
+	assert.True(t, strings.HasPrefix(a, "web-0-"))
+	assert.NotEqual(t, a, ReservationName(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-0", UID: "u2"}}), "a pod recreated under the same name gets another reservation")
+	long := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: strings.Repeat("a", 240) + "." + strings.Repeat("b", 12), UID: "u3"}}
+	n := ReservationName(long)
+	assert.LessOrEqual(t, len(n), 253)
+	assert.Empty(t, validation.IsDNS1123Subdomain(n), n)
+	for _, name := range []string{"short", strings.Repeat("x", 63), strings.Repeat("y", 62) + "-" + strings.Repeat("z", 40)} {
+		v := podLabelValue(name)
+		assert.Empty(t, validation.IsValidLabelValue(v), "%q -> %q", name, v)
+	}
+}
+
+func TestNewReservation(t *testing.T) {
+	prio := int32(1000)
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-1"}, Spec: v1.PodSpec{Priority: &prio,
+		Containers: []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Requests: rl("cpu", "3", "memory", "1Gi")}}}}}
+	args, err := DecodeArgs(nil)
+	require.NoError(t, err)
+	r := newReservation(pod, args)
+	assert.Equal(t, ReservationName(pod), r.Name)
+	assert.Equal(t, "ns", r.Namespace)
+	assert.Equal(t, "p", r.Labels[brokerv1alpha1.PodLabel])
+	assert.Equal(t, "p", r.Spec.PodName)
+	assert.Equal(t, int32(1000), r.Spec.Priority)
+	assert.Equal(t, DefaultReservationDuration, r.Spec.Duration.Duration)
+	require.Len(t, r.OwnerReferences, 1)
+	o := r.OwnerReferences[0]
+	assert.Equal(t, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "p", UID: "uid-1", Controller: ptrTo(true), BlockOwnerDeletion: ptrTo(true)}, o)
+	assert.Equal(t, types.UID("uid-1"), ownerPodUID(r))
+	u, err := toUnstructured(r)
+	require.NoError(t, err)
+	assert.Equal(t, "broker.fluidos.eu/v1alpha1", u.GetAPIVersion())
+	assert.Equal(t, "Reservation", u.GetKind())
+}
+
+func TestFitsReservation(t *testing.T) {
+	reserved := rl("cpu", "2", "memory", "2Gi", "nvidia.com/gpu", "1")
+	ok, _ := fitsReservation(rl("cpu", "2", "memory", "2Gi", "nvidia.com/gpu", "1"), reserved, nil)
+	assert.True(t, ok)
+	ok, name := fitsReservation(rl("cpu", "1", "memory", "1Gi"), reserved, rl("cpu", "1500m"))
+	assert.False(t, ok)
+	assert.Equal(t, v1.ResourceCPU, name)
+	ok, name = fitsReservation(rl("cpu", "1", "ephemeral-storage", "1Gi"), reserved, nil)
+	assert.False(t, ok, "a resource the reservation does not hold")
+	assert.Equal(t, v1.ResourceEphemeralStorage, name)
+	ok, _ = fitsReservation(rl("cpu", "1", "pods", "1", "hugepages-2Mi", "2Mi"), reserved, nil)
+	assert.True(t, ok, "resources a reservation never holds are the node's business")
+}
+
+// testPlugin is a plugin with a reservation cache filled by hand (its
+// informer is not run) and no scheduler around it.
+func testPlugin(t *testing.T, rsvs ...*brokerv1alpha1.Reservation) *ResourceBroker {
+	t.Helper()
+	s := runtime.NewScheme()
+	require.NoError(t, brokerv1alpha1.AddToScheme(s))
+	c, err := newReservationCache(dynamicfake.NewSimpleDynamicClient(s))
+	require.NoError(t, err)
+	for _, r := range rsvs {
+		require.NoError(t, c.informer.GetIndexer().Add(r))
+	}
+	return &ResourceBroker{rsvs: c, nodes: newNodeTracker(), claims: map[types.UID]claim{}, blocked: map[string]sets.Set[types.UID]{}}
+}
+
+func reservationFor(pod *v1.Pod, phase brokerv1alpha1.ReservationPhase, provider string) *brokerv1alpha1.Reservation {
+	r := newReservation(pod, &ResourceBrokerArgs{ReservationDuration: &metav1.Duration{}})
+	r.UID = types.UID("rsv-" + string(pod.UID))
+	r.Status = brokerv1alpha1.ReservationStatus{Phase: phase, Provider: provider}
+	return r
+}
+
+func unstructuredOf(t *testing.T, r *brokerv1alpha1.Reservation) *unstructured.Unstructured {
+	t.Helper()
+	u, err := toUnstructured(r)
+	require.NoError(t, err)
+	return u
+}
+
+func TestReservationQueueingHint(t *testing.T) {
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "p1"}}
+	other := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "q", UID: "q1"}}
+	pl := testPlugin(t)
+	logger := klog.Background()
+	hint := func(p *v1.Pod, old, new any) fwk.QueueingHint {
+		t.Helper()
+		h, err := pl.isSchedulableAfterReservationChange(logger, p, old, new)
+		require.NoError(t, err)
+		return h
+	}
+	pending := reservationFor(pod, brokerv1alpha1.ReservationPending, "")
+	reserved := reservationFor(pod, brokerv1alpha1.ReservationReserved, "paris")
+	failed := reservationFor(pod, brokerv1alpha1.ReservationFailed, "")
+	pendingAgain := pending.DeepCopy()
+	pendingAgain.Status.Attempts = 3
+
+	// The scheduler's dynamic informer hands over unstructured objects.
+	assert.Equal(t, fwk.QueueSkip, hint(pod, nil, unstructuredOf(t, pending)), "created Pending: nothing to do yet")
+	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, reserved)), "turned Reserved")
+	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, failed)), "turned Failed: the condition must say why")
+	assert.Equal(t, fwk.QueueSkip, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, pendingAgain)), "a retry count is no news")
+	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, reserved), nil), "deleted: the pod may ask again")
+	assert.Equal(t, fwk.Queue, hint(pod, cache.DeletedFinalStateUnknown{Obj: unstructuredOf(t, reserved)}, nil))
+	assert.Equal(t, fwk.QueueSkip, hint(other, unstructuredOf(t, pending), unstructuredOf(t, reserved)), "another pod's reservation")
+	elsewhere := reserved.DeepCopy()
+	elsewhere.Namespace = "other"
+	assert.Equal(t, fwk.QueueSkip, hint(pod, nil, unstructuredOf(t, elsewhere)))
+
+	// A pod held back by the namespace limit is retried when another reservation ends.
+	assert.Equal(t, fwk.QueueSkip, hint(other, unstructuredOf(t, pending), unstructuredOf(t, failed)))
+	pl.block(other)
+	assert.Equal(t, fwk.Queue, hint(other, unstructuredOf(t, pending), unstructuredOf(t, failed)))
+	assert.Equal(t, fwk.Queue, hint(other, unstructuredOf(t, pending), nil))
+
+	// A reservation made by hand for the pod's name counts as the pod's.
+	byHand := &brokerv1alpha1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "h"}, Spec: brokerv1alpha1.ReservationSpec{PodName: "p"}}
+	byHandReserved := byHand.DeepCopy()
+	byHandReserved.Status.Phase = brokerv1alpha1.ReservationActive
+	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, byHand), unstructuredOf(t, byHandReserved)))
+
+	_, err := pl.isSchedulableAfterReservationChange(logger, pod, nil, &v1.Node{})
+	assert.Error(t, err, "a wrong object is an error (and the scheduler then queues the pod)")
+}
+
+func TestNodeQueueingHint(t *testing.T) {
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "p1"}}
+	waiting := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "w", UID: "w1"}}
+	pl := testPlugin(t, reservationFor(pod, brokerv1alpha1.ReservationReserved, "paris"), reservationFor(waiting, brokerv1alpha1.ReservationPending, ""))
+	logger := klog.Background()
+	virtual := func(provider string) *v1.Node {
+		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-" + provider, Labels: map[string]string{brokerv1alpha1.ProviderLabel: provider}},
+			Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: brokerv1alpha1.VirtualNodeTaint, Effect: v1.TaintEffectNoSchedule}}}}
+	}
+	hint := func(p *v1.Pod, old, new *v1.Node) fwk.QueueingHint {
+		t.Helper()
+		var o any
+		if old != nil {
+			o = old
+		}
+		h, err := pl.isSchedulableAfterNodeChange(logger, p, o, new)
+		require.NoError(t, err)
+		return h
+	}
+	assert.Equal(t, fwk.Queue, hint(pod, nil, virtual("paris")), "the virtual node of the pod's provider")
+	assert.Equal(t, fwk.QueueSkip, hint(pod, nil, virtual("berlin")), "another provider's")
+	assert.Equal(t, fwk.QueueSkip, hint(waiting, nil, virtual("paris")), "a pod whose reservation is still Pending")
+
+	tainted := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}, Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: "dedicated", Value: "gpu", Effect: v1.TaintEffectNoSchedule}}}}
+	untainted := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}}
+	assert.Equal(t, fwk.Queue, hint(pod, tainted, untainted), "the taint that kept the pod off went away")
+	assert.Equal(t, fwk.QueueSkip, hint(pod, untainted, tainted))
+	assert.Equal(t, fwk.QueueSkip, hint(pod, nil, tainted))
+	tolerating := pod.DeepCopy()
+	tolerating.Spec.Tolerations = []v1.Toleration{{Key: "dedicated", Operator: v1.TolerationOpExists}}
+	assert.Equal(t, fwk.Queue, hint(tolerating, nil, tainted))
+}
+
+func TestNodeTracker(t *testing.T) {
+	tr := newNodeTracker()
+	assert.True(t, tr.plain())
+	tr.set(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"}})
+	assert.True(t, tr.plain())
+	tr.set(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: "x", Effect: v1.TaintEffectPreferNoSchedule}}}})
+	assert.True(t, tr.plain(), "PreferNoSchedule is a scoring matter")
+	tr.set(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: "x", Effect: v1.TaintEffectNoExecute}}}})
+	assert.False(t, tr.plain())
+	tr.remove("b")
+	assert.True(t, tr.plain())
+	tr.set(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris", Labels: map[string]string{brokerv1alpha1.ProviderLabel: "paris"}}})
+	assert.False(t, tr.plain())
+	assert.Equal(t, []string{"rb-paris"}, tr.nodesOf("paris"))
+	tr.set(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris"}})
+	assert.Empty(t, tr.nodesOf("paris"), "label removed")
+	assert.True(t, tr.plain())
+}
