@@ -100,6 +100,9 @@ func (o options) validate() error {
 	if (o.sentinelMaster == "") != (len(o.sentinelAddrs) == 0) {
 		errs = append(errs, errors.New("--redis-sentinel-master and --redis-sentinel-addrs go together"))
 	}
+	if _, err := redis.ParseURL(o.redisURL); err != nil {
+		errs = append(errs, fmt.Errorf("--redis-url: %w", err))
+	}
 	if o.redisPoolSize < 1 {
 		errs = append(errs, errors.New("--redis-pool-size must be at least 1"))
 	}
