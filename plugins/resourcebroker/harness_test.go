@@ -106,10 +106,15 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	if os.Getenv("RB_SCHEDULER_LOG") == "" {
-		// kube-scheduler logs every start-up detail at level 0; keep the test output readable.
+	// kube-scheduler logs every start-up detail at level 0; keep the test
+	// output readable unless RB_SCHEDULER_LOG=<verbosity> asks for the log.
+	if v := os.Getenv("RB_SCHEDULER_LOG"); v == "" {
 		klog.LogToStderr(false)
 		klog.SetOutput(io.Discard)
+	} else {
+		var fs flag.FlagSet
+		klog.InitFlags(&fs)
+		_ = fs.Set("v", v)
 	}
 	utilruntimeScheme()
 	root, err := testenv.ModuleRoot()

@@ -53,12 +53,16 @@ func (pl *ResourceBroker) isSchedulableAfterReservationChange(logger klog.Logger
 	}
 	if reservationIsFor(r, pod) {
 		if deleted || reservationChangeMatters(old, r) {
+			// The scheduler's informer may be ahead of the plugin's: make the
+			// attempt this hint triggers read this version.
+			pl.rsvs.observe(r, deleted)
 			logger.V(5).Info("The pod's reservation changed", "pod", klog.KObj(pod), "reservation", klog.KObj(r), "phase", r.Status.Phase, "deleted", deleted)
 			return fwk.Queue, nil
 		}
 		return fwk.QueueSkip, nil
 	}
 	if pl.isBlocked(pod) && (deleted || (old != nil && !ended(old) && ended(r))) {
+		pl.rsvs.observe(r, deleted)
 		logger.V(5).Info("A reservation of the namespace ended; the pod may ask for one", "pod", klog.KObj(pod), "reservation", klog.KObj(r))
 		return fwk.Queue, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -50,9 +51,27 @@ const (
 // scheduler's dynamic informer (the one behind the queueing hints) is not
 // reachable from a plugin, so this one is what PreFilter, Filter and
 // PostFilter read: no API call on the scheduling path.
+//
+// The scheduler's informer may deliver a change (and run the queueing hint,
+// which requeues the pod) before this one does; the hint then records the
+// newer object here (ahead), and reads prefer it until this informer has
+// caught up, so that the attempt the hint triggered sees what the hint saw.
 type reservationCache struct {
 	informer cache.SharedIndexInformer
+
+	mu    sync.Mutex
+	ahead map[types.UID]aheadEntry
 }
+
+type aheadEntry struct {
+	rv      uint64
+	obj     *brokerv1alpha1.Reservation // nil: deleted
+	expires time.Time
+}
+
+// aheadTTL bounds how long an object seen ahead is preferred (if this
+// informer never delivers it, e.g. a watch restart skipped it).
+const aheadTTL = 30 * time.Second
 
 func newReservationCache(client dynamic.Interface) (*reservationCache, error) {
 	inf := dynamicinformer.NewFilteredDynamicInformer(client, reservationGVR, metav1.NamespaceAll, 0, cache.Indexers{
@@ -92,7 +111,70 @@ func newReservationCache(client dynamic.Interface) (*reservationCache, error) {
 	}); err != nil {
 		return nil, err
 	}
-	return &reservationCache{informer: inf.Informer()}, nil
+	return &reservationCache{informer: inf.Informer(), ahead: map[types.UID]aheadEntry{}}, nil
+}
+
+// resourceVersion as a number (etcd's revision); 0 when it is not one.
+func resourceVersion(r *brokerv1alpha1.Reservation) uint64 {
+	v, err := strconv.ParseUint(r.ResourceVersion, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return v
+}
+
+// observe records r (or its deletion) from a scheduler event when it is
+// newer than what this cache holds.
+func (c *reservationCache) observe(r *brokerv1alpha1.Reservation, deleted bool) {
+	rv := resourceVersion(r)
+	if rv == 0 || r.UID == "" {
+		return
+	}
+	if obj, exists, err := c.informer.GetIndexer().Get(r); err == nil && exists {
+		if resourceVersion(obj.(*brokerv1alpha1.Reservation)) >= rv && !deleted {
+			return
+		}
+	} else if deleted {
+		return
+	}
+	entry := aheadEntry{rv: rv, expires: time.Now().Add(aheadTTL)}
+	if !deleted {
+		entry.obj = r
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.ahead[r.UID]; !ok || cur.rv < rv || deleted {
+		c.ahead[r.UID] = entry
+	}
+}
+
+// caughtUp is called by this informer's handlers: what it delivered is at
+// least as new as what was seen ahead.
+func (c *reservationCache) caughtUp(r *brokerv1alpha1.Reservation, deleted bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, ok := c.ahead[r.UID]; ok && (deleted || cur.rv <= resourceVersion(r)) {
+		delete(c.ahead, r.UID)
+	}
+}
+
+// fresh is r, or the newer version (nil when deleted) seen ahead.
+func (c *reservationCache) fresh(r *brokerv1alpha1.Reservation) (*brokerv1alpha1.Reservation, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.ahead) == 0 {
+		return r, true
+	}
+	cur, ok := c.ahead[r.UID]
+	// A deletion carries the last version (or a later one); anything else must be newer.
+	if !ok || cur.rv < resourceVersion(r) || (cur.obj != nil && cur.rv == resourceVersion(r)) {
+		return r, true
+	}
+	if time.Now().After(cur.expires) {
+		delete(c.ahead, r.UID)
+		return r, true
+	}
+	return cur.obj, cur.obj != nil
 }
 
 // start runs the informer until ctx ends and waits (at most timeout) for its
@@ -115,7 +197,9 @@ func (c *reservationCache) byIndex(index, key string) []*brokerv1alpha1.Reservat
 	}
 	out := make([]*brokerv1alpha1.Reservation, 0, len(objs))
 	for _, o := range objs {
-		out = append(out, o.(*brokerv1alpha1.Reservation))
+		if r, ok := c.fresh(o.(*brokerv1alpha1.Reservation)); ok {
+			out = append(out, r)
+		}
 	}
 	return out
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -41,6 +42,14 @@ const (
 	ErrReasonUntoleratedTaint  = "node(s) had untolerated taint(s)"
 	errReasonReservationFormat = "node(s) had too little %s left in the pod's broker reservation"
 )
+
+// activateOnChanges: the plugin's own informers move a pod to the active
+// queue when its reservation or its virtual node changes in a way that
+// matters (tests turn it off to check that the queueing hints alone requeue
+// the pod).
+var activateOnChanges atomic.Bool
+
+func init() { activateOnChanges.Store(true) }
 
 // cacheSyncTimeout bounds the wait for the first list of Reservations at start-up.
 var cacheSyncTimeout = time.Minute
@@ -201,10 +210,12 @@ func readState(state fwk.CycleState) *stateData {
 // call). A pod without one costs nothing: when no node is tainted or
 // virtual, Filter is skipped altogether. A pod whose reservation is Reserved
 // or Active is narrowed to the provider's virtual node once that node
-// exists; until then (and while the reservation is Pending or Failed) local
-// nodes stay candidates, so that a pod that becomes schedulable locally
-// lands there.
-func (pl *ResourceBroker) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+// exists. Until then (and while the reservation is Pending or Failed) the
+// pod is narrowed to the local nodes: they stay candidates, so that a pod
+// that becomes schedulable locally lands there, and narrowing records this
+// plugin among the pod's rejectors, which is what makes the scheduling
+// queue consult this plugin's queueing hints on Reservation events.
+func (pl *ResourceBroker) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	var rsv *brokerv1alpha1.Reservation
 	if pl.eligible(pod) {
 		rsv = pl.rsvs.forPod(pod)
@@ -217,22 +228,26 @@ func (pl *ResourceBroker) PreFilter(ctx context.Context, state fwk.CycleState, p
 	}
 	s := &stateData{rsv: rsv, usable: usable(rsv), requests: PodRequests(pod)}
 	state.Write(stateKey, s)
-	if !s.usable {
-		return nil, nil
-	}
-	names := pl.virtualNodesFor(rsv)
-	present := sets.New[string]()
-	for _, n := range names {
-		if _, err := pl.handle.SnapshotSharedLister().NodeInfos().Get(n); err == nil {
-			present.Insert(n)
+	if s.usable {
+		present := sets.New[string]()
+		for _, n := range pl.virtualNodesFor(rsv) {
+			if _, err := pl.handle.SnapshotSharedLister().NodeInfos().Get(n); err == nil {
+				present.Insert(n)
+			}
 		}
-	}
-	if present.Len() == 0 {
+		if present.Len() > 0 {
+			return &fwk.PreFilterResult{NodeNames: present}, nil
+		}
 		klog.FromContext(ctx).V(4).Info("Reservation usable but its virtual node is not there yet", "pod", klog.KObj(pod),
 			"reservation", klog.KObj(rsv), "provider", rsv.Status.Provider, "virtualNode", rsv.Status.VirtualNode)
-		return nil, nil
 	}
-	return &fwk.PreFilterResult{NodeNames: present}, nil
+	local := sets.New[string]()
+	for _, ni := range nodes {
+		if _, virtual := virtualNodeProvider(ni.Node()); !virtual {
+			local.Insert(ni.Node().Name)
+		}
+	}
+	return &fwk.PreFilterResult{NodeNames: local}, nil
 }
 
 // virtualNodesFor: status.virtualNode when the agent set it, else the
@@ -528,20 +543,28 @@ func (pl *ResourceBroker) podOf(r *brokerv1alpha1.Reservation) *v1.Pod {
 	return pod
 }
 
-// onReservation reacts to a Reservation added or changed in the cache.
+// onReservation reacts to a Reservation added or changed in the cache. The
+// first time the cache sees a pod's reservation, the pod is retried once:
+// that attempt narrows it in PreFilter, which makes this plugin one of its
+// rejectors, so from then on the queueing hints on Reservation events apply
+// (the attempt that created the reservation was rejected by other plugins
+// only). Later changes that matter retry the pod again, from this cache, so
+// the attempt reads what the hint saw even when the scheduler's own informer
+// ran ahead of this one.
 func (pl *ResourceBroker) onReservation(ctx context.Context, old, r *brokerv1alpha1.Reservation) {
 	if r == nil {
 		return
 	}
+	pl.rsvs.caughtUp(r, false)
 	if uid := ownerPodUID(r); uid != "" {
 		pl.worker.forget(uid)
 	}
 	pod := pl.podOf(r)
-	if pod != nil && reservationChangeMatters(old, r) {
-		klog.FromContext(ctx).V(4).Info("Reservation changed; retrying its pod", "reservation", klog.KObj(r), "phase", r.Status.Phase, "pod", klog.KObj(pod))
+	if pod != nil && (old == nil || (activateOnChanges.Load() && reservationChangeMatters(old, r))) {
+		klog.FromContext(ctx).V(4).Info("Reservation added or changed; retrying its pod", "reservation", klog.KObj(r), "phase", r.Status.Phase, "pod", klog.KObj(pod))
 		pl.activate(pod)
 	}
-	if old != nil && !ended(old) && ended(r) {
+	if old != nil && !ended(old) && ended(r) && activateOnChanges.Load() {
 		pl.activateBlocked(r.Namespace)
 	}
 }
@@ -550,11 +573,14 @@ func (pl *ResourceBroker) onReservationDelete(_ context.Context, r *brokerv1alph
 	if r == nil {
 		return
 	}
+	pl.rsvs.caughtUp(r, true)
 	if uid := ownerPodUID(r); uid != "" {
 		pl.worker.forget(uid)
 	}
-	pl.activate(pl.podOf(r))
-	pl.activateBlocked(r.Namespace)
+	if activateOnChanges.Load() {
+		pl.activate(pl.podOf(r))
+		pl.activateBlocked(r.Namespace)
+	}
 }
 
 func (pl *ResourceBroker) activateBlocked(ns string) {
@@ -599,7 +625,7 @@ func (pl *ResourceBroker) onNode(ctx context.Context, oldObj, obj any) {
 	}
 	pl.nodes.set(node)
 	provider, virtual := virtualNodeProvider(node)
-	if !virtual || provider == "" {
+	if !virtual || provider == "" || !activateOnChanges.Load() {
 		return
 	}
 	if old, ok := oldObj.(*v1.Node); ok && !virtualNodeChanged(old, node) {

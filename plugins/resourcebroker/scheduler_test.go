@@ -154,8 +154,10 @@ func TestNoFitReservationThenVirtualNode(t *testing.T) {
 	}))
 	otherRsv := waitReservation(t, other, bindTimeout)
 	c := waitCondition(t, ns, other.Name, "waiting for broker reservation "+otherRsv.Name, bindTimeout)
-	if !strings.Contains(c.Message, resourcebroker.ErrReasonVirtualNode) {
-		t.Errorf("condition of the pod without a usable reservation does not say the virtual node refused it: %q", c.Message)
+	// The first attempt's Filter refused the virtual node; later ones keep a
+	// pod whose reservation is not usable to local nodes in PreFilter.
+	if !strings.Contains(c.Message, resourcebroker.ErrReasonVirtualNode) && !strings.Contains(c.Message, "didn't satisfy plugin ResourceBroker") {
+		t.Errorf("condition of the pod without a usable reservation does not say ResourceBroker kept it off the virtual node: %q", c.Message)
 	}
 	time.Sleep(time.Second)
 	if p := getPod(t, ns, other.Name); p.Spec.NodeName != "" {
@@ -339,4 +341,37 @@ func names(rs []brokerv1alpha1.Reservation) []string {
 		out = append(out, fmt.Sprintf("%s(%s)", r.Name, r.Status.Phase))
 	}
 	return out
+}
+
+// TestQueueingHintsAloneRequeue: with the plugin's informer-driven retries
+// on changes off (it still retries the pod once when its reservation first
+// appears, which makes the plugin one of the pod's rejectors), the
+// scheduler's queueing hints (Reservation events through
+// its dynamic informer on reservations.v1alpha1.broker.fluidos.eu, Node
+// events) still bring the pod back when its reservation turns Reserved and
+// its virtual node appears.
+func TestQueueingHintsAloneRequeue(t *testing.T) {
+	localNodes(t)
+	prev := resourcebroker.SetActivateOnChanges(false)
+	t.Cleanup(func() { resourcebroker.SetActivateOnChanges(prev) })
+	ns := newNamespace(t)
+	pod := createPod(t, newPod(ns, "hinted", "3", "1Gi"))
+	rsv := waitReservation(t, pod, bindTimeout)
+	waitCondition(t, ns, pod.Name, "waiting for broker reservation "+rsv.Name, bindTimeout)
+
+	reservedAt := time.Now()
+	setStatus(t, rsv, brokerv1alpha1.ReservationStatus{Phase: brokerv1alpha1.ReservationReserved, Provider: "milan", VirtualNode: "rb-milan"})
+	// The hint on the Reservation requeues the pod: its condition changes
+	// before any node event.
+	waitCondition(t, ns, pod.Name, "Reserved on provider milan", bindTimeout)
+	t.Logf("Reserved -> condition updated (Reservation hint): %s", time.Since(reservedAt).Round(time.Millisecond))
+	nodeAt := time.Now()
+	createNode(t, nodeSpec{name: "rb-milan", cpu: "4", memory: "8Gi",
+		labels: map[string]string{brokerv1alpha1.ProviderLabel: "milan"},
+		taints: []v1.Taint{{Key: brokerv1alpha1.VirtualNodeTaint, Effect: v1.TaintEffectNoSchedule}}})
+	if node := waitBound(t, ns, pod.Name, bindTimeout); node != "rb-milan" {
+		t.Fatalf("bound to %s, want rb-milan", node)
+	}
+	t.Logf("virtual node created -> bound (Node hint): %s; Reserved -> bound %s",
+		time.Since(nodeAt).Round(time.Millisecond), time.Since(reservedAt).Round(time.Millisecond))
 }

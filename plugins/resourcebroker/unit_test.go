@@ -236,3 +236,35 @@ func TestNodeTracker(t *testing.T) {
 	assert.Empty(t, tr.nodesOf("paris"), "label removed")
 	assert.True(t, tr.plain())
 }
+
+// TestReservationSeenAhead: a version the scheduler's informer delivered
+// (through the hint) before the plugin's is what reads return until the
+// plugin's informer catches up.
+func TestReservationSeenAhead(t *testing.T) {
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "p1"}}
+	pending := reservationFor(pod, brokerv1alpha1.ReservationPending, "")
+	pending.ResourceVersion = "10"
+	pl := testPlugin(t, pending)
+	reserved := reservationFor(pod, brokerv1alpha1.ReservationReserved, "paris")
+	reserved.ResourceVersion = "11"
+
+	h, err := pl.isSchedulableAfterReservationChange(klog.Background(), pod, unstructuredOf(t, pending), unstructuredOf(t, reserved))
+	require.NoError(t, err)
+	assert.Equal(t, fwk.Queue, h)
+	assert.Equal(t, brokerv1alpha1.ReservationReserved, pl.rsvs.forPod(pod).Status.Phase, "the hint's version")
+
+	older := pending.DeepCopy()
+	older.ResourceVersion = "9"
+	pl.rsvs.observe(older, false)
+	assert.Equal(t, brokerv1alpha1.ReservationReserved, pl.rsvs.forPod(pod).Status.Phase, "an older version does not win")
+
+	require.NoError(t, pl.rsvs.informer.GetIndexer().Update(reserved))
+	pl.rsvs.caughtUp(reserved, false)
+	assert.Empty(t, pl.rsvs.ahead)
+	assert.Equal(t, "11", pl.rsvs.forPod(pod).ResourceVersion)
+
+	pl.rsvs.observe(reserved, true)
+	assert.Nil(t, pl.rsvs.forPod(pod), "deleted ahead of the informer")
+	pl.rsvs.caughtUp(reserved, true)
+	assert.Empty(t, pl.rsvs.ahead)
+}
