@@ -1,0 +1,195 @@
+package collector
+
+import (
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// The running totals. Every informer event changes them by one pod's or one
+// node's contribution, so an event costs O(1) (a namespace that becomes or
+// stops being a tenant namespace, which is rare, costs one pass over the pods).
+//
+// Accounting rules (docs/architecture.md, section 2.3):
+//   - A node is counted when it is Ready, schedulable (not cordoned) and not
+//     virtual; its capacity and allocatable are summed.
+//   - A pod is active when it is bound to a node and not terminal.
+//   - An active pod is local unless its namespace is a tenant namespace (its
+//     pods run on reservations the broker already accounts for).
+//   - Allocated sums the local pods of counted nodes only: pods on virtual
+//     nodes are not local usage, and pods on a NotReady or cordoned node take
+//     nothing from the capacity offered, since that node's capacity is not
+//     offered. Pods are summed per node, so a node that starts or stops
+//     counting moves its pods in or out of the totals in O(1).
+
+// totals are what the collector measures.
+type totals struct {
+	capacity, allocatable, allocated amounts
+	nodes, pods                      int
+}
+
+type podEntry struct {
+	node, namespace string
+	requests        amounts
+	local           bool // not in a tenant namespace: added to the node's use
+}
+
+type nodeEntry struct {
+	counted               bool
+	capacity, allocatable amounts
+}
+
+// nodeUse sums the local active pods bound to one node (known or not yet seen).
+type nodeUse struct {
+	requests amounts
+	pods     int
+}
+
+type tally struct {
+	nodes   map[string]nodeEntry
+	use     map[string]*nodeUse
+	pods    map[types.UID]podEntry
+	tenants map[string]bool
+	totals  totals
+}
+
+func newTally() *tally {
+	return &tally{
+		nodes:   map[string]nodeEntry{},
+		use:     map[string]*nodeUse{},
+		pods:    map[types.UID]podEntry{},
+		tenants: map[string]bool{},
+	}
+}
+
+// setPod records a pod's current state.
+func (t *tally) setPod(u *podUsage) {
+	old, had := t.pods[u.UID]
+	if !u.Active {
+		if had {
+			t.unapply(old)
+			delete(t.pods, u.UID)
+		}
+		return
+	}
+	e := podEntry{node: u.NodeName, namespace: u.Namespace, requests: u.Requests, local: !t.tenants[u.Namespace]}
+	if had {
+		if old == e {
+			return
+		}
+		t.unapply(old)
+	}
+	t.pods[u.UID] = e
+	t.apply(e)
+}
+
+// deletePod forgets a pod.
+func (t *tally) deletePod(uid types.UID) {
+	if old, had := t.pods[uid]; had {
+		t.unapply(old)
+		delete(t.pods, uid)
+	}
+}
+
+func (t *tally) apply(e podEntry) {
+	if !e.local {
+		return
+	}
+	u := t.use[e.node]
+	if u == nil {
+		u = &nodeUse{}
+		t.use[e.node] = u
+	}
+	u.requests.add(e.requests)
+	u.pods++
+	if t.nodes[e.node].counted {
+		t.totals.allocated.add(e.requests)
+		t.totals.pods++
+	}
+}
+
+func (t *tally) unapply(e podEntry) {
+	if !e.local {
+		return
+	}
+	u := t.use[e.node]
+	if u == nil {
+		return // cannot happen: apply created it
+	}
+	u.requests.sub(e.requests)
+	u.pods--
+	if u.pods <= 0 {
+		delete(t.use, e.node)
+	}
+	if t.nodes[e.node].counted {
+		t.totals.allocated.sub(e.requests)
+		t.totals.pods--
+	}
+}
+
+// setNode records a node's current state.
+func (t *tally) setNode(n *nodeCapacity) {
+	e := nodeEntry{counted: n.Counted, capacity: n.Capacity, allocatable: n.Allocatable}
+	old, had := t.nodes[n.Name]
+	if had && old == e {
+		return
+	}
+	if had && old.counted {
+		t.uncount(n.Name, old)
+	}
+	t.nodes[n.Name] = e
+	if e.counted {
+		t.count(n.Name, e)
+	}
+}
+
+// deleteNode forgets a node; the pods still bound to it stay in its use
+// until they are deleted, and count again if a node of that name returns.
+func (t *tally) deleteNode(name string) {
+	if old, had := t.nodes[name]; had {
+		if old.counted {
+			t.uncount(name, old)
+		}
+		delete(t.nodes, name)
+	}
+}
+
+func (t *tally) count(name string, e nodeEntry) {
+	t.totals.capacity.add(e.capacity)
+	t.totals.allocatable.add(e.allocatable)
+	t.totals.nodes++
+	if u := t.use[name]; u != nil {
+		t.totals.allocated.add(u.requests)
+		t.totals.pods += u.pods
+	}
+}
+
+func (t *tally) uncount(name string, e nodeEntry) {
+	t.totals.capacity.sub(e.capacity)
+	t.totals.allocatable.sub(e.allocatable)
+	t.totals.nodes--
+	if u := t.use[name]; u != nil {
+		t.totals.allocated.sub(u.requests)
+		t.totals.pods -= u.pods
+	}
+}
+
+// setTenant records whether a namespace is a tenant namespace. A change
+// moves that namespace's pods out of (or back into) local usage.
+func (t *tally) setTenant(namespace string, tenant bool) {
+	if t.tenants[namespace] == tenant {
+		return
+	}
+	if tenant {
+		t.tenants[namespace] = true
+	} else {
+		delete(t.tenants, namespace)
+	}
+	for uid, e := range t.pods {
+		if e.namespace != namespace || e.local == !tenant {
+			continue
+		}
+		t.unapply(e)
+		e.local = !tenant
+		t.apply(e)
+		t.pods[uid] = e // updating an existing key while ranging is safe
+	}
+}

@@ -1,0 +1,60 @@
+package publisher
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+)
+
+func TestNextAligned(t *testing.T) {
+	at := time.Date(2025, 3, 1, 10, 0, 29, 900e6, time.UTC)
+	require.Equal(t, time.Date(2025, 3, 1, 10, 0, 30, 0, time.UTC), nextAligned(at, 30*time.Second))
+	at = time.Date(2025, 3, 1, 10, 0, 30, 0, time.UTC)
+	require.Equal(t, time.Date(2025, 3, 1, 10, 1, 0, 0, time.UTC), nextAligned(at, 30*time.Second), "strictly after now")
+}
+
+func TestBackoff(t *testing.T) {
+	p := &Publisher{cfg: Config{MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}}
+	retryable := &brokerclient.APIError{StatusCode: 503}
+	for failures, base := range map[int32]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 3: 400 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 64: time.Second} {
+		p.failures = failures
+		for i := 0; i < 100; i++ {
+			d := p.backoff(retryable)
+			require.GreaterOrEqual(t, d, base*3/4, "failures %d", failures)
+			require.LessOrEqual(t, d, base*5/4, "failures %d", failures)
+		}
+	}
+	p.failures = 1
+	rejected := &brokerclient.APIError{StatusCode: 400}
+	require.GreaterOrEqual(t, p.backoff(rejected), 750*time.Millisecond, "a refusal waits MaxBackoff")
+}
+
+func TestClassify(t *testing.T) {
+	require.Equal(t, ReasonBrokerUnavailable, classify(&brokerclient.APIError{StatusCode: 503}))
+	require.Equal(t, ReasonBrokerUnavailable, classify(&brokerclient.APIError{StatusCode: 429}))
+	require.Equal(t, ReasonBrokerRejected, classify(&brokerclient.APIError{StatusCode: 403}))
+	require.Equal(t, ReasonBrokerUnreachable, classify(errors.New("dial tcp: connection refused")))
+}
+
+func TestToList(t *testing.T) {
+	q := func(s string) *resource.Quantity { v := resource.MustParse(s); return &v }
+	l := toList(&api.Quantities{CPU: q("2"), Memory: q("1Gi"), GPU: q("1")})
+	require.Len(t, l, 3)
+	require.Zero(t, l.Cpu().Cmp(resource.MustParse("2")))
+	require.Nil(t, toList(nil))
+}
+
+func TestPricesRoundTrip(t *testing.T) {
+	q := resource.MustParse("0.031")
+	in := &api.Prices{Currency: "EUR", CPU: &q}
+	out := toWire(rbv1.AdvertisementSpec{Prices: PricesFromWire(in)}).Prices
+	require.Equal(t, in, out)
+	require.Nil(t, PricesFromWire(nil))
+}

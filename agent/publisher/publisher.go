@@ -1,0 +1,560 @@
+// Package publisher sends this cluster's advertisement to the broker: on a
+// change of the collector's totals (at most one publish per debounce
+// interval; a change after a quiet spell goes out at once) and at least
+// every period, on wall-clock multiples of it (every :00 and :30 for 30 s),
+// so the broker keeps the cluster live. A failed publish is retried with
+// exponential back-off until it succeeds.
+//
+// The cluster-scoped Advertisement named after the cluster id shows it: its
+// spec is the advertisement last sent, its status the broker's
+// acknowledgement (lastPublished, reserved, available) or, while publishing
+// fails, condition Published=False with the reason and consecutiveFailures.
+// The Published condition's observedGeneration is the generation of the
+// spec it is about. A change of the condition is reported as an event.
+//
+// Metrics (on controller-runtime's registry unless Config.Registerer says
+// otherwise): rb_agent_publish_duration_seconds{result},
+// rb_agent_publish_failures_total{reason}, rb_agent_published_timestamp_seconds
+// and rb_agent_publish_consecutive_failures.
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/fluidos-project/resource-broker/agent/collector"
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+)
+
+// Defaults of Config.
+const (
+	DefaultDebounce   = time.Second
+	DefaultPeriod     = 30 * time.Second
+	DefaultMinBackoff = 500 * time.Millisecond
+	DefaultMaxBackoff = 30 * time.Second
+	DefaultTimeout    = 15 * time.Second
+)
+
+// Reasons of the Published condition (and labels of the failures metric).
+const (
+	// ReasonAcknowledged: the broker stored the advertisement.
+	ReasonAcknowledged = "Acknowledged"
+	// ReasonBrokerUnreachable: no answer (connection refused or reset, timeout, TLS failure).
+	ReasonBrokerUnreachable = "BrokerUnreachable"
+	// ReasonBrokerUnavailable: the broker answered 5xx or 429 (e.g. it lost Redis).
+	ReasonBrokerUnavailable = "BrokerUnavailable"
+	// ReasonBrokerRejected: the broker refused the advertisement (4xx: invalid, wrong identity).
+	ReasonBrokerRejected = "BrokerRejected"
+)
+
+// Event reasons.
+const (
+	EventPublished     = "Published"
+	EventPublishFailed = "PublishFailed"
+)
+
+// Source is what the publisher needs of the collector (*collector.Collector).
+type Source interface {
+	Measure() collector.Measurement
+	Changed() <-chan struct{}
+	WaitForSync(ctx context.Context) bool
+}
+
+// Broker is what the publisher needs of the broker client (*client.Client).
+type Broker interface {
+	Advertise(ctx context.Context, id string, a api.Advertisement) (api.Cluster, error)
+}
+
+// Config configures a Publisher.
+type Config struct {
+	// ClusterID is this cluster's identity at the broker (the certificate's
+	// CN) and the name of the Advertisement object. Required.
+	ClusterID string
+	// Endpoint, Labels and Prices are advertised as they are.
+	Endpoint string
+	Labels   map[string]string
+	Prices   *rbv1.Prices
+
+	// Debounce is the shortest time between two publishes caused by
+	// changes (DefaultDebounce).
+	Debounce time.Duration
+	// Period: a publish at least at every multiple of Period on the wall
+	// clock (DefaultPeriod).
+	Period time.Duration
+	// MinBackoff and MaxBackoff bound the wait before retrying a failed
+	// publish; it doubles with each failure, with jitter
+	// (DefaultMinBackoff, DefaultMaxBackoff). A refusal (4xx) waits MaxBackoff.
+	MinBackoff, MaxBackoff time.Duration
+	// Timeout bounds one publish, the broker client's own retries included
+	// (DefaultTimeout).
+	Timeout time.Duration
+
+	// Source gives the measurements. Required.
+	Source Source
+	// Broker receives the advertisements. Required.
+	Broker Broker
+	// Client writes the Advertisement object (spec, and status through its
+	// subresource). Required.
+	Client client.Client
+	// APIReader, when set, reads the Advertisement (once at start and after
+	// a conflict) instead of Client, e.g. the manager's GetAPIReader() so as
+	// not to start an informer for one object.
+	APIReader client.Reader
+	// Recorder, when set, reports changes of the Published condition as
+	// events on the Advertisement (e.g. the manager's GetEventRecorder).
+	Recorder events.EventRecorder
+	// Registerer takes the metrics (controller-runtime's metrics.Registry
+	// when nil). Metrics already registered there are reused.
+	Registerer prometheus.Registerer
+}
+
+// Publisher is a manager.Runnable that runs on the leader only.
+type Publisher struct {
+	cfg     Config
+	metrics *metrics
+	log     logr.Logger
+
+	adv      *rbv1.Advertisement // as last read or written; nil: read it again
+	failures int32               // consecutive failed publishes
+}
+
+// New checks cfg and returns a publisher; add it to a manager (or call SetupWithManager).
+func New(cfg Config) (*Publisher, error) {
+	switch {
+	case cfg.ClusterID == "":
+		return nil, errors.New("publisher: ClusterID is required")
+	case cfg.Source == nil:
+		return nil, errors.New("publisher: Source is required")
+	case cfg.Broker == nil:
+		return nil, errors.New("publisher: Broker is required")
+	case cfg.Client == nil:
+		return nil, errors.New("publisher: Client is required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.Debounce, DefaultDebounce)
+	def(&cfg.Period, DefaultPeriod)
+	def(&cfg.MinBackoff, DefaultMinBackoff)
+	def(&cfg.MaxBackoff, DefaultMaxBackoff)
+	def(&cfg.Timeout, DefaultTimeout)
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = cfg.MinBackoff
+	}
+	if cfg.APIReader == nil {
+		cfg.APIReader = cfg.Client
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = crmetrics.Registry
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Publisher{cfg: cfg, metrics: m, log: logr.Discard()}, nil
+}
+
+// SetupWithManager adds the publisher to mgr.
+func (p *Publisher) SetupWithManager(mgr ctrl.Manager) error { return mgr.Add(p) }
+
+// NeedLeaderElection is true: only the leader publishes.
+func (p *Publisher) NeedLeaderElection() bool { return true }
+
+// Start publishes until ctx ends. It waits for the collector to sync
+// first: incomplete totals are never published.
+func (p *Publisher) Start(ctx context.Context) error {
+	p.log = ctrl.LoggerFrom(ctx).WithName("publisher").WithValues("cluster", p.cfg.ClusterID)
+	ctx = ctrl.LoggerInto(ctx, p.log)
+	p.log.Info("waiting for the collector to sync")
+	if !p.cfg.Source.WaitForSync(ctx) {
+		return nil
+	}
+	p.resume(ctx)
+
+	var (
+		now           = time.Now()
+		nextTick      = nextAligned(now, p.cfg.Period)
+		due           = true // a publish is wanted (at start, after a change, at a tick)
+		tick          = true // ... and it need not wait for the debounce interval
+		debounceUntil time.Time
+		backoffUntil  time.Time
+		timer         = time.NewTimer(time.Hour)
+	)
+	defer timer.Stop()
+	p.log.Info("publishing", "debounce", p.cfg.Debounce, "period", p.cfg.Period, "firstTick", nextTick.Format(time.RFC3339Nano))
+	for {
+		now = time.Now()
+		if !now.Before(nextTick) {
+			due, tick = true, true
+			nextTick = nextAligned(now, p.cfg.Period)
+		}
+		if due && !now.Before(backoffUntil) && (tick || !now.Before(debounceUntil)) {
+			err := p.publish(ctx)
+			if ctx.Err() != nil {
+				return nil
+			}
+			now = time.Now()
+			if err == nil {
+				due, tick = false, false
+				debounceUntil, backoffUntil = now.Add(p.cfg.Debounce), time.Time{}
+			} else {
+				tick = false
+				backoffUntil = now.Add(p.backoff(err))
+			}
+			continue // a tick may have passed while publishing
+		}
+		wake := nextTick
+		if due {
+			at := backoffUntil
+			if !tick && debounceUntil.After(at) {
+				at = debounceUntil
+			}
+			if at.Before(wake) {
+				wake = at
+			}
+		}
+		timer.Reset(time.Until(wake))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-p.cfg.Source.Changed():
+			due = true
+		case <-timer.C:
+		}
+	}
+}
+
+// nextAligned is the first multiple of period on the wall clock after now.
+func nextAligned(now time.Time, period time.Duration) time.Time {
+	return now.Truncate(period).Add(period)
+}
+
+// backoff is the wait after the p.failures-th consecutive failure.
+func (p *Publisher) backoff(err error) time.Duration {
+	if !brokerclient.IsRetryable(err) {
+		return p.cfg.MaxBackoff
+	}
+	d := p.cfg.MaxBackoff
+	if n := p.failures - 1; n < 30 {
+		if b := p.cfg.MinBackoff << n; b > 0 && b < d {
+			d = b
+		}
+	}
+	// Jitter: between 3/4 and 5/4 of d, so that agents that failed together
+	// do not all come back at once.
+	return d*3/4 + rand.N(d/2+1)
+}
+
+// resume reads the Advertisement left by an earlier leader, to continue its
+// count of consecutive failures.
+func (p *Publisher) resume(ctx context.Context) {
+	var adv rbv1.Advertisement
+	if err := p.cfg.APIReader.Get(ctx, client.ObjectKey{Name: p.cfg.ClusterID}, &adv); err != nil {
+		if !apierrors.IsNotFound(err) {
+			p.log.Error(err, "reading the Advertisement")
+		}
+		return
+	}
+	p.adv = &adv
+	if c := meta.FindStatusCondition(adv.Status.Conditions, rbv1.ConditionPublished); c != nil && c.Status == metav1.ConditionFalse {
+		p.failures = adv.Status.ConsecutiveFailures
+	}
+}
+
+// publish sends one advertisement and records the outcome.
+func (p *Publisher) publish(ctx context.Context) error {
+	// Changes signalled so far are in this measurement: drop the signal,
+	// so that only a later change causes another publish.
+	select {
+	case <-p.cfg.Source.Changed():
+	default:
+	}
+	m := p.cfg.Source.Measure()
+	spec := rbv1.AdvertisementSpec{
+		ClusterID: p.cfg.ClusterID, Endpoint: p.cfg.Endpoint, Labels: p.cfg.Labels, Prices: p.cfg.Prices,
+		Capacity: m.Capacity, Allocatable: m.Allocatable, Allocated: m.Allocated,
+	}
+	began := time.Now()
+	actx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	ack, err := p.cfg.Broker.Advertise(actx, p.cfg.ClusterID, toWire(spec))
+	cancel()
+	elapsed := time.Since(began)
+	if ctx.Err() != nil {
+		return ctx.Err() // stopping: not a failure of the broker
+	}
+	reason := ReasonAcknowledged
+	if err != nil {
+		reason = classify(err)
+		p.failures++
+		p.metrics.duration.WithLabelValues("failure").Observe(elapsed.Seconds())
+		p.metrics.failures.WithLabelValues(reason).Inc()
+		p.log.Error(err, "publishing failed", "reason", reason, "consecutiveFailures", p.failures, "took", elapsed)
+	} else {
+		if p.failures > 0 {
+			p.log.Info("publishing again", "after", p.failures, "failures")
+		}
+		p.failures = 0
+		p.metrics.duration.WithLabelValues("success").Observe(elapsed.Seconds())
+		p.metrics.published.SetToCurrentTime()
+		p.log.V(1).Info("published", "took", elapsed, "nodes", m.Nodes, "pods", m.Pods,
+			"allocatable", m.Allocatable, "allocated", m.Allocated)
+	}
+	p.metrics.consecutive.Set(float64(p.failures))
+	if werr := p.record(ctx, spec, ack, err, reason); werr != nil && ctx.Err() == nil {
+		p.log.Error(werr, "updating the Advertisement")
+	}
+	return err
+}
+
+// classify names why a publish failed.
+func classify(err error) string {
+	var ae *brokerclient.APIError
+	if errors.As(err, &ae) {
+		if ae.StatusCode >= 500 || ae.StatusCode == http.StatusTooManyRequests {
+			return ReasonBrokerUnavailable
+		}
+		return ReasonBrokerRejected
+	}
+	return ReasonBrokerUnreachable
+}
+
+// record writes the spec sent and the outcome to the Advertisement, and
+// reports a change of the Published condition as an event.
+func (p *Publisher) record(ctx context.Context, spec rbv1.AdvertisementSpec, ack api.Cluster, pubErr error, reason string) error {
+	var before, after *metav1.Condition
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := p.ensureSpec(ctx, spec); err != nil {
+			return err
+		}
+		adv := p.adv.DeepCopy()
+		before = meta.FindStatusCondition(p.adv.Status.Conditions, rbv1.ConditionPublished)
+		cond := metav1.Condition{Type: rbv1.ConditionPublished, Reason: reason, ObservedGeneration: adv.Generation}
+		if pubErr == nil {
+			cond.Status = metav1.ConditionTrue
+			cond.Message = "the broker stored the advertisement"
+			seen := ack.SeenAt
+			if seen.IsZero() {
+				seen = time.Now()
+			}
+			adv.Status.LastPublished = &metav1.Time{Time: seen.Truncate(time.Second)}
+			adv.Status.Reserved = toList(ack.Resources.Reserved)
+			adv.Status.Available = toList(ack.Resources.Available)
+		} else {
+			cond.Status = metav1.ConditionFalse
+			cond.Message = truncate(pubErr.Error(), 1024)
+		}
+		adv.Status.ConsecutiveFailures = p.failures
+		meta.SetStatusCondition(&adv.Status.Conditions, cond)
+		after = meta.FindStatusCondition(adv.Status.Conditions, rbv1.ConditionPublished)
+		if equality.Semantic.DeepEqual(adv.Status, p.adv.Status) {
+			return nil
+		}
+		if err := p.cfg.Client.Status().Update(ctx, adv); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				p.adv = nil // read it again
+			}
+			return err
+		}
+		p.adv = adv
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if p.cfg.Recorder != nil && after != nil && (before == nil || before.Status != after.Status || before.Reason != after.Reason) {
+		if after.Status == metav1.ConditionTrue {
+			p.cfg.Recorder.Eventf(p.adv, nil, corev1.EventTypeNormal, EventPublished, "Publish",
+				"the broker accepted the advertisement (generation %d)", after.ObservedGeneration)
+		} else {
+			p.cfg.Recorder.Eventf(p.adv, nil, corev1.EventTypeWarning, EventPublishFailed, "Publish",
+				"%s: %s", after.Reason, after.Message)
+		}
+	}
+	return nil
+}
+
+// ensureSpec makes p.adv an up-to-date Advertisement with spec.
+func (p *Publisher) ensureSpec(ctx context.Context, spec rbv1.AdvertisementSpec) error {
+	if p.adv == nil {
+		var adv rbv1.Advertisement
+		err := p.cfg.APIReader.Get(ctx, client.ObjectKey{Name: p.cfg.ClusterID}, &adv)
+		switch {
+		case apierrors.IsNotFound(err):
+			adv = rbv1.Advertisement{
+				ObjectMeta: metav1.ObjectMeta{Name: p.cfg.ClusterID, Labels: map[string]string{rbv1.ManagedByLabel: rbv1.ManagedByValue}},
+				Spec:       spec,
+			}
+			if err := p.cfg.Client.Create(ctx, &adv); err != nil {
+				return err
+			}
+			p.adv = &adv
+			return nil
+		case err != nil:
+			return err
+		}
+		p.adv = &adv
+	}
+	if equality.Semantic.DeepEqual(p.adv.Spec, spec) {
+		return nil
+	}
+	adv := p.adv.DeepCopy()
+	adv.Spec = spec
+	if err := p.cfg.Client.Update(ctx, adv); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			p.adv = nil
+		}
+		return err
+	}
+	p.adv = adv
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// PricesFromWire converts the broker's price type to the Advertisement's.
+func PricesFromWire(p *api.Prices) *rbv1.Prices {
+	if p == nil {
+		return nil
+	}
+	return &rbv1.Prices{Currency: p.Currency, CPU: p.CPU, Memory: p.Memory, GPU: p.GPU}
+}
+
+// toWire converts the spec to the broker's advertisement.
+func toWire(spec rbv1.AdvertisementSpec) api.Advertisement {
+	a := api.Advertisement{
+		ClusterName: spec.ClusterID, Endpoint: spec.Endpoint, Labels: spec.Labels,
+		Resources: api.ClusterResources{
+			Capacity:    toQuantities(spec.Capacity),
+			Allocatable: toQuantities(spec.Allocatable),
+			Allocated:   toQuantities(spec.Allocated),
+		},
+	}
+	if pr := spec.Prices; pr != nil {
+		a.Prices = &api.Prices{Currency: pr.Currency, CPU: pr.CPU, Memory: pr.Memory, GPU: pr.GPU}
+	}
+	return a
+}
+
+func toQuantities(l corev1.ResourceList) api.Quantities {
+	get := func(name corev1.ResourceName) *resource.Quantity {
+		if q, ok := l[name]; ok {
+			return &q
+		}
+		return nil
+	}
+	return api.Quantities{
+		CPU:     get(corev1.ResourceCPU),
+		Memory:  get(corev1.ResourceMemory),
+		GPU:     get(collector.ResourceGPU),
+		Storage: get(corev1.ResourceEphemeralStorage),
+	}
+}
+
+// toList converts the broker's amounts (nil: none) to a ResourceList.
+func toList(q *api.Quantities) corev1.ResourceList {
+	if q == nil {
+		return nil
+	}
+	out := corev1.ResourceList{}
+	for name, v := range map[corev1.ResourceName]*resource.Quantity{
+		corev1.ResourceCPU: q.CPU, corev1.ResourceMemory: q.Memory,
+		collector.ResourceGPU: q.GPU, corev1.ResourceEphemeralStorage: q.Storage,
+	} {
+		if v != nil {
+			out[name] = *v
+		}
+	}
+	return out
+}
+
+// metrics of the publisher.
+type metrics struct {
+	duration    *prometheus.HistogramVec
+	failures    *prometheus.CounterVec
+	published   prometheus.Gauge
+	consecutive prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "rb_agent_publish_duration_seconds",
+			Help:    "Time to publish the advertisement to the broker, by result (success, failure).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"result"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rb_agent_publish_failures_total",
+			Help: "Failed publishes of the advertisement, by reason (BrokerUnreachable, BrokerUnavailable, BrokerRejected).",
+		}, []string{"reason"}),
+		published: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rb_agent_published_timestamp_seconds",
+			Help: "Unix time of the last advertisement the broker accepted.",
+		}),
+		consecutive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rb_agent_publish_consecutive_failures",
+			Help: "Failed publishes since the last one the broker accepted.",
+		}),
+	}
+	var err error
+	if m.duration, err = register(reg, m.duration); err != nil {
+		return nil, err
+	}
+	if m.failures, err = register(reg, m.failures); err != nil {
+		return nil, err
+	}
+	if m.published, err = register(reg, m.published); err != nil {
+		return nil, err
+	}
+	if m.consecutive, err = register(reg, m.consecutive); err != nil {
+		return nil, err
+	}
+	// Export every series from the start, so rates and alerts see zeros.
+	for _, r := range []string{"success", "failure"} {
+		m.duration.WithLabelValues(r)
+	}
+	for _, r := range []string{ReasonBrokerUnreachable, ReasonBrokerUnavailable, ReasonBrokerRejected} {
+		m.failures.WithLabelValues(r)
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under its name.
+func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(T); ok {
+				return existing, nil
+			}
+		}
+		return c, fmt.Errorf("publisher: registering metrics: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,502 @@
+package publisher_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/fluidos-project/resource-broker/agent/collector"
+	"github.com/fluidos-project/resource-broker/agent/publisher"
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
+	"github.com/fluidos-project/resource-broker/internal/testenv"
+)
+
+const clusterID = "rome"
+
+// attempt is one call of the broker.
+type attempt struct {
+	began, at time.Time // the call's start and end
+	err       error
+}
+
+// recordingBroker records every publish attempt and forwards it to the
+// broker client in use, which a test may swap.
+type recordingBroker struct {
+	mu       sync.Mutex
+	inner    publisher.Broker
+	attempts []attempt
+}
+
+func (r *recordingBroker) Advertise(ctx context.Context, id string, a api.Advertisement) (api.Cluster, error) {
+	r.mu.Lock()
+	inner := r.inner
+	r.mu.Unlock()
+	began := time.Now()
+	cl, err := inner.Advertise(ctx, id, a)
+	r.mu.Lock()
+	r.attempts = append(r.attempts, attempt{began, time.Now(), err})
+	r.mu.Unlock()
+	return cl, err
+}
+
+func (r *recordingBroker) swap(b publisher.Broker) {
+	r.mu.Lock()
+	r.inner = b
+	r.mu.Unlock()
+}
+
+func (r *recordingBroker) since(t time.Time) []attempt {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []attempt
+	for _, a := range r.attempts {
+		if !a.began.Before(t) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+type bed struct {
+	t      *testing.T
+	ctx    context.Context
+	kc     client.Client
+	b      *brokertest.Broker
+	broker *recordingBroker
+	reg    *prometheus.Registry
+}
+
+// newBed starts a control plane with the CRDs, a real broker, and a manager
+// running the collector and a publisher that talks to the broker through
+// the client newBroker returns.
+func newBed(t *testing.T, tune func(*publisher.Config), newBroker func(b *brokertest.Broker) publisher.Broker) *bed {
+	t.Helper()
+	cfg := testenv.Start(t, testenv.WithCRDDirectories(testenv.ModulePath(t, "manifests", "crds")))
+	b := brokertest.Start(t, brokertest.Options{})
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	require.NoError(t, rbv1.AddToScheme(scheme))
+	kc, err := client.New(cfg, client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	ctx := context.Background()
+	tb := &bed{t: t, ctx: ctx, kc: kc, b: b, broker: &recordingBroker{inner: newBroker(b)}, reg: prometheus.NewRegistry()}
+
+	// One Ready node: 8 cpu, 16Gi, 100Gi of ephemeral storage.
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+	require.NoError(t, kc.Create(ctx, n))
+	n.Status = corev1.NodeStatus{
+		Capacity:    rl("cpu", "8", "memory", "16Gi", "ephemeral-storage", "100Gi"),
+		Allocatable: rl("cpu", "8", "memory", "16Gi", "ephemeral-storage", "100Gi"),
+		Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Test"}},
+	}
+	require.NoError(t, kc.Status().Update(ctx, n))
+
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	require.NoError(t, err)
+	coll := collector.New(collector.Options{})
+	require.NoError(t, coll.SetupWithManager(mgr))
+	pc := publisher.Config{
+		ClusterID: clusterID, Endpoint: "https://rome.example:6443", Labels: map[string]string{"region": "it"},
+		Prices: &rbv1.Prices{Currency: "EUR", CPU: ptrQ("0.031"), Memory: ptrQ("0.004")},
+		Source: coll, Broker: tb.broker, Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorder("rb-agent"), Registerer: tb.reg,
+	}
+	if tune != nil {
+		tune(&pc)
+	}
+	pub, err := publisher.New(pc)
+	require.NoError(t, err)
+	require.NoError(t, pub.SetupWithManager(mgr))
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return tb
+}
+
+func realClient(t *testing.T, b *brokertest.Broker, opts ...brokerclient.Option) *brokerclient.Client {
+	c, err := brokerclient.New(b.URL, b.ClusterCertDir(clusterID), opts...)
+	require.NoError(t, err)
+	return c
+}
+
+func rl(kv ...string) corev1.ResourceList {
+	out := corev1.ResourceList{}
+	for i := 0; i < len(kv); i += 2 {
+		out[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+	}
+	return out
+}
+
+func ptrQ(s string) *resource.Quantity {
+	q := resource.MustParse(s)
+	return &q
+}
+
+// stored reads what the broker holds for rome (integer units).
+func (tb *bed) stored() (store.Cluster, bool) {
+	c, err := tb.b.Store.Cluster(tb.ctx, clusterID)
+	if err != nil {
+		return c, false
+	}
+	return c, true
+}
+
+// waitStored waits until the broker holds cond, and returns how long that took.
+func (tb *bed) waitStored(within time.Duration, what string, cond func(store.Cluster) bool) time.Duration {
+	tb.t.Helper()
+	began := time.Now()
+	for {
+		if c, ok := tb.stored(); ok && cond(c) {
+			return time.Since(began)
+		}
+		if time.Since(began) > within {
+			c, _ := tb.stored()
+			tb.t.Fatalf("%s: not at the broker within %s; stored %+v", what, within, c)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (tb *bed) advertisement() *rbv1.Advertisement {
+	var adv rbv1.Advertisement
+	if err := tb.kc.Get(tb.ctx, client.ObjectKey{Name: clusterID}, &adv); err != nil {
+		return nil
+	}
+	return &adv
+}
+
+// waitAdvertisement waits until the Advertisement satisfies cond.
+func (tb *bed) waitAdvertisement(within time.Duration, what string, cond func(*rbv1.Advertisement) bool) *rbv1.Advertisement {
+	tb.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		adv := tb.advertisement()
+		if adv != nil && cond(adv) {
+			return adv
+		}
+		if time.Now().After(deadline) {
+			tb.t.Fatalf("%s: Advertisement not so within %s: %+v", what, within, adv)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// published: the Published condition is status (for reason), about the current spec.
+func published(status metav1.ConditionStatus, reason string) func(*rbv1.Advertisement) bool {
+	return func(adv *rbv1.Advertisement) bool {
+		c := meta.FindStatusCondition(adv.Status.Conditions, rbv1.ConditionPublished)
+		return c != nil && c.Status == status && (reason == "" || c.Reason == reason) && c.ObservedGeneration == adv.Generation
+	}
+}
+
+// events counts the events of a reason about the Advertisement.
+func (tb *bed) events(reason string) int {
+	var list eventsv1.EventList
+	require.NoError(tb.t, tb.kc.List(tb.ctx, &list, client.InNamespace(metav1.NamespaceDefault)))
+	n := 0
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "Advertisement" && e.Regarding.Name == clusterID && e.Reason == reason {
+			n++
+		}
+	}
+	return n
+}
+
+func (tb *bed) waitEvent(reason string, atLeast int) {
+	tb.t.Helper()
+	require.Eventually(tb.t, func() bool { return tb.events(reason) >= atLeast }, 15*time.Second, 50*time.Millisecond,
+		"want %d events %s", atLeast, reason)
+}
+
+// metric reads a counter, gauge or histogram count from the test registry.
+func (tb *bed) metric(name, label, value string) float64 {
+	tb.t.Helper()
+	families, err := tb.reg.Gather()
+	require.NoError(tb.t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			match := label == ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					match = true
+				}
+			}
+			if !match {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	tb.t.Fatalf("metric %s{%s=%q} not found", name, label, value)
+	return 0
+}
+
+func (tb *bed) pod(name, cpu string) {
+	tb.t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{
+			Name: "c", Image: "busybox", Resources: corev1.ResourceRequirements{Requests: rl("cpu", cpu, "memory", "64Mi")},
+		}}},
+	}
+	require.NoError(tb.t, tb.kc.Create(tb.ctx, p))
+}
+
+// TestChangeReachesBrokerWithinDebounce: the agent's advertisement reaches a
+// real broker, the Advertisement shows it, and a new pod's requests reach
+// the broker's used_cpu within the debounce window (1 s); a burst of pods is
+// coalesced into few publishes.
+func TestChangeReachesBrokerWithinDebounce(t *testing.T) {
+	tb := newBed(t, nil, func(b *brokertest.Broker) publisher.Broker { return realClient(t, b) })
+
+	tb.waitStored(30*time.Second, "first advertisement", func(c store.Cluster) bool { return c.Allocatable.CPU == 8000 })
+	c, _ := tb.stored()
+	require.Equal(t, store.Resources{CPU: 8000, Memory: 16 << 30, Storage: 100 << 30}, c.Capacity)
+	require.Equal(t, store.Resources{}, c.Allocated)
+	require.Equal(t, "https://rome.example:6443", c.Endpoint)
+	require.Equal(t, map[string]string{"region": "it"}, c.Labels)
+	require.Equal(t, int64(31000), c.Prices.CPU) // micro-EUR per core-hour
+
+	adv := tb.waitAdvertisement(10*time.Second, "acknowledged", published(metav1.ConditionTrue, publisher.ReasonAcknowledged))
+	require.Equal(t, clusterID, adv.Spec.ClusterID)
+	require.Zero(t, adv.Spec.Allocatable.Cpu().Cmp(resource.MustParse("8")))
+	require.NotNil(t, adv.Status.LastPublished)
+	require.Zero(t, adv.Status.ConsecutiveFailures)
+	require.Zero(t, adv.Status.Available.Cpu().Cmp(resource.MustParse("8")), "available: %v", adv.Status.Available)
+	require.Equal(t, adv.Generation, meta.FindStatusCondition(adv.Status.Conditions, rbv1.ConditionPublished).ObservedGeneration)
+	tb.waitEvent(publisher.EventPublished, 1)
+
+	// One pod after a quiet spell: published at once.
+	time.Sleep(1500 * time.Millisecond)
+	began := time.Now()
+	tb.pod("one", "1500m")
+	tb.waitStored(5*time.Second, "one pod", func(c store.Cluster) bool { return c.Allocated.CPU == 1500 })
+	took := time.Since(began)
+	t.Logf("pod created -> used_cpu at the broker: %s", took.Round(time.Millisecond))
+
+	require.Less(t, took, 5*time.Second)
+
+	// A burst of 20 pods right after: the rest waits for the debounce
+	// interval and goes out in one publish.
+	began = time.Now()
+	for i := 0; i < 20; i++ {
+		tb.pod("burst-"+string(rune('a'+i)), "100m")
+	}
+	tb.waitStored(5*time.Second, "burst", func(c store.Cluster) bool { return c.Allocated.CPU == 3500 })
+	burst := time.Since(began)
+	require.Less(t, burst, 5*time.Second)
+
+	adv = tb.waitAdvertisement(5*time.Second, "spec follows", func(a *rbv1.Advertisement) bool {
+		return a.Spec.Allocated.Cpu().Cmp(resource.MustParse("3500m")) == 0 && published(metav1.ConditionTrue, "")(a)
+	})
+	require.Zero(t, adv.Status.Available.Cpu().Cmp(resource.MustParse("4500m")), "available: %v", adv.Status.Available)
+	n := len(tb.broker.since(began))
+	t.Logf("20 pods created in a burst -> used_cpu at the broker: %s, %d publish(es)", burst.Round(time.Millisecond), n)
+	require.LessOrEqual(t, n, 3) // one or two by the debounce, perhaps a 30 s tick
+	require.GreaterOrEqual(t, tb.metric("rb_agent_publish_duration_seconds", "result", "success"), 3.0)
+	require.Zero(t, tb.metric("rb_agent_publish_duration_seconds", "result", "failure"))
+	require.InDelta(t, float64(time.Now().Unix()), tb.metric("rb_agent_published_timestamp_seconds", "", ""), 10)
+}
+
+// waits returns the back-off: the time from the end of each attempt to the
+// start of the next.
+func waits(as []attempt) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(as); i++ {
+		out = append(out, as[i].began.Sub(as[i-1].at))
+	}
+	return out
+}
+
+// TestRetriesThroughRedisOutage: with the broker's Redis down, the publisher
+// keeps retrying with growing back-off, shows Published=False with the
+// reason and the failure count, counts failures in its metrics, and catches
+// up by itself once Redis is back (empty: the advertisement is stored anew).
+func TestRetriesThroughRedisOutage(t *testing.T) {
+	tb := newBed(t, func(c *publisher.Config) {
+		c.Debounce = 200 * time.Millisecond
+		c.MinBackoff, c.MaxBackoff = 100*time.Millisecond, 800*time.Millisecond
+	}, func(b *brokertest.Broker) publisher.Broker {
+		return realClient(t, b, brokerclient.WithRetries(0, 0)) // the publisher's own back-off only
+	})
+	tb.waitStored(30*time.Second, "first advertisement", func(c store.Cluster) bool { return c.Allocatable.CPU == 8000 })
+	tb.waitAdvertisement(10*time.Second, "acknowledged", published(metav1.ConditionTrue, ""))
+
+	tb.b.Redis.Stop()
+	down := time.Now()
+	tb.pod("during-outage", "1")
+	adv := tb.waitAdvertisement(20*time.Second, "failing", func(a *rbv1.Advertisement) bool {
+		return published(metav1.ConditionFalse, publisher.ReasonBrokerUnavailable)(a) && a.Status.ConsecutiveFailures >= 4
+	})
+	cond := meta.FindStatusCondition(adv.Status.Conditions, rbv1.ConditionPublished)
+	t.Logf("while Redis is down: Published=%s reason=%s consecutiveFailures=%d message=%q",
+		cond.Status, cond.Reason, adv.Status.ConsecutiveFailures, cond.Message)
+	require.Zero(t, adv.Spec.Allocated.Cpu().Cmp(resource.MustParse("1")), "the spec shows what is being published")
+	require.Equal(t, adv.Generation, cond.ObservedGeneration)
+	require.GreaterOrEqual(t, tb.metric("rb_agent_publish_failures_total", "reason", publisher.ReasonBrokerUnavailable), 4.0)
+	require.GreaterOrEqual(t, tb.metric("rb_agent_publish_consecutive_failures", "", ""), 4.0)
+	tb.waitEvent(publisher.EventPublishFailed, 1)
+
+	time.Sleep(3 * time.Second) // long enough for the back-off to reach its bound
+	failed := tb.broker.since(down)
+	for _, a := range failed {
+		require.Error(t, a.err)
+	}
+	g := waits(failed)
+	t.Logf("%d attempts in %s while Redis was down (the broker answers 503 after trying Redis); back-off between them %v",
+		len(failed), time.Since(down).Round(time.Millisecond), g)
+	// MinBackoff 100ms doubling to MaxBackoff 800ms, each within 3/4 and
+	// 5/4 (jitter): 75-125ms, 150-250ms, 300-500ms, then 600ms-1s.
+	require.GreaterOrEqual(t, len(g), 3)
+	require.Less(t, g[0], 400*time.Millisecond, "first retry after about MinBackoff")
+	for _, d := range g {
+		require.Less(t, d, 1500*time.Millisecond, "no wait beyond MaxBackoff (with jitter)")
+	}
+	require.Greater(t, g[len(g)-1], 550*time.Millisecond, "back-off grew to MaxBackoff")
+
+	restarted := time.Now()
+	tb.b.Redis.Restart()
+	tb.waitStored(10*time.Second, "caught up", func(c store.Cluster) bool { return c.Allocated.CPU == 1000 })
+	t.Logf("Redis back -> advertisement stored again in %s", time.Since(restarted).Round(time.Millisecond))
+	adv = tb.waitAdvertisement(10*time.Second, "acknowledged again", func(a *rbv1.Advertisement) bool {
+		return published(metav1.ConditionTrue, publisher.ReasonAcknowledged)(a) && a.Status.ConsecutiveFailures == 0
+	})
+	require.True(t, adv.Status.LastPublished.After(down))
+	require.Zero(t, tb.metric("rb_agent_publish_consecutive_failures", "", ""))
+	tb.waitEvent(publisher.EventPublished, 2) // once at first, once after the outage
+}
+
+// TestDeadURLThenBroker: a publisher pointed at an address nothing listens
+// on reports BrokerUnreachable, and publishes once it reaches the broker.
+func TestDeadURLThenBroker(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := "https://" + ln.Addr().String()
+	require.NoError(t, ln.Close())
+	var real *brokerclient.Client
+	tb := newBed(t, func(c *publisher.Config) {
+		c.MinBackoff, c.MaxBackoff = 100*time.Millisecond, time.Second
+	}, func(b *brokertest.Broker) publisher.Broker {
+		real = realClient(t, b)
+		c, err := brokerclient.New(dead, b.ClusterCertDir(clusterID), brokerclient.WithRetries(0, 0))
+		require.NoError(t, err)
+		return c
+	})
+	adv := tb.waitAdvertisement(30*time.Second, "unreachable", func(a *rbv1.Advertisement) bool {
+		return published(metav1.ConditionFalse, publisher.ReasonBrokerUnreachable)(a) && a.Status.ConsecutiveFailures >= 2
+	})
+	require.Nil(t, adv.Status.LastPublished)
+	require.GreaterOrEqual(t, tb.metric("rb_agent_publish_failures_total", "reason", publisher.ReasonBrokerUnreachable), 2.0)
+	_, stored := tb.stored()
+	require.False(t, stored)
+	tb.waitEvent(publisher.EventPublishFailed, 1)
+
+	tb.broker.swap(real)
+	tb.waitStored(10*time.Second, "reached", func(c store.Cluster) bool { return c.Allocatable.CPU == 8000 })
+	tb.waitAdvertisement(10*time.Second, "acknowledged", func(a *rbv1.Advertisement) bool {
+		return published(metav1.ConditionTrue, publisher.ReasonAcknowledged)(a) && a.Status.ConsecutiveFailures == 0 && a.Status.LastPublished != nil
+	})
+	tb.waitEvent(publisher.EventPublished, 1)
+}
+
+// TestNewChecksConfig: required fields, and the metrics land on
+// controller-runtime's registry by default (twice is fine).
+func TestNewChecksConfig(t *testing.T) {
+	_, err := publisher.New(publisher.Config{})
+	require.Error(t, err)
+	cfg := publisher.Config{ClusterID: "x", Source: collector.New(collector.Options{}), Broker: &recordingBroker{}, Client: fakeClient{}}
+	_, err = publisher.New(cfg)
+	require.NoError(t, err)
+	_, err = publisher.New(cfg)
+	require.NoError(t, err, "a second publisher reuses the registered metrics")
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(prometheus.NewGauge(prometheus.GaugeOpts{Name: "rb_agent_published_timestamp_seconds", Help: "x", ConstLabels: prometheus.Labels{"a": "b"}})))
+	cfg.Registerer = reg
+	_, err = publisher.New(cfg)
+	require.Error(t, err, "a different metric under the same name")
+	require.False(t, errors.Is(err, context.Canceled))
+}
+
+// fakeClient satisfies client.Client for tests that never write.
+type fakeClient struct{ client.Client }
+
+// staticSource never changes.
+type staticSource struct{ changed chan struct{} }
+
+func (s staticSource) Measure() collector.Measurement {
+	l := rl("cpu", "1", "memory", "1Gi")
+	return collector.Measurement{Capacity: l, Allocatable: l, Allocated: rl("cpu", "0", "memory", "0"), Nodes: 1}
+}
+func (s staticSource) Changed() <-chan struct{}         { return s.changed }
+func (s staticSource) WaitForSync(context.Context) bool { return true }
+
+type okBroker struct{}
+
+func (okBroker) Advertise(context.Context, string, api.Advertisement) (api.Cluster, error) {
+	return api.Cluster{SeenAt: time.Now()}, nil
+}
+
+// TestPeriodicPublishesOnWallClock: with nothing changing, the publisher
+// publishes at every multiple of the period on the wall clock.
+func TestPeriodicPublishesOnWallClock(t *testing.T) {
+	scheme := runtime.NewScheme()
+	require.NoError(t, rbv1.AddToScheme(scheme))
+	kc := fake.NewClientBuilder().WithScheme(scheme).WithStatusSubresource(&rbv1.Advertisement{}).Build()
+	rec := &recordingBroker{inner: okBroker{}}
+	const period = 500 * time.Millisecond
+	pub, err := publisher.New(publisher.Config{ClusterID: clusterID, Source: staticSource{make(chan struct{})}, Broker: rec,
+		Client: kc, Period: period, Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	began := time.Now()
+	go func() { done <- pub.Start(ctx) }()
+	time.Sleep(2200 * time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+
+	as := rec.since(began)
+	require.GreaterOrEqual(t, len(as), 4, "one at start, then one per period")
+	for _, a := range as[1:] {
+		off := a.began.Sub(a.began.Truncate(period))
+		require.Less(t, off, 50*time.Millisecond, "attempt at %s is not on a multiple of %s", a.began.Format("15:04:05.000"), period)
+	}
+	var adv rbv1.Advertisement
+	require.NoError(t, kc.Get(context.Background(), client.ObjectKey{Name: clusterID}, &adv))
+	require.NotNil(t, adv.Status.LastPublished)
+}
