@@ -5,7 +5,6 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -13,8 +12,10 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/fluidos-project/resource-broker/agent/collector"
 	"github.com/fluidos-project/resource-broker/agent/follower"
 	"github.com/fluidos-project/resource-broker/agent/provider"
+	"github.com/fluidos-project/resource-broker/agent/publisher"
 	"github.com/fluidos-project/resource-broker/agent/reservation"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
@@ -102,13 +103,22 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := tenants.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("tenant reconciler: %w", err)
 	}
-	return mgr.Add(&follower.Follower{
+	if err := mgr.Add(&follower.Follower{
 		Broker: o.Broker, Client: mgr.GetClient(), ClusterID: o.ClusterID, Namespace: o.Namespace, Reservations: rec,
+	}); err != nil {
+		return err
+	}
+	coll := collector.New(collector.Options{})
+	if err := coll.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("collector: %w", err)
+	}
+	pub, err := publisher.New(publisher.Config{
+		ClusterID: o.ClusterID, Endpoint: o.Endpoint, Labels: o.Labels, Prices: publisher.PricesFromWire(o.Prices),
+		Debounce: o.Debounce, Period: o.PublishPeriod, Source: coll, Broker: o.Broker,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("rb-agent"),
 	})
+	if err != nil {
+		return fmt.Errorf("publisher: %w", err)
+	}
+	return pub.SetupWithManager(mgr)
 }
-
-// ensure the follower's contract stays what Setup relies on.
-var _ interface {
-	Start(context.Context) error
-	NeedLeaderElection() bool
-} = &follower.Follower{}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -30,6 +31,7 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
+	"github.com/fluidos-project/resource-broker/internal/kubelet"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
 
@@ -142,9 +144,17 @@ func TestReservationAcrossClusters(t *testing.T) {
 	ctx := context.Background()
 	b := brokertest.Start(t, brokertest.Options{})
 	rome, paris := newCluster(t, b, "rome"), newCluster(t, b, "paris")
-	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	cs, err := kubernetes.NewForConfig(paris.cfg)
+	require.NoError(t, err)
+	_, err = kubelet.ReadyNode(ctx, cs, "paris-1", corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("32Gi")}, nil)
+	require.NoError(t, err)
 	rome.startAgent()
-	paris.startAgent()
+	paris.startAgent() // advertises paris from its node
+	require.Eventually(t, func() bool {
+		c, err := b.Store.Cluster(ctx, "paris")
+		return err == nil && c.Allocatable.CPU == 8000
+	}, 10*time.Second, 20*time.Millisecond, "paris's agent advertises its node")
 
 	require.NoError(t, rome.client.Create(ctx, reservationObj("web-0", "2", "4Gi")))
 	rsv := rome.waitPhase("web-0", rbv1.ReservationActive, 10*time.Second)

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/fluidos-project/resource-broker/agent/provider"
+	"github.com/fluidos-project/resource-broker/internal/kubelet"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
 
@@ -141,23 +142,6 @@ func setUp(ctx context.Context, env *envtest.Environment, s spec, out string) (s
 	if err != nil {
 		return "", err
 	}
-	return path, ReadyNode(ctx, cs, s.name+"-node-1", s.node, nil)
-}
-
-// ReadyNode creates a Node that looks like a healthy kubelet's: no taints,
-// Ready, with the given capacity as allocatable too.
-func ReadyNode(ctx context.Context, cs kubernetes.Interface, name string, capacity corev1.ResourceList, labels map[string]string) error {
-	node, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{})
-	if err != nil {
-		return err
-	}
-	node.Spec.Taints = nil // the API server adds node.kubernetes.io/not-ready
-	if node, err = cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
-		return err
-	}
-	node.Status.Capacity, node.Status.Allocatable = capacity, capacity
-	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
-	_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
-	return err
+	_, err = kubelet.ReadyNode(ctx, cs, s.name+"-node-1", s.node, nil)
+	return path, err
 }
