@@ -10,7 +10,7 @@ K8S_LDFLAGS  := -s -w -X $(VERSION_PKG).gitVersion=$(K8S_VERSION) -X $(VERSION_P
 GO_TEST_FLAGS ?= -count=1 -timeout 30m
 BENCH        ?= .
 BENCHTIME    ?= 2s
-BINARIES     := rb-broker rb-agent rbctl
+BINARIES     := rb-broker rb-agent rb-scheduler rbctl
 GOLANGCI_LINT_VERSION ?= v2.15.0
 CONTROLLER_GEN_VERSION ?= v0.20.1
 

@@ -68,6 +68,25 @@ func BenchmarkSchedulingThroughput1000Pods(b *testing.B) {
 	}
 }
 
+// TestSchedulingThroughputBenchmark runs the benchmark above once (warm-up
+// and one pair of runs) as part of the ordinary tests, so that CI executes
+// it: every pod must be bound and no reservation made. The ratio is only
+// logged and guarded against a collapse (below 0.25): on a shared 2-core
+// machine, with other packages' tests running beside it, one pair of runs
+// varies by tens of percent either way. The figures in docs/benchmarks.md
+// come from go test -bench.
+func TestSchedulingThroughputBenchmark(t *testing.T) {
+	r := testing.Benchmark(BenchmarkSchedulingThroughput1000Pods)
+	if r.N == 0 {
+		t.Fatal("the benchmark failed (run it with go test -bench SchedulingThroughput -v to see why)")
+	}
+	t.Logf("default profile %.0f pods/s, resource-broker profile %.0f pods/s, ratio %.2f (%d run(s) of %d pods each)",
+		r.Extra["default-pods/s"], r.Extra["rb-pods/s"], r.Extra["rb/default"], r.N, benchPods)
+	if ratio := r.Extra["rb/default"]; ratio < 0.25 {
+		t.Errorf("resource-broker profile at %.2f of the default profile's throughput", ratio)
+	}
+}
+
 // benchRun schedules benchPods gated pods of profile and returns the time
 // from opening the gate to the last binding.
 func benchRun(b *testing.B, ns, profile, run string) time.Duration {

@@ -114,7 +114,7 @@ func TestFitsReservation(t *testing.T) {
 
 // testPlugin is a plugin with a reservation cache filled by hand (its
 // informer is not run) and no scheduler around it.
-func testPlugin(t *testing.T, rsvs ...*brokerv1alpha1.Reservation) *ResourceBroker {
+func testPlugin(t testing.TB, rsvs ...*brokerv1alpha1.Reservation) *ResourceBroker {
 	t.Helper()
 	s := runtime.NewScheme()
 	require.NoError(t, brokerv1alpha1.AddToScheme(s))
