@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -156,7 +157,14 @@ func TestReservationAcrossClusters(t *testing.T) {
 		return err == nil && c.Allocatable.CPU == 8000
 	}, 10*time.Second, 20*time.Millisecond, "paris's agent advertises its node")
 
-	require.NoError(t, rome.client.Create(ctx, reservationObj("web-0", "2", "4Gi")))
+	// Created as a user would write it: the API server stores "30m" as written,
+	// while Go re-encodes it as "30m0s"; the agent must never send the spec back.
+	web0 := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "broker.fluidos.eu/v1alpha1", "kind": "Reservation",
+		"metadata": map[string]any{"name": "web-0", "namespace": "default"},
+		"spec":     map[string]any{"resources": map[string]any{"cpu": "2", "memory": "4Gi"}, "duration": "30m"},
+	}}
+	require.NoError(t, rome.client.Create(ctx, web0))
 	rsv := rome.waitPhase("web-0", rbv1.ReservationActive, 10*time.Second)
 	assert.Equal(t, "paris", rsv.Status.Provider)
 	assert.Equal(t, string(rsv.UID), rsv.Status.ReservationID, "idempotency id = UID")

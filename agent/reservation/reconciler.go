@@ -91,8 +91,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !rsv.DeletionTimestamp.IsZero() {
 		return r.release(ctx, &rsv)
 	}
+	// Finalizers are patched, never written with Update: an Update would send
+	// the spec back re-encoded (a duration of 30m as 30m0s), which the CRD's
+	// immutability rule rightly refuses.
+	before := rsv.DeepCopy()
 	if controllerutil.AddFinalizer(&rsv, rbv1.ReleaseFinalizer) {
-		if err := r.Client.Update(ctx, &rsv); err != nil {
+		if err := r.Client.Patch(ctx, &rsv, client.MergeFrom(before)); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -199,8 +203,9 @@ func (r *Reconciler) release(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 		}
 		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "Released", "released at the broker")
 	}
+	before := rsv.DeepCopy()
 	controllerutil.RemoveFinalizer(rsv, rbv1.ReleaseFinalizer)
-	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, rsv))
+	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Patch(ctx, rsv, client.MergeFrom(before)))
 }
 
 func (r *Reconciler) fail(ctx context.Context, rsv *rbv1.Reservation, reason, msg string, retry bool) (ctrl.Result, error) {

@@ -82,6 +82,7 @@ func newCommand() *cobra.Command {
 	gf := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(gf)
 	f.AddGoFlagSet(gf)
+	f.AddGoFlagSet(flag.CommandLine) // controller-runtime's --kubeconfig
 	return cmd
 }
 
