@@ -51,6 +51,9 @@ var activateOnChanges atomic.Bool
 
 func init() { activateOnChanges.Store(true) }
 
+// createRetryDelay: how long after giving up on a create the pod is retried.
+const createRetryDelay = 30 * time.Second
+
 // cacheSyncTimeout bounds the wait for the first list of Reservations at start-up.
 var cacheSyncTimeout = time.Minute
 
@@ -459,7 +462,7 @@ func (pl *ResourceBroker) buildReservation(namespace, name string, uid types.UID
 
 // created follows up a create: when the cache already has the reservation
 // the in-flight mark goes (otherwise the informer's Add does it); a create
-// given up on is reported on the pod and the pod is retried.
+// given up on is reported on the pod, which is retried after createRetryDelay.
 func (pl *ResourceBroker) created(o op, err error) {
 	pod, perr := pl.podLister.Pods(o.namespace).Get(o.podName)
 	if perr != nil || pod.UID != o.uid {
@@ -469,7 +472,9 @@ func (pl *ResourceBroker) created(o op, err error) {
 	if err != nil {
 		pl.handle.EventRecorder().Eventf(pod, nil, v1.EventTypeWarning, "BrokerReservationFailed", "Create",
 			"Could not create broker reservation %s: %v", o.name, err)
-		pl.activate(pod)
+		// Try again later rather than at once: an error that outlived the
+		// worker's retries is unlikely to clear in the next millisecond.
+		time.AfterFunc(createRetryDelay, func() { pl.activate(pod) })
 		return
 	}
 	if pl.rsvs.forPod(pod) != nil {
