@@ -1,0 +1,113 @@
+// Package bridge is the requester side's last step: it turns the reservations
+// this cluster won into a node the scheduler can bind pods to, and makes the
+// pods bound there run on the provider. One interface, two implementations,
+// chosen by --bridge:
+//
+//   - virtual-kubelet (default, needs nothing but the two API servers): one
+//     virtual node rb-<provider> per provider, served in-process with
+//     github.com/virtual-kubelet/virtual-kubelet; its pods are mirrored into
+//     the provider's tenant namespace with the credentials the provider granted
+//     (see package virtualkubelet).
+//   - liqo (clusters peered with Liqo): a Liqo ResourceSlice per reservation,
+//     whose virtual node is labelled for the scheduler plugin (see package liqo).
+//
+// Either way the bridge writes status.virtualNode of the Reservations it serves.
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/fluidos-project/resource-broker/agent/bridge/liqo"
+	"github.com/fluidos-project/resource-broker/agent/bridge/virtualkubelet"
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+// Modes of the bridge (the --bridge flag).
+const (
+	ModeVirtualKubelet = "virtual-kubelet"
+	ModeLiqo           = "liqo"
+)
+
+// Modes lists the accepted modes, the default first.
+var Modes = []string{ModeVirtualKubelet, ModeLiqo}
+
+// Bridge is what the agent runs: it registers its controllers and runnables
+// with the manager (all of them leader-elected).
+type Bridge interface {
+	SetupWithManager(mgr ctrl.Manager) error
+}
+
+// GrantSource reads a reservation with the provider's grant (endpoint, CA,
+// token, namespace); the broker client (*client.Client) satisfies it.
+type GrantSource interface {
+	Reservation(ctx context.Context, id string) (api.Reservation, error)
+}
+
+// Options configure a bridge. Zero values take the defaults.
+type Options struct {
+	// ClusterID is this (requester) cluster's id.
+	ClusterID string
+	// Grants reads the providers' grants (virtual-kubelet mode; required there).
+	Grants GrantSource
+	// Log is the bridge's logger (default: the manager's).
+	Log logr.Logger
+
+	// LeaseDuration of the virtual nodes' Lease in kube-node-lease (default 40s,
+	// the kubelet's); it is renewed every quarter of it.
+	LeaseDuration time.Duration
+	// StatusSyncPeriod is how often a virtual node's status is rewritten when
+	// nothing changed (default 1m); changes are written at once.
+	StatusSyncPeriod time.Duration
+	// ProbePeriod is how often the provider's API is checked with the granted
+	// token (default 5s, at least 1s); two failures in a row make the node NotReady.
+	ProbePeriod time.Duration
+	// PodsPerReservation is the pod capacity each active reservation adds to its
+	// virtual node (default 110, the kubelet's default).
+	PodsPerReservation int64
+	// KubeletAddress is where the virtual nodes' kubelet endpoint listens, for
+	// `kubectl logs` (default ":10250"; "off" disables it).
+	KubeletAddress string
+	// NodeIP is the address the API server uses to reach that endpoint: the
+	// agent pod's IP (default $POD_IP).
+	NodeIP string
+	// KubeletClientCA (PEM) verifies the API server's client certificate on the
+	// kubelet endpoint (default: client-ca-file of
+	// kube-system/extension-apiserver-authentication).
+	KubeletClientCA []byte
+
+	// LiqoNamespace maps a provider to its Liqo tenant namespace (liqo mode;
+	// default "liqo-tenant-<provider>").
+	LiqoNamespace func(provider string) string
+}
+
+// New returns the bridge of mode ("" means virtual-kubelet).
+func New(mode string, o Options) (Bridge, error) {
+	if o.ClusterID == "" {
+		return nil, errors.New("bridge: the cluster id is required")
+	}
+	if err := api.ValidateClusterID(o.ClusterID); err != nil {
+		return nil, fmt.Errorf("bridge: %w", err)
+	}
+	switch mode {
+	case "", ModeVirtualKubelet:
+		if o.Grants == nil {
+			return nil, errors.New("bridge: virtual-kubelet mode needs a grant source (the broker client)")
+		}
+		return virtualkubelet.New(virtualkubelet.Config{
+			ClusterID: o.ClusterID, Grants: o.Grants, Log: o.Log,
+			LeaseDuration: o.LeaseDuration, StatusSyncPeriod: o.StatusSyncPeriod, ProbePeriod: o.ProbePeriod,
+			PodsPerReservation: o.PodsPerReservation,
+			KubeletAddress:     o.KubeletAddress, NodeIP: o.NodeIP, KubeletClientCA: o.KubeletClientCA,
+		})
+	case ModeLiqo:
+		return liqo.New(liqo.Config{ClusterID: o.ClusterID, Log: o.Log, TenantNamespace: o.LiqoNamespace})
+	default:
+		return nil, fmt.Errorf("bridge: unknown mode %q (want %q or %q)", mode, ModeVirtualKubelet, ModeLiqo)
+	}
+}

@@ -1,0 +1,354 @@
+// Package virtualkubelet is the built-in bridge: for every provider that
+// holds an active reservation of this cluster, a virtual node rb-<provider>
+// served in-process with github.com/virtual-kubelet/virtual-kubelet's node
+// package. Its capacity is the sum of the active reservations to that
+// provider; the pods the scheduler binds to it are mirrored into the
+// provider's tenant namespace with the credentials the provider granted
+// through the broker, and their status flows back from an informer on that
+// namespace.
+//
+// Pieces, in virtual-kubelet's terms:
+//   - Bridge: a controller over Reservations that starts, sizes and removes the
+//     virtual nodes, and writes status.virtualNode;
+//   - providerNode: the NodeProvider of one node (Ready while the provider's
+//     API answers with the granted token), its credentials and probe;
+//   - podHandler: the PodLifecycleHandler and PodNotifier of one node;
+//   - objectMirror: the ConfigMaps and Secrets its pods use;
+//   - kubeletServer: the nodes' kubelet endpoint, for `kubectl logs`.
+package virtualkubelet
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/fluidos-project/resource-broker/agent/bridge/internal/rsvstatus"
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+// GrantSource reads a reservation with its grant (the broker client).
+type GrantSource interface {
+	Reservation(ctx context.Context, id string) (api.Reservation, error)
+}
+
+// Config of the virtual-kubelet bridge; see bridge.Options for the meaning
+// and defaults.
+type Config struct {
+	ClusterID          string
+	Grants             GrantSource
+	Log                logr.Logger
+	LeaseDuration      time.Duration
+	StatusSyncPeriod   time.Duration
+	ProbePeriod        time.Duration
+	PodsPerReservation int64
+	KubeletAddress     string
+	NodeIP             string
+	KubeletClientCA    []byte
+	// PodSyncWorkers per virtual node (default 10).
+	PodSyncWorkers int
+	// CreateTimeout bounds the retries of a pod's creation at the provider
+	// before the pod is reported failed (default 30s).
+	CreateTimeout time.Duration
+}
+
+// Bridge runs the virtual nodes of this cluster.
+type Bridge struct {
+	cfg      Config
+	log      logr.Logger
+	client   client.Client
+	reader   client.Reader
+	local    kubernetes.Interface
+	recorder record.EventRecorder
+	kubelet  *kubeletServer
+
+	ctx    context.Context // the nodes' lifetime: until the manager stops
+	cancel context.CancelFunc
+	events chan event.GenericEvent
+
+	objectsOnce sync.Once
+	objects     *localObjects
+
+	mu    sync.Mutex
+	nodes map[string]*providerNode // by provider
+}
+
+// New checks the configuration and fills in the defaults.
+func New(cfg Config) (*Bridge, error) {
+	if cfg.ClusterID == "" || cfg.Grants == nil {
+		return nil, errors.New("virtual-kubelet bridge: a cluster id and a grant source are required")
+	}
+	if cfg.LeaseDuration == 0 {
+		cfg.LeaseDuration = 40 * time.Second
+	}
+	if cfg.LeaseDuration < 4*time.Second {
+		return nil, fmt.Errorf("lease duration %s: at least 4s", cfg.LeaseDuration)
+	}
+	if cfg.StatusSyncPeriod == 0 {
+		cfg.StatusSyncPeriod = time.Minute
+	}
+	if cfg.ProbePeriod == 0 {
+		cfg.ProbePeriod = 5 * time.Second
+	}
+	if cfg.ProbePeriod < time.Second {
+		return nil, fmt.Errorf("probe period %s: at least 1s", cfg.ProbePeriod)
+	}
+	if cfg.PodsPerReservation == 0 {
+		cfg.PodsPerReservation = 110
+	}
+	if cfg.KubeletAddress == "" {
+		cfg.KubeletAddress = ":10250"
+	}
+	if cfg.NodeIP == "" {
+		cfg.NodeIP = os.Getenv("POD_IP")
+	}
+	if cfg.PodSyncWorkers == 0 {
+		cfg.PodSyncWorkers = 10
+	}
+	if cfg.CreateTimeout == 0 {
+		cfg.CreateTimeout = 30 * time.Second
+	}
+	return &Bridge{cfg: cfg, nodes: map[string]*providerNode{}, events: make(chan event.GenericEvent, 256)}, nil
+}
+
+// SetupWithManager registers the controller and the runnable that serves the
+// kubelet endpoint and stops the nodes with the manager.
+func (b *Bridge) SetupWithManager(mgr ctrl.Manager) error {
+	b.log = b.cfg.Log
+	if b.log.GetSink() == nil {
+		b.log = mgr.GetLogger()
+	}
+	b.log = b.log.WithName("bridge")
+	local, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	b.local, b.client, b.reader = local, mgr.GetClient(), mgr.GetAPIReader()
+	b.recorder = mgr.GetEventRecorderFor("rb-virtual-kubelet") //nolint:staticcheck // virtual-kubelet takes a record.EventRecorder
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	if b.cfg.KubeletAddress != "off" {
+		if b.kubelet, err = newKubeletServer(b, b.cfg.KubeletAddress); err != nil {
+			return err
+		}
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &rbv1.Reservation{}, rsvstatus.ProviderIndex, rsvstatus.IndexProvider); err != nil {
+		return err
+	}
+	byProvider := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		if p := o.(*rbv1.Reservation).Status.Provider; p != "" {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: p}}}
+		}
+		return nil
+	})
+	ourNodes := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		l := o.GetLabels()
+		if p := l[rbv1.ProviderLabel]; p != "" && l[TypeLabel] == TypeValue && l[rbv1.ManagedByLabel] == rbv1.ManagedByValue {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: p}}}
+		}
+		return nil
+	})
+	if err := mgr.Add(b); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("bridge-virtual-kubelet").
+		Watches(&rbv1.Reservation{}, byProvider).
+		Watches(&corev1.Node{}, ourNodes, builder.WithPredicates(predicate.Funcs{
+			UpdateFunc: func(event.UpdateEvent) bool { return false }, // only creations and deletions matter
+		})).
+		WatchesRawSource(source.Channel(b.events, &handler.EnqueueRequestForObject{})).
+		Complete(b)
+}
+
+// Start serves the kubelet endpoint until ctx ends, then stops the virtual
+// nodes (their Node objects stay: the pods run on; the next leader takes over).
+func (b *Bridge) Start(ctx context.Context) error {
+	errc := make(chan error, 1)
+	if b.kubelet != nil {
+		go func() { errc <- b.kubelet.serve(ctx) }()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if err != nil {
+			b.log.Error(err, "kubelet endpoint stopped")
+		}
+		<-ctx.Done()
+	}
+	b.cancel()
+	b.mu.Lock()
+	nodes := b.nodes
+	b.nodes = map[string]*providerNode{}
+	b.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() { defer wg.Done(); n.stop() }()
+	}
+	wg.Wait()
+	return nil
+}
+
+// enqueue asks the controller to look at a provider again.
+func (b *Bridge) enqueue(provider string) {
+	select {
+	case b.events <- event.GenericEvent{Object: &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Name: provider}}}:
+	default: // full: a reconcile of everything queued is coming anyway
+	}
+}
+
+func (b *Bridge) runningNodes() []*providerNode {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]*providerNode, 0, len(b.nodes))
+	for _, n := range b.nodes {
+		out = append(out, n)
+	}
+	return out
+}
+
+// Reconcile brings the virtual node of one provider (req.Name) in line with
+// the reservations to it: started once one is active, sized to the active
+// ones, removed when none is live and no pod is left on it.
+func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	provider := req.Name
+	if b.ctx.Err() != nil {
+		return ctrl.Result{}, nil
+	}
+	var list rbv1.ReservationList
+	if err := b.client.List(ctx, &list, client.MatchingFields{rsvstatus.ProviderIndex: provider}); err != nil {
+		return ctrl.Result{}, err
+	}
+	var live, active []*rbv1.Reservation
+	for i := range list.Items {
+		r := &list.Items[i]
+		if rsvstatus.Live(r) {
+			live = append(live, r)
+		}
+		if rsvstatus.Active(r) {
+			active = append(active, r)
+		}
+	}
+	slices.SortFunc(active, func(x, y *rbv1.Reservation) int { // newest first: their grants last longest
+		return cmp.Or(y.CreationTimestamp.Compare(x.CreationTimestamp.Time), cmp.Compare(x.Name, y.Name))
+	})
+	ids := make([]string, 0, len(active))
+	for _, r := range active {
+		if r.Status.ReservationID != "" {
+			ids = append(ids, r.Status.ReservationID)
+		}
+	}
+	name := NodeName(provider)
+
+	b.mu.Lock()
+	n := b.nodes[provider]
+	b.mu.Unlock()
+	if n == nil {
+		start := len(active) > 0
+		if !start {
+			// A node left by an earlier run: serve it while something needs it.
+			exists, pods, err := b.leftover(ctx, name)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
+			switch {
+			case exists && (len(live) > 0 || pods > 0):
+				start = true
+			case exists:
+				return ctrl.Result{}, b.removeNode(ctx, name)
+			default:
+				return ctrl.Result{}, nil
+			}
+		}
+		if start {
+			var err error
+			if n, err = b.newProviderNode(provider); err != nil {
+				return ctrl.Result{}, err
+			}
+			b.mu.Lock()
+			b.nodes[provider] = n
+			b.mu.Unlock()
+		}
+	}
+	n.setReservations(ids, rsvstatus.Sum(active))
+
+	if len(live) == 0 {
+		if !n.localSynced() {
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		if n.hasPods() {
+			b.log.V(1).Info("no live reservation, waiting for the pods to leave", "node", name)
+			return ctrl.Result{}, nil
+		}
+		b.mu.Lock()
+		delete(b.nodes, provider)
+		b.mu.Unlock()
+		n.stop()
+		return ctrl.Result{}, b.removeNode(ctx, name)
+	}
+	var errs []error
+	for _, r := range live {
+		errs = append(errs, rsvstatus.SetVirtualNode(ctx, b.client, r, name))
+	}
+	return ctrl.Result{}, errors.Join(errs...)
+}
+
+// leftover tells whether our node exists and how many unfinished pods it has.
+func (b *Bridge) leftover(ctx context.Context, name string) (bool, int, error) {
+	var node corev1.Node
+	if err := b.reader.Get(ctx, types.NamespacedName{Name: name}, &node); err != nil {
+		return false, 0, client.IgnoreNotFound(err)
+	}
+	if node.Labels[rbv1.ManagedByLabel] != rbv1.ManagedByValue || node.Labels[TypeLabel] != TypeValue {
+		return false, 0, nil // not ours
+	}
+	var pods corev1.PodList
+	if err := b.reader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": name}); err != nil {
+		return true, 0, err
+	}
+	count := 0
+	for i := range pods.Items {
+		if !finished(&pods.Items[i]) {
+			count++
+		}
+	}
+	return true, count, nil
+}
+
+// removeNode deletes the virtual node and its lease.
+func (b *Bridge) removeNode(ctx context.Context, name string) error {
+	b.log.Info("removing virtual node: no live reservation and no pod left", "node", name)
+	err := b.local.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	err = b.local.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+// NeedLeaderElection: the virtual nodes are served by the leader only.
+func (b *Bridge) NeedLeaderElection() bool { return true }

@@ -1,0 +1,522 @@
+package virtualkubelet_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/fluidos-project/resource-broker/agent"
+	"github.com/fluidos-project/resource-broker/agent/bridge"
+	"github.com/fluidos-project/resource-broker/agent/bridge/internal/bridgetest"
+	"github.com/fluidos-project/resource-broker/agent/bridge/virtualkubelet"
+	"github.com/fluidos-project/resource-broker/agent/provider"
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
+	"github.com/fluidos-project/resource-broker/internal/testenv"
+)
+
+const (
+	agentNamespace = "resource-broker"
+	leaseDuration  = 10 * time.Second
+)
+
+// member is a cluster with its agent.
+type member struct {
+	*bridgetest.Cluster
+	t      *testing.T
+	id     string
+	broker *brokertest.Broker
+	stop   context.CancelFunc
+	done   chan error
+}
+
+func newMember(t *testing.T, b *brokertest.Broker, id string, o bridgetest.Options) *member {
+	t.Helper()
+	o.CRDDirs = append(o.CRDDirs, testenv.ModulePath(t, "manifests", "crds"))
+	c := bridgetest.Start(t, id, o)
+	ctx := context.Background()
+	require.NoError(t, c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNamespace}}))
+	require.NoError(t, c.Client.Create(ctx, provider.NewTenantClusterRole()), "installed by manifests/agent")
+	return &member{Cluster: c, t: t, id: id, broker: b}
+}
+
+func (m *member) brokerClient(opts ...brokerclient.Option) *brokerclient.Client {
+	bc, err := brokerclient.New(m.broker.URL, m.broker.ClusterCertDir(m.id), opts...)
+	require.NoError(m.t, err)
+	return bc
+}
+
+// startAgent runs the agent in-process, with the bridge when o is not nil,
+// wired as agent.Setup's caller does.
+func (m *member) startAgent(o *bridge.Options) {
+	m.t.Helper()
+	mgr, err := ctrl.NewManager(m.Config, ctrl.Options{
+		Scheme:                 bridgetest.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		Logger:                 bridgetest.Logger(m.t, 0).WithName(m.id),
+	})
+	require.NoError(m.t, err)
+	bc := m.brokerClient(brokerclient.WithRetries(1, 50*time.Millisecond))
+	ao := agent.Options{ClusterID: m.id, Broker: bc, Namespace: agentNamespace,
+		TokenTTL: 10 * time.Minute, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}
+	ao.EndpointFrom(m.Config)
+	require.NoError(m.t, agent.Setup(mgr, ao))
+	if o != nil {
+		bo := *o
+		bo.ClusterID, bo.Grants = m.id, bc
+		br, err := bridge.New(bridge.ModeVirtualKubelet, bo)
+		require.NoError(m.t, err)
+		require.NoError(m.t, br.SetupWithManager(mgr))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.stop, m.done = cancel, make(chan error, 1)
+	go func() { m.done <- mgr.Start(ctx) }()
+	m.t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-m.done:
+			assert.NoError(m.t, err)
+		case <-time.After(30 * time.Second):
+			m.t.Error("agent did not stop")
+		}
+	})
+}
+
+func reservation(name, cpu, memory string) *rbv1.Reservation {
+	return &rbv1.Reservation{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: rbv1.ReservationSpec{Resources: corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(memory)}},
+	}
+}
+
+func (m *member) waitReservation(t testing.TB, name string, cond func(*rbv1.Reservation) bool, within time.Duration) *rbv1.Reservation {
+	t.Helper()
+	var rsv rbv1.Reservation
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		require.NoError(c, m.Client.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: name}, &rsv))
+		assert.True(c, cond(&rsv), "status: %+v", rsv.Status)
+	}, within, 20*time.Millisecond)
+	return &rsv
+}
+
+func (m *member) node(name string) (*corev1.Node, error) {
+	var n corev1.Node
+	err := m.Client.Get(context.Background(), types.NamespacedName{Name: name}, &n)
+	return &n, err
+}
+
+func readyCondition(n *corev1.Node) corev1.NodeCondition {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c
+		}
+	}
+	return corev1.NodeCondition{}
+}
+
+// waitReady waits for the node's Ready condition and returns how long it took.
+func (m *member) waitReady(t testing.TB, name string, want corev1.ConditionStatus, reason string, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		n, err := m.node(name)
+		require.NoError(c, err)
+		rc := readyCondition(n)
+		assert.Equal(c, want, rc.Status, "%+v", rc)
+		if reason != "" {
+			assert.Equal(c, reason, rc.Reason, "%+v", rc)
+		}
+	}, within, 20*time.Millisecond)
+	return time.Since(start)
+}
+
+func (m *member) pod(ns, name string) (*corev1.Pod, error) {
+	var p corev1.Pod
+	err := m.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &p)
+	return &p, err
+}
+
+// boundPod is a pod the scheduler bound to the virtual node, with what a
+// pod of this cluster carries: a service account token volume (as the
+// ServiceAccount admission plugin adds it), the virtual node's selector and
+// toleration, our scheduler's name.
+func boundPod(ns, name string, policy corev1.RestartPolicy) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": name}, Annotations: map[string]string{"team": "blue"}},
+		Spec: corev1.PodSpec{
+			NodeName: "rb-paris", SchedulerName: "resource-broker", ServiceAccountName: "web-sa", RestartPolicy: policy,
+			NodeSelector: map[string]string{rbv1.ProviderLabel: "paris"},
+			Tolerations:  []corev1.Toleration{{Key: rbv1.VirtualNodeTaint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			Volumes: []corev1.Volume{
+				{Name: "kube-api-access-x7k2p", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+					{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: ptr.To(int64(3607))}},
+					{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"},
+						Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+				}}}},
+			},
+			Containers: []corev1.Container{{
+				Name: "main", Image: "nginx:1.27",
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")}},
+				VolumeMounts: []corev1.VolumeMount{{Name: "kube-api-access-x7k2p", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true}},
+			}},
+		},
+	}
+}
+
+// TestVirtualKubelet runs the virtual-kubelet bridge between two real API
+// servers (rome, the requester; paris, the provider, whose pods a fake
+// kubelet runs), a real broker and both agents, through a virtual node's life.
+func TestVirtualKubelet(t *testing.T) {
+	ctx := context.Background()
+	b := brokertest.Start(t, brokertest.Options{})
+	rome := newMember(t, b, "rome", bridgetest.Options{})
+	paris := newMember(t, b, "paris", bridgetest.Options{AuditNamespaces: []string{"rb-rome"}})
+	kubelet := paris.RunKubelet("paris-node-1", "rb-rome", corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("16"), corev1.ResourceMemory: resource.MustParse("64Gi"), corev1.ResourcePods: resource.MustParse("110")})
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	paris.startAgent(nil)
+	rome.startAgent(&bridge.Options{
+		LeaseDuration: leaseDuration, ProbePeriod: time.Second, StatusSyncPeriod: 5 * time.Second,
+		KubeletAddress: "127.0.0.1:0", NodeIP: "127.0.0.1", Log: bridgetest.Logger(t, 1),
+	})
+	require.NoError(t, rome.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}))
+	var rsv *rbv1.Reservation
+
+	t.Run("reserved: virtual node rb-paris with the reservation's capacity and our taint", func(t *testing.T) {
+		start := time.Now()
+		require.NoError(t, rome.Client.Create(ctx, reservation("web", "2", "4Gi")))
+		rsv = rome.waitReservation(t, "web", func(r *rbv1.Reservation) bool { return r.Status.Phase == rbv1.ReservationActive }, 15*time.Second)
+		rome.waitReady(t, "rb-paris", corev1.ConditionTrue, virtualkubelet.ReasonReachable, 15*time.Second)
+		t.Logf("reservation created -> rb-paris Ready: %s", time.Since(start).Round(time.Millisecond))
+		n, err := rome.node("rb-paris")
+		require.NoError(t, err)
+		assert.Equal(t, "paris", n.Labels[rbv1.ProviderLabel])
+		assert.Equal(t, "virtual-kubelet", n.Labels["type"])
+		// (The API server also adds node.kubernetes.io/not-ready, which the node
+		// lifecycle controller, absent here, removes once the node is Ready.)
+		assert.Contains(t, n.Spec.Taints, corev1.Taint{Key: rbv1.VirtualNodeTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule})
+		for _, list := range []corev1.ResourceList{n.Status.Capacity, n.Status.Allocatable} {
+			assert.Equal(t, "2", ptr.To(list[corev1.ResourceCPU]).String())
+			assert.Equal(t, "4Gi", ptr.To(list[corev1.ResourceMemory]).String())
+			assert.Equal(t, "110", ptr.To(list[corev1.ResourcePods]).String())
+		}
+		var lease coordinationv1.Lease
+		require.NoError(t, rome.Client.Get(ctx, types.NamespacedName{Namespace: corev1.NamespaceNodeLease, Name: "rb-paris"}, &lease))
+		assert.Equal(t, int32(leaseDuration/time.Second), ptr.Deref(lease.Spec.LeaseDurationSeconds, 0))
+		rome.waitReservation(t, "web", func(r *rbv1.Reservation) bool { return r.Status.VirtualNode == "rb-paris" }, 5*time.Second)
+
+		require.NoError(t, rome.Client.Create(ctx, reservation("web-1", "1", "1Gi")))
+		rome.waitReservation(t, "web-1", func(r *rbv1.Reservation) bool { return r.Status.VirtualNode == "rb-paris" }, 15*time.Second)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			n, err := rome.node("rb-paris")
+			require.NoError(c, err)
+			assert.Equal(c, "3", ptr.To(n.Status.Capacity[corev1.ResourceCPU]).String())
+			assert.Equal(c, "5Gi", ptr.To(n.Status.Capacity[corev1.ResourceMemory]).String())
+			assert.Equal(c, "220", ptr.To(n.Status.Allocatable[corev1.ResourcePods]).String())
+		}, 10*time.Second, 20*time.Millisecond, "the sum of the active reservations")
+		rsv = rome.waitReservation(t, "web", func(r *rbv1.Reservation) bool { return r.Status.Phase == rbv1.ReservationActive }, time.Second)
+		assert.Equal(t, "rb-paris", rsv.Status.VirtualNode, "the reconciler's updates keep the bridge's field")
+	})
+
+	t.Run("a pod bound to rb-paris runs in paris's tenant namespace, its status reflected", func(t *testing.T) {
+		require.NoError(t, rome.Client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "web-config", Namespace: "shop"},
+			Data: map[string]string{"index.html": "hello"}}))
+		require.NoError(t, rome.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "web-creds", Namespace: "shop"},
+			StringData: map[string]string{"password": "s3cret"}}))
+		pod := boundPod("shop", "web-0", corev1.RestartPolicyAlways)
+		pod.Spec.Volumes = append(pod.Spec.Volumes,
+			corev1.Volume{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "web-config"}}}},
+			corev1.Volume{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "web-creds"}}})
+		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts,
+			corev1.VolumeMount{Name: "config", MountPath: "/usr/share/nginx/html"}, corev1.VolumeMount{Name: "creds", MountPath: "/etc/creds"})
+		t0 := time.Now()
+		require.NoError(t, rome.Client.Create(ctx, pod))
+
+		var remote corev1.Pod
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			require.NoError(c, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-0"}, &remote))
+		}, 15*time.Second, 5*time.Millisecond)
+		var local *corev1.Pod
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			var err error
+			local, err = rome.pod("shop", "web-0")
+			require.NoError(c, err)
+			assert.Equal(c, corev1.PodRunning, local.Status.Phase)
+			assert.NotEmpty(c, local.Status.ContainerStatuses)
+		}, 15*time.Second, 5*time.Millisecond)
+		t3 := time.Now()
+		ev := kubelet.Event("shop.web-0")
+		t.Logf("latency: pod bound in rome -> copy seen by paris's kubelet %s -> copy Running %s -> rome's pod Running %s (total %s)",
+			ev.Seen.Sub(t0).Round(time.Millisecond), ev.Running.Sub(ev.Seen).Round(time.Millisecond), t3.Sub(ev.Running).Round(time.Millisecond), t3.Sub(t0).Round(time.Millisecond))
+
+		require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-0"}, &remote))
+		// The copy: no token, none of rome's placement, marked with its origin.
+		for _, v := range remote.Spec.Volumes {
+			assert.Nil(t, v.Projected, "no service account token volume: %s", v.Name)
+		}
+		for _, m := range remote.Spec.Containers[0].VolumeMounts {
+			assert.NotEqual(t, "/var/run/secrets/kubernetes.io/serviceaccount", m.MountPath)
+		}
+		assert.Equal(t, ptr.To(false), remote.Spec.AutomountServiceAccountToken)
+		assert.NotEqual(t, "web-sa", remote.Spec.ServiceAccountName)
+		assert.Equal(t, "paris-node-1", remote.Spec.NodeName, "placed by paris, not bound to rome's node")
+		assert.Equal(t, corev1.DefaultSchedulerName, remote.Spec.SchedulerName)
+		assert.NotContains(t, remote.Spec.NodeSelector, rbv1.ProviderLabel)
+		for _, tol := range remote.Spec.Tolerations {
+			assert.NotEqual(t, rbv1.VirtualNodeTaint, tol.Key)
+		}
+		assert.Empty(t, remote.OwnerReferences)
+		assert.Equal(t, "web-0", remote.Labels["app"])
+		assert.Equal(t, "rome", remote.Labels[rbv1.RequesterLabel])
+		assert.Equal(t, "blue", remote.Annotations["team"])
+		assert.Equal(t, string(local.UID), remote.Annotations[virtualkubelet.OriginUIDAnnotation])
+		// Its ConfigMap and Secret came along.
+		var cm corev1.ConfigMap
+		require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-config"}, &cm))
+		assert.Equal(t, "hello", cm.Data["index.html"])
+		var secret corev1.Secret
+		require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-creds"}, &secret))
+		assert.Equal(t, "s3cret", string(secret.Data["password"]))
+		assert.True(t, slices.ContainsFunc(remote.Spec.Volumes, func(v corev1.Volume) bool { return v.ConfigMap != nil && v.ConfigMap.Name == "shop.web-config" }))
+		// Rome's pod shows paris's status.
+		assert.Equal(t, "rb-paris", local.Spec.NodeName)
+		assert.Equal(t, remote.Status.PodIP, local.Status.PodIP)
+		assert.Equal(t, remote.Status.ContainerStatuses, local.Status.ContainerStatuses)
+		assert.True(t, slices.ContainsFunc(local.Status.Conditions, func(c corev1.PodCondition) bool {
+			return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+		}))
+
+		// The copies follow their originals.
+		cmLocal := &corev1.ConfigMap{}
+		require.NoError(t, rome.Client.Get(ctx, types.NamespacedName{Namespace: "shop", Name: "web-config"}, cmLocal))
+		cmLocal.Data["index.html"] = "hello again"
+		require.NoError(t, rome.Client.Update(ctx, cmLocal))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			require.NoError(c, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-config"}, &cm))
+			assert.Equal(c, "hello again", cm.Data["index.html"])
+		}, 10*time.Second, 20*time.Millisecond)
+	})
+
+	t.Run("kubectl logs on rome's pod reads paris's pods/log", func(t *testing.T) {
+		data, err := rome.Clientset.CoreV1().Pods("shop").GetLogs("web-0", &corev1.PodLogOptions{Container: "main"}).DoRaw(ctx)
+		require.NoError(t, err, "%s", data)
+		assert.Equal(t, "log of rb-rome/shop.web-0 container main on paris-node-1\n", string(data))
+
+		// The kubelet endpoint authorizes as a kubelet does: nodes/proxy.
+		cfg := rest.CopyConfig(rome.Config)
+		cfg.CertData, cfg.KeyData, err = rome.Authn.Issue("mallory")
+		require.NoError(t, err)
+		_, err = virtualkubeletLogs(ctx, t, cfg, rome, "shop", "web-0")
+		assert.ErrorContains(t, err, "403", "a user without nodes/proxy is refused")
+	})
+
+	t.Run("mirrored objects are written with the tenant token, which works nowhere else", func(t *testing.T) {
+		at, err := rome.brokerClient().Reservation(ctx, rsv.Status.ReservationID)
+		require.NoError(t, err)
+		require.NotNil(t, at.Grant)
+		tenant, err := client.New(&rest.Config{Host: at.Grant.Endpoint, BearerToken: at.Grant.Token,
+			TLSClientConfig: rest.TLSClientConfig{CAData: at.Grant.CABundle}}, client.Options{Scheme: bridgetest.Scheme})
+		require.NoError(t, err)
+		require.NoError(t, tenant.List(ctx, &corev1.PodList{}, client.InNamespace("rb-rome")))
+		err = tenant.List(ctx, &corev1.PodList{}, client.InNamespace("default"))
+		assert.True(t, apierrors.IsForbidden(err), "%v", err)
+		err = tenant.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "default"}})
+		assert.True(t, apierrors.IsForbidden(err), "%v", err)
+		err = tenant.Get(ctx, types.NamespacedName{Namespace: "kube-system", Name: "extension-apiserver-authentication"}, &corev1.ConfigMap{})
+		assert.True(t, apierrors.IsForbidden(err), "%v", err)
+
+		// paris's audit log: who created the copies.
+		creators := map[string][]string{}
+		for _, e := range paris.AuditEvents() {
+			r := e.ObjectRef
+			if e.Verb == "create" && r.Namespace == "rb-rome" && r.Subresource == "" && slices.Contains([]string{"pods", "configmaps", "secrets"}, r.Resource) {
+				creators[e.User.Username] = append(creators[e.User.Username], r.Resource+"/"+r.Name)
+			}
+		}
+		require.NotEmpty(t, creators)
+		assert.Equal(t, []string{"system:serviceaccount:rb-rome:rb-tenant"}, mapsKeys(creators), "creations in rb-rome by user: %v", creators)
+		assert.Subset(t, creators["system:serviceaccount:rb-rome:rb-tenant"], []string{"pods/shop.web-0", "configmaps/shop.web-config", "secrets/shop.web-creds"})
+	})
+
+	t.Run("deleting rome's pod deletes the copy with the same grace period", func(t *testing.T) {
+		t0 := time.Now()
+		require.NoError(t, rome.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-0"}}, client.GracePeriodSeconds(7)))
+		require.Eventually(t, func() bool {
+			_, err := rome.pod("shop", "web-0")
+			return apierrors.IsNotFound(err)
+		}, 15*time.Second, 5*time.Millisecond, "rome's pod goes once the copy is gone, not after the grace period")
+		ev := kubelet.Event("shop.web-0")
+		assert.Equal(t, ptr.To(int64(7)), ev.DeleteGrace, "paris deleted the copy with rome's grace period")
+		t.Logf("latency: delete in rome -> copy deleted at paris %s -> rome's pod gone %s", ev.Deleted.Sub(t0).Round(time.Millisecond), time.Since(ev.Deleted).Round(time.Millisecond))
+		require.Eventually(t, func() bool {
+			err1 := paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-config"}, &corev1.ConfigMap{})
+			err2 := paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-creds"}, &corev1.Secret{})
+			return apierrors.IsNotFound(err1) && apierrors.IsNotFound(err2)
+		}, 10*time.Second, 20*time.Millisecond, "copies no pod uses are deleted")
+	})
+
+	t.Run("a copy deleted behind the bridge's back is recreated, or fails the pod, per restart policy", func(t *testing.T) {
+		require.NoError(t, rome.Client.Create(ctx, boundPod("shop", "always", corev1.RestartPolicyAlways)))
+		require.NoError(t, rome.Client.Create(ctx, boundPod("shop", "never", corev1.RestartPolicyNever)))
+		running := func(name string) {
+			require.EventuallyWithT(t, func(c *assert.CollectT) {
+				p, err := rome.pod("shop", name)
+				require.NoError(c, err)
+				assert.Equal(c, corev1.PodRunning, p.Status.Phase)
+			}, 15*time.Second, 10*time.Millisecond)
+		}
+		running("always")
+		running("never")
+		var before corev1.Pod
+		require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.always"}, &before))
+		for _, name := range []string{"shop.always", "shop.never"} {
+			require.NoError(t, paris.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "rb-rome", Name: name}}))
+		}
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			var after corev1.Pod
+			require.NoError(c, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.always"}, &after))
+			assert.NotEqual(c, before.UID, after.UID, "a new copy")
+			assert.Equal(c, corev1.PodRunning, after.Status.Phase)
+		}, 15*time.Second, 10*time.Millisecond, "restart policy Always: recreated")
+		running("always")
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			p, err := rome.pod("shop", "never")
+			require.NoError(c, err)
+			assert.Equal(c, corev1.PodFailed, p.Status.Phase)
+			assert.Equal(c, "ProviderPodDeleted", p.Status.Reason)
+		}, 15*time.Second, 10*time.Millisecond, "restart policy Never: failed")
+		time.Sleep(time.Second)
+		err := paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.never"}, &corev1.Pod{})
+		assert.True(t, apierrors.IsNotFound(err), "not recreated: %v", err)
+		require.NoError(t, rome.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "never"}}))
+	})
+
+	t.Run("revoked access: rb-paris NotReady with a clear reason, Ready again when restored", func(t *testing.T) {
+		var binding rbacv1.RoleBinding
+		require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: provider.TenantRoleBinding}, &binding))
+		require.NoError(t, paris.Client.Delete(ctx, &binding))
+		took := rome.waitReady(t, "rb-paris", corev1.ConditionFalse, virtualkubelet.ReasonAccessRevoked, 10*time.Second)
+		t.Logf("access revoked -> rb-paris NotReady (AccessRevoked): %s", took.Round(time.Millisecond))
+		n, err := rome.node("rb-paris")
+		require.NoError(t, err)
+		assert.Contains(t, readyCondition(n).Message, "paris revoked access to namespace rb-rome")
+		binding.ResourceVersion, binding.UID = "", ""
+		require.NoError(t, paris.Client.Create(ctx, &binding))
+		rome.waitReady(t, "rb-paris", corev1.ConditionTrue, virtualkubelet.ReasonReachable, 10*time.Second)
+	})
+
+	t.Run("paris's API server stopped: rb-paris NotReady within the lease window; restarted: Ready", func(t *testing.T) {
+		var lease coordinationv1.Lease
+		require.NoError(t, rome.Client.Get(ctx, types.NamespacedName{Namespace: corev1.NamespaceNodeLease, Name: "rb-paris"}, &lease))
+		renewed := lease.Spec.RenewTime.Time
+		stopping := time.Now()
+		paris.StopAPIServer(t)
+		stopped := time.Now()
+		rome.waitReady(t, "rb-paris", corev1.ConditionFalse, virtualkubelet.ReasonUnreachable, leaseDuration)
+		n, err := rome.node("rb-paris")
+		require.NoError(t, err)
+		notReady := readyCondition(n).LastTransitionTime.Time
+		t.Logf("paris API server stopping (SIGTERM, SIGKILL after 5s) -> port closed %s; rb-paris NotReady %s after the stop began (lease %s, probe 1s; the condition's time has second precision)",
+			stopped.Sub(stopping).Round(time.Millisecond), notReady.Sub(stopping.Truncate(time.Second)).Round(time.Second), leaseDuration)
+		assert.Less(t, notReady.Sub(stopping), leaseDuration)
+		require.Eventually(t, func() bool {
+			_ = rome.Client.Get(ctx, types.NamespacedName{Namespace: corev1.NamespaceNodeLease, Name: "rb-paris"}, &lease)
+			return lease.Spec.RenewTime.After(renewed) && lease.Spec.RenewTime.After(stopped)
+		}, leaseDuration, 50*time.Millisecond, "the virtual kubelet renews its lease meanwhile")
+
+		starting := time.Now()
+		paris.StartAPIServer(t)
+		serving := time.Now()
+		rome.waitReady(t, "rb-paris", corev1.ConditionTrue, virtualkubelet.ReasonReachable, 30*time.Second)
+		t.Logf("paris API server down %s; started again -> serving %s -> rb-paris Ready %s later",
+			starting.Sub(stopped).Round(time.Millisecond), serving.Sub(starting).Round(time.Millisecond), time.Since(serving).Round(time.Millisecond))
+		running, err := rome.pod("shop", "always")
+		require.NoError(t, err)
+		assert.Equal(t, corev1.PodRunning, running.Status.Phase)
+	})
+
+	t.Run("the node goes when the last reservation ended and no pod is left", func(t *testing.T) {
+		for _, name := range []string{"web", "web-1"} {
+			require.NoError(t, rome.Client.Delete(ctx, &rbv1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}))
+		}
+		require.Eventually(t, func() bool {
+			var list rbv1.ReservationList
+			require.NoError(t, rome.Client.List(ctx, &list))
+			return len(list.Items) == 0
+		}, 15*time.Second, 20*time.Millisecond)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			n, err := rome.node("rb-paris")
+			require.NoError(c, err)
+			assert.Equal(c, "0", ptr.To(n.Status.Capacity[corev1.ResourceCPU]).String())
+		}, 10*time.Second, 20*time.Millisecond)
+		time.Sleep(time.Second)
+		_, err := rome.node("rb-paris")
+		require.NoError(t, err, "a pod is still on it")
+
+		require.NoError(t, rome.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "always"}}))
+		require.Eventually(t, func() bool {
+			_, err := rome.node("rb-paris")
+			return apierrors.IsNotFound(err)
+		}, 15*time.Second, 20*time.Millisecond)
+		err = rome.Client.Get(ctx, types.NamespacedName{Namespace: corev1.NamespaceNodeLease, Name: "rb-paris"}, &coordinationv1.Lease{})
+		assert.True(t, apierrors.IsNotFound(err), "%v", err)
+	})
+}
+
+// virtualkubeletLogs calls the kubelet endpoint of rb-paris directly with cfg's credentials.
+func virtualkubeletLogs(ctx context.Context, t *testing.T, cfg *rest.Config, rome *member, ns, pod string) ([]byte, error) {
+	t.Helper()
+	n, err := rome.node("rb-paris")
+	require.NoError(t, err)
+	cfg = rest.CopyConfig(cfg)
+	cfg.TLSClientConfig.CAData, cfg.TLSClientConfig.Insecure = nil, true
+	hc, err := rest.HTTPClientFor(cfg)
+	require.NoError(t, err)
+	url := fmt.Sprintf("https://127.0.0.1:%d/containerLogs/%s/%s/main", n.Status.DaemonEndpoints.KubeletEndpoint.Port, ns, pod)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return data, fmt.Errorf("%d: %s", resp.StatusCode, data)
+	}
+	return data, err
+}
+
+func mapsKeys(m map[string][]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

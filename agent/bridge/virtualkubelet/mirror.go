@@ -1,0 +1,478 @@
+package virtualkubelet
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+)
+
+// Marks of origin on mirrored objects (pods, ConfigMaps, Secrets) in the
+// provider's tenant namespace. The label rbv1.RequesterLabel=<this cluster>
+// selects them; the annotations say which local object each one mirrors.
+const (
+	OriginNamespaceAnnotation = "broker.fluidos.eu/origin-namespace"
+	OriginNameAnnotation      = "broker.fluidos.eu/origin-name"
+	OriginUIDAnnotation       = "broker.fluidos.eu/origin-uid"
+	OriginNodeAnnotation      = "broker.fluidos.eu/origin-node"
+)
+
+// RemoteName is the name in the tenant namespace of the local object
+// namespace/name. A namespace has no dots, so "<namespace>.<name>" cannot be
+// the image of any other pair; only a pair longer than an object name allows
+// (253) is shortened with a hash, and an existing object is adopted only when
+// its origin annotations match.
+func RemoteName(namespace, name string) string {
+	full := namespace + "." + name
+	if len(full) <= validation.DNS1123SubdomainMaxLength {
+		return full
+	}
+	sum := sha256.Sum256([]byte(namespace + "/" + name))
+	suffix := hex.EncodeToString(sum[:])[:16]
+	prefix := strings.TrimRight(full[:validation.DNS1123SubdomainMaxLength-len(suffix)-1], "-.")
+	return prefix + "-" + suffix
+}
+
+// mirrorParams is what the pod translation needs to know of the node and tenant.
+type mirrorParams struct {
+	clusterID string // this cluster, the requester
+	namespace string // tenant namespace at the provider
+	node      *corev1.Node
+}
+
+// objectRefs are the ConfigMaps and Secrets (local names) a pod uses.
+type objectRefs struct {
+	ConfigMaps, Secrets []string
+}
+
+func (r objectRefs) empty() bool { return len(r.ConfigMaps) == 0 && len(r.Secrets) == 0 }
+
+// refsOf lists the ConfigMaps and Secrets a pod mounts, reads into its
+// environment, or pulls images with.
+func refsOf(pod *corev1.Pod) objectRefs {
+	cms, secrets := map[string]bool{}, map[string]bool{}
+	for _, v := range pod.Spec.Volumes {
+		switch {
+		case v.ConfigMap != nil:
+			cms[v.ConfigMap.Name] = true
+		case v.Secret != nil:
+			secrets[v.Secret.SecretName] = true
+		case v.Projected != nil:
+			if isServiceAccountVolume(v) {
+				continue // dropped by the mirror
+			}
+			for _, s := range v.Projected.Sources {
+				if s.ConfigMap != nil {
+					cms[s.ConfigMap.Name] = true
+				}
+				if s.Secret != nil {
+					secrets[s.Secret.Name] = true
+				}
+			}
+		}
+	}
+	eachContainer(&pod.Spec, func(env []corev1.EnvVar, from []corev1.EnvFromSource) {
+		for _, e := range env {
+			if e.ValueFrom == nil {
+				continue
+			}
+			if r := e.ValueFrom.ConfigMapKeyRef; r != nil {
+				cms[r.Name] = true
+			}
+			if r := e.ValueFrom.SecretKeyRef; r != nil {
+				secrets[r.Name] = true
+			}
+		}
+		for _, f := range from {
+			if f.ConfigMapRef != nil {
+				cms[f.ConfigMapRef.Name] = true
+			}
+			if f.SecretRef != nil {
+				secrets[f.SecretRef.Name] = true
+			}
+		}
+	})
+	for _, s := range pod.Spec.ImagePullSecrets {
+		secrets[s.Name] = true
+	}
+	delete(cms, "")
+	delete(secrets, "")
+	return objectRefs{ConfigMaps: slices.Sorted(maps.Keys(cms)), Secrets: slices.Sorted(maps.Keys(secrets))}
+}
+
+func eachContainer(spec *corev1.PodSpec, fn func([]corev1.EnvVar, []corev1.EnvFromSource)) {
+	for i := range spec.InitContainers {
+		fn(spec.InitContainers[i].Env, spec.InitContainers[i].EnvFrom)
+	}
+	for i := range spec.Containers {
+		fn(spec.Containers[i].Env, spec.Containers[i].EnvFrom)
+	}
+	for i := range spec.EphemeralContainers {
+		fn(spec.EphemeralContainers[i].Env, spec.EphemeralContainers[i].EnvFrom)
+	}
+}
+
+// isServiceAccountVolume: the projected volume the ServiceAccount admission
+// plugin adds (kube-api-access-*), or any projection of a token.
+func isServiceAccountVolume(v corev1.Volume) bool {
+	if v.Projected == nil {
+		return false
+	}
+	for _, s := range v.Projected.Sources {
+		if s.ServiceAccountToken != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// errUnsupported marks a pod the bridge cannot run on a provider.
+type errUnsupported struct{ msg string }
+
+func (e errUnsupported) Error() string { return e.msg }
+
+// remotePod is the pod to create in the tenant namespace for local:
+//   - name mapped by RemoteName, labels and annotations carried with the marks of origin;
+//   - the service account token and its mounts dropped, no token automounted;
+//   - node-specific fields dropped: node name, scheduler, priority class,
+//     overhead, the virtual node's selectors, affinity terms and tolerations;
+//   - ConfigMaps, Secrets and image pull secrets renamed to their copies;
+//   - downward API fields that would read the provider's copy (name,
+//     namespace, uid, node, service account) resolved to the local pod's values.
+func remotePod(local *corev1.Pod, p mirrorParams) (*corev1.Pod, error) {
+	for _, v := range local.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			return nil, errUnsupported{fmt.Sprintf("volume %q: PersistentVolumeClaims cannot follow a pod to another cluster", v.Name)}
+		}
+	}
+	ns := local.Namespace
+	spec := local.Spec.DeepCopy()
+
+	// Identity and placement belong to this cluster.
+	spec.NodeName = ""
+	spec.SchedulerName = ""
+	spec.Priority, spec.PriorityClassName, spec.PreemptionPolicy = nil, "", nil
+	spec.Overhead = nil
+	spec.SchedulingGates = nil
+	spec.ServiceAccountName, spec.DeprecatedServiceAccount = "", ""
+	spec.AutomountServiceAccountToken = ptrTo(false)
+	if spec.Hostname == "" && len(validation.IsDNS1123Label(local.Name)) == 0 {
+		spec.Hostname = local.Name // what the pod would see as its host name here
+	}
+	dropNodeSelection(spec, p.node)
+
+	// Drop the token volume and its mounts.
+	dropped := map[string]bool{}
+	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v corev1.Volume) bool {
+		if isServiceAccountVolume(v) {
+			dropped[v.Name] = true
+			return true
+		}
+		return false
+	})
+	unmount := func(ms []corev1.VolumeMount) []corev1.VolumeMount {
+		return slices.DeleteFunc(ms, func(m corev1.VolumeMount) bool { return dropped[m.Name] })
+	}
+	for i := range spec.InitContainers {
+		spec.InitContainers[i].VolumeMounts = unmount(spec.InitContainers[i].VolumeMounts)
+	}
+	for i := range spec.Containers {
+		spec.Containers[i].VolumeMounts = unmount(spec.Containers[i].VolumeMounts)
+	}
+	for i := range spec.EphemeralContainers {
+		spec.EphemeralContainers[i].VolumeMounts = unmount(spec.EphemeralContainers[i].VolumeMounts)
+	}
+
+	// Point at the copies.
+	rename := func(name string) string { return RemoteName(ns, name) }
+	for i := range spec.Volumes {
+		v := &spec.Volumes[i]
+		switch {
+		case v.ConfigMap != nil:
+			v.ConfigMap.Name = rename(v.ConfigMap.Name)
+		case v.Secret != nil:
+			v.Secret.SecretName = rename(v.Secret.SecretName)
+		case v.Projected != nil:
+			for j := range v.Projected.Sources {
+				s := &v.Projected.Sources[j]
+				if s.ConfigMap != nil {
+					s.ConfigMap.Name = rename(s.ConfigMap.Name)
+				}
+				if s.Secret != nil {
+					s.Secret.Name = rename(s.Secret.Name)
+				}
+			}
+		}
+	}
+	for i := range spec.ImagePullSecrets {
+		spec.ImagePullSecrets[i].Name = rename(spec.ImagePullSecrets[i].Name)
+	}
+	fixEnv := func(env []corev1.EnvVar, from []corev1.EnvFromSource) {
+		for i := range env {
+			vf := env[i].ValueFrom
+			if vf == nil {
+				continue
+			}
+			if vf.ConfigMapKeyRef != nil {
+				vf.ConfigMapKeyRef.Name = rename(vf.ConfigMapKeyRef.Name)
+			}
+			if vf.SecretKeyRef != nil {
+				vf.SecretKeyRef.Name = rename(vf.SecretKeyRef.Name)
+			}
+			if vf.FieldRef != nil {
+				if v, ok := localField(local, vf.FieldRef.FieldPath); ok {
+					env[i].Value, env[i].ValueFrom = v, nil
+				}
+			}
+		}
+		for i := range from {
+			if from[i].ConfigMapRef != nil {
+				from[i].ConfigMapRef.Name = rename(from[i].ConfigMapRef.Name)
+			}
+			if from[i].SecretRef != nil {
+				from[i].SecretRef.Name = rename(from[i].SecretRef.Name)
+			}
+		}
+	}
+	eachContainer(spec, fixEnv)
+
+	return &corev1.Pod{
+		ObjectMeta: mirrorMeta(local.ObjectMeta, p, map[string]string{OriginNodeAnnotation: local.Spec.NodeName}),
+		Spec:       *spec,
+	}, nil
+}
+
+// localField resolves the downward API fields whose value differs on the
+// provider's copy; the others (IPs, labels, annotations) resolve there.
+func localField(pod *corev1.Pod, path string) (string, bool) {
+	switch path {
+	case "metadata.name":
+		return pod.Name, true
+	case "metadata.namespace":
+		return pod.Namespace, true
+	case "metadata.uid":
+		return string(pod.UID), true
+	case "spec.nodeName":
+		return pod.Spec.NodeName, true
+	case "spec.serviceAccountName":
+		return pod.Spec.ServiceAccountName, true
+	}
+	return "", false
+}
+
+// dropNodeSelection removes what only selects the virtual node: node selector
+// entries it satisfies through its own labels, affinity expressions on those
+// labels, and tolerations of its taints.
+func dropNodeSelection(spec *corev1.PodSpec, node *corev1.Node) {
+	ours := map[string]bool{rbv1.ProviderLabel: true, "type": true, corev1.LabelHostname: true}
+	if node != nil {
+		for k := range node.Labels {
+			if k != corev1.LabelOSStable { // the provider's nodes are linux too; keep the user's intent
+				ours[k] = true
+			}
+		}
+	}
+	for k := range spec.NodeSelector {
+		if ours[k] {
+			delete(spec.NodeSelector, k)
+		}
+	}
+	if len(spec.NodeSelector) == 0 {
+		spec.NodeSelector = nil
+	}
+	if a := spec.Affinity; a != nil && a.NodeAffinity != nil {
+		if req := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution; req != nil {
+			var terms []corev1.NodeSelectorTerm
+			for _, t := range req.NodeSelectorTerms {
+				before := len(t.MatchExpressions) + len(t.MatchFields)
+				t.MatchExpressions = slices.DeleteFunc(t.MatchExpressions, func(e corev1.NodeSelectorRequirement) bool { return ours[e.Key] })
+				t.MatchFields = slices.DeleteFunc(t.MatchFields, func(e corev1.NodeSelectorRequirement) bool { return e.Key == "metadata.name" })
+				if len(t.MatchExpressions)+len(t.MatchFields) > 0 || before == 0 {
+					terms = append(terms, t)
+				}
+			}
+			if len(terms) == 0 {
+				a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution = nil
+			} else {
+				req.NodeSelectorTerms = terms
+			}
+		}
+		if a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil && len(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) == 0 {
+			a.NodeAffinity = nil
+		}
+	}
+	taints := map[string]bool{rbv1.VirtualNodeTaint: true}
+	if node != nil {
+		for _, t := range node.Spec.Taints {
+			taints[t.Key] = true
+		}
+	}
+	spec.Tolerations = slices.DeleteFunc(spec.Tolerations, func(t corev1.Toleration) bool { return t.Key != "" && taints[t.Key] })
+	if len(spec.Tolerations) == 0 {
+		spec.Tolerations = nil
+	}
+}
+
+// mirrorMeta is the metadata of a copy: mapped name, the tenant namespace,
+// the local labels and annotations plus the marks of origin; no owners,
+// finalizers or generated names.
+func mirrorMeta(local metav1.ObjectMeta, p mirrorParams, extra map[string]string) metav1.ObjectMeta {
+	labels := maps.Clone(local.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[rbv1.RequesterLabel] = p.clusterID
+	annotations := maps.Clone(local.Annotations)
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[OriginNamespaceAnnotation] = local.Namespace
+	annotations[OriginNameAnnotation] = local.Name
+	annotations[OriginUIDAnnotation] = string(local.UID)
+	for k, v := range extra {
+		if v != "" {
+			annotations[k] = v
+		}
+	}
+	return metav1.ObjectMeta{Name: RemoteName(local.Namespace, local.Name), Namespace: p.namespace, Labels: labels, Annotations: annotations}
+}
+
+// originOf reads the marks of origin of a copy.
+func originOf(o metav1.Object) (key types.NamespacedName, uid types.UID, ok bool) {
+	a := o.GetAnnotations()
+	key = types.NamespacedName{Namespace: a[OriginNamespaceAnnotation], Name: a[OriginNameAnnotation]}
+	if key.Namespace == "" || key.Name == "" || RemoteName(key.Namespace, key.Name) != o.GetName() {
+		return key, "", false
+	}
+	return key, types.UID(a[OriginUIDAnnotation]), true
+}
+
+// unmirrorMeta strips the marks of origin: the labels and annotations as the
+// local object carries them.
+func unmirrorMeta(remote metav1.ObjectMeta) (labels, annotations map[string]string) {
+	labels, annotations = maps.Clone(remote.Labels), maps.Clone(remote.Annotations)
+	delete(labels, rbv1.RequesterLabel)
+	for _, k := range []string{OriginNamespaceAnnotation, OriginNameAnnotation, OriginUIDAnnotation, OriginNodeAnnotation} {
+		delete(annotations, k)
+	}
+	if len(labels) == 0 {
+		labels = nil
+	}
+	if len(annotations) == 0 {
+		annotations = nil
+	}
+	return labels, annotations
+}
+
+// providerView is the remote pod as the pod controller sees it: in local
+// coordinates, with the remote spec and status.
+func providerView(remote *corev1.Pod, key types.NamespacedName, uid types.UID) *corev1.Pod {
+	out := remote.DeepCopy()
+	out.Name, out.Namespace, out.UID = key.Name, key.Namespace, uid
+	out.Labels, out.Annotations = unmirrorMeta(remote.ObjectMeta)
+	out.ResourceVersion, out.OwnerReferences, out.ManagedFields = "", nil, nil
+	return out
+}
+
+// localStatus is local with the remote pod's status reflected: phase,
+// conditions, container statuses, IPs, start time. The local PodScheduled
+// condition stays (the pod is bound here); the provider's scheduling verdict,
+// while it has not placed the copy, goes in the message.
+func localStatus(local, remote *corev1.Pod, provider string) *corev1.Pod {
+	out := local.DeepCopy()
+	rs := remote.Status.DeepCopy()
+	s := &out.Status
+	s.Phase, s.Reason, s.Message = rs.Phase, rs.Reason, rs.Message
+	s.HostIP, s.HostIPs, s.PodIP, s.PodIPs = rs.HostIP, rs.HostIPs, rs.PodIP, rs.PodIPs
+	s.StartTime = rs.StartTime
+	s.ContainerStatuses, s.InitContainerStatuses, s.EphemeralContainerStatuses =
+		rs.ContainerStatuses, rs.InitContainerStatuses, rs.EphemeralContainerStatuses
+	var scheduled *corev1.PodCondition
+	for i := range local.Status.Conditions {
+		if local.Status.Conditions[i].Type == corev1.PodScheduled {
+			scheduled = local.Status.Conditions[i].DeepCopy()
+		}
+	}
+	conds := make([]corev1.PodCondition, 0, len(rs.Conditions)+1)
+	if scheduled != nil {
+		conds = append(conds, *scheduled)
+	}
+	for _, c := range rs.Conditions {
+		if c.Type == corev1.PodScheduled {
+			if c.Status != corev1.ConditionTrue && s.Message == "" {
+				s.Reason, s.Message = "ProviderPending", fmt.Sprintf("on %s: %s: %s", provider, c.Reason, c.Message)
+			}
+			continue
+		}
+		c.ObservedGeneration = 0
+		conds = append(conds, c)
+	}
+	s.Conditions = conds
+	s.ObservedGeneration = 0
+	return out
+}
+
+// goneStatus is local marked Failed because its copy was deleted at the
+// provider behind the bridge's back, and its restart policy is Never.
+func goneStatus(local *corev1.Pod, provider string) *corev1.Pod {
+	out := local.DeepCopy()
+	now := metav1.Now()
+	s := &out.Status
+	s.Phase = corev1.PodFailed
+	s.Reason = "ProviderPodDeleted"
+	s.Message = fmt.Sprintf("the pod was deleted on provider %s", provider)
+	terminate := func(cs []corev1.ContainerStatus) {
+		for i := range cs {
+			if cs[i].State.Terminated != nil {
+				continue
+			}
+			started := now
+			if cs[i].State.Running != nil {
+				started = cs[i].State.Running.StartedAt
+			}
+			cs[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+				ExitCode: 137, Reason: "ProviderPodDeleted", Message: s.Message, StartedAt: started, FinishedAt: now}}
+			cs[i].Ready, cs[i].Started = false, ptrTo(false)
+		}
+	}
+	terminate(s.ContainerStatuses)
+	terminate(s.InitContainerStatuses)
+	for i := range s.Conditions {
+		switch s.Conditions[i].Type {
+		case corev1.PodReady, corev1.ContainersReady:
+			s.Conditions[i].Status, s.Conditions[i].Reason, s.Conditions[i].LastTransitionTime = corev1.ConditionFalse, "PodFailed", now
+		}
+	}
+	return out
+}
+
+// remoteConfigMap is the copy of a local ConfigMap.
+func remoteConfigMap(local *corev1.ConfigMap, p mirrorParams) *corev1.ConfigMap {
+	return &corev1.ConfigMap{
+		ObjectMeta: mirrorMeta(local.ObjectMeta, p, nil),
+		Immutable:  local.Immutable,
+		Data:       maps.Clone(local.Data),
+		BinaryData: maps.Clone(local.BinaryData),
+	}
+}
+
+// remoteSecret is the copy of a local Secret.
+func remoteSecret(local *corev1.Secret, p mirrorParams) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: mirrorMeta(local.ObjectMeta, p, nil),
+		Immutable:  local.Immutable,
+		Type:       local.Type,
+		Data:       maps.Clone(local.Data),
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

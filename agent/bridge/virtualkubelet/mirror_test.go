@@ -1,0 +1,235 @@
+package virtualkubelet
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+func TestRemoteName(t *testing.T) {
+	assert.Equal(t, "default.web-0", RemoteName("default", "web-0"))
+	// Pairs that would collide under a naive "<namespace>-<name>" scheme do not.
+	assert.NotEqual(t, RemoteName("a-b", "c"), RemoteName("a", "b-c"))
+	// Namespaces have no dots, so the first dot splits the pair back.
+	assert.NotEqual(t, RemoteName("a", "b.c"), RemoteName("ab", "c"))
+
+	long := strings.Repeat("x", 250)
+	n1, n2 := RemoteName("team-a", long), RemoteName("team-b", long)
+	assert.NotEqual(t, n1, n2)
+	for _, n := range []string{n1, n2} {
+		assert.LessOrEqual(t, len(n), validation.DNS1123SubdomainMaxLength)
+		assert.Empty(t, validation.IsDNS1123Subdomain(n), n)
+	}
+	assert.Equal(t, n1, RemoteName("team-a", long), "stable")
+}
+
+func testPod() *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "web-0", Namespace: "shop", UID: "uid-1",
+			Labels:          map[string]string{"app": "web"},
+			Annotations:     map[string]string{"note": "x"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "web", UID: "owner"}},
+			Finalizers:      []string{"example.com/keep"},
+		},
+		Spec: corev1.PodSpec{
+			NodeName: "rb-paris", SchedulerName: "resource-broker", ServiceAccountName: "web-sa",
+			PriorityClassName: "high", Priority: ptrTo(int32(1000)),
+			NodeSelector: map[string]string{rbv1.ProviderLabel: "paris", "disktype": "ssd"},
+			Tolerations: []corev1.Toleration{
+				{Key: rbv1.VirtualNodeTaint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
+				{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptrTo(int64(300))},
+			},
+			ImagePullSecrets: []corev1.LocalObjectReference{{Name: "regcred"}},
+			Volumes: []corev1.Volume{
+				{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "web-config"}}}},
+				{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "web-creds"}}},
+				{Name: "kube-api-access-abcde", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+					{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}},
+					{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"}}},
+				}}}},
+			},
+			Containers: []corev1.Container{{
+				Name: "web", Image: "nginx",
+				Env: []corev1.EnvVar{
+					{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+					{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+					{Name: "LEVEL", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "env-config"}, Key: "level"}}},
+				},
+				EnvFrom: []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "env-secret"}}}},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "config", MountPath: "/etc/web"},
+					{Name: "kube-api-access-abcde", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount"},
+				},
+			}},
+		},
+	}
+}
+
+func TestRefsOf(t *testing.T) {
+	refs := refsOf(testPod())
+	assert.Equal(t, []string{"env-config", "web-config"}, refs.ConfigMaps, "the token volume's kube-root-ca.crt is not copied")
+	assert.Equal(t, []string{"env-secret", "regcred", "web-creds"}, refs.Secrets)
+}
+
+func TestRemotePod(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris", Labels: map[string]string{rbv1.ProviderLabel: "paris", TypeLabel: TypeValue}},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: rbv1.VirtualNodeTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule}}}}
+	local := testPod()
+	remote, err := remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", node: node})
+	require.NoError(t, err)
+
+	assert.Equal(t, "shop.web-0", remote.Name)
+	assert.Equal(t, "rb-rome", remote.Namespace)
+	assert.Equal(t, map[string]string{"app": "web", rbv1.RequesterLabel: "rome"}, remote.Labels)
+	assert.Equal(t, "shop", remote.Annotations[OriginNamespaceAnnotation])
+	assert.Equal(t, "web-0", remote.Annotations[OriginNameAnnotation])
+	assert.Equal(t, "uid-1", remote.Annotations[OriginUIDAnnotation])
+	assert.Equal(t, "x", remote.Annotations["note"])
+	assert.Empty(t, remote.OwnerReferences)
+	assert.Empty(t, remote.Finalizers)
+
+	s := remote.Spec
+	assert.Empty(t, s.NodeName)
+	assert.Empty(t, s.SchedulerName)
+	assert.Empty(t, s.ServiceAccountName)
+	assert.Empty(t, s.PriorityClassName)
+	assert.Nil(t, s.Priority)
+	assert.Equal(t, ptrTo(false), s.AutomountServiceAccountToken)
+	assert.Equal(t, "web-0", s.Hostname)
+	assert.Equal(t, map[string]string{"disktype": "ssd"}, s.NodeSelector)
+	require.Len(t, s.Tolerations, 1)
+	assert.Equal(t, "node.kubernetes.io/not-ready", s.Tolerations[0].Key)
+	assert.Equal(t, []corev1.LocalObjectReference{{Name: "shop.regcred"}}, s.ImagePullSecrets)
+
+	require.Len(t, s.Volumes, 2, "the service account token volume is dropped")
+	assert.Equal(t, "shop.web-config", s.Volumes[0].ConfigMap.Name)
+	assert.Equal(t, "shop.web-creds", s.Volumes[1].Secret.SecretName)
+	c := s.Containers[0]
+	assert.Equal(t, []corev1.VolumeMount{{Name: "config", MountPath: "/etc/web"}}, c.VolumeMounts)
+	assert.Equal(t, corev1.EnvVar{Name: "POD_NAME", Value: "web-0"}, c.Env[0], "resolved to the local pod's name")
+	assert.Equal(t, "status.podIP", c.Env[1].ValueFrom.FieldRef.FieldPath, "resolved at the provider")
+	assert.Equal(t, "shop.env-config", c.Env[2].ValueFrom.ConfigMapKeyRef.Name)
+	assert.Equal(t, "shop.env-secret", c.EnvFrom[0].SecretRef.Name)
+
+	assert.Equal(t, "rb-paris", local.Spec.NodeName, "the local pod is not touched")
+	assert.Len(t, local.Spec.Volumes, 3)
+
+	key, uid, ok := originOf(remote)
+	require.True(t, ok)
+	assert.Equal(t, types.NamespacedName{Namespace: "shop", Name: "web-0"}, key)
+	assert.Equal(t, types.UID("uid-1"), uid)
+	view := providerView(remote, key, uid)
+	assert.Equal(t, local.Labels, view.Labels)
+	assert.Equal(t, local.Annotations, view.Annotations)
+
+	local.Spec.Volumes = append(local.Spec.Volumes, corev1.Volume{Name: "data",
+		VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}}})
+	_, err = remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", node: node})
+	assert.True(t, permanent(err), "PVCs are refused for good: %v", err)
+}
+
+func TestNodeAffinityOnVirtualNode(t *testing.T) {
+	spec := &corev1.PodSpec{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{
+			{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: rbv1.ProviderLabel, Operator: corev1.NodeSelectorOpExists}}},
+		}},
+	}}}
+	dropNodeSelection(spec, nil)
+	assert.Nil(t, spec.Affinity.NodeAffinity, "a term that only selected the virtual node is gone, not left empty (empty matches nothing)")
+
+	spec = &corev1.PodSpec{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{
+			{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: rbv1.ProviderLabel, Operator: corev1.NodeSelectorOpExists},
+				{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}},
+			}},
+		}},
+	}}}
+	dropNodeSelection(spec, nil)
+	terms := spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	require.Len(t, terms, 1)
+	assert.Equal(t, "zone", terms[0].MatchExpressions[0].Key)
+}
+
+func TestLocalStatus(t *testing.T) {
+	local := testPod()
+	local.Status = corev1.PodStatus{Phase: corev1.PodPending, QOSClass: corev1.PodQOSBurstable,
+		Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue}}}
+	now := metav1.Now()
+	remote := &corev1.Pod{Status: corev1.PodStatus{
+		Phase: corev1.PodRunning, PodIP: "10.0.0.7", PodIPs: []corev1.PodIP{{IP: "10.0.0.7"}}, HostIP: "192.168.1.2", StartTime: &now,
+		QOSClass: corev1.PodQOSGuaranteed,
+		Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue},
+		},
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}},
+	}}
+	got := localStatus(local, remote, "paris")
+	assert.Equal(t, corev1.PodRunning, got.Status.Phase)
+	assert.Equal(t, "10.0.0.7", got.Status.PodIP)
+	assert.Equal(t, remote.Status.ContainerStatuses, got.Status.ContainerStatuses)
+	assert.Equal(t, corev1.PodQOSBurstable, got.Status.QOSClass, "immutable: stays")
+	require.Len(t, got.Status.Conditions, 2)
+	assert.Equal(t, corev1.PodScheduled, got.Status.Conditions[0].Type)
+	assert.Equal(t, corev1.PodReady, got.Status.Conditions[1].Type)
+
+	// Not placed at the provider yet: the reason shows, the local pod stays scheduled.
+	remote.Status = corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{
+		{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable", Message: "0/3 nodes are available"}}}
+	got = localStatus(local, remote, "paris")
+	assert.Equal(t, "ProviderPending", got.Status.Reason)
+	assert.Contains(t, got.Status.Message, "on paris: Unschedulable: 0/3 nodes are available")
+	assert.Equal(t, corev1.ConditionTrue, got.Status.Conditions[0].Status)
+
+	failed := goneStatus(localStatus(local, &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning,
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}}}, "paris"), "paris")
+	assert.Equal(t, corev1.PodFailed, failed.Status.Phase)
+	assert.Equal(t, "ProviderPodDeleted", failed.Status.Reason)
+	require.NotNil(t, failed.Status.ContainerStatuses[0].State.Terminated)
+	assert.Equal(t, int32(137), failed.Status.ContainerStatuses[0].State.Terminated.ExitCode)
+}
+
+func TestRefreshIn(t *testing.T) {
+	assert.InDelta(t, float64(30*time.Minute), float64(refreshIn(time.Now().Add(time.Hour), time.Second)), float64(time.Second))
+	assert.InDelta(t, float64(5*time.Minute), float64(refreshIn(time.Now().Add(10*time.Minute), time.Second)), float64(time.Second))
+	assert.Equal(t, 5*time.Second, refreshIn(time.Now().Add(time.Second), 5*time.Second), "never sooner than the floor")
+	assert.Equal(t, 30*time.Minute, refreshIn(time.Now().Add(10*time.Hour), time.Second), "never later than 30m")
+}
+
+// grants answers reservations with grants of given expiries.
+type grants map[string]time.Time
+
+func (g grants) Reservation(_ context.Context, id string) (api.Reservation, error) {
+	exp, ok := g[id]
+	if !ok {
+		return api.Reservation{}, errors.New("unknown")
+	}
+	return api.Reservation{ID: id, Grant: &api.Grant{Endpoint: "https://paris:6443", Token: "token-" + id, Namespace: "rb-rome", ExpiresAt: exp}}, nil
+}
+
+func TestFetchGrantTakesTheLongestLived(t *testing.T) {
+	now := time.Now()
+	b := &Bridge{cfg: Config{Grants: grants{"a": now.Add(time.Minute), "b": now.Add(time.Hour), "c": now.Add(10 * time.Minute)}}}
+	n := &providerNode{b: b, active: []string{"a", "missing", "b", "c"}}
+	g, err := n.fetchGrant(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, "token-b", g.Token)
+
+	n.active = []string{"missing"}
+	_, err = n.fetchGrant(context.Background())
+	assert.Error(t, err)
+}

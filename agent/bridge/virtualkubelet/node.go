@@ -1,0 +1,588 @@
+package virtualkubelet
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/virtual-kubelet/virtual-kubelet/node"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+// NodePrefix prefixes the virtual node of a provider: rb-<provider>.
+const NodePrefix = "rb-"
+
+// NodeName is the virtual node that stands for provider.
+func NodeName(provider string) string { return NodePrefix + provider }
+
+// Labels of our virtual nodes, besides rbv1.ProviderLabel.
+const (
+	TypeLabel = "type"
+	TypeValue = "virtual-kubelet"
+)
+
+// Reasons of the virtual node's Ready condition.
+const (
+	ReasonReachable          = "ProviderReachable"
+	ReasonUnreachable        = "ProviderUnreachable"
+	ReasonWaitingCredentials = "WaitingForCredentials"
+	ReasonCredentialsExpired = "CredentialsExpired"
+	ReasonCredentialsDenied  = "CredentialsRejected"
+	ReasonAccessRevoked      = "AccessRevoked"
+)
+
+// readiness is the node's Ready condition as the probe last judged it.
+type readiness struct {
+	ready           bool
+	reason, message string
+	since           metav1.Time
+}
+
+// providerNode serves the virtual node of one provider: the Node and its Lease
+// (virtual-kubelet's NodeController, with this as its NodeProvider), the pods
+// bound to it (virtual-kubelet's PodController, with a podHandler), the
+// provider's credentials and a probe of its API.
+type providerNode struct {
+	b        *Bridge
+	provider string
+	name     string
+	log      logr.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	localPods   corev1listers.PodLister // pods bound to this node
+	localSynced cache.InformerSynced
+	pods        *podHandler
+	objects     *objectMirror
+
+	refresh  chan struct{} // fetch the grant again now
+	probeNow chan struct{}
+	pushNow  chan struct{}
+
+	mu       sync.Mutex
+	active   []string // broker ids of the active reservations, newest first
+	capacity corev1.ResourceList
+	ready    readiness
+	failures int
+	notify   func(*corev1.Node)
+	remote   *remoteCluster
+}
+
+var _ node.NodeProvider = (*providerNode)(nil)
+
+func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
+	ctx, cancel := context.WithCancel(b.ctx)
+	n := &providerNode{
+		b: b, provider: provider, name: NodeName(provider), log: b.log.WithValues("provider", provider, "node", NodeName(provider)),
+		ctx: ctx, cancel: cancel,
+		refresh: make(chan struct{}, 1), probeNow: make(chan struct{}, 1), pushNow: make(chan struct{}, 1),
+		capacity: corev1.ResourceList{},
+		ready:    readiness{reason: ReasonWaitingCredentials, message: "no grant from " + provider + " yet", since: metav1.Now()},
+	}
+	n.pods = &podHandler{n: n, deleting: map[string]bool{}}
+	n.objects = &objectMirror{n: n, byPod: map[string]objectRefs{}}
+
+	factory := informers.NewSharedInformerFactoryWithOptions(b.local, 0,
+		informers.WithTransform(stripManagedFields),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", n.name).String()
+		}))
+	podInformer := factory.Core().V1().Pods()
+	if _, err := podInformer.Informer().AddEventHandler(n.objects); err != nil {
+		cancel()
+		return nil, err
+	}
+	n.localPods, n.localSynced = podInformer.Lister(), podInformer.Informer().HasSynced
+
+	// The pod controller insists on ConfigMap, Secret and Service informers to
+	// resolve the downward API; the bridge leaves that to the provider's
+	// kubelet (SkipDownwardAPIResolution) and copies the objects instead, so
+	// these informers are never started.
+	idle := informers.NewSharedInformerFactory(b.local, 0)
+	pc, err := node.NewPodController(node.PodControllerConfig{
+		PodClient:                 b.local.CoreV1(),
+		PodInformer:               podInformer,
+		EventRecorder:             b.recorder,
+		Provider:                  n.pods,
+		ConfigMapInformer:         idle.Core().V1().ConfigMaps(),
+		SecretInformer:            idle.Core().V1().Secrets(),
+		ServiceInformer:           idle.Core().V1().Services(),
+		SkipDownwardAPIResolution: true,
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+
+	vkctx := withVKLogger(ctx, n.log.WithName("virtual-kubelet"))
+	factory.Start(ctx.Done())
+	n.goRun(func() {
+		if err := pc.Run(vkctx, b.cfg.PodSyncWorkers); err != nil && ctx.Err() == nil {
+			n.log.Error(err, "pod controller stopped")
+		}
+	})
+	n.goRun(func() { n.runNodeController(vkctx) })
+	n.goRun(func() { n.pushLoop(ctx) })
+	n.goRun(func() {
+		// Credentials (hence the provider's pod informer) once the pod
+		// controller listens for status notifications.
+		select {
+		case <-ctx.Done():
+			return
+		case <-pc.Ready():
+		}
+		n.credentialsLoop(ctx)
+	})
+	n.goRun(func() { n.probeLoop(ctx) })
+	n.log.Info("virtual node started")
+	return n, nil
+}
+
+func (n *providerNode) goRun(fn func()) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		fn()
+	}()
+}
+
+// stop ends every loop of the node and waits for them; the Node object stays.
+func (n *providerNode) stop() {
+	n.cancel()
+	n.wg.Wait()
+	n.mu.Lock()
+	rc := n.remote
+	n.remote = nil
+	n.mu.Unlock()
+	if rc != nil {
+		rc.stop()
+	}
+	n.log.Info("virtual node stopped")
+}
+
+// runNodeController registers the node and keeps its status and lease up to
+// date; it starts over if registration fails.
+func (n *providerNode) runNodeController(ctx context.Context) {
+	cfg := n.b.cfg
+	leases := n.b.local.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	for backoff := time.Second; ctx.Err() == nil; backoff = min(2*backoff, 30*time.Second) {
+		nc, err := node.NewNodeController(n, n.nodeObject(), n.b.local.CoreV1().Nodes(),
+			node.WithNodeEnableLeaseV1(leases, int32(cfg.LeaseDuration/time.Second)),
+			node.WithNodeStatusUpdateInterval(cfg.StatusSyncPeriod),
+			node.WithNodePingInterval(cfg.ProbePeriod),
+			node.WithNodeStatusUpdateErrorHandler(n.recreateNode))
+		if err != nil {
+			n.log.Error(err, "node controller")
+			return
+		}
+		if err := nc.Run(ctx); err != nil && ctx.Err() == nil {
+			n.log.Error(err, "registering the virtual node, retrying", "in", backoff)
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+			continue
+		}
+		return
+	}
+}
+
+// recreateNode registers the node again when someone deleted it.
+func (n *providerNode) recreateNode(ctx context.Context, err error) error {
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	n.log.Info("virtual node was deleted, registering it again")
+	_, err = n.b.local.CoreV1().Nodes().Create(ctx, n.nodeObject(), metav1.CreateOptions{})
+	return err
+}
+
+// Ping is the virtual kubelet's own liveness: the lease is renewed while the
+// agent runs. The provider's health is the Ready condition (see probe).
+func (n *providerNode) Ping(ctx context.Context) error { return ctx.Err() }
+
+// NotifyNodeStatus records how to tell the node controller of changes.
+func (n *providerNode) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)) {
+	n.mu.Lock()
+	n.notify = cb
+	n.mu.Unlock()
+	n.push()
+}
+
+// push asks for the node's status to be written (coalesced).
+func (n *providerNode) push() {
+	select {
+	case n.pushNow <- struct{}{}:
+	default:
+	}
+}
+
+func (n *providerNode) pushLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.pushNow:
+		}
+		n.mu.Lock()
+		cb := n.notify
+		n.mu.Unlock()
+		if cb == nil {
+			continue
+		}
+		sent := make(chan struct{})
+		go func() {
+			cb(n.nodeObject())
+			close(sent)
+		}()
+		select {
+		case <-ctx.Done():
+			return
+		case <-sent:
+		}
+	}
+}
+
+// nodeObject is the Node as it should be now.
+func (n *providerNode) nodeObject() *corev1.Node {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("0"),
+		corev1.ResourceMemory: resource.MustParse("0"),
+		corev1.ResourcePods:   *resource.NewQuantity(n.b.cfg.PodsPerReservation*int64(len(n.active)), resource.DecimalSI),
+	}
+	maps.Copy(capacity, n.capacity)
+	ready := corev1.ConditionFalse
+	if n.ready.ready {
+		ready = corev1.ConditionTrue
+	}
+	now := metav1.Now()
+	condition := func(t corev1.NodeConditionType, s corev1.ConditionStatus, reason, msg string, since metav1.Time) corev1.NodeCondition {
+		return corev1.NodeCondition{Type: t, Status: s, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: since}
+	}
+	created := n.ready.since
+	nodeObj := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: n.name,
+			Labels: map[string]string{
+				rbv1.ProviderLabel:   n.provider,
+				TypeLabel:            TypeValue,
+				"kubernetes.io/role": "agent",
+				corev1.LabelHostname: n.name,
+				corev1.LabelOSStable: "linux",
+				rbv1.ManagedByLabel:  rbv1.ManagedByValue,
+				rbv1.RequesterLabel:  n.b.cfg.ClusterID,
+				"node.kubernetes.io/exclude-from-external-load-balancers": "true",
+			},
+		},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: rbv1.VirtualNodeTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule}}},
+		Status: corev1.NodeStatus{
+			Capacity:    capacity,
+			Allocatable: capacity.DeepCopy(),
+			Phase:       corev1.NodeRunning,
+			Conditions: []corev1.NodeCondition{
+				condition(corev1.NodeReady, ready, n.ready.reason, n.ready.message, n.ready.since),
+				condition(corev1.NodeMemoryPressure, corev1.ConditionFalse, "ProviderHasSufficientMemory", "capacity is reserved at the broker", created),
+				condition(corev1.NodeDiskPressure, corev1.ConditionFalse, "ProviderHasNoDiskPressure", "capacity is reserved at the broker", created),
+				condition(corev1.NodePIDPressure, corev1.ConditionFalse, "ProviderHasSufficientPID", "capacity is reserved at the broker", created),
+				condition(corev1.NodeNetworkUnavailable, corev1.ConditionFalse, "ProviderNetwork", "pods use the provider's network", created),
+			},
+			NodeInfo: corev1.NodeSystemInfo{
+				OperatingSystem: "linux",
+				KubeletVersion:  "virtual-kubelet",
+				OSImage:         "provider " + n.provider + " (resource broker)",
+			},
+		},
+	}
+	// The API server reaches the kubelet endpoint (logs) at the agent's IP;
+	// no host name address, which it would try first and could not resolve.
+	if k := n.b.kubelet; k != nil && n.b.cfg.NodeIP != "" {
+		nodeObj.Status.DaemonEndpoints.KubeletEndpoint.Port = k.port
+		nodeObj.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.b.cfg.NodeIP}}
+	}
+	return nodeObj
+}
+
+// setReservations is what the bridge's controller tells the node: the active
+// reservations (ids, newest first) and their sum.
+func (n *providerNode) setReservations(ids []string, capacity corev1.ResourceList) {
+	n.mu.Lock()
+	newIDs := !slices.Equal(n.active, ids)
+	changed := newIDs || !equalResources(n.capacity, capacity)
+	n.active, n.capacity = ids, capacity
+	noRemote := n.remote == nil
+	n.mu.Unlock()
+	if changed {
+		n.log.Info("capacity", "reservations", len(ids), "resources", fmt.Sprint(capacity))
+		n.push()
+	}
+	if newIDs && (noRemote || len(ids) > 0) {
+		n.refreshNow()
+	}
+}
+
+func (n *providerNode) activeIDs() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.active)
+}
+
+func (n *providerNode) currentRemote() *remoteCluster {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.remote
+}
+
+func (n *providerNode) refreshNow() {
+	select {
+	case n.refresh <- struct{}{}:
+	default:
+	}
+}
+
+// credentialsLoop keeps a valid grant: it reads the grants of the active
+// reservations from the broker and takes the one that lasts longest, then
+// reads again halfway to its expiry (the provider renews grants after two
+// thirds of their lifetime), or at once when the provider rejects the token.
+func (n *providerNode) credentialsLoop(ctx context.Context) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		var next time.Duration
+		g, err := n.fetchGrant(ctx)
+		switch {
+		case err != nil:
+			n.log.Info("cannot read the provider's grant from the broker", "error", err.Error(), "retryIn", backoff)
+			next, backoff = backoff, min(2*backoff, 30*time.Second)
+		case g == nil:
+			next, backoff = backoff, min(2*backoff, 30*time.Second)
+		default:
+			backoff = time.Second
+			if err := n.useGrant(g); err != nil {
+				n.log.Error(err, "cannot use the provider's grant")
+				next = 5 * time.Second
+				break
+			}
+			next = refreshIn(g.ExpiresAt, n.b.cfg.ProbePeriod)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(next):
+		case <-n.refresh:
+		}
+	}
+}
+
+// refreshIn: halfway to expiry, no sooner than floor, no later than 30 minutes.
+func refreshIn(expires time.Time, floor time.Duration) time.Duration {
+	if expires.IsZero() {
+		return 30 * time.Minute
+	}
+	return min(max(time.Until(expires)/2, floor), 30*time.Minute)
+}
+
+// fetchGrant reads the grants of (up to 5 of) the newest active reservations.
+func (n *providerNode) fetchGrant(ctx context.Context) (*api.Grant, error) {
+	ids := n.activeIDs()
+	if len(ids) > 5 {
+		ids = ids[:5]
+	}
+	var best *api.Grant
+	var lastErr error
+	for _, id := range ids {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		at, err := n.b.cfg.Grants.Reservation(rctx, id)
+		cancel()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if g := at.Grant; g != nil && g.Token != "" && (best == nil || g.ExpiresAt.After(best.ExpiresAt)) {
+			best = g
+		}
+	}
+	if best == nil {
+		return nil, lastErr
+	}
+	return best, nil
+}
+
+// useGrant takes a grant: a new token for the same access is swapped in
+// place; another endpoint, CA or namespace gets a new connection.
+func (n *providerNode) useGrant(g *api.Grant) error {
+	n.mu.Lock()
+	rc := n.remote
+	n.mu.Unlock()
+	if rc != nil && rc.sameAccess(g) {
+		if old, _ := rc.token.get(); old != g.Token {
+			n.log.V(1).Info("provider credentials refreshed", "expires", g.ExpiresAt)
+			rc.token.set(g.Token, g.ExpiresAt)
+			n.probeSoon()
+		}
+		return nil
+	}
+	fresh, err := newRemoteCluster(n.ctx, g, n.b.cfg.ClusterID, n.pods.remoteEvents(), n.log)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.remote = fresh
+	n.mu.Unlock()
+	if rc != nil {
+		rc.stop()
+	}
+	n.log.Info("connected to the provider", "endpoint", g.Endpoint, "namespace", g.Namespace, "expires", g.ExpiresAt)
+	n.probeSoon()
+	return nil
+}
+
+func (n *providerNode) probeSoon() {
+	select {
+	case n.probeNow <- struct{}{}:
+	default:
+	}
+}
+
+// probeLoop checks the provider's API with the tenant token every ProbePeriod.
+func (n *providerNode) probeLoop(ctx context.Context) {
+	t := time.NewTicker(n.b.cfg.ProbePeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-n.probeNow:
+		}
+		n.probe(ctx)
+	}
+}
+
+// probe judges the Ready condition: a namespaced request with the token tells
+// reachability and access apart. Two failures in a row to reach the provider
+// make the node NotReady; a rejected token does at once (and the grant is read
+// again).
+func (n *providerNode) probe(ctx context.Context) {
+	rc := n.currentRemote()
+	if rc == nil {
+		n.setReady(false, ReasonWaitingCredentials, fmt.Sprintf("no grant from %s yet", n.provider))
+		return
+	}
+	if _, expires := rc.token.get(); !expires.IsZero() && time.Now().After(expires) {
+		n.setReady(false, ReasonCredentialsExpired, fmt.Sprintf("the token granted by %s expired at %s and no newer grant was found",
+			n.provider, expires.Format(time.RFC3339)))
+		n.refreshNow()
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, min(n.b.cfg.ProbePeriod, 5*time.Second))
+	defer cancel()
+	_, err := rc.client.CoreV1().Pods(rc.namespace).List(pctx, metav1.ListOptions{Limit: 1})
+	if ctx.Err() != nil {
+		return
+	}
+	switch {
+	case err == nil:
+		n.setReady(true, ReasonReachable, fmt.Sprintf("%s's API server answers at %s", n.provider, rc.endpoint))
+	case apierrors.IsUnauthorized(err):
+		n.setReady(false, ReasonCredentialsDenied, fmt.Sprintf("%s rejects the granted token: %v", n.provider, err))
+		n.refreshNow()
+	case apierrors.IsForbidden(err):
+		n.setReady(false, ReasonAccessRevoked, fmt.Sprintf("%s revoked access to namespace %s: %v", n.provider, rc.namespace, err))
+		n.refreshNow()
+	default:
+		n.mu.Lock()
+		n.failures++
+		failures := n.failures
+		n.mu.Unlock()
+		if failures >= 2 {
+			n.setReady(false, ReasonUnreachable, fmt.Sprintf("%s's API server at %s: %v", n.provider, rc.endpoint, err))
+		}
+	}
+}
+
+func (n *providerNode) setReady(ready bool, reason, message string) {
+	n.mu.Lock()
+	if ready {
+		n.failures = 0
+	}
+	r := &n.ready
+	transition := r.ready != ready
+	changed := transition || r.reason != reason || r.message != message
+	if transition {
+		r.since = metav1.Now()
+	}
+	r.ready, r.reason, r.message = ready, reason, message
+	n.mu.Unlock()
+	if !changed {
+		return
+	}
+	if transition || reason != ReasonUnreachable {
+		n.log.Info("virtual node readiness", "ready", ready, "reason", reason, "message", message)
+	}
+	n.push()
+}
+
+// isReady reports the Ready condition.
+func (n *providerNode) isReady() readiness {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ready
+}
+
+// hasPods: some pod bound to the node has not finished (or the informer does
+// not know yet).
+func (n *providerNode) hasPods() bool {
+	if !n.localSynced() {
+		return true
+	}
+	pods, err := n.localPods.List(everything)
+	if err != nil {
+		return true
+	}
+	for _, p := range pods {
+		if !finished(p) {
+			return true
+		}
+	}
+	return false
+}
+
+func finished(p *corev1.Pod) bool {
+	return p.DeletionTimestamp == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
+}
+
+// mirrorParams for the current node and tenant namespace.
+func (n *providerNode) mirrorParams(rc *remoteCluster) mirrorParams {
+	return mirrorParams{clusterID: n.b.cfg.ClusterID, namespace: rc.namespace, node: n.nodeObject()}
+}
+
+// equalResources compares by value, so "1000m" equals "1".
+func equalResources(a, b corev1.ResourceList) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		w, ok := b[k]
+		if !ok || v.Cmp(w) != 0 {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,314 @@
+package virtualkubelet
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// localObjects are this cluster's ConfigMaps and Secrets as informers see
+// them; started with the first virtual node, shared by all.
+type localObjects struct {
+	configMaps corev1listers.ConfigMapLister
+	secrets    corev1listers.SecretLister
+	synced     []cache.InformerSynced
+}
+
+func (b *Bridge) localObjects() *localObjects {
+	b.objectsOnce.Do(func() {
+		factory := informers.NewSharedInformerFactoryWithOptions(b.local, 0, informers.WithTransform(stripManagedFields))
+		cms, secrets := factory.Core().V1().ConfigMaps(), factory.Core().V1().Secrets()
+		changed := func(kind string) cache.ResourceEventHandler {
+			return cache.ResourceEventHandlerFuncs{
+				AddFunc:    func(obj any) { b.localObjectChanged(kind, obj.(metav1.Object)) },
+				UpdateFunc: func(_, obj any) { b.localObjectChanged(kind, obj.(metav1.Object)) },
+			}
+		}
+		_, _ = cms.Informer().AddEventHandler(changed("ConfigMap"))
+		_, _ = secrets.Informer().AddEventHandler(changed("Secret"))
+		b.objects = &localObjects{configMaps: cms.Lister(), secrets: secrets.Lister(),
+			synced: []cache.InformerSynced{cms.Informer().HasSynced, secrets.Informer().HasSynced}}
+		factory.Start(b.ctx.Done())
+	})
+	return b.objects
+}
+
+// localObjectChanged keeps the copies of a ConfigMap or Secret in sync.
+func (b *Bridge) localObjectChanged(kind string, o metav1.Object) {
+	for _, n := range b.runningNodes() {
+		n.objects.changed(kind, o.GetNamespace(), o.GetName())
+	}
+}
+
+// objectMirror keeps the copies of the ConfigMaps and Secrets that the pods
+// of one virtual node use. It follows the node's local pods (as an informer
+// handler) to know which objects are in use, updates copies when the local
+// objects change, and deletes copies no pod uses any more.
+type objectMirror struct {
+	n *providerNode
+
+	mu    sync.Mutex
+	byPod map[string]objectRefs // local pod key -> its objects
+}
+
+var _ cache.ResourceEventHandler = (*objectMirror)(nil)
+
+func (m *objectMirror) OnAdd(obj any, _ bool) { m.track(obj.(*corev1.Pod)) }
+
+func (m *objectMirror) OnUpdate(_, obj any) {
+	p := obj.(*corev1.Pod)
+	m.track(p)
+	if finished(p) {
+		m.n.b.enqueue(m.n.provider) // the node may be removable
+	}
+}
+
+func (m *objectMirror) OnDelete(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	m.mu.Lock()
+	key := p.Namespace + "/" + p.Name
+	refs := m.byPod[key]
+	delete(m.byPod, key)
+	var unused objectRefs
+	for _, cm := range refs.ConfigMaps {
+		if !m.usedLocked("ConfigMap", p.Namespace, cm) {
+			unused.ConfigMaps = append(unused.ConfigMaps, cm)
+		}
+	}
+	for _, s := range refs.Secrets {
+		if !m.usedLocked("Secret", p.Namespace, s) {
+			unused.Secrets = append(unused.Secrets, s)
+		}
+	}
+	m.mu.Unlock()
+	if !unused.empty() {
+		go m.deleteCopies(p.Namespace, unused)
+	}
+	m.n.b.enqueue(m.n.provider)
+}
+
+func (m *objectMirror) track(p *corev1.Pod) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.byPod[p.Namespace+"/"+p.Name] = refsOf(p)
+}
+
+func (m *objectMirror) usedLocked(kind, namespace, name string) bool {
+	for key, refs := range m.byPod {
+		ns, _, _ := cache.SplitMetaNamespaceKey(key)
+		if ns != namespace {
+			continue
+		}
+		list := refs.ConfigMaps
+		if kind == "Secret" {
+			list = refs.Secrets
+		}
+		for _, n := range list {
+			if n == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// changed updates the copy of a local object that pods here use.
+func (m *objectMirror) changed(kind, namespace, name string) {
+	m.mu.Lock()
+	used := m.usedLocked(kind, namespace, name)
+	m.mu.Unlock()
+	rc := m.n.currentRemote()
+	if !used || rc == nil {
+		return
+	}
+	var err error
+	switch kind {
+	case "ConfigMap":
+		err = m.copyConfigMap(m.n.ctx, rc, namespace, name)
+	case "Secret":
+		err = m.copySecret(m.n.ctx, rc, namespace, name)
+	}
+	if err != nil {
+		m.n.log.Error(err, "updating a copy", "kind", kind, "object", namespace+"/"+name)
+	} else {
+		m.n.log.V(1).Info("copy updated", "kind", kind, "object", namespace+"/"+name)
+	}
+}
+
+// ensure copies the objects pod uses; one that does not exist here is
+// skipped (the provider's kubelet then waits for it, as ours would).
+func (m *objectMirror) ensure(ctx context.Context, rc *remoteCluster, pod *corev1.Pod) error {
+	refs := refsOf(pod)
+	m.track(pod)
+	if refs.empty() {
+		return nil
+	}
+	objs := m.n.b.localObjects()
+	if !cache.WaitForCacheSync(ctx.Done(), objs.synced...) {
+		return ctx.Err()
+	}
+	for _, name := range refs.ConfigMaps {
+		if err := m.copyConfigMap(ctx, rc, pod.Namespace, name); err != nil {
+			return err
+		}
+	}
+	for _, name := range refs.Secrets {
+		if err := m.copySecret(ctx, rc, pod.Namespace, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *objectMirror) copyConfigMap(ctx context.Context, rc *remoteCluster, namespace, name string) error {
+	local, err := m.n.b.localObjects().configMaps.ConfigMaps(namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	desired := remoteConfigMap(local, m.n.mirrorParams(rc))
+	api := rc.client.CoreV1().ConfigMaps(rc.namespace)
+	existing, err := api.Get(ctx, desired.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = api.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
+		return ignoreExists(err)
+	}
+	if err != nil {
+		return err
+	}
+	if err := checkOrigin(existing, local.ObjectMeta, "configmap", rc.namespace); err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(existing.Data, desired.Data) && equality.Semantic.DeepEqual(existing.BinaryData, desired.BinaryData) &&
+		maps.Equal(existing.Labels, desired.Labels) && maps.Equal(existing.Annotations, desired.Annotations) &&
+		equality.Semantic.DeepEqual(existing.Immutable, desired.Immutable) {
+		return nil
+	}
+	if existing.Immutable != nil && *existing.Immutable {
+		return m.replace(ctx, func() error { return api.Delete(ctx, desired.Name, deleteExactly(existing.UID)) },
+			func() error {
+				_, err := api.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
+				return err
+			})
+	}
+	desired.ResourceVersion = existing.ResourceVersion
+	_, err = api.Update(ctx, desired, metav1.UpdateOptions{FieldManager: FieldManager})
+	return err
+}
+
+func (m *objectMirror) copySecret(ctx context.Context, rc *remoteCluster, namespace, name string) error {
+	local, err := m.n.b.localObjects().secrets.Secrets(namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if local.Type == corev1.SecretTypeServiceAccountToken {
+		m.n.log.Info("not copying a service account token to the provider", "secret", namespace+"/"+name)
+		return nil
+	}
+	desired := remoteSecret(local, m.n.mirrorParams(rc))
+	api := rc.client.CoreV1().Secrets(rc.namespace)
+	existing, err := api.Get(ctx, desired.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = api.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
+		return ignoreExists(err)
+	}
+	if err != nil {
+		return err
+	}
+	if err := checkOrigin(existing, local.ObjectMeta, "secret", rc.namespace); err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(existing.Data, desired.Data) && existing.Type == desired.Type &&
+		maps.Equal(existing.Labels, desired.Labels) && maps.Equal(existing.Annotations, desired.Annotations) &&
+		equality.Semantic.DeepEqual(existing.Immutable, desired.Immutable) {
+		return nil
+	}
+	if (existing.Immutable != nil && *existing.Immutable) || existing.Type != desired.Type {
+		return m.replace(ctx, func() error { return api.Delete(ctx, desired.Name, deleteExactly(existing.UID)) },
+			func() error {
+				_, err := api.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
+				return err
+			})
+	}
+	desired.ResourceVersion = existing.ResourceVersion
+	_, err = api.Update(ctx, desired, metav1.UpdateOptions{FieldManager: FieldManager})
+	return err
+}
+
+// replace deletes and creates again a copy that cannot be updated in place.
+func (m *objectMirror) replace(_ context.Context, del, create func() error) error {
+	if err := del(); client404(err) != nil {
+		return err
+	}
+	return ignoreExists(create())
+}
+
+// deleteCopies removes copies that no pod of this node uses any more.
+func (m *objectMirror) deleteCopies(namespace string, refs objectRefs) {
+	rc := m.n.currentRemote()
+	if rc == nil {
+		return
+	}
+	ctx := m.n.ctx
+	for _, name := range refs.ConfigMaps {
+		err := rc.client.CoreV1().ConfigMaps(rc.namespace).Delete(ctx, RemoteName(namespace, name), metav1.DeleteOptions{})
+		if client404(err) != nil {
+			m.n.log.Info("deleting an unused copy", "configmap", namespace+"/"+name, "error", err.Error())
+		}
+	}
+	for _, name := range refs.Secrets {
+		err := rc.client.CoreV1().Secrets(rc.namespace).Delete(ctx, RemoteName(namespace, name), metav1.DeleteOptions{})
+		if client404(err) != nil {
+			m.n.log.Info("deleting an unused copy", "secret", namespace+"/"+name, "error", err.Error())
+		}
+	}
+}
+
+// checkOrigin refuses to overwrite an object that is not a copy of local.
+func checkOrigin(existing metav1.Object, local metav1.ObjectMeta, kind, namespace string) error {
+	key, _, ok := originOf(existing)
+	if !ok || key != (types.NamespacedName{Namespace: local.Namespace, Name: local.Name}) {
+		return errCollision{fmt.Sprintf("%s %s/%s at the provider is not a copy of %s/%s", kind, namespace, existing.GetName(), local.Namespace, local.Name)}
+	}
+	return nil
+}
+
+func deleteExactly(uid types.UID) metav1.DeleteOptions {
+	return metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(uid))}
+}
+
+func ignoreExists(err error) error {
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// stripManagedFields saves the informers' memory.
+func stripManagedFields(obj any) (any, error) {
+	if o, ok := obj.(metav1.Object); ok {
+		o.SetManagedFields(nil)
+	}
+	return obj, nil
+}

@@ -1,0 +1,371 @@
+package virtualkubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	"github.com/virtual-kubelet/virtual-kubelet/node"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+)
+
+var everything = labels.Everything()
+
+// FieldManager names the bridge's writes at the provider.
+const FieldManager = "rb-bridge"
+
+// podHandler is virtual-kubelet's PodLifecycleHandler for one virtual node:
+// it keeps a copy of each pod bound to the node in the provider's tenant
+// namespace and reflects the copy's status back (PodNotifier), driven by the
+// informer on the tenant namespace.
+type podHandler struct {
+	n      *providerNode
+	notify func(*corev1.Pod)
+
+	mu       sync.Mutex
+	deleting map[string]bool // local pod UIDs whose copy the bridge is deleting
+}
+
+var (
+	_ node.PodLifecycleHandler = (*podHandler)(nil)
+	_ node.PodNotifier         = (*podHandler)(nil)
+)
+
+// errNoAccess: no grant from the provider yet (transient).
+var errNoAccess = errors.New("no access to the provider yet (waiting for its grant)")
+
+// errCollision: a different object holds the name of a copy (permanent).
+type errCollision struct{ msg string }
+
+func (e errCollision) Error() string { return e.msg }
+
+// CreatePod copies the pod, and the ConfigMaps and Secrets it uses, into the
+// tenant namespace. Transient failures are retried for a while here, since
+// virtual-kubelet fails a pod whose restart policy is Never at the first error.
+func (h *podHandler) CreatePod(ctx context.Context, pod *corev1.Pod) error {
+	start := time.Now()
+	err := h.n.retry(ctx, func(ctx context.Context) error { return h.create(ctx, pod) })
+	if err == nil {
+		h.n.log.V(1).Info("pod mirrored", "pod", pod.Namespace+"/"+pod.Name, "took", time.Since(start))
+	}
+	return err
+}
+
+func (h *podHandler) create(ctx context.Context, pod *corev1.Pod) error {
+	rc := h.n.currentRemote()
+	if rc == nil {
+		return errNoAccess
+	}
+	desired, err := remotePod(pod, h.n.mirrorParams(rc))
+	if err != nil {
+		return err
+	}
+	if err := h.n.objects.ensure(ctx, rc, pod); err != nil {
+		return err
+	}
+	pods := rc.client.CoreV1().Pods(rc.namespace)
+	_, err = pods.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
+	if !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	existing, err := pods.Get(ctx, desired.Name, metav1.GetOptions{})
+	if err != nil {
+		return err // NotFound: gone in between, try again
+	}
+	key, uid, ok := originOf(existing)
+	switch {
+	case !ok || key != (types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}):
+		return errCollision{fmt.Sprintf("pod %s/%s at %s is not a copy of %s/%s", rc.namespace, desired.Name, h.n.provider, pod.Namespace, pod.Name)}
+	case uid == pod.UID:
+		return nil // mirrored already
+	case existing.DeletionTimestamp == nil:
+		// The copy of an earlier pod of the same name: that pod is gone here.
+		pre := metav1.NewUIDPreconditions(string(existing.UID))
+		if err := pods.Delete(ctx, existing.Name, metav1.DeleteOptions{Preconditions: pre}); client404(err) != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("the copy of an earlier pod named %s/%s is still terminating at %s", pod.Namespace, pod.Name, h.n.provider)
+}
+
+// UpdatePod carries what may change on a running pod: labels, annotations,
+// container images, the active deadline.
+func (h *podHandler) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
+	rc := h.n.currentRemote()
+	if rc == nil {
+		return errNoAccess
+	}
+	desired, err := remotePod(pod, h.n.mirrorParams(rc))
+	if err != nil {
+		return err
+	}
+	pods := rc.client.CoreV1().Pods(rc.namespace)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		existing, err := pods.Get(ctx, desired.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if _, uid, ok := originOf(existing); !ok || uid != pod.UID {
+			return errdefs.NotFound("no copy of this pod at the provider")
+		}
+		updated := existing.DeepCopy()
+		updated.Labels, updated.Annotations = desired.Labels, desired.Annotations
+		updated.Spec.ActiveDeadlineSeconds = desired.Spec.ActiveDeadlineSeconds
+		setImages(updated.Spec.Containers, desired.Spec.Containers)
+		setImages(updated.Spec.InitContainers, desired.Spec.InitContainers)
+		if equality.Semantic.DeepEqual(updated, existing) {
+			return nil
+		}
+		_, err = pods.Update(ctx, updated, metav1.UpdateOptions{FieldManager: FieldManager})
+		return err
+	})
+}
+
+func setImages(dst, src []corev1.Container) {
+	for i := range dst {
+		if j := slices.IndexFunc(src, func(c corev1.Container) bool { return c.Name == dst[i].Name }); j >= 0 {
+			dst[i].Image = src[j].Image
+		}
+	}
+}
+
+// DeletePod deletes the copy with the local pod's grace period; the local pod
+// goes when the copy is gone (remoteGone), as a kubelet lets it go once its
+// containers stopped.
+func (h *podHandler) DeletePod(ctx context.Context, pod *corev1.Pod) error {
+	rc := h.n.currentRemote()
+	if rc == nil {
+		return errdefs.NotFound("no access to the provider")
+	}
+	pods := rc.client.CoreV1().Pods(rc.namespace)
+	name := RemoteName(pod.Namespace, pod.Name)
+	existing, err := pods.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return errdefs.NotFound("no copy at the provider")
+	}
+	if err != nil {
+		return err
+	}
+	if _, uid, ok := originOf(existing); !ok || uid != pod.UID {
+		return errdefs.NotFound("no copy of this pod at the provider")
+	}
+	if existing.DeletionTimestamp != nil {
+		return nil
+	}
+	h.mu.Lock()
+	h.deleting[string(pod.UID)] = true
+	h.mu.Unlock()
+	opts := metav1.DeleteOptions{GracePeriodSeconds: pod.DeletionGracePeriodSeconds, Preconditions: metav1.NewUIDPreconditions(string(existing.UID))}
+	err = pods.Delete(ctx, name, opts)
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return errdefs.NotFound("no copy at the provider")
+	}
+	if err == nil {
+		h.n.log.V(1).Info("deleting the copy", "pod", pod.Namespace+"/"+pod.Name, "gracePeriod", opts.GracePeriodSeconds)
+	}
+	return err
+}
+
+// GetPod returns the copy of namespace/name in local coordinates.
+func (h *podHandler) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+	rc := h.n.currentRemote()
+	if rc == nil {
+		return nil, errdefs.NotFound("no access to the provider")
+	}
+	remote, ok := rc.pod(namespace, name)
+	if !ok {
+		return nil, errdefs.NotFound("no copy at the provider")
+	}
+	key, uid, ok := originOf(remote)
+	if !ok || key != (types.NamespacedName{Namespace: namespace, Name: name}) {
+		return nil, errdefs.NotFound("no copy at the provider")
+	}
+	return providerView(remote, key, uid), nil
+}
+
+// GetPodStatus returns the copy's status.
+func (h *podHandler) GetPodStatus(ctx context.Context, namespace, name string) (*corev1.PodStatus, error) {
+	p, err := h.GetPod(ctx, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	return &p.Status, nil
+}
+
+// GetPods lists the copies in local coordinates.
+func (h *podHandler) GetPods(context.Context) ([]*corev1.Pod, error) {
+	rc := h.n.currentRemote()
+	if rc == nil {
+		return nil, nil
+	}
+	remote, err := rc.pods.List(everything)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*corev1.Pod, 0, len(remote))
+	for _, p := range remote {
+		if key, uid, ok := originOf(p); ok {
+			out = append(out, providerView(p, key, uid))
+		}
+	}
+	return out, nil
+}
+
+// NotifyPods records the callback that writes a pod's status.
+func (h *podHandler) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
+	h.mu.Lock()
+	h.notify = cb
+	h.mu.Unlock()
+}
+
+func (h *podHandler) notifyStatus(p *corev1.Pod) {
+	h.mu.Lock()
+	cb := h.notify
+	h.mu.Unlock()
+	if cb != nil {
+		cb(p)
+	}
+}
+
+// remoteEvents handles the provider's pod informer: status changes are
+// reflected; a copy that disappears is handled as its pod's state implies.
+func (h *podHandler) remoteEvents() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { h.remoteChanged(obj.(*corev1.Pod)) },
+		UpdateFunc: func(_, obj any) { h.remoteChanged(obj.(*corev1.Pod)) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok {
+				h.remoteGone(p)
+			}
+		},
+	}
+}
+
+// remoteChanged reflects a copy's status onto its local pod, or deletes a
+// copy whose pod is gone (left behind while the agent was down).
+func (h *podHandler) remoteChanged(remote *corev1.Pod) {
+	key, uid, ok := originOf(remote)
+	if !ok {
+		return
+	}
+	local, err := h.n.localPods.Pods(key.Namespace).Get(key.Name)
+	if apierrors.IsNotFound(err) {
+		if h.n.localSynced() && remote.DeletionTimestamp == nil {
+			h.deleteOrphan(remote)
+		}
+		return
+	}
+	if err != nil || local.UID != uid {
+		return
+	}
+	h.notifyStatus(localStatus(local, remote, h.n.provider))
+}
+
+func (h *podHandler) deleteOrphan(remote *corev1.Pod) {
+	rc := h.n.currentRemote()
+	if rc == nil {
+		return
+	}
+	h.n.log.Info("deleting a copy whose pod is gone", "copy", remote.Name)
+	pre := metav1.NewUIDPreconditions(string(remote.UID))
+	err := rc.client.CoreV1().Pods(remote.Namespace).Delete(h.n.ctx, remote.Name, metav1.DeleteOptions{Preconditions: pre})
+	if client404(err) != nil && !apierrors.IsConflict(err) {
+		h.n.log.Error(err, "deleting an orphaned copy", "copy", remote.Name)
+	}
+}
+
+// remoteGone: the copy is deleted at the provider. A local pod being deleted
+// is let go; one that was not is recreated at the provider, or marked Failed
+// when its restart policy is Never (a kubelet does not restart such a pod).
+func (h *podHandler) remoteGone(remote *corev1.Pod) {
+	key, uid, ok := originOf(remote)
+	if !ok {
+		return
+	}
+	h.mu.Lock()
+	byUs := h.deleting[string(uid)]
+	delete(h.deleting, string(uid))
+	h.mu.Unlock()
+	local, err := h.n.localPods.Pods(key.Namespace).Get(key.Name)
+	if err != nil || local.UID != uid {
+		return
+	}
+	ctx := h.n.ctx
+	switch {
+	case local.DeletionTimestamp != nil:
+		pre := metav1.NewUIDPreconditions(string(uid))
+		err := h.n.b.local.CoreV1().Pods(key.Namespace).Delete(ctx, key.Name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0)), Preconditions: pre})
+		if client404(err) != nil && !apierrors.IsConflict(err) {
+			h.n.log.Error(err, "finishing the deletion of a pod", "pod", key.String())
+		}
+	case local.Status.Phase == corev1.PodSucceeded || local.Status.Phase == corev1.PodFailed || byUs:
+	case local.Spec.RestartPolicy == corev1.RestartPolicyNever:
+		h.n.log.Info("copy deleted at the provider; restart policy Never: the pod failed", "pod", key.String())
+		h.n.b.recorder.Eventf(local, corev1.EventTypeWarning, "ProviderPodDeleted",
+			"the copy of this pod was deleted on %s; restart policy Never: the pod failed", h.n.provider)
+		h.notifyStatus(goneStatus(local, h.n.provider))
+	default:
+		h.n.log.Info("copy deleted at the provider; recreating it", "pod", key.String(), "restartPolicy", local.Spec.RestartPolicy)
+		h.n.b.recorder.Eventf(local, corev1.EventTypeNormal, "ProviderPodRecreated",
+			"the copy of this pod was deleted on %s; restart policy %s: recreating it", h.n.provider, local.Spec.RestartPolicy)
+		go func() {
+			err := h.n.retry(ctx, func(ctx context.Context) error {
+				cur, err := h.n.localPods.Pods(key.Namespace).Get(key.Name)
+				if err != nil || cur.UID != uid || cur.DeletionTimestamp != nil {
+					return nil
+				}
+				return h.create(ctx, cur)
+			})
+			if err != nil && ctx.Err() == nil {
+				h.n.log.Error(err, "recreating the copy", "pod", key.String())
+			}
+		}()
+	}
+}
+
+// retry runs fn until it succeeds, fails for good, or CreateTimeout passes.
+func (n *providerNode) retry(ctx context.Context, fn func(context.Context) error) error {
+	deadline := time.Now().Add(n.b.cfg.CreateTimeout)
+	delay := 100 * time.Millisecond
+	for {
+		err := fn(ctx)
+		if err == nil || permanent(err) || time.Now().After(deadline) {
+			return err
+		}
+		n.log.V(1).Info("retrying", "error", err.Error(), "in", delay)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+func permanent(err error) bool {
+	var unsupported errUnsupported
+	var collision errCollision
+	return errors.As(err, &unsupported) || errors.As(err, &collision) ||
+		apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || errdefs.IsNotFound(err)
+}
+
+func client404(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,124 @@
+package virtualkubelet
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+// token holds the bearer token of a grant; requests read it at send time, so
+// a refreshed grant takes effect without rebuilding clients or informers.
+type token struct {
+	mu      sync.RWMutex
+	value   string
+	expires time.Time
+}
+
+func (t *token) set(value string, expires time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.value, t.expires = value, expires
+}
+
+func (t *token) get() (string, time.Time) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.value, t.expires
+}
+
+// bearer adds the current token to each request.
+type bearer struct {
+	token *token
+	next  http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	v, _ := b.token.get()
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+v)
+	return b.next.RoundTrip(r)
+}
+
+// remoteCluster is the provider's API as the grant opens it: a client that
+// authenticates with the tenant token only, and an informer on the mirrored
+// pods of this cluster in the tenant namespace (watched, never polled).
+type remoteCluster struct {
+	endpoint  string
+	caBundle  []byte
+	namespace string
+	token     *token
+	client    kubernetes.Interface
+	pods      corev1listers.PodNamespaceLister
+	synced    cache.InformerSynced
+	stop      context.CancelFunc
+}
+
+// sameAccess: g opens the same API and namespace (only the token differs).
+func (rc *remoteCluster) sameAccess(g *api.Grant) bool {
+	return rc.endpoint == g.Endpoint && bytes.Equal(rc.caBundle, g.CABundle) && rc.namespace == g.Namespace
+}
+
+// restConfigFor builds the client configuration of a grant.
+func restConfigFor(g *api.Grant, tok *token, userAgent string) *rest.Config {
+	return &rest.Config{
+		Host:            g.Endpoint,
+		TLSClientConfig: rest.TLSClientConfig{CAData: g.CABundle},
+		WrapTransport:   func(rt http.RoundTripper) http.RoundTripper { return bearer{token: tok, next: rt} },
+		UserAgent:       userAgent,
+		QPS:             50,
+		Burst:           100,
+	}
+}
+
+// newRemoteCluster connects to a provider with a grant and starts the pod
+// informer; handler receives the informer's events.
+func newRemoteCluster(ctx context.Context, g *api.Grant, clusterID string, handler cache.ResourceEventHandler, log logr.Logger) (*remoteCluster, error) {
+	tok := &token{}
+	tok.set(g.Token, g.ExpiresAt)
+	cs, err := kubernetes.NewForConfig(restConfigFor(g, tok, "rb-agent/"+clusterID+" (bridge)"))
+	if err != nil {
+		return nil, err
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(g.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = labels.SelectorFromSet(labels.Set{rbv1.RequesterLabel: clusterID}).String()
+		}))
+	inf := factory.Core().V1().Pods()
+	if _, err := inf.Informer().AddEventHandler(handler); err != nil {
+		return nil, err
+	}
+	_ = inf.Informer().SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		log.V(1).Info("provider watch interrupted", "error", err.Error())
+	})
+	ctx, cancel := context.WithCancel(ctx)
+	factory.Start(ctx.Done())
+	return &remoteCluster{
+		endpoint: g.Endpoint, caBundle: g.CABundle, namespace: g.Namespace, token: tok, client: cs,
+		pods: inf.Lister().Pods(g.Namespace), synced: inf.Informer().HasSynced,
+		stop: func() { cancel(); factory.Shutdown() },
+	}, nil
+}
+
+// pod returns the remote copy of local namespace/name, if there is one.
+func (rc *remoteCluster) pod(namespace, name string) (*corev1.Pod, bool) {
+	p, err := rc.pods.Get(RemoteName(namespace, name))
+	if err != nil {
+		return nil, false
+	}
+	return p, true
+}
