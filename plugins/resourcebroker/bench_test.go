@@ -183,23 +183,3 @@ func benchRun(b *testing.B, ns, profile, run string) time.Duration {
 	b.StartTimer()
 	return took
 }
-
-func schedulerGauge(t testing.TB, name string, labels map[string]string) float64 {
-	t.Helper()
-	families, err := legacyGather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if matchLabels(m, labels) && m.GetGauge() != nil {
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
-}

@@ -501,6 +501,18 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool
 // schedulerCounter is the in-process scheduler's counter name{labels...}.
 func schedulerCounter(t testing.TB, name string, labels map[string]string) float64 {
 	t.Helper()
+	return schedulerMetric(t, name, labels, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
+}
+
+// schedulerGauge is the in-process scheduler's gauge name{labels...}.
+func schedulerGauge(t testing.TB, name string, labels map[string]string) float64 {
+	t.Helper()
+	return schedulerMetric(t, name, labels, func(m *dto.Metric) float64 { return m.GetGauge().GetValue() })
+}
+
+// schedulerMetric sums value(m) over the in-process scheduler's series name{labels...}.
+func schedulerMetric(t testing.TB, name string, labels map[string]string, value func(*dto.Metric) float64) float64 {
+	t.Helper()
 	families, err := legacyGather()
 	if err != nil {
 		t.Fatal(err)
@@ -511,8 +523,8 @@ func schedulerCounter(t testing.TB, name string, labels map[string]string) float
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			if matchLabels(m, labels) && m.GetCounter() != nil {
-				sum += m.GetCounter().GetValue()
+			if matchLabels(m, labels) {
+				sum += value(m)
 			}
 		}
 	}

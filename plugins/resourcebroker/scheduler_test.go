@@ -156,7 +156,10 @@ func TestNoFitReservationThenVirtualNode(t *testing.T) {
 	c := waitCondition(t, ns, other.Name, "waiting for broker reservation "+otherRsv.Name, bindTimeout)
 	// The first attempt's Filter refused the virtual node; later ones keep a
 	// pod whose reservation is not usable to local nodes in PreFilter.
-	if !strings.Contains(c.Message, resourcebroker.ErrReasonVirtualNode) && !strings.Contains(c.Message, "didn't satisfy plugin ResourceBroker") {
+	// The scheduler words a PreFilter rejection "didn't satisfy plugin ResourceBroker"
+	// or, when it merges the diagnosis, "didn't satisfy plugin(s) [ResourceBroker]".
+	if !strings.Contains(c.Message, resourcebroker.ErrReasonVirtualNode) && !strings.Contains(c.Message, "didn't satisfy plugin ResourceBroker") &&
+		!strings.Contains(c.Message, "didn't satisfy plugin(s) [ResourceBroker]") {
 		t.Errorf("condition of the pod without a usable reservation does not say ResourceBroker kept it off the virtual node: %q", c.Message)
 	}
 	time.Sleep(time.Second)
