@@ -79,7 +79,7 @@ func (k *keyPair) current() (c *tls.Certificate, changed bool) {
 	}
 	k.checked = k.now()
 	certPEM, keyPEM, fresh, err := k.read()
-	if err == nil && !(bytes.Equal(certPEM, k.certPEM) && bytes.Equal(keyPEM, k.keyPEM)) {
+	if err == nil && (!bytes.Equal(certPEM, k.certPEM) || !bytes.Equal(keyPEM, k.keyPEM)) {
 		k.cert, k.certPEM, k.keyPEM = fresh, certPEM, keyPEM
 		changed = true
 	}

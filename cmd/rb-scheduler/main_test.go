@@ -370,7 +370,7 @@ func waitFor(t *testing.T, s *scheduler, timeout time.Duration, what string, con
 	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		select {
 		case <-s.exited:
-			return false, fmt.Errorf("rb-scheduler exited: %v", s.err)
+			return false, fmt.Errorf("rb-scheduler exited: %w", s.err)
 		default:
 		}
 		return cond(), nil

@@ -45,7 +45,8 @@ var DefaultExcludedNamespaces = []string{"kube-system", "kube-public", "kube-nod
 //	    excludedNamespaces: [kube-system, monitoring]
 //
 // Unknown fields are an error.
-type ResourceBrokerArgs struct {
+type ResourceBrokerArgs struct { //nolint:revive // <Plugin>Args is the scheduler-plugins convention
+
 	metav1.TypeMeta `json:",inline"`
 
 	// Selector picks the pods of the profile that may get a broker

@@ -265,8 +265,8 @@ func (pl *ResourceBroker) virtualNodesFor(rsv *brokerv1alpha1.Reservation) []str
 	return pl.nodes.nodesOf(rsv.Status.Provider)
 }
 
-// PreFilterExtensions: none (the filter does not depend on other pods'
-// placement except through the reservation's own accounting).
+// PreFilterExtensions returns none: the filter does not depend on other
+// pods' placement except through the reservation's own accounting.
 func (pl *ResourceBroker) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
 
 // Filter admits a pod to one of our virtual nodes only when its reservation
@@ -534,11 +534,12 @@ func (pl *ResourceBroker) podOf(r *brokerv1alpha1.Reservation) *v1.Pod {
 	}
 	var name string
 	uid := ownerPodUID(r)
-	if uid != "" {
+	switch {
+	case uid != "":
 		name = metav1.GetControllerOfNoCopy(r).Name
-	} else if r.Spec.PodName != "" && metav1.GetControllerOfNoCopy(r) == nil {
+	case r.Spec.PodName != "" && metav1.GetControllerOfNoCopy(r) == nil:
 		name = r.Spec.PodName
-	} else {
+	default:
 		return nil
 	}
 	pod, err := pl.podLister.Pods(r.Namespace).Get(name)
