@@ -458,6 +458,19 @@ func TestVirtualKubelet(t *testing.T) {
 		running, err := rome.pod("shop", "always")
 		require.NoError(t, err)
 		assert.Equal(t, corev1.PodRunning, running.Status.Phase)
+
+		// The bridge hears of paris's pods again at once: a fresh watch, not after the old one's
+		// back-off (up to 30 s).
+		var before corev1.Pod
+		require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.always"}, &before))
+		require.NoError(t, paris.Client.Delete(ctx, &before, client.GracePeriodSeconds(0))) // not waiting for the fake kubelet's own watch
+		deleted := time.Now()
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			var after corev1.Pod
+			require.NoError(c, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.always"}, &after))
+			assert.NotEqual(c, before.UID, after.UID)
+		}, 10*time.Second, 10*time.Millisecond)
+		t.Logf("after the restart, a copy deleted at paris is recreated in %s", time.Since(deleted).Round(time.Millisecond))
 	})
 
 	t.Run("the node goes when the last reservation ended and no pod is left", func(t *testing.T) {

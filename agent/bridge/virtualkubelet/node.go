@@ -499,6 +499,9 @@ func (n *providerNode) probe(ctx context.Context) {
 	}
 	switch {
 	case err == nil:
+		if was := n.isReady(); !was.ready && was.reason != ReasonWaitingCredentials {
+			n.reconnect(ctx, rc)
+		}
 		n.setReady(true, ReasonReachable, fmt.Sprintf("%s's API server answers at %s", n.provider, rc.endpoint))
 	case apierrors.IsUnauthorized(err):
 		n.setReady(false, ReasonCredentialsDenied, fmt.Sprintf("%s rejects the granted token: %v", n.provider, err))
@@ -515,6 +518,40 @@ func (n *providerNode) probe(ctx context.Context) {
 			n.setReady(false, ReasonUnreachable, fmt.Sprintf("%s's API server at %s: %v", n.provider, rc.endpoint, err))
 		}
 	}
+}
+
+// reconnect replaces the provider's informer after an outage: a fresh one
+// lists at once (the old one's reflector may be backing off for up to 30 s),
+// and the copies the old one knew that the fresh list lacks were deleted
+// meanwhile, which the pod handler hears of as it would from a watch.
+func (n *providerNode) reconnect(ctx context.Context, old *remoteCluster) {
+	fresh, err := old.reconnect(n.ctx, n.b.cfg.ClusterID, n.pods.remoteEvents(), n.log)
+	if err != nil {
+		n.log.Error(err, "reconnecting to the provider")
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if !cache.WaitForCacheSync(sctx.Done(), fresh.synced) {
+		fresh.stop()
+		return
+	}
+	n.mu.Lock()
+	if n.remote != old { // a new grant came in meanwhile
+		n.mu.Unlock()
+		fresh.stop()
+		return
+	}
+	n.remote = fresh
+	n.mu.Unlock()
+	old.stop()
+	known, _ := old.pods.List(everything)
+	for _, p := range known {
+		if _, err := fresh.pods.Get(p.Name); apierrors.IsNotFound(err) {
+			n.pods.remoteGone(p)
+		}
+	}
+	n.log.Info("reconnected to the provider", "copies", len(known))
 }
 
 func (n *providerNode) setReady(ready bool, reason, message string) {

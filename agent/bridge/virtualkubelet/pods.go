@@ -146,19 +146,20 @@ func setImages(dst, src []corev1.Container) {
 func (h *podHandler) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	rc := h.n.currentRemote()
 	if rc == nil {
-		return errdefs.NotFound("no access to the provider")
+		// The copy, if any, is deleted as an orphan once the provider is back.
+		return h.noCopy(ctx, pod, "no access to the provider")
 	}
 	pods := rc.client.CoreV1().Pods(rc.namespace)
 	name := RemoteName(pod.Namespace, pod.Name)
 	existing, err := pods.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return errdefs.NotFound("no copy at the provider")
+		return h.noCopy(ctx, pod, "no copy at the provider")
 	}
 	if err != nil {
 		return err
 	}
 	if _, uid, ok := originOf(existing); !ok || uid != pod.UID {
-		return errdefs.NotFound("no copy of this pod at the provider")
+		return h.noCopy(ctx, pod, "no copy of this pod at the provider")
 	}
 	if existing.DeletionTimestamp != nil {
 		return nil
@@ -175,6 +176,22 @@ func (h *podHandler) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 		h.n.log.V(1).Info("deleting the copy", "pod", pod.Namespace+"/"+pod.Name, "gracePeriod", opts.GracePeriodSeconds)
 	}
 	return err
+}
+
+// noCopy: nothing runs at the provider for pod, so a pod being deleted goes
+// at once, as a kubelet lets a pod go whose containers have all stopped
+// (virtual-kubelet would wait out the grace period).
+func (h *podHandler) noCopy(ctx context.Context, pod *corev1.Pod, why string) error {
+	if pod.DeletionTimestamp != nil && pod.UID != "" {
+		if _, err := h.n.localPods.Pods(pod.Namespace).Get(pod.Name); err == nil {
+			pre := metav1.NewUIDPreconditions(string(pod.UID))
+			err := h.n.b.local.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0)), Preconditions: pre})
+			if client404(err) != nil && !apierrors.IsConflict(err) {
+				return err
+			}
+		}
+	}
+	return errdefs.NotFound(why)
 }
 
 // GetPod returns the copy of namespace/name in local coordinates.

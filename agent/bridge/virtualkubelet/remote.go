@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -74,14 +75,25 @@ func (rc *remoteCluster) sameAccess(g *api.Grant) bool {
 }
 
 // restConfigFor builds the client configuration of a grant.
-func restConfigFor(g *api.Grant, tok *token, userAgent string) *rest.Config {
+func restConfigFor(endpoint string, caBundle []byte, tok *token, userAgent string, log logr.Logger) *rest.Config {
 	return &rest.Config{
-		Host:            g.Endpoint,
-		TLSClientConfig: rest.TLSClientConfig{CAData: g.CABundle},
+		Host:            endpoint,
+		TLSClientConfig: rest.TLSClientConfig{CAData: caBundle},
 		WrapTransport:   func(rt http.RoundTripper) http.RoundTripper { return bearer{token: tok, next: rt} },
 		UserAgent:       userAgent,
 		QPS:             50,
 		Burst:           100,
+		WarningHandler:  warnings{log},
+	}
+}
+
+// warnings logs the provider's API warnings, except the one about dots in pod
+// names (the copies' names have one; their spec.hostname is the local name).
+type warnings struct{ log logr.Logger }
+
+func (w warnings) HandleWarningHeader(_ int, _ string, text string) {
+	if !strings.Contains(text, "used in the Pod's hostname") {
+		w.log.Info("warning from the provider's API server", "warning", text)
 	}
 }
 
@@ -90,11 +102,22 @@ func restConfigFor(g *api.Grant, tok *token, userAgent string) *rest.Config {
 func newRemoteCluster(ctx context.Context, g *api.Grant, clusterID string, handler cache.ResourceEventHandler, log logr.Logger) (*remoteCluster, error) {
 	tok := &token{}
 	tok.set(g.Token, g.ExpiresAt)
-	cs, err := kubernetes.NewForConfig(restConfigFor(g, tok, "rb-agent/"+clusterID+" (bridge)"))
+	return connect(ctx, g.Endpoint, g.CABundle, g.Namespace, tok, clusterID, handler, log)
+}
+
+// reconnect is a new connection with the same access and token: a fresh
+// informer lists at once, where the old one's reflector may be backing off.
+func (rc *remoteCluster) reconnect(ctx context.Context, clusterID string, handler cache.ResourceEventHandler, log logr.Logger) (*remoteCluster, error) {
+	return connect(ctx, rc.endpoint, rc.caBundle, rc.namespace, rc.token, clusterID, handler, log)
+}
+
+func connect(ctx context.Context, endpoint string, caBundle []byte, namespace string, tok *token, clusterID string,
+	handler cache.ResourceEventHandler, log logr.Logger) (*remoteCluster, error) {
+	cs, err := kubernetes.NewForConfig(restConfigFor(endpoint, caBundle, tok, "rb-agent/"+clusterID+" (bridge)", log))
 	if err != nil {
 		return nil, err
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(g.Namespace),
+	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.SelectorFromSet(labels.Set{rbv1.RequesterLabel: clusterID}).String()
 		}))
@@ -108,8 +131,8 @@ func newRemoteCluster(ctx context.Context, g *api.Grant, clusterID string, handl
 	ctx, cancel := context.WithCancel(ctx)
 	factory.Start(ctx.Done())
 	return &remoteCluster{
-		endpoint: g.Endpoint, caBundle: g.CABundle, namespace: g.Namespace, token: tok, client: cs,
-		pods: inf.Lister().Pods(g.Namespace), synced: inf.Informer().HasSynced,
+		endpoint: endpoint, caBundle: caBundle, namespace: namespace, token: tok, client: cs,
+		pods: inf.Lister().Pods(namespace), synced: inf.Informer().HasSynced,
 		stop: func() { cancel(); factory.Shutdown() },
 	}, nil
 }
