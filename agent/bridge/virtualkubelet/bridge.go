@@ -34,6 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -155,12 +156,23 @@ func (b *Bridge) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &rbv1.Reservation{}, rsvstatus.ProviderIndex, rsvstatus.IndexProvider); err != nil {
 		return err
 	}
-	byProvider := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+	provider := func(o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		if p := o.(*rbv1.Reservation).Status.Provider; p != "" {
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: p}}}
+			q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Name: p}})
 		}
-		return nil
-	})
+	}
+	byProvider := handler.Funcs{
+		CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			provider(e.Object, q)
+		},
+		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			provider(e.ObjectOld, q) // a provider that lost a reservation is resized too
+			provider(e.ObjectNew, q)
+		},
+		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			provider(e.Object, q)
+		},
+	}
 	ourNodes := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		l := o.GetLabels()
 		if p := l[rbv1.ProviderLabel]; p != "" && l[TypeLabel] == TypeValue && l[rbv1.ManagedByLabel] == rbv1.ManagedByValue {
@@ -292,6 +304,9 @@ func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		}
 	}
 	n.setReservations(ids, rsvstatus.Sum(active))
+	if err := b.client.Get(ctx, types.NamespacedName{Name: name}, &corev1.Node{}); apierrors.IsNotFound(err) {
+		n.push() // deleted by someone: the status update fails and registers it again
+	}
 
 	if len(live) == 0 {
 		if !n.localSynced() {
@@ -350,5 +365,5 @@ func (b *Bridge) removeNode(ctx context.Context, name string) error {
 	return nil
 }
 
-// NeedLeaderElection: the virtual nodes are served by the leader only.
+// NeedLeaderElection is true: the virtual nodes are served by the leader only.
 func (b *Bridge) NeedLeaderElection() bool { return true }

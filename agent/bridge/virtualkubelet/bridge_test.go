@@ -430,6 +430,15 @@ func TestVirtualKubelet(t *testing.T) {
 		rome.waitReady(t, "rb-paris", corev1.ConditionTrue, virtualkubelet.ReasonReachable, 10*time.Second)
 	})
 
+	t.Run("a deleted virtual node is registered again", func(t *testing.T) {
+		require.NoError(t, rome.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris"}}))
+		rome.waitReady(t, "rb-paris", corev1.ConditionTrue, virtualkubelet.ReasonReachable, 10*time.Second)
+		n, err := rome.node("rb-paris")
+		require.NoError(t, err)
+		assert.Contains(t, n.Spec.Taints, corev1.Taint{Key: rbv1.VirtualNodeTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule})
+		assert.Equal(t, "3", ptr.To(n.Status.Capacity[corev1.ResourceCPU]).String())
+	})
+
 	t.Run("paris's API server stopped: rb-paris NotReady within the lease window; restarted: Ready", func(t *testing.T) {
 		var lease coordinationv1.Lease
 		require.NoError(t, rome.Client.Get(ctx, types.NamespacedName{Namespace: corev1.NamespaceNodeLease, Name: "rb-paris"}, &lease))
@@ -507,7 +516,7 @@ func virtualkubeletLogs(ctx context.Context, t *testing.T, cfg *rest.Config, rom
 	n, err := rome.node("rb-paris")
 	require.NoError(t, err)
 	cfg = rest.CopyConfig(cfg)
-	cfg.TLSClientConfig.CAData, cfg.TLSClientConfig.Insecure = nil, true
+	cfg.CAData, cfg.Insecure = nil, true
 	hc, err := rest.HTTPClientFor(cfg)
 	require.NoError(t, err)
 	url := fmt.Sprintf("https://127.0.0.1:%d/containerLogs/%s/%s/main", n.Status.DaemonEndpoints.KubeletEndpoint.Port, ns, pod)

@@ -233,3 +233,28 @@ func TestFetchGrantTakesTheLongestLived(t *testing.T) {
 	_, err = n.fetchGrant(context.Background())
 	assert.Error(t, err)
 }
+
+func TestObjectMirrorCountsUsers(t *testing.T) {
+	m := newObjectMirror(nil)
+	pod := func(name string, cms ...string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name}}
+		for _, cm := range cms {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: cm, VolumeSource: corev1.VolumeSource{
+				ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm}}}})
+		}
+		return p
+	}
+	m.track(pod("a", "shared", "only-a"))
+	m.track(pod("b", "shared"))
+	m.track(pod("a", "shared", "only-a")) // an update of the same pod counts once
+	assert.True(t, m.usedLocked("ConfigMap", "shop", "shared"))
+	assert.False(t, m.usedLocked("ConfigMap", "other", "shared"))
+	assert.False(t, m.usedLocked("Secret", "shop", "shared"))
+
+	unused := m.setLocked("shop", "a", objectRefs{})
+	assert.Equal(t, []string{"only-a"}, unused.ConfigMaps, "shared is still used by b")
+	unused = m.setLocked("shop", "b", objectRefs{})
+	assert.Equal(t, []string{"shared"}, unused.ConfigMaps)
+	assert.Empty(t, m.users)
+	assert.Empty(t, m.byPod)
+}

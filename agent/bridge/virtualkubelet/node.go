@@ -96,7 +96,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 		ready:    readiness{reason: ReasonWaitingCredentials, message: "no grant from " + provider + " yet", since: metav1.Now()},
 	}
 	n.pods = &podHandler{n: n, deleting: map[string]bool{}}
-	n.objects = &objectMirror{n: n, byPod: map[string]objectRefs{}}
+	n.objects = newObjectMirror(n)
 
 	factory := informers.NewSharedInformerFactoryWithOptions(b.local, 0,
 		informers.WithTransform(stripManagedFields),

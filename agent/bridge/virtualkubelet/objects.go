@@ -59,9 +59,16 @@ type objectMirror struct {
 
 	mu    sync.Mutex
 	byPod map[string]objectRefs // local pod key -> its objects
+	users map[string]int        // kind/namespace/name -> how many pods use it
 }
 
 var _ cache.ResourceEventHandler = (*objectMirror)(nil)
+
+func newObjectMirror(n *providerNode) *objectMirror {
+	return &objectMirror{n: n, byPod: map[string]objectRefs{}, users: map[string]int{}}
+}
+
+func objectKey(kind, namespace, name string) string { return kind + "/" + namespace + "/" + name }
 
 func (m *objectMirror) OnAdd(obj any, _ bool) { m.track(obj.(*corev1.Pod)) }
 
@@ -82,20 +89,7 @@ func (m *objectMirror) OnDelete(obj any) {
 		return
 	}
 	m.mu.Lock()
-	key := p.Namespace + "/" + p.Name
-	refs := m.byPod[key]
-	delete(m.byPod, key)
-	var unused objectRefs
-	for _, cm := range refs.ConfigMaps {
-		if !m.usedLocked("ConfigMap", p.Namespace, cm) {
-			unused.ConfigMaps = append(unused.ConfigMaps, cm)
-		}
-	}
-	for _, s := range refs.Secrets {
-		if !m.usedLocked("Secret", p.Namespace, s) {
-			unused.Secrets = append(unused.Secrets, s)
-		}
-	}
+	unused := m.setLocked(p.Namespace, p.Name, objectRefs{})
 	m.mu.Unlock()
 	if !unused.empty() {
 		go m.deleteCopies(p.Namespace, unused)
@@ -106,26 +100,42 @@ func (m *objectMirror) OnDelete(obj any) {
 func (m *objectMirror) track(p *corev1.Pod) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.byPod[p.Namespace+"/"+p.Name] = refsOf(p)
+	m.setLocked(p.Namespace, p.Name, refsOf(p))
+}
+
+// setLocked records the objects a pod uses and returns those no pod uses any more.
+func (m *objectMirror) setLocked(namespace, name string, refs objectRefs) (unused objectRefs) {
+	key := namespace + "/" + name
+	old := m.byPod[key]
+	if refs.empty() {
+		delete(m.byPod, key)
+	} else {
+		m.byPod[key] = refs
+	}
+	for _, n := range refs.ConfigMaps {
+		m.users[objectKey("ConfigMap", namespace, n)]++
+	}
+	for _, n := range refs.Secrets {
+		m.users[objectKey("Secret", namespace, n)]++
+	}
+	release := func(kind string, names []string) []string {
+		var gone []string
+		for _, n := range names {
+			k := objectKey(kind, namespace, n)
+			if m.users[k]--; m.users[k] <= 0 {
+				delete(m.users, k)
+				gone = append(gone, n)
+			}
+		}
+		return gone
+	}
+	unused.ConfigMaps = release("ConfigMap", old.ConfigMaps)
+	unused.Secrets = release("Secret", old.Secrets)
+	return unused
 }
 
 func (m *objectMirror) usedLocked(kind, namespace, name string) bool {
-	for key, refs := range m.byPod {
-		ns, _, _ := cache.SplitMetaNamespaceKey(key)
-		if ns != namespace {
-			continue
-		}
-		list := refs.ConfigMaps
-		if kind == "Secret" {
-			list = refs.Secrets
-		}
-		for _, n := range list {
-			if n == name {
-				return true
-			}
-		}
-	}
-	return false
+	return m.users[objectKey(kind, namespace, name)] > 0
 }
 
 // changed updates the copy of a local object that pods here use.

@@ -81,7 +81,7 @@ func Start(t testing.TB, name string, o Options) *Cluster {
 		testenv.WithEnvironment(func(env *envtest.Environment) {
 			api := env.ControlPlane.GetAPIServer()
 			api.CertDir = dir // kept across restarts: same serving certificate, same service account keys
-			api.SecureServing.Authn = authn
+			api.Authn = authn
 			// Open watches hold the API server's graceful shutdown for long: kill it after 5 s.
 			env.ControlPlaneStopTimeout = 5 * time.Second
 		}),
@@ -142,7 +142,7 @@ func (c *Cluster) StopAPIServer(t testing.TB) {
 		require.NoError(t, err)
 	}
 	require.Eventually(t, func() bool {
-		conn, err := net.DialTimeout("tcp", api.SecureServing.HostPort(), 100*time.Millisecond)
+		conn, err := net.DialTimeout("tcp", api.HostPort(), 100*time.Millisecond)
 		if err == nil {
 			conn.Close()
 		}

@@ -34,13 +34,13 @@ func IndexProvider(o client.Object) []string {
 	return nil
 }
 
-// Live: the broker holds capacity for it (and it is not being deleted).
+// Live tells that the broker holds capacity for r (and r is not being deleted).
 func Live(r *rbv1.Reservation) bool {
 	return r.DeletionTimestamp.IsZero() &&
 		(r.Status.Phase == rbv1.ReservationReserved || r.Status.Phase == rbv1.ReservationActive)
 }
 
-// Active: live, and the provider has granted access.
+// Active tells that r is live and its provider has granted access.
 func Active(r *rbv1.Reservation) bool {
 	return r.DeletionTimestamp.IsZero() && r.Status.Phase == rbv1.ReservationActive
 }
