@@ -1,0 +1,105 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fluidos-project/resource-broker/internal/redistest"
+)
+
+// Redis is the bed's redis-server, with AOF persistence as manifests/redis
+// configures it (appendonly yes, appendfsync everysec), so that a restart
+// keeps the broker's state.
+type Redis struct {
+	Addr string // 127.0.0.1:<port>
+	Dir  string // data directory (appendonlydir/)
+	*Process
+}
+
+func newRedis(dir, logPath string) (*Redis, error) {
+	bin, err := redistest.Binary()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return &Redis{Dir: dir, Process: &Process{Name: "redis-server", Path: bin, LogPath: logPath}}, nil
+}
+
+func (r *Redis) start(ctx context.Context) error {
+	var last error
+	for range 3 { // a free port can be taken before redis binds it
+		if r.Addr == "" {
+			ports, err := freePorts(1)
+			if err != nil {
+				return err
+			}
+			r.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+		}
+		_, port, _ := net.SplitHostPort(r.Addr)
+		r.Args = []string{"--port", port, "--bind", "127.0.0.1", "--dir", r.Dir, "--protected-mode", "no",
+			"--save", "", "--appendonly", "yes", "--appendfsync", "everysec"}
+		if last = r.Start(); last != nil {
+			return last
+		}
+		if last = r.waitReady(ctx); last == nil {
+			return nil
+		}
+		_ = r.Kill()
+		if !r.portInUse() {
+			return last
+		}
+		r.Addr = ""
+	}
+	return last
+}
+
+func (r *Redis) waitReady(ctx context.Context) error {
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := c.Ping(ctx).Err()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-r.Exited():
+			return fmt.Errorf("redis-server %w:\n%s", errExited, r.Tail(20))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis-server did not answer PING within 15s: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Restart kills redis-server (SIGKILL, as a crash) and starts it again on the
+// same port and data directory; it returns when it answers PING, that is
+// when it has loaded its append-only file.
+func (r *Redis) Restart(ctx context.Context) error {
+	if err := r.Kill(); err != nil {
+		return err
+	}
+	// The port is free once the process is gone; wait for the kernel to agree.
+	for i := 0; i < 200; i++ {
+		c, err := net.DialTimeout("tcp", r.Addr, 20*time.Millisecond)
+		if err != nil {
+			break
+		}
+		c.Close()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := r.Start(); err != nil {
+		return err
+	}
+	return r.waitReady(ctx)
+}

@@ -1,0 +1,133 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Capacity is the brokers' accounting as stored: cluster id -> the fields of
+// rb:{b}:cluster:<id>, without seen_ms (every advertisement moves it) and
+// with absent resv_* counted as "0" (they appear with the first reservation).
+type Capacity map[string]map[string]string
+
+// Capacity reads every rb:{b}:cluster:* hash.
+func (b *Bed) Capacity(ctx context.Context) (Capacity, error) {
+	keys, err := b.scan(ctx, b.Store.Key("cluster:*"))
+	if err != nil {
+		return nil, err
+	}
+	out := Capacity{}
+	for _, k := range keys {
+		m, err := b.RDB.HGetAll(ctx, k).Result()
+		if err != nil {
+			return nil, err
+		}
+		delete(m, "seen_ms")
+		for _, r := range []string{"cpu", "mem", "gpu", "sto"} {
+			if _, ok := m["resv_"+r]; !ok {
+				m["resv_"+r] = "0"
+			}
+		}
+		out[strings.TrimPrefix(k, b.Store.Key("cluster:"))] = m
+	}
+	return out, nil
+}
+
+// Diff describes how c differs from want ("" when equal).
+func (c Capacity) Diff(want Capacity) string {
+	var d []string
+	for id, w := range want {
+		g, ok := c[id]
+		if !ok {
+			d = append(d, id+": missing")
+			continue
+		}
+		if maps.Equal(g, w) {
+			continue
+		}
+		for f, wv := range w {
+			if g[f] != wv {
+				d = append(d, fmt.Sprintf("%s.%s=%q, want %q", id, f, g[f], wv))
+			}
+		}
+		for f, gv := range g {
+			if _, ok := w[f]; !ok {
+				d = append(d, fmt.Sprintf("%s.%s=%q, want absent", id, f, gv))
+			}
+		}
+	}
+	for id := range c {
+		if _, ok := want[id]; !ok {
+			d = append(d, id+": unexpected")
+		}
+	}
+	return strings.Join(d, "; ")
+}
+
+// LiveIndexes returns the size of every non-empty index of live
+// reservations (rb:{b}:by-target:*, rb:{b}:by-requester:*, rb:{b}:expiry).
+func (b *Bed) LiveIndexes(ctx context.Context) (map[string]int64, error) {
+	out := map[string]int64{}
+	for _, pattern := range []string{"by-target:*", "by-requester:*"} {
+		keys, err := b.scan(ctx, b.Store.Key(pattern))
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range keys {
+			n, err := b.RDB.SCard(ctx, k).Result()
+			if err != nil {
+				return nil, err
+			}
+			if n > 0 {
+				out[k] = n
+			}
+		}
+	}
+	n, err := b.RDB.ZCard(ctx, b.Store.Key("expiry")).Result()
+	if err != nil {
+		return nil, err
+	}
+	if n > 0 {
+		out[b.Store.Key("expiry")] = n
+	}
+	return out, nil
+}
+
+// AuditEntry is one decision of rb:{b}:audit.
+type AuditEntry struct {
+	ID     string
+	Fields map[string]string
+}
+
+// Audit reads the whole audit stream.
+func (b *Bed) Audit(ctx context.Context) ([]AuditEntry, error) {
+	msgs, err := b.RDB.XRange(ctx, b.Store.Key("audit"), "-", "+").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]AuditEntry, 0, len(msgs))
+	for _, m := range msgs {
+		f := make(map[string]string, len(m.Values))
+		for k, v := range m.Values {
+			f[k] = fmt.Sprint(v)
+		}
+		out = append(out, AuditEntry{ID: m.ID, Fields: f})
+	}
+	return out, nil
+}
+
+func (b *Bed) scan(ctx context.Context, pattern string) ([]string, error) {
+	var keys []string
+	iter := b.RDB.Scan(ctx, 0, pattern, 1000).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil && err != redis.Nil {
+		return nil, err
+	}
+	return keys, nil
+}

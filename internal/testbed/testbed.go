@@ -1,0 +1,558 @@
+// Package testbed starts the whole resource broker on one machine, from the
+// real binaries: redis-server (append-only), rb-broker replicas behind a TCP
+// round-robin proxy, and member clusters (real kube-apiserver + etcd through
+// envtest), each with its rb-agent and rb-scheduler as subprocesses. Node
+// objects stand in for kubelets, an in-process kubelet stand-in marks pods
+// on real nodes Running, and the parts of kube-controller-manager the flow
+// needs (garbage collector, Deployment, ReplicaSet and namespace
+// controllers) run in-process.
+//
+// The integration tests (test/integration) use it through Start, which ties
+// its lifetime to a test; a program (a demo) uses New and Close.
+//
+//	bed := testbed.Start(t, testbed.Options{})
+//	rome := bed.Cluster("rome")
+//	rome.Client.Create(ctx, &rbv1.Reservation{...})
+//
+// The binaries are built once per checkout into a cache directory (see
+// DefaultBinDir; RB_TESTBED_BIN names prebuilt ones). Logs of every
+// subprocess go to <Dir>/logs/; Start prints their tails when the test fails.
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/klog/v2"
+
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/testenv"
+)
+
+// Options configure a bed. Zero values take the defaults.
+type Options struct {
+	// Dir holds certificates, kubeconfigs, Redis data and logs (required for
+	// New; Start uses the test's temp dir).
+	Dir string
+	// BinDir holds (or receives) rb-broker, rb-agent and rb-scheduler
+	// (default DefaultBinDir).
+	BinDir string
+	// Clusters of the bed (default Rome, Paris, Berlin).
+	Clusters []ClusterSpec
+	// BrokerReplicas behind the proxy (default 2).
+	BrokerReplicas int
+	// StaleThreshold of the brokers (default 3s): a cluster not advertised
+	// for this long is not a candidate.
+	StaleThreshold time.Duration
+	// ExpiryInterval of the brokers (default 250ms).
+	ExpiryInterval time.Duration
+	// PublishPeriod and Debounce of the agents (defaults 1s and 250ms).
+	PublishPeriod, Debounce time.Duration
+	// TokenTTL of the agents' grants (default 1h).
+	TokenTTL time.Duration
+	// ReservationDuration of the scheduler plugin (default: manifests/scheduler's).
+	ReservationDuration time.Duration
+	// Verbosity (-v) of the subprocesses (default 0; schedulers at least 2).
+	Verbosity int
+	// AgentArgs adds flags to a cluster's rb-agent.
+	AgentArgs func(cluster string) []string
+	// Logf receives progress lines (default: none).
+	Logf func(format string, args ...any)
+}
+
+func (o *Options) defaults() {
+	if len(o.Clusters) == 0 {
+		o.Clusters = []ClusterSpec{Rome, Paris, Berlin}
+	}
+	if o.BrokerReplicas == 0 {
+		o.BrokerReplicas = 2
+	}
+	if o.StaleThreshold == 0 {
+		o.StaleThreshold = 3 * time.Second
+	}
+	if o.ExpiryInterval == 0 {
+		o.ExpiryInterval = 250 * time.Millisecond
+	}
+	if o.PublishPeriod == 0 {
+		o.PublishPeriod = time.Second
+	}
+	if o.Debounce == 0 {
+		o.Debounce = 250 * time.Millisecond
+	}
+	if o.TokenTTL == 0 {
+		o.TokenTTL = time.Hour
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+}
+
+// Bed is a running test bed.
+type Bed struct {
+	Dir, LogDir, BinDir string
+	// CA signs the broker's certificate and the clusters' client certificates.
+	CA *devcerts.CA
+	// BrokerCertDir holds ca.crt, tls.crt, tls.key of the brokers.
+	BrokerCertDir string
+	Redis         *Redis
+	Brokers       []*Broker
+	Proxy         *Proxy
+	// BrokerURL is the brokers' API through the proxy: what the agents use.
+	BrokerURL string
+	// RDB and Store read (and, for tests, may write) the brokers' state.
+	RDB   *redis.Client
+	Store *store.Store
+	// Clusters in the order of Options.Clusters.
+	Clusters []*Cluster
+	// Timings of the start-up phases.
+	Timings map[string]time.Duration
+
+	opts       Options
+	moduleRoot string
+	ctx        context.Context
+	cancel     context.CancelFunc
+	ctrlLog    *os.File
+	helpOnce   sync.Once
+	agentHelp  string
+	closeOnce  sync.Once
+}
+
+// Broker is one rb-broker replica.
+type Broker struct {
+	Name       string
+	Addr       string // 127.0.0.1:<port>, the mutual-TLS API
+	HealthAddr string // 127.0.0.1:<port>, plain-HTTP /healthz /readyz /metrics
+	*Process
+	bed *Bed
+}
+
+// Start starts a bed for a test and stops it when the test ends, printing
+// the tails of the logs first if the test failed.
+func Start(t testing.TB, o Options) *Bed {
+	t.Helper()
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	if o.Logf == nil {
+		o.Logf = t.Logf
+	}
+	b, err := New(context.Background(), o)
+	if b != nil {
+		t.Cleanup(func() {
+			if t.Failed() {
+				b.DumpLogs(t.Logf, 60)
+			}
+			if err := b.Close(); err != nil {
+				t.Errorf("testbed: %v", err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("testbed: %v", err)
+	}
+	return b
+}
+
+// New starts a bed. On error the returned bed (if not nil) holds what was
+// started: Close it.
+func New(ctx context.Context, o Options) (*Bed, error) {
+	o.defaults()
+	if o.Dir == "" {
+		return nil, errors.New("Options.Dir is required")
+	}
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		return nil, err
+	}
+	if o.BinDir == "" {
+		if o.BinDir, err = DefaultBinDir(root); err != nil {
+			return nil, err
+		}
+	}
+	b := &Bed{Dir: o.Dir, LogDir: filepath.Join(o.Dir, "logs"), BinDir: o.BinDir, opts: o, moduleRoot: root,
+		Timings: map[string]time.Duration{}}
+	if err := os.MkdirAll(b.LogDir, 0o755); err != nil {
+		return nil, err
+	}
+	b.ctrlLog, err = os.Create(filepath.Join(b.LogDir, "in-process.log"))
+	if err != nil {
+		return nil, err
+	}
+	logger := funcr.New(func(prefix, args string) {
+		fmt.Fprintf(b.ctrlLog, "%s %s %s\n", time.Now().Format("15:04:05.000000"), prefix, args)
+	}, funcr.Options{Verbosity: o.Verbosity})
+	b.ctx, b.cancel = context.WithCancel(klog.NewContext(context.Background(), logger))
+	began := time.Now()
+	if err := b.start(ctx); err != nil {
+		return b, err
+	}
+	b.Timings["total"] = time.Since(began)
+	o.Logf("testbed: up in %s (%s)", b.Timings["total"].Round(time.Millisecond), b.timingSummary())
+	return b, nil
+}
+
+func (b *Bed) timingSummary() string {
+	var parts []string
+	for k, v := range b.Timings {
+		if k != "total" {
+			parts = append(parts, fmt.Sprintf("%s %s", k, v.Round(time.Millisecond)))
+		}
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+func (b *Bed) start(ctx context.Context) error {
+	o := b.opts
+	for _, spec := range o.Clusters {
+		c := &Cluster{Spec: spec, Name: spec.Name, bed: b, dir: filepath.Join(b.Dir, "clusters", spec.Name)}
+		if err := os.MkdirAll(c.dir, 0o755); err != nil {
+			return err
+		}
+		b.Clusters = append(b.Clusters, c)
+	}
+	var timingsMu sync.Mutex
+	timed := func(name string, fn func() error) func() error {
+		return func() error {
+			began := time.Now()
+			err := fn()
+			timingsMu.Lock()
+			b.Timings[name] = time.Since(began)
+			timingsMu.Unlock()
+			return err
+		}
+	}
+
+	// Phase 1, in parallel: build, control planes, Redis + brokers.
+	g, gctx := errgroup.WithContext(ctx)
+	if os.Getenv(BinDirEnv) == "" || o.BinDir != os.Getenv(BinDirEnv) {
+		g.Go(timed("build", func() error {
+			_, err := Build(gctx, b.moduleRoot, b.BinDir)
+			return err
+		}))
+	}
+	crdDir := filepath.Join(b.moduleRoot, "manifests", "crds")
+	for _, c := range b.Clusters {
+		g.Go(timed("control plane "+c.Name, func() error { return c.startControlPlane(gctx, crdDir) }))
+	}
+	g.Go(timed("certificates", b.makeCerts))
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	// Brokers need the binaries and the certificates.
+	if err := timed("redis and brokers", func() error { return b.startBrokers(ctx) })(); err != nil {
+		return err
+	}
+
+	// Phase 2: agents, schedulers and in-process controllers.
+	g, gctx = errgroup.WithContext(ctx)
+	for _, c := range b.Clusters {
+		g.Go(timed("agent "+c.Name, func() error { return c.StartAgent(gctx) }))
+		g.Go(timed("scheduler "+c.Name, func() error { return c.startScheduler(gctx) }))
+		g.Go(timed("controllers "+c.Name, func() error { return c.startInProcess(b.ctx) }))
+	}
+	return g.Wait()
+}
+
+func (b *Bed) makeCerts() error {
+	ca, err := devcerts.NewCA("resource-broker testbed CA")
+	if err != nil {
+		return err
+	}
+	b.CA = ca
+	pair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1", "localhost"})
+	if err != nil {
+		return err
+	}
+	b.BrokerCertDir = filepath.Join(b.Dir, "certs", "broker")
+	if err := devcerts.WriteTLSDir(b.BrokerCertDir, pair, ca.CertPEM); err != nil {
+		return err
+	}
+	for _, c := range b.Clusters {
+		p, err := ca.IssueClient(c.Name)
+		if err != nil {
+			return err
+		}
+		c.CertDir = filepath.Join(b.Dir, "certs", "clusters", c.Name)
+		if err := devcerts.WriteTLSDir(c.CertDir, p, ca.CertPEM); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *Bed) startBrokers(ctx context.Context) error {
+	var err error
+	if b.Redis, err = newRedis(filepath.Join(b.Dir, "redis"), filepath.Join(b.LogDir, "redis.log")); err != nil {
+		return err
+	}
+	if err := b.Redis.start(ctx); err != nil {
+		return err
+	}
+	b.RDB = redis.NewClient(&redis.Options{Addr: b.Redis.Addr, PoolSize: 32})
+	b.Store = store.New(b.RDB, store.Config{StaleThreshold: b.opts.StaleThreshold})
+	var addrs []string
+	for i := range b.opts.BrokerReplicas {
+		br := &Broker{Name: fmt.Sprintf("rb-broker-%d", i), bed: b}
+		br.Process = &Process{Name: br.Name, Path: filepath.Join(b.BinDir, "rb-broker"),
+			LogPath: filepath.Join(b.LogDir, br.Name+".log")}
+		if err := br.start(ctx); err != nil {
+			return err
+		}
+		b.Brokers = append(b.Brokers, br)
+		addrs = append(addrs, br.Addr)
+	}
+	if b.Proxy, err = newProxy(addrs); err != nil {
+		return err
+	}
+	b.BrokerURL = "https://" + b.Proxy.Addr
+	return nil
+}
+
+func (br *Broker) start(ctx context.Context) error {
+	var last error
+	for range 3 {
+		if br.Addr == "" {
+			ports, err := freePorts(2)
+			if err != nil {
+				return err
+			}
+			br.Addr, br.HealthAddr = "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
+		}
+		o := br.bed.opts
+		br.Args = []string{"--listen-address=" + br.Addr, "--health-address=" + br.HealthAddr,
+			"--cert-dir=" + br.bed.BrokerCertDir, "--redis-url=redis://" + br.bed.Redis.Addr + "/0",
+			"--stale-threshold=" + o.StaleThreshold.String(), "--expiry-interval=" + o.ExpiryInterval.String(),
+			"--v=" + strconv.Itoa(o.Verbosity)}
+		if err := br.Start(); err != nil {
+			return err
+		}
+		if last = br.WaitReady(ctx); last == nil {
+			return nil
+		}
+		_ = br.Kill()
+		if !br.portInUse() {
+			return last
+		}
+		br.Addr = "" // taken by someone else: new ports (before the proxy knows them)
+	}
+	return last
+}
+
+// WaitReady waits until the replica's /readyz answers 200 (Redis reachable,
+// scripts loaded: /readyz reloads them after a Redis restart).
+func (br *Broker) WaitReady(ctx context.Context) error {
+	return br.bed.poll(ctx, br.Process, 60*time.Second, br.Name+" ready", func() (bool, error) {
+		return httpOK("http://" + br.HealthAddr + "/readyz"), nil
+	})
+}
+
+// Restart starts a stopped or killed replica again on the same ports.
+func (br *Broker) Restart(ctx context.Context) error {
+	if err := br.Start(); err != nil {
+		return err
+	}
+	return br.WaitReady(ctx)
+}
+
+// Cluster returns the cluster named name (nil if none).
+func (b *Bed) Cluster(name string) *Cluster {
+	for _, c := range b.Clusters {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Options returns the effective options.
+func (b *Bed) Options() Options { return b.opts }
+
+// Logger is the logger of the in-process parts (written to logs/in-process.log).
+func (b *Bed) Logger() logr.Logger { return klog.FromContext(b.ctx) }
+
+// poll calls cond every 25ms until it holds, the process exits, or timeout.
+func (b *Bed) poll(ctx context.Context, p *Process, timeout time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	var exited <-chan struct{}
+	if p != nil {
+		exited = p.Exited()
+	}
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("waiting for %s: %s %w: %v\n%s", what, p.Name, errExited, p.Err(), p.Tail(30))
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		case <-time.After(25 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			tail := ""
+			if p != nil {
+				tail = "\n" + p.Name + ":\n" + p.Tail(30)
+			}
+			return fmt.Errorf("waiting for %s: not within %s%s", what, timeout, tail)
+		}
+	}
+}
+
+// agentHasFlag tells whether rb-agent knows --name (flags that come with
+// later versions, such as the bridge's, are passed only when they exist).
+func (b *Bed) agentHasFlag(name string) bool {
+	b.helpOnce.Do(func() {
+		out, _ := exec.Command(filepath.Join(b.BinDir, "rb-agent"), "--help").CombinedOutput()
+		b.agentHelp = string(out)
+	})
+	return strings.Contains(b.agentHelp, "--"+name+" ") || strings.Contains(b.agentHelp, "--"+name+"=")
+}
+
+// Processes lists every subprocess, in start order.
+func (b *Bed) Processes() []*Process {
+	var ps []*Process
+	if b.Redis != nil {
+		ps = append(ps, b.Redis.Process)
+	}
+	for _, br := range b.Brokers {
+		ps = append(ps, br.Process)
+	}
+	for _, c := range b.Clusters {
+		for _, p := range []*Process{c.Agent, c.Scheduler} {
+			if p != nil {
+				ps = append(ps, p)
+			}
+		}
+	}
+	return ps
+}
+
+// DumpLogs prints the last lines of every log.
+func (b *Bed) DumpLogs(logf func(string, ...any), lines int) {
+	for _, p := range b.Processes() {
+		logf("---- %s (%s), last %d lines:\n%s", p.Name, p.LogPath, lines, p.Tail(lines))
+	}
+	if b.ctrlLog != nil {
+		logf("---- in-process controllers (%s), last %d lines:\n%s", b.ctrlLog.Name(), lines, tailFile(b.ctrlLog.Name(), lines))
+	}
+}
+
+// Close stops everything, in order: schedulers, agents, in-process
+// controllers, brokers, the proxy, Redis, the control planes.
+func (b *Bed) Close() error {
+	var errs []error
+	b.closeOnce.Do(func() {
+		stopAll := func(ps []*Process) {
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			for _, p := range ps {
+				if p == nil {
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := p.Stop(15 * time.Second); err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+		}
+		var scheds, agents, brokers []*Process
+		for _, c := range b.Clusters {
+			scheds = append(scheds, c.Scheduler)
+			agents = append(agents, c.Agent)
+		}
+		stopAll(scheds)
+		stopAll(agents)
+		if b.cancel != nil {
+			b.cancel()
+		}
+		for _, br := range b.Brokers {
+			brokers = append(brokers, br.Process)
+		}
+		stopAll(brokers)
+		if b.Proxy != nil {
+			b.Proxy.Close()
+		}
+		if b.RDB != nil {
+			b.RDB.Close()
+		}
+		if b.Redis != nil {
+			stopAll([]*Process{b.Redis.Process})
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for _, c := range b.Clusters {
+			if c.env == nil {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := c.env.Stop(); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("%s: stop control plane: %w", c.Name, err))
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if b.ctrlLog != nil {
+			b.ctrlLog.Close()
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// ReplicasServing counts, per broker replica, the open connections that
+// process p (an agent) holds to it through the proxy: which replica a fault
+// must hit to matter to that agent.
+func (b *Bed) ReplicasServing(p *Process) (map[*Broker]int, error) {
+	_, portStr, err := net.SplitHostPort(b.Proxy.Addr)
+	if err != nil {
+		return nil, err
+	}
+	port, _ := strconv.Atoi(portStr)
+	local, err := localPortsTo(p.Pid(), port)
+	if err != nil {
+		return nil, err
+	}
+	out := map[*Broker]int{}
+	for _, lp := range local {
+		addr, ok := b.Proxy.backendOf(lp)
+		if !ok {
+			continue
+		}
+		for _, br := range b.Brokers {
+			if br.Addr == addr {
+				out[br]++
+			}
+		}
+	}
+	return out, nil
+}
