@@ -76,7 +76,7 @@ func (r *Redis) waitReady(ctx context.Context) error {
 		default:
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("redis-server did not answer PING within 15s: %v", err)
+			return fmt.Errorf("redis-server did not answer PING within 15s: %w", err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"strings"
@@ -126,7 +127,7 @@ func (b *Bed) scan(ctx context.Context, pattern string) ([]string, error) {
 	for iter.Next(ctx) {
 		keys = append(keys, iter.Val())
 	}
-	if err := iter.Err(); err != nil && err != redis.Nil {
+	if err := iter.Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
 	return keys, nil

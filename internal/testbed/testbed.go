@@ -404,7 +404,11 @@ func (b *Bed) poll(ctx context.Context, p *Process, timeout time.Duration, what 
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("waiting for %s: %s %w: %v\n%s", what, p.Name, errExited, p.Err(), p.Tail(30))
+			how := p.Err()
+			if how == nil {
+				how = errors.New("exit status 0")
+			}
+			return fmt.Errorf("waiting for %s: %s %w: %w\n%s", what, p.Name, errExited, how, p.Tail(30))
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
 		case <-time.After(25 * time.Millisecond):

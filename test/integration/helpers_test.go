@@ -229,6 +229,29 @@ func waitPodCondition(t *testing.T, c *testbed.Cluster, ns, name string, timeout
 	})
 }
 
+// waitPodServed waits until a pod whose Reservation is live on provider is
+// served as far as this build goes: bound to the provider's virtual node
+// rb-<provider> once the bridge runs in rb-agent, or, without it, unbound and
+// saying in its PodScheduled condition that it waits for that reservation on
+// that provider. It returns the node ("" when unbound).
+func waitPodServed(t *testing.T, c *testbed.Cluster, ns, name, rsv, provider string, timeout time.Duration) string {
+	t.Helper()
+	var node string
+	eventually(t, timeout, fmt.Sprintf("pod %s/%s on rb-%s or waiting for %s", ns, name, provider, rsv), func() (bool, string) {
+		var p corev1.Pod
+		if err := c.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
+			return false, err.Error()
+		}
+		node = p.Spec.NodeName
+		if node != "" {
+			return node == "rb-"+provider, "bound to " + node
+		}
+		msg := podCondition(&p)
+		return strings.Contains(msg, "waiting for broker reservation "+rsv) && strings.Contains(msg, "on provider "+provider), msg
+	})
+	return node
+}
+
 // countBy counts reservations by provider.
 func countBy(items []rbv1.Reservation) map[string]int {
 	m := map[string]int{}

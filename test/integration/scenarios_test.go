@@ -167,9 +167,9 @@ func testRelease(t *testing.T, bed *testbed.Bed) {
 		return len(providerInstructions(t, paris)) == 2 && len(providerInstructions(t, berlin)) == 1 && p == "6" && b == "3",
 			fmt.Sprintf("paris quota %s, berlin quota %s", p, b)
 	})
-	// Without the bridge there is no virtual node: the pods wait, and say so.
+	// Until rb-agent runs the bridge there is no virtual node: the pods wait, and say so.
 	for _, r := range items {
-		waitPodCondition(t, rome, ns, r.Spec.PodName, 15*time.Second, "waiting for broker reservation "+r.Name, "on provider "+r.Status.Provider)
+		waitPodServed(t, rome, ns, r.Spec.PodName, r.Name, r.Status.Provider, 30*time.Second)
 	}
 	figure(t, "pod created -> Reservation created: %s", stats(tl.durations("pod", "seen")))
 	figure(t, "Reservation created -> Reserved: %s", stats(tl.durations("seen", "reserved")))
@@ -282,7 +282,7 @@ func testNothingFits(t *testing.T, bed *testbed.Bed) {
 	placed := time.Since(grown)
 	for _, r := range items {
 		attempts = append(attempts, r.Status.Attempts)
-		waitPodCondition(t, rome, ns, r.Spec.PodName, 15*time.Second, "waiting for broker reservation "+r.Name, "on provider berlin")
+		waitPodServed(t, rome, ns, r.Spec.PodName, r.Name, "berlin", 30*time.Second)
 	}
 	assertBrokerMatches(t, bed, items)
 	require.NoError(t, bed.Store.CheckInvariant(ctx))
