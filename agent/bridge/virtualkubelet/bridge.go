@@ -354,11 +354,11 @@ func (b *Bridge) leftover(ctx context.Context, name string) (bool, int, error) {
 // removeNode deletes the virtual node and its lease.
 func (b *Bridge) removeNode(ctx context.Context, name string) error {
 	b.log.Info("removing virtual node: no live reservation and no pod left", "node", name)
-	err := b.local.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
+	err := b.local.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	err = b.local.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(ctx, name, metav1.DeleteOptions{})
+	err = b.local.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}

@@ -506,7 +506,7 @@ func TestVirtualKubelet(t *testing.T) {
 			return apierrors.IsNotFound(err)
 		}, 15*time.Second, 20*time.Millisecond)
 		err = rome.Client.Get(ctx, types.NamespacedName{Namespace: corev1.NamespaceNodeLease, Name: "rb-paris"}, &coordinationv1.Lease{})
-		assert.True(t, apierrors.IsNotFound(err), "%v", err)
+		assert.True(t, apierrors.IsNotFound(err), "the lease goes first: %v", err)
 	})
 }
 
