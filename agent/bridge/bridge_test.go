@@ -1,0 +1,34 @@
+package bridge_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/agent/bridge"
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+type noGrants struct{}
+
+func (noGrants) Reservation(context.Context, string) (api.Reservation, error) {
+	return api.Reservation{}, nil
+}
+
+func TestNew(t *testing.T) {
+	for _, mode := range []string{"", bridge.ModeVirtualKubelet, bridge.ModeLiqo} {
+		b, err := bridge.New(mode, bridge.Options{ClusterID: "rome", Grants: noGrants{}})
+		require.NoError(t, err, "mode %q", mode)
+		assert.NotNil(t, b)
+	}
+	_, err := bridge.New("submariner", bridge.Options{ClusterID: "rome", Grants: noGrants{}})
+	assert.EqualError(t, err, `bridge: unknown mode "submariner" (want "virtual-kubelet" or "liqo")`)
+	_, err = bridge.New(bridge.ModeVirtualKubelet, bridge.Options{ClusterID: "rome"})
+	assert.ErrorContains(t, err, "needs a grant source")
+	_, err = bridge.New(bridge.ModeLiqo, bridge.Options{})
+	assert.ErrorContains(t, err, "cluster id is required")
+	_, err = bridge.New(bridge.ModeVirtualKubelet, bridge.Options{ClusterID: "rome", Grants: noGrants{}, ProbePeriod: 1})
+	assert.ErrorContains(t, err, "probe period")
+}
