@@ -178,6 +178,9 @@ func (c *Cluster) startInProcess(ctx context.Context) error {
 	if err := startNamespaceController(ctx, c.Config); err != nil {
 		return err
 	}
+	if err := startNodeTaints(ctx, c.Config); err != nil {
+		return err
+	}
 	if !c.Spec.Requester {
 		return nil
 	}
