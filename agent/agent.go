@@ -7,11 +7,13 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/fluidos-project/resource-broker/agent/bridge"
 	"github.com/fluidos-project/resource-broker/agent/collector"
 	"github.com/fluidos-project/resource-broker/agent/follower"
 	"github.com/fluidos-project/resource-broker/agent/provider"
@@ -43,6 +45,11 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 	// ReserveBroker, when set, replaces Broker for the Reservation reconciler (tests inject faults).
 	ReserveBroker reservation.Broker
+	// Bridge is how won reservations become nodes (bridge.ModeVirtualKubelet or
+	// bridge.ModeLiqo); empty: no bridge.
+	Bridge string
+	// BridgeOptions tune the bridge; Setup fills ClusterID and Grants.
+	BridgeOptions bridge.Options
 }
 
 // Validate checks the options, including that the identity matches the certificate.
@@ -63,6 +70,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Endpoint == "" {
 		errs = append(errs, errors.New("the API server endpoint is unknown: set --endpoint"))
+	}
+	if o.Bridge != "" && !slices.Contains(bridge.Modes, o.Bridge) {
+		errs = append(errs, fmt.Errorf("--bridge %q: want virtual-kubelet, liqo or none", o.Bridge))
 	}
 	if o.TokenTTL != 0 && o.TokenTTL < 10*time.Minute {
 		errs = append(errs, fmt.Errorf("--token-ttl %s is below the TokenRequest minimum of 10m", o.TokenTTL))
@@ -95,6 +105,17 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if err := rec.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("reservation reconciler: %w", err)
+	}
+	if o.Bridge != "" {
+		bo := o.BridgeOptions
+		bo.ClusterID, bo.Grants = o.ClusterID, o.Broker
+		br, err := bridge.New(o.Bridge, bo)
+		if err != nil {
+			return err
+		}
+		if err := br.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("bridge: %w", err)
+		}
 	}
 	tenants := &provider.TenantReconciler{
 		Client: mgr.GetClient(), Broker: o.Broker, Recorder: mgr.GetEventRecorderFor("rb-agent"),

@@ -21,28 +21,35 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/fluidos-project/resource-broker/agent"
+	"github.com/fluidos-project/resource-broker/agent/bridge"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
 )
 
 type options struct {
-	clusterID     string
-	brokerURL     string
-	brokerCertDir string
-	endpoint      string
-	namespace     string
-	labels        map[string]string
-	currency      string
-	priceCPU      string
-	priceMemory   string
-	priceGPU      string
-	tokenTTL      time.Duration
-	debounce      time.Duration
-	publishPeriod time.Duration
-	leaderElect   bool
-	metricsAddr   string
-	probeAddr     string
+	clusterID        string
+	brokerURL        string
+	brokerCertDir    string
+	endpoint         string
+	namespace        string
+	labels           map[string]string
+	currency         string
+	priceCPU         string
+	priceMemory      string
+	priceGPU         string
+	tokenTTL         time.Duration
+	debounce         time.Duration
+	publishPeriod    time.Duration
+	leaderElect      bool
+	bridge           string
+	nodeIP           string
+	kubeletAddress   string
+	nodeLease        time.Duration
+	probePeriod      time.Duration
+	nodeStatusPeriod time.Duration
+	metricsAddr      string
+	probeAddr        string
 }
 
 func main() {
@@ -77,6 +84,12 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.debounce, "debounce", time.Second, "how long a change settles before it is advertised")
 	f.DurationVar(&o.publishPeriod, "publish-period", 30*time.Second, "advertise at least this often, aligned to the wall clock")
 	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect one active agent among replicas")
+	f.StringVar(&o.bridge, "bridge", bridge.ModeVirtualKubelet, "how won reservations become nodes: virtual-kubelet, liqo, or none")
+	f.StringVar(&o.nodeIP, "node-ip", os.Getenv("POD_IP"), "address the API server uses to reach the virtual nodes' kubelet endpoint (this pod's IP)")
+	f.StringVar(&o.kubeletAddress, "kubelet-address", ":10250", "listen address of the virtual nodes' kubelet endpoint (kubectl logs); off to disable")
+	f.DurationVar(&o.nodeLease, "virtual-node-lease", 40*time.Second, "lease duration of the virtual nodes")
+	f.DurationVar(&o.probePeriod, "provider-probe-period", 5*time.Second, "how often a provider's API is checked with its grant (at least 1s)")
+	f.DurationVar(&o.nodeStatusPeriod, "virtual-node-status-period", time.Minute, "how often an unchanged virtual node status is rewritten")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 to disable)")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "healthz/readyz address")
 	gf := flag.NewFlagSet("klog", flag.ExitOnError)
@@ -148,6 +161,11 @@ func run(o options) error {
 	ao := agent.Options{
 		ClusterID: o.clusterID, Broker: bc, Namespace: o.namespace, Endpoint: o.endpoint,
 		Labels: o.labels, Prices: prices, TokenTTL: o.tokenTTL, Debounce: o.debounce, PublishPeriod: o.publishPeriod,
+	}
+	if o.bridge != "none" {
+		ao.Bridge = o.bridge
+		ao.BridgeOptions = bridge.Options{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod, StatusSyncPeriod: o.nodeStatusPeriod,
+			KubeletAddress: o.kubeletAddress, NodeIP: o.nodeIP}
 	}
 	ao.EndpointFrom(cfg)
 	if err := ao.Validate(); err != nil { // before the manager: a wrong identity must fail fast

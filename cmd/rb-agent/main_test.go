@@ -42,6 +42,7 @@ current-context: c
 		{[]string{"--cluster-id=Rome_1", "--broker-url=https://b", "--broker-cert-dir=" + certs}, "--cluster-id"},
 		{[]string{"--cluster-id=rome", "--broker-url=https://b", "--broker-cert-dir=" + certs}, `differs from the broker certificate's CN "paris"`},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--broker-cert-dir=" + certs, "--token-ttl=1m"}, "below the TokenRequest minimum"},
+		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--broker-cert-dir=" + certs, "--bridge=submariner"}, `--bridge "submariner"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			cmd := newCommand()

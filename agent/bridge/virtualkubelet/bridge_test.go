@@ -67,8 +67,8 @@ func (m *member) brokerClient(opts ...brokerclient.Option) *brokerclient.Client 
 	return bc
 }
 
-// startAgent runs the agent in-process, with the bridge when o is not nil,
-// wired as agent.Setup's caller does.
+// startAgent runs the agent in-process, with the virtual-kubelet bridge when
+// o is not nil.
 func (m *member) startAgent(o *bridge.Options) {
 	m.t.Helper()
 	mgr, err := ctrl.NewManager(m.Config, ctrl.Options{
@@ -83,14 +83,10 @@ func (m *member) startAgent(o *bridge.Options) {
 	ao := agent.Options{ClusterID: m.id, Broker: bc, Namespace: agentNamespace,
 		TokenTTL: 10 * time.Minute, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}
 	ao.EndpointFrom(m.Config)
-	require.NoError(m.t, agent.Setup(mgr, ao))
 	if o != nil {
-		bo := *o
-		bo.ClusterID, bo.Grants = m.id, bc
-		br, err := bridge.New(bridge.ModeVirtualKubelet, bo)
-		require.NoError(m.t, err)
-		require.NoError(m.t, br.SetupWithManager(mgr))
+		ao.Bridge, ao.BridgeOptions = bridge.ModeVirtualKubelet, *o
 	}
+	require.NoError(m.t, agent.Setup(mgr, ao))
 	ctx, cancel := context.WithCancel(context.Background())
 	m.stop, m.done = cancel, make(chan error, 1)
 	go func() { m.done <- mgr.Start(ctx) }()
