@@ -43,6 +43,7 @@ func TestScenarios(t *testing.T) {
 		run  func(*testing.T, *testbed.Bed)
 	}{
 		{"testbed", testTestbed},
+		{"transparent", testTransparent},
 		{"release", testRelease},
 		{"gpu", testGPU},
 		{"nothing-fits", testNothingFits},
