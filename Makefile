@@ -21,7 +21,12 @@ help: ## Show this help.
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
 .PHONY: demo
-demo: build ## Run the demo (today: the broker alone with Redis and three clusters' certificates; the three-cluster demo comes with the end-to-end work).
+demo: envtest-bin build ## Run the three-cluster demo (Redis, brokers, rome/paris/berlin, a workload, a live timeline; Ctrl-C tears down; DEMO_FLAGS=--exit-after=30s).
+	go build -o bin/demo ./hack/demo
+	bin/demo $(DEMO_FLAGS)
+
+.PHONY: demo-broker
+demo-broker: build check-redis ## Run the broker-only demo: Redis, one broker, three clusters played by curl (API, refusals, v1 protocol).
 	hack/demo-broker.sh
 
 .PHONY: test

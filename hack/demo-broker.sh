@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The broker demo: Redis, one rb-broker over mutual TLS, and three clusters
 # (rome, paris, berlin) talking to it with their own client certificates.
-# The clusters here are played by curl; the three-cluster demo with real
-# agents, the scheduler and virtual nodes comes with the end-to-end work.
+# The clusters here are played by curl (make demo-broker); the three-cluster
+# demo with real agents, the scheduler and virtual nodes is make demo
+# (hack/demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REDIS_PORT=${REDIS_PORT:-6390}

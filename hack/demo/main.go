@@ -1,0 +1,603 @@
+// Command demo runs the resource broker end to end on one machine (make demo):
+// redis-server, two rb-broker replicas behind a proxy, three envtest clusters
+// (rome, a small requester; paris, a cheaper provider; berlin, a pricier one
+// with GPUs), an rb-agent and rb-scheduler per cluster, through
+// internal/testbed. It creates a Deployment in rome that fits nowhere in rome,
+// prints a live timeline of what follows (pod created, reservation opened,
+// the broker's decision with the candidates' scores, virtual node Ready, pod
+// bound, pod Running at the provider), then the commands to look around, and
+// waits for Ctrl-C to tear everything down.
+//
+//	go run ./hack/demo                  # wait for Ctrl-C (or SIGTERM)
+//	go run ./hack/demo --exit-after 30s # tear down 30 s after the pods run
+//	go run ./hack/demo --no-wait        # tear down as soon as they run
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/internal/redistest"
+	"github.com/fluidos-project/resource-broker/internal/testbed"
+	"github.com/fluidos-project/resource-broker/internal/testenv"
+)
+
+const (
+	namespace  = "shop"
+	deployment = "web"
+	replicas   = 3
+)
+
+func main() {
+	dir := flag.String("dir", ".demo", "folder for kubeconfigs, certificates, Redis data and logs (emptied first)")
+	exitAfter := flag.Duration("exit-after", -1, "tear down this long after every pod is Running, instead of waiting for Ctrl-C")
+	noWait := flag.Bool("no-wait", false, "tear down as soon as every pod is Running (same as --exit-after 0)")
+	timeout := flag.Duration("timeout", 5*time.Minute, "give up when the pods are not all Running within this time")
+	flag.Parse()
+	if *noWait {
+		*exitAfter = 0
+	}
+	os.Exit(run(*dir, *exitAfter, *timeout))
+}
+
+var began = time.Now()
+
+func say(format string, args ...any) {
+	fmt.Printf("%s  %s\n", bold(fmt.Sprintf("[%6.1fs]", time.Since(began).Seconds())), fmt.Sprintf(format, args...))
+}
+
+var tty = isTerminal(os.Stdout)
+
+func bold(s string) string {
+	if !tty {
+		return s
+	}
+	return "\033[1m" + s + "\033[0m"
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func run(dirFlag string, exitAfter, timeout time.Duration) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	root, err := testenv.ModuleRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo: run it from the resource-broker checkout:", err)
+		return 1
+	}
+	redisBin, err := redistest.Binary()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo: redis-server is needed and was not found on PATH.")
+		fmt.Fprintln(os.Stderr, "  Debian/Ubuntu: sudo apt-get install -y redis-server")
+		fmt.Fprintln(os.Stderr, "  macOS:         brew install redis")
+		fmt.Fprintln(os.Stderr, "  (or set REDIS_SERVER to its path). An embedded Redis is not available yet.")
+		return 1
+	}
+	assets, err := testenv.AssetsDir()
+	if err == nil {
+		for _, b := range []string{"kube-apiserver", "etcd", "kubectl"} {
+			if _, serr := os.Stat(filepath.Join(assets, b)); serr != nil {
+				err = serr
+				break
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "demo: the test control plane is missing (%v): run `make envtest-bin` (or `make demo`)\n", err)
+		return 1
+	}
+
+	dir, err := filepath.Abs(dirFlag)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+	if err := emptyDir(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+
+	binDir, err := testbed.DefaultBinDir(root)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+	say("building binaries (%s) into %s…", strings.Join(testbed.Binaries, ", "), binDir)
+	d, err := testbed.Build(ctx, root, binDir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+	say("  built in %s", d.Round(time.Millisecond))
+	// Built: the bed takes them as they are.
+	os.Setenv(testbed.BinDirEnv, binDir) //nolint:errcheck // cannot fail with a valid name
+
+	say("starting redis-server (%s, append-only, data in %s)…", redisBin, rel(filepath.Join(dir, "redis")))
+	say("starting rome, paris, berlin (kube-apiserver + etcd each, from %s)…", rel(assets))
+	say("then 2 rb-broker replicas behind a proxy, an rb-agent and rb-scheduler per cluster…")
+	progressDone := make(chan struct{})
+	go progress(dir, progressDone)
+	bed, err := testbed.New(ctx, testbed.Options{Dir: dir, BinDir: binDir})
+	close(progressDone)
+	teardown := func() int {
+		say("tearing everything down (schedulers, agents, brokers, Redis, control planes)…")
+		if bed == nil {
+			return 1
+		}
+		if err := bed.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "demo: teardown:", err)
+			return 1
+		}
+		say("stopped; logs stay in %s", rel(bed.LogDir))
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		if bed != nil {
+			bed.DumpLogs(func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }, 20)
+		}
+		teardown()
+		return 1
+	}
+	say("up in %s: %s", bed.Timings["total"].Round(time.Millisecond), phases(bed.Timings))
+	say("redis-server on %s, brokers at %s (replicas %s)", bed.Redis.Addr, bed.BrokerURL, brokerAddrs(bed))
+
+	kubeconfigs, err := copyKubeconfigs(bed, filepath.Join(dir, "kubeconfigs"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		teardown()
+		return 1
+	}
+
+	code := demo(ctx, bed, timeout)
+	if code == 0 {
+		printCommands(bed, kubeconfigs)
+	}
+	if ctx.Err() == nil {
+		switch {
+		case exitAfter >= 0:
+			if exitAfter > 0 {
+				say("--exit-after: tearing down in %s (Ctrl-C to do it now)", exitAfter)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(exitAfter):
+			}
+		case isTerminal(os.Stdin):
+			say("running; press Ctrl-C to tear everything down")
+			<-ctx.Done()
+		default:
+			say("running; send SIGINT or SIGTERM (pid %d) to tear everything down", os.Getpid())
+			<-ctx.Done()
+		}
+	}
+	if ctx.Err() != nil {
+		fmt.Println()
+		say("signal received")
+	}
+	stop() // a second Ctrl-C now kills the demo at once
+	if teardown() != 0 {
+		return 1
+	}
+	return code
+}
+
+// emptyDir removes dir's contents (a previous run's), keeping dir.
+func emptyDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// progress reports the parts of the bed as they come up (the bed starts
+// them in parallel and says nothing until it is done).
+func progress(dir string, done <-chan struct{}) {
+	type milestone struct{ path, what string }
+	ms := []milestone{
+		{filepath.Join(dir, "logs", "redis-server.log"), "redis-server started"},
+		{filepath.Join(dir, "logs", "rb-broker-0.log"), "rb-broker replicas starting"},
+	}
+	for _, c := range []string{"rome", "paris", "berlin"} {
+		ms = append(ms, milestone{filepath.Join(dir, "clusters", c, "kubeconfig"), c + " control plane up"})
+	}
+	seen := map[string]bool{}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+		}
+		for _, m := range ms {
+			if seen[m.path] {
+				continue
+			}
+			if _, err := os.Stat(m.path); err == nil {
+				seen[m.path] = true
+				say("  %s", m.what)
+			}
+		}
+	}
+}
+
+func phases(t map[string]time.Duration) string {
+	var keys []string
+	for k := range t {
+		if k != "total" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return t[keys[i]] > t[keys[j]] })
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %s", k, t[k].Round(10*time.Millisecond)))
+	}
+	if len(parts) > 6 {
+		parts = append(parts[:6], "…")
+	}
+	return strings.Join(parts, ", ")
+}
+
+func brokerAddrs(bed *testbed.Bed) string {
+	var a []string
+	for _, b := range bed.Brokers {
+		a = append(a, b.Addr)
+	}
+	return strings.Join(a, ", ")
+}
+
+// copyKubeconfigs writes <cluster>.kubeconfig for each cluster into dir.
+func copyKubeconfigs(bed *testbed.Bed, dir string) (map[string]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, c := range bed.Clusters {
+		data, err := os.ReadFile(c.Kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		p := filepath.Join(dir, c.Name+".kubeconfig")
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			return nil, err
+		}
+		out[c.Name] = p
+	}
+	return out, nil
+}
+
+// rel shortens p to a path relative to the working directory when under it.
+func rel(p string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return p
+	}
+	r, err := filepath.Rel(wd, p)
+	if err != nil || strings.HasPrefix(r, "..") {
+		return p
+	}
+	return r
+}
+
+// demo creates the workload in rome and prints the timeline until every pod
+// runs (0), the timeout (1) or a signal (0: tear down quietly).
+func demo(ctx context.Context, bed *testbed.Bed, timeout time.Duration) int {
+	rome := bed.Cluster("rome")
+	wc, err := client.NewWithWatch(rome.Config, client.Options{Scheme: testbed.Scheme})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+	if err := wc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+	tl := newTimeline(bed)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	watches := []struct {
+		list client.ObjectList
+		opts []client.ListOption
+	}{
+		{&corev1.PodList{}, []client.ListOption{client.InNamespace(namespace)}},
+		{&rbv1.ReservationList{}, []client.ListOption{client.InNamespace(namespace)}},
+		{&corev1.NodeList{}, nil},
+	}
+	events := make(chan watch.Event, 256)
+	var wg sync.WaitGroup
+	for _, w := range watches {
+		wi, err := wc.Watch(wctx, w.list, w.opts...)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo: watch:", err)
+			return 1
+		}
+		defer wi.Stop()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ev := range wi.ResultChan() {
+				select {
+				case events <- ev:
+				case <-wctx.Done():
+					return
+				}
+			}
+		}()
+	}
+
+	labels := map[string]string{"app": deployment}
+	res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3"), corev1.ResourceMemory: resource.MustParse("2Gi")}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: deployment},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{SchedulerName: "resource-broker", Containers: []corev1.Container{{
+					Name: "main", Image: "registry.k8s.io/pause:3.10",
+					Resources: corev1.ResourceRequirements{Requests: res}}}},
+			},
+		},
+	}
+	fmt.Println()
+	say("%s", bold(fmt.Sprintf("rome: Deployment %s/%s, %d replicas of 3 CPU / 2Gi, schedulerName resource-broker "+
+		"(rome has one 2-CPU node: nothing fits there)", namespace, deployment, replicas)))
+	if err := wc.Create(ctx, dep); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		return 1
+	}
+	for {
+		select {
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return 0
+			}
+			say("not every pod Running within %s; logs are in %s", timeout, rel(bed.LogDir))
+			return 1
+		case ev := <-events:
+			if ev.Type == watch.Error {
+				continue
+			}
+			tl.handle(wctx, ev)
+			if tl.allRunning() {
+				fmt.Println()
+				say("%s", bold(fmt.Sprintf("all %d pods Running: %s", replicas, tl.summary())))
+				return 0
+			}
+		}
+	}
+}
+
+// timeline prints each pod's steps once, with the time since the pod was created.
+type timeline struct {
+	bed        *testbed.Bed
+	podSeen    map[string]time.Time
+	podOf      map[string]string // reservation -> pod
+	done       map[string]bool   // "<kind>/<name>/<step>" printed
+	running    map[string]string // pod -> provider
+	firstPod   time.Time
+	nodeNeeded map[string]bool
+}
+
+func newTimeline(bed *testbed.Bed) *timeline {
+	return &timeline{bed: bed, podSeen: map[string]time.Time{}, podOf: map[string]string{},
+		done: map[string]bool{}, running: map[string]string{}, nodeNeeded: map[string]bool{}}
+}
+
+func (tl *timeline) once(key string) bool {
+	if tl.done[key] {
+		return false
+	}
+	tl.done[key] = true
+	return true
+}
+
+func (tl *timeline) since(pod string) string {
+	t, ok := tl.podSeen[pod]
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("+%dms", time.Since(t).Milliseconds())
+}
+
+func (tl *timeline) line(pod, format string, args ...any) {
+	say("%-9s %-24s %s", tl.since(pod), pod, fmt.Sprintf(format, args...))
+}
+
+func (tl *timeline) handle(ctx context.Context, ev watch.Event) {
+	switch o := ev.Object.(type) {
+	case *corev1.Pod:
+		if ev.Type == watch.Deleted {
+			return
+		}
+		if _, ok := tl.podSeen[o.Name]; !ok {
+			tl.podSeen[o.Name] = time.Now()
+			if tl.firstPod.IsZero() {
+				tl.firstPod = time.Now()
+			}
+			tl.line(o.Name, "pod created in rome (scheduler %s)", o.Spec.SchedulerName)
+		}
+		if o.Spec.NodeName != "" && tl.once("pod/"+o.Name+"/bound") {
+			tl.line(o.Name, "pod bound to node %s", o.Spec.NodeName)
+		}
+		if o.Status.Phase == corev1.PodRunning && tl.once("pod/"+o.Name+"/running") {
+			provider := strings.TrimPrefix(o.Spec.NodeName, "rb-")
+			tl.running[o.Name] = provider
+			tl.line(o.Name, "%s", bold(fmt.Sprintf("pod Running on %s (node %s)", provider, o.Spec.NodeName)))
+		}
+	case *rbv1.Reservation:
+		if ev.Type == watch.Deleted {
+			return
+		}
+		pod := o.Spec.PodName
+		tl.podOf[o.Name] = pod
+		if tl.once("rsv/" + o.Name + "/opened") {
+			tl.line(pod, "Reservation %s opened (cpu %s, memory %s)", o.Name,
+				o.Spec.Resources.Cpu().String(), o.Spec.Resources.Memory().String())
+		}
+		if o.Status.Provider != "" && tl.once("rsv/"+o.Name+"/decided") {
+			tl.nodeNeeded["rb-"+o.Status.Provider] = true
+			tl.line(pod, "%s%s", bold(fmt.Sprintf("broker decided: %s, score %s", o.Status.Provider, o.Status.Score)),
+				tl.candidates(ctx, o))
+		}
+		if o.Status.Phase == rbv1.ReservationActive && tl.once("rsv/"+o.Name+"/active") {
+			vn := ""
+			if o.Status.VirtualNode != "" {
+				vn = ", virtual node " + o.Status.VirtualNode
+			}
+			tl.line(pod, "Reservation Active (%s granted it%s)", o.Status.Provider, vn)
+		}
+		if o.Status.Phase != "" && o.Status.Phase != rbv1.ReservationPending && !live(o.Status.Phase) &&
+			tl.once("rsv/"+o.Name+"/phase/"+string(o.Status.Phase)) {
+			tl.line(pod, "Reservation %s: %s %s", o.Status.Phase, o.Status.Reason, o.Status.Message)
+		}
+	case *corev1.Node:
+		if !strings.HasPrefix(o.Name, "rb-") || ev.Type == watch.Deleted {
+			return
+		}
+		if nodeReady(o) && tl.once("node/"+o.Name+"/ready") {
+			since := ""
+			if !tl.firstPod.IsZero() {
+				since = fmt.Sprintf("+%dms", time.Since(tl.firstPod).Milliseconds())
+			}
+			say("%-9s %-24s virtual node %s Ready in rome (%s CPU, %s memory allocatable)", since, "",
+				o.Name, o.Status.Allocatable.Cpu().String(), o.Status.Allocatable.Memory().String())
+		}
+	}
+}
+
+// candidates reads the decision's candidates from the broker's Redis (the
+// Reservation's status carries the chosen provider's score only).
+func (tl *timeline) candidates(ctx context.Context, r *rbv1.Reservation) string {
+	id := r.Status.ReservationID
+	if id == "" {
+		id = string(r.UID)
+	}
+	rr, err := tl.bed.Store.Reservation(ctx, id)
+	if err != nil || len(rr.Candidates) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, c := range rr.Candidates {
+		parts = append(parts, fmt.Sprintf("%s %s (resources %s, cost %s, %s/h)", c.Cluster, num(c.Score),
+			num(c.ResourceScore), num(c.CostScore), money(c.Price)))
+	}
+	return "; candidates: " + strings.Join(parts, ", ")
+}
+
+func num(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// money formats micro-units.
+func money(micro int64) string { return strconv.FormatFloat(float64(micro)/1e6, 'f', 4, 64) }
+
+func live(p rbv1.ReservationPhase) bool {
+	return p == rbv1.ReservationReserved || p == rbv1.ReservationActive
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func (tl *timeline) allRunning() bool { return len(tl.running) == replicas }
+
+func (tl *timeline) summary() string {
+	count := map[string]int{}
+	for _, p := range tl.running {
+		count[p]++
+	}
+	var parts []string
+	for p, n := range count {
+		parts = append(parts, fmt.Sprintf("%d on %s", n, p))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ") + fmt.Sprintf(" (%s after the first pod was created)",
+		time.Since(tl.firstPod).Round(time.Millisecond))
+}
+
+func printCommands(bed *testbed.Bed, kubeconfigs map[string]string) {
+	w := os.Stdout
+	kubectl := rel(filepath.Join(mustRoot(), "bin", "k8s", "kubectl"))
+	k := func(c string) string { return kubectl + " --kubeconfig " + rel(kubeconfigs[c]) }
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, bold("Look around while it runs:"))
+	fmt.Fprintln(w, "  kubeconfigs:", rel(filepath.Dir(kubeconfigs["rome"]))+"/{rome,paris,berlin}.kubeconfig")
+	fmt.Fprintf(w, "  %s get pods -n %s -o wide\n", k("rome"), namespace)
+	fmt.Fprintf(w, "  %s get nodes\n", k("rome"))
+	fmt.Fprintf(w, "  %s get reservations -A\n", k("rome"))
+	fmt.Fprintf(w, "  %s get pods -n rb-rome -o wide      # the copies at the provider\n", k("paris"))
+	fmt.Fprintf(w, "  %s get pods -n rb-rome -o wide\n", k("berlin"))
+	_, port, _ := strings.Cut(bed.Redis.Addr, ":")
+	cli := "redis-cli -p " + port
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		cli = "redis-cli -p " + port + " (redis-cli not on PATH)"
+	}
+	prefix := bed.Store.Key()
+	var rsv string
+	if ids, err := bed.RDB.Keys(context.Background(), prefix+"resv:*").Result(); err == nil && len(ids) > 0 {
+		sort.Strings(ids)
+		rsv = ids[0]
+	}
+	if rsv == "" {
+		rsv = prefix + "resv:<id>"
+	}
+	fmt.Fprintf(w, "  %s --scan --pattern 'rb:*'\n", cli)
+	fmt.Fprintf(w, "  %s HGETALL '%scluster:paris'\n", cli, prefix)
+	fmt.Fprintf(w, "  %s HGETALL '%s'\n", cli, rsv)
+	fmt.Fprintf(w, "  %s XREVRANGE '%saudit' + - COUNT 3\n", cli, prefix)
+	rbctl := rel(filepath.Join(mustRoot(), "bin", "rbctl"))
+	rc := fmt.Sprintf("%s --broker-url %s --cert-dir %s", rbctl, bed.BrokerURL, rel(bed.Cluster("rome").CertDir))
+	fmt.Fprintf(w, "  %s clusters\n", rc)
+	fmt.Fprintf(w, "  %s reservations\n", rc)
+	fmt.Fprintf(w, "  %s explain %s\n", rc, strings.TrimPrefix(rsv, prefix+"resv:"))
+	fmt.Fprintln(w, "  logs:", rel(bed.LogDir)+"/")
+	fmt.Fprintln(w)
+}
+
+func mustRoot() string {
+	r, err := testenv.ModuleRoot()
+	if err != nil {
+		return "."
+	}
+	return r
+}
