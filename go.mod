@@ -6,8 +6,10 @@ require (
 	github.com/go-logr/logr v1.4.3
 	github.com/liqotech/liqo v1.2.0
 	github.com/prometheus/client_golang v1.23.2
+	github.com/prometheus/client_model v0.6.2
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/spf13/cobra v1.10.2
+	github.com/spf13/pflag v1.0.10
 	github.com/stretchr/testify v1.12.1
 	github.com/virtual-kubelet/virtual-kubelet v1.13.0
 	go.etcd.io/etcd/server/v3 v3.6.5
@@ -17,9 +19,13 @@ require (
 	k8s.io/apimachinery v0.35.8
 	k8s.io/apiserver v0.35.8
 	k8s.io/client-go v0.35.8
+	k8s.io/component-base v0.35.8
 	k8s.io/component-helpers v0.35.8
+	k8s.io/controller-manager v0.35.8
 	k8s.io/klog/v2 v2.140.0
+	k8s.io/kube-scheduler v0.35.8
 	k8s.io/kubernetes v1.35.8
+	k8s.io/utils v0.0.0-20251002143259-bc988d571ff4
 	sigs.k8s.io/controller-runtime v0.23.3
 	sigs.k8s.io/kustomize/api v0.20.1
 	sigs.k8s.io/kustomize/kyaml v0.20.1
@@ -99,14 +105,12 @@ require (
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/pquerna/cachecontrol v0.1.0 // indirect
-	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.67.5 // indirect
 	github.com/prometheus/procfs v0.16.1 // indirect
 	github.com/robfig/cron/v3 v3.0.1 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
 	github.com/soheilhy/cmux v0.1.5 // indirect
-	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/stoewer/go-strcase v1.3.0 // indirect
 	github.com/tmc/grpc-websocket-proxy v0.0.0-20220101234140-673ab2c3ae75 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
@@ -155,8 +159,6 @@ require (
 	k8s.io/cli-runtime v0.35.8 // indirect
 	k8s.io/cloud-provider v0.35.8 // indirect
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
-	k8s.io/component-base v0.35.8 // indirect
-	k8s.io/controller-manager v0.35.8 // indirect
 	k8s.io/csi-translation-lib v0.32.5 // indirect
 	k8s.io/dynamic-resource-allocation v0.35.8 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect
@@ -166,13 +168,11 @@ require (
 	k8s.io/kube-controller-manager v0.0.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20250910181357-589584f1c912 // indirect
 	k8s.io/kube-proxy v0.0.0 // indirect
-	k8s.io/kube-scheduler v0.35.8 // indirect
 	k8s.io/kubectl v0.35.0 // indirect
 	k8s.io/kubelet v0.35.8 // indirect
 	k8s.io/metrics v0.35.8 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect
-	k8s.io/utils v0.0.0-20251002143259-bc988d571ff4 // indirect
 	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.31.2 // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/kustomize/kustomize/v5 v5.7.1 // indirect
