@@ -75,9 +75,15 @@ func bold(s string) string {
 	return "\033[1m" + s + "\033[0m"
 }
 
+// isTerminal tells whether f is a terminal: a character device other than
+// /dev/null (enough for the demo's wording and colours).
 func isTerminal(f *os.File) bool {
 	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	if err != nil || st.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	null, err := os.Stat(os.DevNull)
+	return err != nil || !os.SameFile(st, null)
 }
 
 func run(dirFlag string, exitAfter, timeout time.Duration) int {
@@ -136,9 +142,9 @@ func run(dirFlag string, exitAfter, timeout time.Duration) int {
 	// Built: the bed takes them as they are.
 	os.Setenv(testbed.BinDirEnv, binDir) //nolint:errcheck // cannot fail with a valid name
 
-	say("starting redis-server (%s, append-only, data in %s)…", redisBin, rel(filepath.Join(dir, "redis")))
 	say("starting rome, paris, berlin (kube-apiserver + etcd each, from %s)…", rel(assets))
-	say("then 2 rb-broker replicas behind a proxy, an rb-agent and rb-scheduler per cluster…")
+	say("then redis-server: the local %s (append-only, data in %s),", redisBin, rel(filepath.Join(dir, "redis")))
+	say("  2 rb-broker replicas behind a proxy, an rb-agent and rb-scheduler per cluster…")
 	progressDone := make(chan struct{})
 	go progress(dir, progressDone)
 	bed, err := testbed.New(ctx, testbed.Options{Dir: dir, BinDir: binDir})
@@ -228,11 +234,14 @@ func emptyDir(dir string) error {
 func progress(dir string, done <-chan struct{}) {
 	type milestone struct{ path, what string }
 	ms := []milestone{
-		{filepath.Join(dir, "logs", "redis-server.log"), "redis-server started"},
+		{filepath.Join(dir, "logs", "redis.log"), "redis-server started"},
 		{filepath.Join(dir, "logs", "rb-broker-0.log"), "rb-broker replicas starting"},
 	}
 	for _, c := range []string{"rome", "paris", "berlin"} {
 		ms = append(ms, milestone{filepath.Join(dir, "clusters", c, "kubeconfig"), c + " control plane up"})
+	}
+	for _, c := range []string{"rome", "paris", "berlin"} {
+		ms = append(ms, milestone{filepath.Join(dir, "logs", "agent-"+c+".log"), "rb-agent and rb-scheduler of " + c + " starting"})
 	}
 	seen := map[string]bool{}
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -516,15 +525,21 @@ func (tl *timeline) candidates(ctx context.Context, r *rbv1.Reservation) string 
 	var parts []string
 	for _, c := range rr.Candidates {
 		parts = append(parts, fmt.Sprintf("%s %s (resources %s, cost %s, %s/h)", c.Cluster, num(c.Score),
-			num(c.ResourceScore), num(c.CostScore), money(c.Price)))
+			num(c.ResourceScore), num(c.CostScore), tl.money(ctx, c.Cluster, c.Price)))
 	}
 	return "; candidates: " + strings.Join(parts, ", ")
 }
 
 func num(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
-// money formats micro-units.
-func money(micro int64) string { return strconv.FormatFloat(float64(micro)/1e6, 'f', 4, 64) }
+// money formats micro-units of cluster's currency.
+func (tl *timeline) money(ctx context.Context, cluster string, micro int64) string {
+	s := strconv.FormatFloat(float64(micro)/1e6, 'f', 3, 64)
+	if c, err := tl.bed.Store.Cluster(ctx, cluster); err == nil && c.Prices.Currency != "" {
+		s += " " + c.Prices.Currency
+	}
+	return s
+}
 
 func live(p rbv1.ReservationPhase) bool {
 	return p == rbv1.ReservationReserved || p == rbv1.ReservationActive
