@@ -133,18 +133,7 @@ func testRelease(t *testing.T, bed *testbed.Bed) {
 	tl := watchTimeline(t, rome, ns)
 
 	// 3 CPU pods: none fits rome's 2-CPU node; paris (8 CPU) takes two, berlin the third.
-	labels := map[string]string{"app": "web"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](3),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       brokerPod(ns, "", requests("3", "2Gi")).Spec,
-			},
-		},
-	}
+	dep := webDeployment(ns, 3)
 	require.NoError(t, rome.Client.Create(ctx, dep))
 	items := waitReservations(t, rome, ns, 3, 60*time.Second, "3 Reservations Active",
 		func(r *rbv1.Reservation) bool { return r.Status.Phase == rbv1.ReservationActive })
@@ -673,4 +662,21 @@ func testStaleProvider(t *testing.T, bed *testbed.Bed) {
 	})
 	waitTenantGone(t, bed.Cluster("berlin"), 30*time.Second)
 	backToBaseline(t, bed, base, 30*time.Second)
+}
+
+// webDeployment is a Deployment "web" of replicas 3-CPU / 2Gi pods scheduled
+// by rb-scheduler: none fits rome's 2-CPU node; paris (8 CPU) takes two.
+func webDeployment(ns string, replicas int32) *appsv1.Deployment {
+	labels := map[string]string{"app": "web"}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       brokerPod(ns, "", requests("3", "2Gi")).Spec,
+			},
+		},
+	}
 }

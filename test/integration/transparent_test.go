@@ -11,8 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
@@ -35,18 +33,7 @@ func testTransparent(t *testing.T, bed *testbed.Bed) {
 	tl := watchTimeline(t, rome, ns)
 
 	// 3-CPU pods: none fits rome's 2-CPU node; paris (8 CPU) takes two, berlin the third.
-	labels := map[string]string{"app": "web"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](3),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       brokerPod(ns, "", requests("3", "2Gi")).Spec,
-			},
-		},
-	}
+	dep := webDeployment(ns, 3)
 	require.NoError(t, rome.Client.Create(ctx, dep))
 
 	running := map[string]time.Time{} // pod -> when first seen Running (polled every 25ms)
