@@ -41,6 +41,10 @@ check-redis:
 bench: check-redis ## Run the benchmarks (BENCH=regexp, BENCHTIME=2s); see docs/benchmarks.md.
 	go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./broker/...
 
+.PHONY: bench-e2e
+bench-e2e: envtest-bin check-redis ## End-to-end latency on the whole test bed (100 pods, p50/p90/p99); see docs/benchmarks.md.
+	go test -run '^$$' -bench EndToEnd -benchtime 1x -timeout 20m ./test/integration/
+
 .PHONY: fuzz
 fuzz: ## Fuzz the request decoders for 30 s each.
 	for f in FuzzReservationRequest FuzzV1ReservationRequest FuzzAdvertisement FuzzV1Advertisement; do \
