@@ -55,7 +55,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 		benchNoErr(b, rome.AddNode(ctx, node, testbed.Resources("64", "256Gi")))
 		defer func() { _ = rome.DeleteNode(ctx, node) }()
 		// The agent advertises the bigger rome; wait for it, then take that as the numbers to come back to.
-		benchEventually(b, 30*time.Second, "rome advertised with its new node", func() (bool, string) {
+		eventually(b, 30*time.Second, "rome advertised with its new node", func() (bool, string) {
 			c, err := bed.Capacity(ctx)
 			return err == nil && c.Diff(base) != "", fmt.Sprint(err)
 		})
@@ -93,7 +93,7 @@ func benchDeployment(b *testing.B, bed *testbed.Bed, base testbed.Capacity, ns s
 		for _, dep := range deps {
 			benchNoErr(b, rome.Client.Create(ctx, dep))
 		}
-		benchEventually(b, 5*time.Minute, fmt.Sprintf("%d pods Running", benchPods), func() (bool, string) {
+		eventually(b, 5*time.Minute, fmt.Sprintf("%d pods Running", benchPods), func() (bool, string) {
 			n, r := w.counts()
 			return r >= benchPods, fmt.Sprintf("%d pods seen, %d Running", n, r)
 		})
@@ -108,7 +108,7 @@ func benchDeployment(b *testing.B, bed *testbed.Bed, base testbed.Capacity, ns s
 			benchNoErr(b, rome.Client.Patch(ctx, &appsv1.Deployment{ObjectMeta: dep.ObjectMeta},
 				client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"replicas":0}}`))))
 		}
-		benchEventually(b, 2*time.Minute, "no pod left", func() (bool, string) {
+		eventually(b, 2*time.Minute, "no pod left", func() (bool, string) {
 			var left corev1.PodList
 			if err := rome.Client.List(ctx, &left, client.MatchingLabels{"bench": name}); err != nil {
 				return false, err.Error()
@@ -222,26 +222,11 @@ func benchNoErr(b *testing.B, err error) {
 	}
 }
 
-func benchEventually(b *testing.B, timeout time.Duration, what string, cond func() (bool, string)) {
-	b.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("waiting for %s: not within %s: %s", what, timeout, msg)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
 // benchBaseline reads the broker's numbers once no reservation is live.
 func benchBaseline(b *testing.B, bed *testbed.Bed) testbed.Capacity {
 	b.Helper()
 	ctx := context.Background()
-	benchEventually(b, 30*time.Second, "no live reservation", func() (bool, string) {
+	eventually(b, 30*time.Second, "no live reservation", func() (bool, string) {
 		idx, err := bed.LiveIndexes(ctx)
 		return err == nil && len(idx) == 0, fmt.Sprintf("%v %v", idx, err)
 	})
@@ -255,7 +240,7 @@ func benchBaseline(b *testing.B, bed *testbed.Bed) testbed.Capacity {
 func benchBackToBaseline(b *testing.B, bed *testbed.Bed, base testbed.Capacity, timeout time.Duration) {
 	b.Helper()
 	ctx := context.Background()
-	benchEventually(b, timeout, "broker back at its starting numbers", func() (bool, string) {
+	eventually(b, timeout, "broker back at its starting numbers", func() (bool, string) {
 		idx, err := bed.LiveIndexes(ctx)
 		if err != nil || len(idx) > 0 {
 			return false, fmt.Sprintf("live %v %v", idx, err)

@@ -53,7 +53,7 @@ func stats(ds []time.Duration) string {
 
 // eventually polls cond every 25ms until it holds or timeout passes; it
 // fails the test with the last message cond gave.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
