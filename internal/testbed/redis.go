@@ -10,19 +10,29 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fluidos-project/resource-broker/internal/embedredis"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 )
 
 // Redis is the bed's redis-server, with AOF persistence as manifests/redis
 // configures it (appendonly yes, appendfsync everysec), so that a restart
-// keeps the broker's state.
+// keeps the broker's state. With RedisEnv=embedded it is an in-process
+// miniredis instead (see redis_embedded.go).
 type Redis struct {
 	Addr string // 127.0.0.1:<port>
-	Dir  string // data directory (appendonlydir/)
+	Dir  string // data directory (appendonlydir/); empty when Embedded
+	// Embedded: an in-process miniredis, not redis-server (the demo's
+	// fallback): in memory only; Kill and Restart fail.
+	Embedded bool
 	*Process
+
+	srv *embedredis.Server // when Embedded, once started
 }
 
 func newRedis(dir, logPath string) (*Redis, error) {
+	if EmbeddedRedisFromEnv() {
+		return newEmbeddedRedis(logPath), nil
+	}
 	bin, err := redistest.Binary()
 	if err != nil {
 		return nil, err
@@ -34,6 +44,9 @@ func newRedis(dir, logPath string) (*Redis, error) {
 }
 
 func (r *Redis) start(ctx context.Context) error {
+	if r.Embedded {
+		return r.startEmbedded()
+	}
 	var last error
 	for range 3 { // a free port can be taken before redis binds it
 		if r.Addr == "" {
@@ -84,8 +97,11 @@ func (r *Redis) waitReady(ctx context.Context) error {
 
 // Restart kills redis-server (SIGKILL, as a crash) and starts it again on the
 // same port and data directory; it returns when it answers PING, that is
-// when it has loaded its append-only file.
+// when it has loaded its append-only file. An embedded Redis cannot restart.
 func (r *Redis) Restart(ctx context.Context) error {
+	if r.Embedded {
+		return errEmbeddedRestart
+	}
 	if err := r.Kill(); err != nil {
 		return err
 	}
