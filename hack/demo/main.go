@@ -1,5 +1,7 @@
 // Command demo runs the resource broker end to end on one machine (make demo):
-// redis-server, two rb-broker replicas behind a proxy, three envtest clusters
+// Redis (the local redis-server when installed; otherwise, or with
+// --embedded-redis, an embedded in-process miniredis, which the output says),
+// two rb-broker replicas behind a proxy, three envtest clusters
 // (rome, a small requester; paris, a cheaper provider; berlin, a pricier one
 // with GPUs), an rb-agent and rb-scheduler per cluster, through
 // internal/testbed. It creates a Deployment in rome that fits nowhere in rome,
@@ -11,6 +13,7 @@
 //	go run ./hack/demo                  # wait for Ctrl-C (or SIGTERM)
 //	go run ./hack/demo --exit-after 30s # tear down 30 s after the pods run
 //	go run ./hack/demo --no-wait        # tear down as soon as they run
+//	go run ./hack/demo --embedded-redis # in-process miniredis even if redis-server is installed
 package main
 
 import (
@@ -53,11 +56,13 @@ func main() {
 	exitAfter := flag.Duration("exit-after", -1, "tear down this long after every pod is Running, instead of waiting for Ctrl-C")
 	noWait := flag.Bool("no-wait", false, "tear down as soon as every pod is Running (same as --exit-after 0)")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up when the pods are not all Running within this time")
+	embedded := flag.Bool("embedded-redis", false, "use an embedded in-process Redis (miniredis) even when redis-server is installed "+
+		"(the default without redis-server)")
 	flag.Parse()
 	if *noWait {
 		*exitAfter = 0
 	}
-	os.Exit(run(*dir, *exitAfter, *timeout))
+	os.Exit(run(*dir, *exitAfter, *timeout, *embedded || testbed.EmbeddedRedisFromEnv()))
 }
 
 var began = time.Now()
@@ -86,7 +91,7 @@ func isTerminal(f *os.File) bool {
 	return err != nil || !os.SameFile(st, null)
 }
 
-func run(dirFlag string, exitAfter, timeout time.Duration) int {
+func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -96,12 +101,22 @@ func run(dirFlag string, exitAfter, timeout time.Duration) int {
 		return 1
 	}
 	redisBin, err := redistest.Binary()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "demo: redis-server is needed and was not found on PATH.")
-		fmt.Fprintln(os.Stderr, "  Debian/Ubuntu: sudo apt-get install -y redis-server")
-		fmt.Fprintln(os.Stderr, "  macOS:         brew install redis")
-		fmt.Fprintln(os.Stderr, "  (or set REDIS_SERVER to its path). An embedded Redis is not available yet.")
-		return 1
+	switch {
+	case embedded:
+		say("%s", bold("redis: using an embedded in-process Redis (miniredis), not redis-server, as asked "+
+			"(--embedded-redis or "+testbed.RedisEnv+"="+testbed.RedisEmbedded+")"))
+	case err != nil:
+		embedded = true
+		say("%s", bold("redis: redis-server not found; using an embedded in-process Redis (miniredis) — "+
+			"install redis-server for the real thing"))
+		say("  (Debian/Ubuntu: sudo apt-get install -y redis-server; macOS: brew install redis; or set REDIS_SERVER to its path)")
+	}
+	if embedded {
+		say("  miniredis keeps everything in memory and is a stand-in for tests: good enough to watch the demo, " +
+			"proof of nothing (make test uses redis-server)")
+		os.Setenv(testbed.RedisEnv, testbed.RedisEmbedded)
+	} else {
+		os.Unsetenv(testbed.RedisEnv)
 	}
 	assets, err := testenv.AssetsDir()
 	if err == nil {
@@ -140,13 +155,17 @@ func run(dirFlag string, exitAfter, timeout time.Duration) int {
 	}
 	say("  built in %s", d.Round(time.Millisecond))
 	// Built: the bed takes them as they are.
-	os.Setenv(testbed.BinDirEnv, binDir) //nolint:errcheck // cannot fail with a valid name
+	os.Setenv(testbed.BinDirEnv, binDir)
 
 	say("starting rome, paris, berlin (kube-apiserver + etcd each, from %s)…", rel(assets))
-	say("then redis-server: the local %s (append-only, data in %s),", redisBin, rel(filepath.Join(dir, "redis")))
+	if embedded {
+		say("then Redis: the embedded in-process miniredis (in memory only),")
+	} else {
+		say("then redis-server: the local %s (append-only, data in %s),", redisBin, rel(filepath.Join(dir, "redis")))
+	}
 	say("  2 rb-broker replicas behind a proxy, an rb-agent and rb-scheduler per cluster…")
 	progressDone := make(chan struct{})
-	go progress(dir, progressDone)
+	go progress(dir, embedded, progressDone)
 	bed, err := testbed.New(ctx, testbed.Options{Dir: dir, BinDir: binDir})
 	close(progressDone)
 	teardown := func() int {
@@ -154,7 +173,11 @@ func run(dirFlag string, exitAfter, timeout time.Duration) int {
 		if bed == nil {
 			return 1
 		}
-		if err := bed.Close(); err != nil {
+		err := bed.Close()
+		if bed.Redis != nil {
+			bed.Redis.Close() // the embedded server, which Bed.Close leaves running
+		}
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "demo: teardown:", err)
 			return 1
 		}
@@ -170,7 +193,11 @@ func run(dirFlag string, exitAfter, timeout time.Duration) int {
 		return 1
 	}
 	say("up in %s: %s", bed.Timings["total"].Round(time.Millisecond), phases(bed.Timings))
-	say("redis-server on %s, brokers at %s (replicas %s)", bed.Redis.Addr, bed.BrokerURL, brokerAddrs(bed))
+	redisName := "redis-server"
+	if bed.Redis.Embedded {
+		redisName = "embedded Redis (miniredis, in-process)"
+	}
+	say("%s on %s, brokers at %s (replicas %s)", redisName, bed.Redis.Addr, bed.BrokerURL, brokerAddrs(bed))
 
 	kubeconfigs, err := copyKubeconfigs(bed, filepath.Join(dir, "kubeconfigs"))
 	if err != nil {
@@ -231,10 +258,14 @@ func emptyDir(dir string) error {
 
 // progress reports the parts of the bed as they come up (the bed starts
 // them in parallel and says nothing until it is done).
-func progress(dir string, done <-chan struct{}) {
+func progress(dir string, embedded bool, done <-chan struct{}) {
 	type milestone struct{ path, what string }
+	redis := "redis-server started"
+	if embedded {
+		redis = "embedded Redis (miniredis) started"
+	}
 	ms := []milestone{
-		{filepath.Join(dir, "logs", "redis.log"), "redis-server started"},
+		{filepath.Join(dir, "logs", "redis.log"), redis},
 		{filepath.Join(dir, "logs", "rb-broker-0.log"), "rb-broker replicas starting"},
 	}
 	for _, c := range []string{"rome", "paris", "berlin"} {
@@ -584,8 +615,15 @@ func printCommands(bed *testbed.Bed, kubeconfigs map[string]string) {
 	fmt.Fprintf(w, "  %s get pods -n rb-rome -o wide\n", k("berlin"))
 	_, port, _ := strings.Cut(bed.Redis.Addr, ":")
 	cli := "redis-cli -p " + port
+	var cliNotes []string
 	if _, err := exec.LookPath("redis-cli"); err != nil {
-		cli = "redis-cli -p " + port + " (redis-cli not on PATH)"
+		cliNotes = append(cliNotes, "redis-cli is not on PATH (Debian/Ubuntu: apt-get install -y redis-tools)")
+	}
+	if bed.Redis.Embedded {
+		// redis-cli 7 asks for COMMAND DOCS before a prompt or a stdin
+		// script, and aborts on miniredis' answer; one command per call works.
+		cliNotes = append(cliNotes, "the embedded miniredis answers redis-cli one command per call, as below "+
+			"(an interactive redis-cli aborts on it)")
 	}
 	prefix := bed.Store.Key()
 	var rsv string
@@ -595,6 +633,9 @@ func printCommands(bed *testbed.Bed, kubeconfigs map[string]string) {
 	}
 	if rsv == "" {
 		rsv = prefix + "resv:<id>"
+	}
+	for _, n := range cliNotes {
+		fmt.Fprintf(w, "  # %s\n", n)
 	}
 	fmt.Fprintf(w, "  %s --scan --pattern 'rb:*'\n", cli)
 	fmt.Fprintf(w, "  %s HGETALL '%scluster:paris'\n", cli, prefix)
