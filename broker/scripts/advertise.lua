@@ -1,4 +1,5 @@
--- advertise: upsert one cluster's advertisement and mark it seen now.
+-- advertise: upsert one cluster's advertisement, mark it seen now and
+-- (re)index it as a live candidate (see lib.lua).
 -- It never writes the broker-owned fields (resv_*, seen_ms): only the fields
 -- listed in ADVERTISED below are accepted, whatever the caller sends.
 --
@@ -29,8 +30,11 @@ end
 
 local now = now_ms()
 local ck = prefix .. 'cluster:' .. id
+local old_labels = nil -- the labels the candidate index holds for this cluster
+if redis.call('ZSCORE', prefix .. 'idx:live', id) then old_labels = redis.call('HGET', ck, 'labels') end
 redis.call('HSET', ck, 'seen_ms', now, unpack(fields))
 redis.call('HSETNX', ck, 'first_seen_ms', now)
 redis.call('ZADD', prefix .. 'clusters', now, id)
+index_cluster(prefix, id, now, old_labels)
 local resv = redis.call('HMGET', ck, 'resv_cpu', 'resv_mem', 'resv_gpu', 'resv_sto')
 return {tostring(now), resv[1] or '0', resv[2] or '0', resv[3] or '0', resv[4] or '0'}

@@ -11,6 +11,16 @@
 --   P.."by-requester:"..id  set     live reservation ids requested by a cluster
 --   P.."events:"..id        stream  notifications for one cluster
 --   P.."audit"              stream  every reserve decision
+--
+-- The candidate index (derived from the cluster hashes, live clusters only;
+-- reserve drops the clusters that went stale, advertise adds them back):
+--   P.."idx:live"           zset    cluster id -> seen_ms
+--   P.."idx:free:"..r       zset    cluster id -> free r = alloc - used - resv
+--   P.."idx:hfree:"..r      zset    cluster id -> free r / alloc r (0 when alloc is 0)
+--   P.."idx:alloc:"..r      zset    cluster id -> alloc r
+--   P.."idx:price:"..r      zset    cluster id -> price of r (cpu, mem, gpu)
+--   P.."idx:label:"..k.."="..v  set  cluster ids carrying that label
+--   P.."idx:version"        string  "1" once the index has been built (reindex.lua)
 
 -- RESOURCES are the resource suffixes used in every hash: cpu in millicores,
 -- mem and sto in bytes, gpu as a count.
@@ -20,6 +30,87 @@ local RESOURCES = {'cpu', 'mem', 'gpu', 'sto'}
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- PRICED are the resources that have a price.
+local PRICED = {'cpu', 'mem', 'gpu'}
+
+-- num formats a number for ZADD without losing precision (tostring keeps 14 digits).
+local function num(x)
+  return string.format('%.17g', x)
+end
+
+-- price_of prices a request at a cluster's rates. The index's bounds call it
+-- with the rates at a list's cursor: the expression is monotone in every rate,
+-- so a bound computed with it compares exactly with the clusters' prices.
+local function price_of(req, pc, pm, pg)
+  return req.cpu / 1000 * pc + req.mem / 1073741824 * pm + req.gpu * pg
+end
+
+local function decode_labels(s)
+  if s and s ~= '' then return cjson.decode(s) end
+  return {}
+end
+
+-- index_free refreshes a cluster's free-capacity entries for some resources
+-- after its used_* or resv_* changed. A cluster out of the live index stays out.
+local function index_free(prefix, cid, resources)
+  if not redis.call('ZSCORE', prefix .. 'idx:live', cid) then return end
+  local fields = {}
+  for _, res in ipairs(resources) do
+    fields[#fields + 1] = 'alloc_' .. res
+    fields[#fields + 1] = 'used_' .. res
+    fields[#fields + 1] = 'resv_' .. res
+  end
+  local v = redis.call('HMGET', prefix .. 'cluster:' .. cid, unpack(fields))
+  for i, res in ipairs(resources) do
+    local alloc = tonumber(v[3 * i - 2] or '0')
+    local free = alloc - tonumber(v[3 * i - 1] or '0') - tonumber(v[3 * i] or '0')
+    local h = 0
+    if alloc > 0 then h = free / alloc end
+    redis.call('ZADD', prefix .. 'idx:free:' .. res, num(free), cid)
+    redis.call('ZADD', prefix .. 'idx:hfree:' .. res, num(h), cid)
+  end
+end
+
+-- index_cluster (re)writes every index entry of a live cluster. old_labels is
+-- the labels JSON the index holds for it (nil: none).
+local function index_cluster(prefix, cid, seen, old_labels)
+  redis.call('ZADD', prefix .. 'idx:live', seen, cid)
+  index_free(prefix, cid, RESOURCES)
+  local ck = prefix .. 'cluster:' .. cid
+  local v = redis.call('HMGET', ck, 'alloc_cpu', 'alloc_mem', 'alloc_gpu', 'alloc_sto',
+    'price_cpu', 'price_mem', 'price_gpu', 'labels')
+  for i, res in ipairs(RESOURCES) do
+    redis.call('ZADD', prefix .. 'idx:alloc:' .. res, num(tonumber(v[i] or '0')), cid)
+  end
+  for i, res in ipairs(PRICED) do
+    redis.call('ZADD', prefix .. 'idx:price:' .. res, num(tonumber(v[4 + i] or '0')), cid)
+  end
+  local new = decode_labels(v[8])
+  for k, val in pairs(decode_labels(old_labels)) do
+    if new[k] ~= val then redis.call('SREM', prefix .. 'idx:label:' .. k .. '=' .. tostring(val), cid) end
+  end
+  for k, val in pairs(new) do
+    redis.call('SADD', prefix .. 'idx:label:' .. k .. '=' .. tostring(val), cid)
+  end
+end
+
+-- unindex_cluster removes a cluster from the candidate index (it went stale).
+local function unindex_cluster(prefix, cid)
+  redis.call('ZREM', prefix .. 'idx:live', cid)
+  for _, res in ipairs(RESOURCES) do
+    redis.call('ZREM', prefix .. 'idx:free:' .. res, cid)
+    redis.call('ZREM', prefix .. 'idx:hfree:' .. res, cid)
+    redis.call('ZREM', prefix .. 'idx:alloc:' .. res, cid)
+  end
+  for _, res in ipairs(PRICED) do
+    redis.call('ZREM', prefix .. 'idx:price:' .. res, cid)
+  end
+  local labels = redis.call('HGET', prefix .. 'cluster:' .. cid, 'labels')
+  for k, val in pairs(decode_labels(labels)) do
+    redis.call('SREM', prefix .. 'idx:label:' .. k .. '=' .. tostring(val), cid)
+  end
 end
 
 local function to_map(flat)
@@ -56,6 +147,7 @@ local function end_reservation(prefix, id, r, phase, now, maxlen, retention_ms)
         end
       end
     end
+    index_free(prefix, r.target, RESOURCES)
   end
   local rk = prefix .. 'resv:' .. id
   r.phase = phase

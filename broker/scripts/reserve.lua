@@ -10,6 +10,20 @@
 --   price          = the request priced at the cluster's hourly rates
 -- Ties go to the smallest cluster id, so the decision is deterministic.
 --
+-- Finding the best clusters does not read every cluster: the candidate index
+-- (lib.lua) yields them. When one requested resource (or the label selector)
+-- leaves few candidates, those are evaluated directly ("direct"); otherwise a
+-- threshold algorithm walks the index's sorted sets -- free fraction per
+-- requested resource (descending) and price per priced resource (ascending) --
+-- and stops once the top candidates score above the best any unread cluster
+-- could reach ("threshold"). The min and max price over the fitting clusters,
+-- which normalise the cost score, are found the same way. ARGV[17] = "scan"
+-- evaluates every live cluster instead ("scan"): the reference the index is
+-- tested against, and the baseline of the benchmarks. All three give the same
+-- decision and candidates. Rejections (reply and audit, counted only when
+-- nothing fits in index mode) count, per reason, the live clusters that fail
+-- it; a cluster may count under several reasons.
+--
 -- KEYS[1]  prefix ("rb:{b}:")
 -- ARGV[1]  reservation id         ARGV[2]  requester cluster id
 -- ARGV[3]  cpu (millicores)       ARGV[4]  memory (bytes)
@@ -20,6 +34,7 @@
 -- ARGV[12] owner (free text)      ARGV[13] priority (integer)
 -- ARGV[14] how many candidates to report
 -- ARGV[15] event stream max length  ARGV[16] audit stream max length
+-- ARGV[17] "index" (default) or "scan"
 -- Reply: {outcome, reservation, candidates_json, rejections_json}
 --   outcome     "reserved" (new), "replay" (id already decided: the first
 --               answer), "conflict" (id belongs to another requester, or was
@@ -56,11 +71,16 @@ local top_n = tonumber(ARGV[14])
 local events_max, audit_max = ARGV[15], ARGV[16]
 
 local now = now_ms()
-local rejected = {stale = 0, requester = 0, selector = 0}
-for _, res in ipairs(requested) do rejected['insufficient_' .. res] = 0 end
-rejected.stale = redis.call('ZCOUNT', prefix .. 'clusters', '-inf', '(' .. (now - stale_ms))
+local cut = now - stale_ms
+local scan_mode = ARGV[17] == 'scan'
+-- DIRECT_MAX: up to this many candidates are evaluated directly, without the threshold walk.
+local DIRECT_MAX = 48
 
--- First pass: the clusters that fit, with their resource score and price.
+-- Keep the candidate index to live clusters: drop those gone stale since the last decision.
+for _, cid in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'idx:live', '-inf', '(' .. cut)) do
+  unindex_cluster(prefix, cid)
+end
+
 local fields = {'price_cpu', 'price_mem', 'price_gpu'}
 for _, res in ipairs(requested) do
   fields[#fields + 1] = 'alloc_' .. res
@@ -69,12 +89,20 @@ for _, res in ipairs(requested) do
 end
 if selector then fields[#fields + 1] = 'labels' end
 
-local fits = {}
-local live = redis.call('ZRANGEBYSCORE', prefix .. 'clusters', now - stale_ms, '+inf')
-for _, cid in ipairs(live) do
+-- evaluate reads one cluster (once per decision) and returns its candidate
+-- {cluster, resource_score, price}, or false when it cannot take the request.
+-- It also counts, per reason, why clusters fail (used by the full scan).
+local rejected = {stale = 0, requester = 0, selector = 0}
+for _, res in ipairs(requested) do rejected['insufficient_' .. res] = 0 end
+local seen, examined, fits = {}, 0, {}
+local function evaluate(cid)
+  local c = seen[cid]
+  if c ~= nil then return c end
+  c = false
   if cid == requester then
-    rejected.requester = rejected.requester + 1
+    rejected.requester = 1
   else
+    examined = examined + 1
     local v = redis.call('HMGET', prefix .. 'cluster:' .. cid, unpack(fields))
     local ok, free_sum = true, 0
     for i, res in ipairs(requested) do
@@ -83,27 +111,243 @@ for _, cid in ipairs(live) do
       if free < req[res] then
         rejected['insufficient_' .. res] = rejected['insufficient_' .. res] + 1
         ok = false
-        break
+      elseif ok then
+        free_sum = free_sum + (free - req[res]) / alloc
       end
-      free_sum = free_sum + (free - req[res]) / alloc
     end
-    if ok and selector then
-      local labels = {}
-      if v[#fields] and v[#fields] ~= '' then labels = cjson.decode(v[#fields]) end
+    if selector then
+      local labels = decode_labels(v[#fields])
       for k, want in pairs(selector) do
-        if labels[k] ~= want then ok = false break end
+        if labels[k] ~= want then
+          rejected.selector = rejected.selector + 1
+          ok = false
+          break
+        end
       end
-      if not ok then rejected.selector = rejected.selector + 1 end
     end
     if ok then
-      local price = req.cpu / 1000 * tonumber(v[1] or '0')
-        + req.mem / 1073741824 * tonumber(v[2] or '0')
-        + req.gpu * tonumber(v[3] or '0')
-      fits[#fits + 1] = {cluster = cid, resource_score = 100 * free_sum / #requested, price = price}
+      c = {cluster = cid, resource_score = 100 * free_sum / #requested,
+        price = price_of(req, tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'))}
+      fits[#fits + 1] = c
+    end
+  end
+  seen[cid] = c
+  return c
+end
+
+local min_price, max_price
+local function price_range(list)
+  min_price, max_price = nil, nil
+  for _, c in ipairs(list) do
+    if min_price == nil or c.price < min_price then min_price = c.price end
+    if max_price == nil or c.price > max_price then max_price = c.price end
+  end
+end
+local function cost_score(price)
+  if max_price > min_price then return 100 * (max_price - price) / (max_price - min_price) end
+  return 100
+end
+local function better(a, b)
+  if a.score ~= b.score then return a.score > b.score end
+  return a.cluster < b.cluster
+end
+-- offer scores a fitting cluster and keeps the best top_n in order.
+local top = {}
+local function offer(c)
+  c.cost_score = cost_score(c.price)
+  c.score = w_res * c.resource_score + w_cost * c.cost_score
+  local pos = #top + 1
+  while pos > 1 and better(c, top[pos - 1]) do pos = pos - 1 end
+  if pos <= top_n then
+    table.insert(top, pos, c)
+    if #top > top_n then top[#top] = nil end
+  end
+end
+local function decide_among(ids)
+  for _, cid in ipairs(ids) do evaluate(cid) end
+  price_range(fits)
+  for _, c in ipairs(fits) do offer(c) end
+end
+
+-- A cursor over one sorted set of the index, read in growing chunks.
+local function cursor(key, descending)
+  return {key = key, desc = descending, pos = 0, chunk = 4, last = nil, done = false}
+end
+local function advance(cur)
+  local cmd = 'ZRANGE'
+  if cur.desc then cmd = 'ZREVRANGE' end
+  local r = redis.call(cmd, cur.key, cur.pos, cur.pos + cur.chunk - 1, 'WITHSCORES')
+  cur.pos = cur.pos + cur.chunk
+  if #r < 2 * cur.chunk then cur.done = true end
+  if #r > 0 then cur.last = tonumber(r[#r]) end
+  cur.chunk = math.min(cur.chunk * 2, 64)
+  local ids = {}
+  for i = 1, #r, 2 do ids[#ids + 1] = r[i] end
+  return ids
+end
+-- walk reads the cursors in turn, evaluating every cluster met, until
+-- done() says no unread cluster can matter or a cursor runs out (then every
+-- live cluster has been read).
+local function walk(cursors, done)
+  while true do
+    local exhausted = false
+    for _, cur in ipairs(cursors) do
+      for _, cid in ipairs(advance(cur)) do evaluate(cid) end
+      if cur.done then exhausted = true end
+    end
+    if exhausted or done() then return end
+  end
+end
+local function rate_at(cursors, res)
+  for _, cur in ipairs(cursors) do
+    if cur.res == res then return cur.last end
+  end
+  return 0
+end
+-- extreme_price finds the min (or max) price over the fitting clusters by
+-- walking the price sets upwards (or downwards).
+local function extreme_price(highest)
+  local cursors = {}
+  for _, res in ipairs(PRICED) do
+    if req[res] > 0 then
+      local cur = cursor(prefix .. 'idx:price:' .. res, highest)
+      cur.res = res
+      cursors[#cursors + 1] = cur
+    end
+  end
+  if #cursors == 0 then -- nothing requested has a price: every price is 0
+    return 0
+  end
+  local function best()
+    local b = nil
+    for _, c in ipairs(fits) do
+      if b == nil or (highest and c.price > b) or (not highest and c.price < b) then b = c.price end
+    end
+    return b
+  end
+  walk(cursors, function()
+    local b = best()
+    if b == nil then return false end
+    local bound = price_of(req, rate_at(cursors, 'cpu'), rate_at(cursors, 'mem'), rate_at(cursors, 'gpu'))
+    if highest then return b >= bound end
+    return b <= bound
+  end)
+  return best()
+end
+
+local method
+if scan_mode then
+  method = 'scan'
+  decide_among(redis.call('ZRANGEBYSCORE', prefix .. 'clusters', cut, '+inf'))
+else
+  -- How many live clusters have enough of each requested resource (or carry
+  -- the selector's labels): the smallest set holds every fitting cluster.
+  local smallest, smallest_ids = nil, nil
+  local nofit = false
+  for _, res in ipairs(requested) do
+    local n = redis.call('ZCOUNT', prefix .. 'idx:free:' .. res, req_str[res], '+inf')
+    if n == 0 then nofit = true end
+    if smallest == nil or n < smallest then
+      smallest = n
+      smallest_ids = function()
+        return redis.call('ZRANGEBYSCORE', prefix .. 'idx:free:' .. res, req_str[res], '+inf')
+      end
+    end
+  end
+  local label_keys = {}
+  if selector then
+    for k, want in pairs(selector) do
+      local key = prefix .. 'idx:label:' .. k .. '=' .. tostring(want)
+      label_keys[#label_keys + 1] = key
+      local n = redis.call('SCARD', key)
+      if n == 0 then nofit = true end
+      if smallest == nil or n < smallest then
+        smallest = n
+        smallest_ids = function() return redis.call('SINTER', unpack(label_keys)) end
+      end
+    end
+  end
+  if smallest == nil then -- nothing requested, no selector: every live cluster
+    smallest = 0
+    smallest_ids = function() return redis.call('ZRANGE', prefix .. 'idx:live', 0, -1) end
+  end
+  if nofit then
+    method = 'direct'
+  elseif smallest <= DIRECT_MAX then
+    method = 'direct'
+    decide_among(smallest_ids())
+  else
+    method = 'threshold'
+    min_price = extreme_price(false)
+    if min_price ~= nil then
+      max_price = extreme_price(true)
+      -- The best score an unread cluster could reach: the free fraction at
+      -- each resource cursor less what the request takes from the largest
+      -- allocatable, and the cost score of the rates at the price cursors.
+      local cursors = {}
+      local max_alloc = {}
+      for _, res in ipairs(requested) do
+        local cur = cursor(prefix .. 'idx:hfree:' .. res, true)
+        cur.res = res
+        cursors[#cursors + 1] = cur
+        local top_alloc = redis.call('ZREVRANGE', prefix .. 'idx:alloc:' .. res, 0, 0, 'WITHSCORES')
+        max_alloc[res] = tonumber(top_alloc[2] or '0')
+      end
+      local price_cursors = {}
+      if max_price > min_price then
+        for _, res in ipairs(PRICED) do
+          if req[res] > 0 then
+            local cur = cursor(prefix .. 'idx:price:' .. res, false)
+            cur.res = res
+            cursors[#cursors + 1] = cur
+            price_cursors[#price_cursors + 1] = cur
+          end
+        end
+      end
+      local scored = 0
+      walk(cursors, function()
+        for i = scored + 1, #fits do offer(fits[i]) end
+        scored = #fits
+        if #top < top_n then return false end
+        local rs = 0
+        for i, res in ipairs(requested) do rs = rs + cursors[i].last - req[res] / max_alloc[res] end
+        local cs = 100
+        if max_price > min_price then
+          cs = cost_score(price_of(req, rate_at(price_cursors, 'cpu'), rate_at(price_cursors, 'mem'),
+            rate_at(price_cursors, 'gpu')))
+        end
+        local bound = w_res * (100 * rs / #requested) + w_cost * cs
+        return top[#top].score > bound + 1e-9
+      end)
+      for i = scored + 1, #fits do offer(fits[i]) end
+    end
+  end
+  if #top == 0 then
+    -- Count the rejections from the index: live clusters lacking each resource
+    -- or the labels (the requester is not a candidate, so it is not counted).
+    local req_live = redis.call('ZSCORE', prefix .. 'idx:live', requester) and 1 or 0
+    rejected.requester = req_live
+    for _, res in ipairs(requested) do
+      local n = redis.call('ZCOUNT', prefix .. 'idx:free:' .. res, '-inf', '(' .. req_str[res])
+      if req_live == 1 and tonumber(redis.call('ZSCORE', prefix .. 'idx:free:' .. res, requester)) < req[res] then
+        n = n - 1
+      end
+      rejected['insufficient_' .. res] = n
+    end
+    if selector then
+      local matching = redis.call('SINTER', unpack(label_keys))
+      local n = redis.call('ZCARD', prefix .. 'idx:live') - req_live - #matching
+      for _, cid in ipairs(matching) do
+        if cid == requester then n = n + 1 end
+      end
+      rejected.selector = n
     end
   end
 end
+rejected.stale = redis.call('ZCOUNT', prefix .. 'clusters', '-inf', '(' .. cut)
 
+local considered = redis.call('ZCARD', prefix .. 'idx:live')
+if scan_mode then considered = examined + rejected.requester end
 local function record_audit(outcome, winner, score, candidates_json)
   redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*',
     'reservation', id, 'requester', requester, 'outcome', outcome,
@@ -111,40 +355,13 @@ local function record_audit(outcome, winner, score, candidates_json)
     'request', cjson.encode({cpu = req_str.cpu, mem = req_str.mem, gpu = req_str.gpu, sto = req_str.sto,
       selector = ARGV[11], priority = ARGV[13], owner = ARGV[12]}),
     'weights', ARGV[9] .. '/' .. ARGV[10],
-    'considered', #live, 'fitting', #fits,
+    'considered', considered, 'examined', examined, 'method', method,
     'candidates', candidates_json, 'rejected', cjson.encode(rejected), 'ts_ms', now)
 end
 
-if #fits == 0 then
+if #top == 0 then
   record_audit('nofit', '', '', '[]')
   return {'nofit', {}, '[]', cjson.encode(rejected)}
-end
-
--- Second pass: cost score needs the price range over all fitting clusters.
-local min_price, max_price = fits[1].price, fits[1].price
-for _, c in ipairs(fits) do
-  if c.price < min_price then min_price = c.price end
-  if c.price > max_price then max_price = c.price end
-end
-local function better(a, b)
-  if a.score ~= b.score then return a.score > b.score end
-  return a.cluster < b.cluster
-end
-local top = {}
-for _, c in ipairs(fits) do
-  if max_price > min_price then
-    c.cost_score = 100 * (max_price - c.price) / (max_price - min_price)
-  else
-    c.cost_score = 100
-  end
-  c.score = w_res * c.resource_score + w_cost * c.cost_score
-  -- keep the best top_n in order (insertion into a short list)
-  local pos = #top + 1
-  while pos > 1 and better(c, top[pos - 1]) do pos = pos - 1 end
-  if pos <= top_n then
-    table.insert(top, pos, c)
-    if #top > top_n then top[#top] = nil end
-  end
 end
 
 local function round2(x) return math.floor(x * 100 + 0.5) / 100 end
@@ -162,6 +379,7 @@ local ck = prefix .. 'cluster:' .. win.cluster
 for _, res in ipairs(requested) do
   redis.call('HINCRBY', ck, 'resv_' .. res, req_str[res])
 end
+index_free(prefix, win.cluster, requested)
 local expires = now + duration_ms
 local r = {requester = requester, target = win.cluster, phase = 'Reserved',
   cpu = req_str.cpu, mem = req_str.mem, gpu = req_str.gpu, sto = req_str.sto,

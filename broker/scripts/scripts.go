@@ -32,6 +32,7 @@ var (
 	Release   = load("release")
 	Expire    = load("expire")
 	Grant     = load("grant")
+	Reindex   = load("reindex")
 )
 
 // All lists every script, for loading at start-up and readiness checks.
@@ -41,4 +42,5 @@ var All = map[string]*redis.Script{
 	"release":   Release,
 	"expire":    Expire,
 	"grant":     Grant,
+	"reindex":   Reindex,
 }

@@ -205,9 +205,9 @@ func benchStore(b *testing.B) (*store.Store, *redis.Client) {
 	return st, rdb
 }
 
-// BenchmarkReserve measures one decision (reserve.lua: a full scan of the
-// live clusters) at several federation sizes, against the floor of a trivial
-// EVALSHA on the same server and client.
+// BenchmarkReserve measures one decision (reserve.lua) at several federation
+// sizes, through the candidate index and by the full scan (the baseline), and
+// the floor of a trivial EVALSHA on the same server and client.
 func BenchmarkReserve(b *testing.B) {
 	st, rdb := benchStore(b)
 	ctx := context.Background()
@@ -224,17 +224,26 @@ func BenchmarkReserve(b *testing.B) {
 		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
 			// A fresh data set per size (FLUSHALL keeps the script cache).
 			require.NoError(b, rdb.FlushAll(ctx).Err())
+			require.NoError(b, st.LoadScripts(ctx))
 			advertiseMany(b, st, n)
-			requesters := min(n, 8) // requesters are federation members: the scan skips them
-			runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {
-				_, err := st.Reserve(ctx, store.ReserveRequest{
-					ID:        "b" + strconv.FormatInt(seq, 36),
-					Requester: benchClusterID(int(seq) % requesters),
-					Resources: benchRequests[seq%int64(len(benchRequests))],
-					Duration:  time.Hour,
+			requesters := min(n, 8) // requesters are federation members: never candidates
+			for _, method := range []string{"index", "scan"} {
+				s := st
+				if method == "scan" {
+					s = store.New(rdb, store.Config{StaleThreshold: time.Hour, FullScan: true})
+				}
+				b.Run("method="+method, func(b *testing.B) {
+					runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {
+						_, err := s.Reserve(ctx, store.ReserveRequest{
+							ID:        "b" + strconv.FormatInt(seq, 36),
+							Requester: benchClusterID(int(seq) % requesters),
+							Resources: benchRequests[seq%int64(len(benchRequests))],
+							Duration:  time.Hour,
+						})
+						return err
+					})
 				})
-				return err
-			})
+			}
 		})
 	}
 }

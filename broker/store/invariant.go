@@ -38,6 +38,72 @@ func (s *Store) CheckInvariant(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("cluster %s: overbooked, free %+v", c.ID, f))
 		}
 	}
+	if err := s.checkIndex(ctx, clusters); err != nil { // errors say "index: ..."
+
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// CheckIndex verifies that the candidate index agrees with the cluster hashes
+// (CheckInvariant includes it). Like CheckInvariant, call it on a quiet broker.
+func (s *Store) CheckIndex(ctx context.Context) error {
+	clusters, err := s.Clusters(ctx)
+	if err != nil {
+		return err
+	}
+	return s.checkIndex(ctx, clusters)
+}
+
+// checkIndex verifies that the candidate index agrees with the cluster hashes
+// for every cluster it holds as live.
+func (s *Store) checkIndex(ctx context.Context, clusters []Cluster) error {
+	live, err := s.rdb.ZRange(ctx, s.Key("idx:live"), 0, -1).Result()
+	if err != nil {
+		return err
+	}
+	byID := make(map[string]Cluster, len(clusters))
+	for _, c := range clusters {
+		byID[c.ID] = c
+	}
+	var errs []error
+	for _, id := range live {
+		c, ok := byID[id]
+		if !ok {
+			errs = append(errs, fmt.Errorf("index: %s is live but has no cluster hash", id))
+			continue
+		}
+		free, alloc := c.Free(), c.Allocatable
+		want := map[string]float64{}
+		for _, r := range []struct {
+			name        string
+			free, alloc int64
+		}{{"cpu", free.CPU, alloc.CPU}, {"mem", free.Memory, alloc.Memory}, {"gpu", free.GPU, alloc.GPU}, {"sto", free.Storage, alloc.Storage}} {
+			want["idx:free:"+r.name] = float64(r.free)
+			want["idx:alloc:"+r.name] = float64(r.alloc)
+			h := 0.0
+			if r.alloc > 0 {
+				h = float64(r.free) / float64(r.alloc)
+			}
+			want["idx:hfree:"+r.name] = h
+		}
+		want["idx:price:cpu"] = float64(c.Prices.CPU)
+		want["idx:price:mem"] = float64(c.Prices.Memory)
+		want["idx:price:gpu"] = float64(c.Prices.GPU)
+		for key, w := range want {
+			got, err := s.rdb.ZScore(ctx, s.Key(key), id).Result()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("index: %s of %s: %w", key, id, err))
+			} else if got != w {
+				errs = append(errs, fmt.Errorf("index: %s of %s is %v, the hash says %v", key, id, got, w))
+			}
+		}
+		for k, v := range c.Labels {
+			if in, err := s.rdb.SIsMember(ctx, s.Key("idx:label:", k, "=", v), id).Result(); err != nil || !in {
+				errs = append(errs, fmt.Errorf("index: %s not in the set of label %s=%s (%v)", id, k, v, err))
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -32,6 +32,10 @@ type Config struct {
 	AuditMaxLen     int64         // default 100000
 	TopCandidates   int           // candidates reported per decision; default 3
 	ExpireBatch     int           // reservations ended per expire call; default 500
+	// FullScan makes every decision read every live cluster instead of using
+	// the candidate index: the reference the index is tested against and the
+	// baseline of the benchmarks. Decisions are the same either way.
+	FullScan bool
 }
 
 func (c *Config) defaults() {
@@ -73,6 +77,9 @@ func New(rdb redis.UniversalClient, cfg Config) *Store {
 	return &Store{rdb: rdb, cfg: cfg}
 }
 
+// Client returns the Redis client the store uses.
+func (s *Store) Client() redis.UniversalClient { return s.rdb }
+
 // Config returns the effective configuration.
 func (s *Store) Config() Config { return s.cfg }
 
@@ -85,14 +92,35 @@ func (s *Store) Key(parts ...string) string {
 	return k
 }
 
-// LoadScripts loads every script into Redis' script cache.
+// LoadScripts loads every script into Redis' script cache, and builds the
+// candidate index if this Redis does not hold one yet (written by an older
+// broker).
 func (s *Store) LoadScripts(ctx context.Context) error {
 	for name, sc := range scripts.All {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
 			return fmt.Errorf("load script %s: %w", name, err)
 		}
 	}
-	return nil
+	_, err := s.rebuildIndex(ctx, false)
+	return err
+}
+
+// RebuildIndex rebuilds the candidate index from the cluster hashes and
+// returns how many live clusters it indexed.
+func (s *Store) RebuildIndex(ctx context.Context) (int64, error) {
+	return s.rebuildIndex(ctx, true)
+}
+
+func (s *Store) rebuildIndex(ctx context.Context, force bool) (int64, error) {
+	mode := ""
+	if force {
+		mode = "force"
+	}
+	n, err := scripts.Reindex.Run(ctx, s.rdb, []string{s.cfg.Prefix}, s.cfg.StaleThreshold.Milliseconds(), mode).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("build the candidate index: %w", err)
+	}
+	return n, nil
 }
 
 // Ready checks that Redis answers and holds every script.
@@ -175,7 +203,7 @@ func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, erro
 		req.Duration.Milliseconds(), s.cfg.StaleThreshold.Milliseconds(),
 		s.cfg.WeightResources, s.cfg.WeightCost,
 		selector, req.Owner, req.Priority, s.cfg.TopCandidates,
-		s.cfg.EventsMaxLen, s.cfg.AuditMaxLen)
+		s.cfg.EventsMaxLen, s.cfg.AuditMaxLen, s.searchMode())
 	if err != nil {
 		return Decision{}, err
 	}
@@ -194,6 +222,13 @@ func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, erro
 		return Decision{}, nf
 	}
 	return Decision{}, fmt.Errorf("unexpected reserve outcome %q", outcome)
+}
+
+func (s *Store) searchMode() string {
+	if s.cfg.FullScan {
+		return "scan"
+	}
+	return "index"
 }
 
 // ReleaseResult tells what Release did.

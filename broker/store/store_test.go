@@ -166,16 +166,20 @@ func TestReserveNothingFits(t *testing.T) {
 		_, err := s.Advertise(ctx, id, ad)
 		require.NoError(t, err)
 	}
+	// Each reason counts every live cluster other than the requester that fails
+	// it (a cluster may fail several); the full scan counts the same.
 	req := request("r1", "rome", 4000, 4, 1)
-	_, err := s.Reserve(ctx, req)
-	var nf *store.NoFitError
-	require.ErrorAs(t, err, &nf)
-	assert.Equal(t, int64(1), nf.Rejected["requester"])
-	assert.Equal(t, int64(1), nf.Rejected["insufficient_cpu"], "paris")
-	assert.Equal(t, int64(1), nf.Rejected["insufficient_mem"], "berlin")
-	assert.Equal(t, int64(1), nf.Rejected["insufficient_gpu"], "lyon")
-	assert.Contains(t, err.Error(), "insufficient_gpu=1")
-	_, err = s.Reservation(ctx, "r1")
+	for _, st := range []*store.Store{s, store.New(s.Client(), store.Config{FullScan: true})} {
+		_, err := st.Reserve(ctx, req)
+		var nf *store.NoFitError
+		require.ErrorAs(t, err, &nf)
+		assert.Equal(t, int64(1), nf.Rejected["requester"])
+		assert.Equal(t, int64(1), nf.Rejected["insufficient_cpu"], "paris")
+		assert.Equal(t, int64(1), nf.Rejected["insufficient_mem"], "berlin")
+		assert.Equal(t, int64(3), nf.Rejected["insufficient_gpu"], "paris, berlin, lyon")
+		assert.Contains(t, err.Error(), "insufficient_gpu=3")
+	}
+	_, err := s.Reservation(ctx, "r1")
 	assert.ErrorIs(t, err, store.ErrNotFound, "a failed decision stores no reservation, so a retry with the same id can succeed later")
 	assertInvariant(t, s)
 }

@@ -1,0 +1,225 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/redistest"
+)
+
+// randomAdvertisement draws a cluster from small value domains, so that equal
+// free fractions, equal prices and exact score ties happen, next to GPU-less
+// clusters, full clusters and clusters whose local pods overrun allocatable.
+func randomAdvertisement(rng *rand.Rand) store.Advertisement {
+	cores := int64(1 + rng.IntN(64))
+	if rng.IntN(4) == 0 {
+		cores = 16 // many equal sizes
+	}
+	alloc := store.Resources{
+		CPU: cores * 1000, Memory: cores * int64(1+rng.IntN(8)) * gi,
+		GPU: []int64{0, 0, 0, 1, 2, 4}[rng.IntN(6)], Storage: int64(rng.IntN(200)) * gi,
+	}
+	pct := []int64{0, 0, 25, 50, 90, 100, 110}[rng.IntN(7)]
+	used := store.Resources{CPU: alloc.CPU * pct / 100, Memory: alloc.Memory * int64(rng.IntN(100)) / 100, GPU: alloc.GPU / 2}
+	regions := []string{"eu", "us", "ap"}
+	labels := map[string]string{"region": regions[rng.IntN(len(regions))]}
+	if rng.IntN(3) == 0 {
+		labels["tier"] = "edge"
+	}
+	return store.Advertisement{
+		Capacity: alloc, Allocatable: alloc, Allocated: used, Labels: labels,
+		Prices: store.Prices{
+			CPU: []int64{10_000, 20_000, 30_000, 40_000}[rng.IntN(4)], Memory: int64(rng.IntN(4)) * 1_000,
+			GPU: []int64{500_000, 1_000_000}[rng.IntN(2)], Currency: "EUR",
+		},
+	}
+}
+
+func randomRequest(rng *rand.Rand, id, requester string) store.ReserveRequest {
+	req := store.ReserveRequest{ID: id, Requester: requester, Duration: time.Hour,
+		Resources: store.Resources{CPU: int64(1+rng.IntN(16)) * 250, Memory: int64(1+rng.IntN(8)) * gi / 2}}
+	switch rng.IntN(8) {
+	case 0:
+		req.Resources.GPU = int64(1 + rng.IntN(2))
+	case 1:
+		req.Resources.Storage = int64(1+rng.IntN(50)) * gi
+	case 2:
+		req.Resources = store.Resources{CPU: 24_000, Memory: 96 * gi} // fits few or none
+	}
+	switch rng.IntN(6) {
+	case 0:
+		req.Selector = map[string]string{"region": "eu"}
+	case 1:
+		req.Selector = map[string]string{"tier": "edge", "region": "us"}
+	case 2:
+		req.Selector = map[string]string{"region": "mars"}
+	}
+	return req
+}
+
+// TestIndexMatchesFullScan is the property test of the candidate index: on
+// random states (sizes on both sides of the direct-evaluation limit, stale
+// clusters, re-advertisements, releases), every decision through the index
+// equals the full scan's: same winner, same score, same candidates in the same
+// order, and the same rejection counts when nothing fits. Each request is
+// decided by the full scan, released (which restores the exact counters),
+// then decided through the index on the same state.
+func TestIndexMatchesFullScan(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	const stale = 1500 * time.Millisecond
+	indexed := store.New(rdb, store.Config{StaleThreshold: stale})
+	scan := store.New(rdb, store.Config{StaleThreshold: stale, FullScan: true})
+	require.NoError(t, indexed.LoadScripts(ctx))
+
+	methods := map[string]int{}
+	decided, nofit := 0, 0
+	for round, n := range []int{12, 60, 150, 400} {
+		require.NoError(t, rdb.FlushAll(ctx).Err())
+		require.NoError(t, indexed.LoadScripts(ctx))
+		rng := rand.New(rand.NewPCG(uint64(round), propertySeed(t)))
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("c%03d", i)
+		}
+		// A fifth of the clusters go stale: advertised once, long ago.
+		staleOnes := ids[:n/5]
+		for _, id := range staleOnes {
+			_, err := indexed.Advertise(ctx, id, randomAdvertisement(rng))
+			require.NoError(t, err)
+		}
+		time.Sleep(stale + 100*time.Millisecond)
+		// The others stay live: they publish again (a heartbeat) every 500 ms,
+		// as agents do, so none goes stale between the two decisions compared.
+		ads := map[string]store.Advertisement{}
+		heartbeat := func() {
+			for _, id := range ids[n/5:] {
+				_, err := indexed.Advertise(ctx, id, ads[id])
+				require.NoError(t, err)
+			}
+		}
+		for _, id := range ids[n/5:] {
+			ads[id] = randomAdvertisement(rng)
+		}
+		heartbeat()
+		lastBeat := time.Now()
+
+		var kept []string
+		for i := range 150 {
+			if time.Since(lastBeat) > stale/3 {
+				heartbeat()
+				lastBeat = time.Now()
+			}
+			requester := ids[rng.IntN(n)]
+			req := randomRequest(rng, fmt.Sprintf("r%d-%d", round, i), requester)
+			ref := req
+			ref.ID += "-scan"
+			want, wantErr := scan.Reserve(ctx, ref)
+			if wantErr == nil {
+				_, err := scan.Release(ctx, ref.ID, requester)
+				require.NoError(t, err)
+			}
+			got, gotErr := indexed.Reserve(ctx, req)
+			var wantNF, gotNF *store.NoFitError
+			if errors.As(wantErr, &wantNF) {
+				require.ErrorAs(t, gotErr, &gotNF, "round %d request %d: the scan finds nothing, the index found %+v", round, i, got.Reservation.Target)
+				require.Equal(t, wantNF.Rejected, gotNF.Rejected, "round %d request %d: rejections", round, i)
+				nofit++
+				continue
+			}
+			require.NoError(t, wantErr)
+			require.NoError(t, gotErr, "round %d request %d: the scan chose %s", round, i, want.Reservation.Target)
+			require.Equal(t, want.Reservation.Target, got.Reservation.Target, "round %d request %d", round, i)
+			require.Equal(t, want.Reservation.Score, got.Reservation.Score, "round %d request %d", round, i)
+			require.Equal(t, want.Reservation.Candidates, got.Reservation.Candidates, "round %d request %d", round, i)
+			decided++
+			methods[lastAuditMethod(t, indexed)]++
+
+			// Evolve the state: keep most decisions, release some, re-advertise some.
+			kept = append(kept, req.ID)
+			if rng.IntN(4) == 0 {
+				j := rng.IntN(len(kept))
+				r, err := indexed.Reservation(ctx, kept[j])
+				require.NoError(t, err)
+				_, err = indexed.Release(ctx, kept[j], r.Requester)
+				require.NoError(t, err)
+			}
+			if rng.IntN(5) == 0 {
+				id := ids[n/5+rng.IntN(n-n/5)]
+				ads[id] = randomAdvertisement(rng)
+				_, err := indexed.Advertise(ctx, id, ads[id])
+				require.NoError(t, err)
+			}
+		}
+		// The index still agrees with the hashes. (CheckInvariant would also
+		// flag the clusters whose local pods overrun allocatable on purpose.)
+		require.NoError(t, indexed.CheckIndex(ctx), "round %d", round)
+	}
+	t.Logf("decisions compared: %d placed, %d nofit; index methods %v", decided, nofit, methods)
+	require.Greater(t, decided, 300)
+	require.Greater(t, nofit, 20)
+	require.Greater(t, methods["threshold"], 100, "the threshold walk must be exercised")
+	require.Greater(t, methods["direct"], 20, "direct evaluation must be exercised")
+}
+
+// propertySeed is 7, or RB_PROPERTY_SEED to explore other random states.
+func propertySeed(t *testing.T) uint64 {
+	if v := os.Getenv("RB_PROPERTY_SEED"); v != "" {
+		seed, err := strconv.ParseUint(v, 10, 64)
+		require.NoError(t, err)
+		return seed
+	}
+	return 7
+}
+
+func lastAuditMethod(t *testing.T, s *store.Store) string {
+	t.Helper()
+	entries, err := s.Client().XRevRangeN(context.Background(), s.Key("audit"), "+", "-", 1).Result()
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	m, _ := entries[0].Values["method"].(string)
+	return m
+}
+
+// TestRebuildIndex: a Redis written without the index (an older broker) is
+// indexed at start-up, and a forced rebuild leaves decisions unchanged.
+func TestRebuildIndex(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	s := store.New(rdb, store.Config{})
+	require.NoError(t, s.LoadScripts(ctx))
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 80 {
+		_, err := s.Advertise(ctx, fmt.Sprintf("c%02d", i), randomAdvertisement(rng))
+		require.NoError(t, err)
+	}
+	before, err := s.Reserve(ctx, request("before", "c00", 500, 1, 0))
+	require.NoError(t, err)
+	_, err = s.Release(ctx, "before", "c00")
+	require.NoError(t, err)
+
+	keys, err := rdb.Keys(ctx, s.Key("idx:*")).Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, keys)
+	require.NoError(t, rdb.Del(ctx, keys...).Err())
+	require.NoError(t, s.LoadScripts(ctx), "start-up rebuilds the missing index")
+	require.NoError(t, s.CheckIndex(ctx))
+	after, err := s.Reserve(ctx, request("after", "c00", 500, 1, 0))
+	require.NoError(t, err)
+	require.Equal(t, before.Reservation.Target, after.Reservation.Target)
+	require.Equal(t, before.Reservation.Candidates, after.Reservation.Candidates)
+
+	n, err := s.RebuildIndex(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 80, n)
+	require.NoError(t, s.CheckIndex(ctx))
+}
