@@ -17,6 +17,12 @@
 --   P.."idx:live"           zset    cluster id -> seen_ms
 --   P.."idx:free:"..r       zset    cluster id -> free r = alloc - used - resv
 --   P.."idx:hfree:"..r      zset    cluster id -> free r / alloc r (0 when alloc is 0)
+--   P.."idx:hfree:cm"       zset    cluster id -> mean of the cpu and mem free fractions
+--                                   (every API request asks for both: one walk instead of two)
+--   P.."idx:rec"            hash    cluster id -> JSON [alloc_cpu, free_cpu, alloc_mem, free_mem,
+--                                   alloc_gpu, free_gpu, alloc_sto, free_sto, price_cpu,
+--                                   price_mem, price_gpu, labels]: what a decision reads,
+--                                   for a whole batch of clusters in one HMGET
 --   P.."idx:alloc:"..r      zset    cluster id -> alloc r
 --   P.."idx:price:"..r      zset    cluster id -> price of r (cpu, mem, gpu)
 --   P.."idx:label:"..k.."="..v  set  cluster ids carrying that label
@@ -52,25 +58,41 @@ local function decode_labels(s)
   return {}
 end
 
--- index_free refreshes a cluster's free-capacity entries for some resources
--- after its used_* or resv_* changed. A cluster out of the live index stays out.
+-- index_free refreshes a cluster's record and free-capacity entries for some
+-- resources (and the cpu+mem mean) after its advertisement, used_* or resv_*
+-- changed. A cluster out of the live index stays out.
 local function index_free(prefix, cid, resources)
   if not redis.call('ZSCORE', prefix .. 'idx:live', cid) then return end
   local fields = {}
-  for _, res in ipairs(resources) do
+  for _, res in ipairs(RESOURCES) do
     fields[#fields + 1] = 'alloc_' .. res
     fields[#fields + 1] = 'used_' .. res
     fields[#fields + 1] = 'resv_' .. res
   end
+  fields[#fields + 1] = 'price_cpu'
+  fields[#fields + 1] = 'price_mem'
+  fields[#fields + 1] = 'price_gpu'
+  fields[#fields + 1] = 'labels'
   local v = redis.call('HMGET', prefix .. 'cluster:' .. cid, unpack(fields))
-  for i, res in ipairs(resources) do
-    local alloc = tonumber(v[3 * i - 2] or '0')
-    local free = alloc - tonumber(v[3 * i - 1] or '0') - tonumber(v[3 * i] or '0')
-    local h = 0
-    if alloc > 0 then h = free / alloc end
-    redis.call('ZADD', prefix .. 'idx:free:' .. res, num(free), cid)
-    redis.call('ZADD', prefix .. 'idx:hfree:' .. res, num(h), cid)
+  local rec, alloc, free, h = {}, {}, {}, {}
+  for i, res in ipairs(RESOURCES) do
+    alloc[res] = tonumber(v[3 * i - 2] or '0')
+    free[res] = alloc[res] - tonumber(v[3 * i - 1] or '0') - tonumber(v[3 * i] or '0')
+    h[res] = 0
+    if alloc[res] > 0 then h[res] = free[res] / alloc[res] end
+    rec[#rec + 1] = num(alloc[res])
+    rec[#rec + 1] = num(free[res])
   end
+  for i = 13, 15 do rec[#rec + 1] = num(tonumber(v[i] or '0')) end
+  local labels = v[16]
+  if not labels or labels == '' then labels = '{}' end
+  rec[#rec + 1] = labels
+  redis.call('HSET', prefix .. 'idx:rec', cid, '[' .. table.concat(rec, ',') .. ']')
+  for _, res in ipairs(resources) do
+    redis.call('ZADD', prefix .. 'idx:free:' .. res, num(free[res]), cid)
+    redis.call('ZADD', prefix .. 'idx:hfree:' .. res, num(h[res]), cid)
+  end
+  redis.call('ZADD', prefix .. 'idx:hfree:cm', num((h.cpu + h.mem) / 2), cid)
 end
 
 -- index_cluster (re)writes every index entry of a live cluster. old_labels is
@@ -104,6 +126,8 @@ local function unindex_cluster(prefix, cid)
     redis.call('ZREM', prefix .. 'idx:hfree:' .. res, cid)
     redis.call('ZREM', prefix .. 'idx:alloc:' .. res, cid)
   end
+  redis.call('ZREM', prefix .. 'idx:hfree:cm', cid)
+  redis.call('HDEL', prefix .. 'idx:rec', cid)
   for _, res in ipairs(PRICED) do
     redis.call('ZREM', prefix .. 'idx:price:' .. res, cid)
   end

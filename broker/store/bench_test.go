@@ -152,18 +152,21 @@ func report(b *testing.B, rdb *redis.Client, unit, cmd string, lat []time.Durati
 	}
 }
 
+// benchSeq numbers the operations: unique across every leaf and b.N round, so
+// no reservation id is ever reused (a reused id would be a cheap replay).
+var benchSeq atomic.Int64
+
 // runSerialAndParallel benchmarks op as "serial" (one caller: latency) and
 // "parallel" (benchParallelism × GOMAXPROCS callers over the pool: throughput).
 // cmd is the Redis command whose server time is reported (evalsha).
 func runSerialAndParallel(b *testing.B, rdb *redis.Client, unit, cmd string, op func(ctx context.Context, seq int64) error) {
 	ctx := context.Background()
-	var seq atomic.Int64 // unique across both leaves and every b.N round
 	b.Run("serial", func(b *testing.B) {
 		require.NoError(b, rdb.ConfigResetStat(ctx).Err())
 		lat := make([]time.Duration, 0, 1<<14)
 		for b.Loop() {
 			t0 := time.Now()
-			if err := op(ctx, seq.Add(1)); err != nil {
+			if err := op(ctx, benchSeq.Add(1)); err != nil {
 				b.Fatal(err)
 			}
 			lat = append(lat, time.Since(t0))
@@ -180,7 +183,7 @@ func runSerialAndParallel(b *testing.B, rdb *redis.Client, unit, cmd string, op 
 			lat := make([]time.Duration, 0, 1024)
 			for pb.Next() {
 				t0 := time.Now()
-				if err := op(ctx, seq.Add(1)); err != nil {
+				if err := op(ctx, benchSeq.Add(1)); err != nil {
 					b.Error(err)
 					return
 				}

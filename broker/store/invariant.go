@@ -87,6 +87,7 @@ func (s *Store) checkIndex(ctx context.Context, clusters []Cluster) error {
 			}
 			want["idx:hfree:"+r.name] = h
 		}
+		want["idx:hfree:cm"] = (want["idx:hfree:cpu"] + want["idx:hfree:mem"]) / 2
 		want["idx:price:cpu"] = float64(c.Prices.CPU)
 		want["idx:price:mem"] = float64(c.Prices.Memory)
 		want["idx:price:gpu"] = float64(c.Prices.GPU)
