@@ -114,8 +114,16 @@ func (f *Follower) handle(ctx context.Context, e api.Event) error {
 		if err != nil {
 			return err
 		}
-		if rsv != nil {
+		switch {
+		case rsv != nil:
 			f.Reservations.Enqueue(types.NamespacedName{Namespace: rsv.Namespace, Name: rsv.Name})
+		case e.Type == api.EventCapacityAvailable:
+			// The broker still keeps a request of ours waiting, but its
+			// Reservation is gone (deleted while this agent was down):
+			// withdraw it so that it holds no lower priority back.
+			if _, err := f.Reservations.Broker.Release(ctx, e.Reservation); err != nil && !brokerclient.IsNotFound(err) {
+				return err
+			}
 		}
 	}
 	return nil

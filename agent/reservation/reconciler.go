@@ -191,16 +191,19 @@ func (r *Reconciler) release(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 	if !controllerutil.ContainsFinalizer(rsv, rbv1.ReleaseFinalizer) {
 		return ctrl.Result{}, nil
 	}
-	if rsv.Status.ReservationID != "" {
-		_, err := r.Broker.Release(ctx, rsv.Status.ReservationID)
-		metrics.BrokerCalls.WithLabelValues("release", outcome(err)).Inc()
-		if err != nil && !brokerclient.IsNotFound(err) {
-			r.unsynced(rsv, err)
-			if uerr := r.Client.Status().Update(ctx, rsv); uerr != nil && !apierrors.IsNotFound(uerr) {
-				return ctrl.Result{}, uerr
-			}
-			return ctrl.Result{RequeueAfter: r.backoff(2)}, nil
+	// Always ask the broker, by UID (the reservation's id there): status may
+	// lack the id of a decision whose status update was lost, and a request
+	// still on the broker's waiting list must be withdrawn from it.
+	res, err := r.Broker.Release(ctx, string(rsv.UID))
+	metrics.BrokerCalls.WithLabelValues("release", outcome(err)).Inc()
+	if err != nil && !brokerclient.IsNotFound(err) {
+		r.unsynced(rsv, err)
+		if uerr := r.Client.Status().Update(ctx, rsv); uerr != nil && !apierrors.IsNotFound(uerr) {
+			return ctrl.Result{}, uerr
 		}
+		return ctrl.Result{RequeueAfter: r.backoff(2)}, nil
+	}
+	if err == nil && res.Phase == string(rbv1.ReservationReleased) {
 		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "Released", "released at the broker")
 	}
 	before := rsv.DeepCopy()

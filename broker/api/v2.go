@@ -322,7 +322,7 @@ func (g Grant) Validate() error {
 
 // Event is one notification on GET /api/v2/events (the SSE data field).
 type Event struct {
-	Type        string     `json:"type"` // Reserved, Granted, Released, Expired
+	Type        string     `json:"type"` // Reserved, Granted, Released, Expired, CapacityAvailable
 	Reservation string     `json:"reservation"`
 	Requester   string     `json:"requester"`
 	Provider    string     `json:"provider"`
@@ -330,6 +330,11 @@ type Event struct {
 	Resources   Quantities `json:"resources"`
 	ExpiresAt   time.Time  `json:"expiresAt"`
 }
+
+// EventCapacityAvailable tells a requester that capacity was freed while one
+// of its requests waits (Phase "Waiting", no Provider): retry it now. The
+// broker sends it to the first waiting requests, highest priority first.
+const EventCapacityAvailable = "CapacityAvailable"
 
 // EventFromStore renders a stored event.
 func EventFromStore(e store.Event) Event {

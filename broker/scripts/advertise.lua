@@ -5,7 +5,8 @@
 --
 -- KEYS[1]  prefix ("rb:{b}:")
 -- ARGV[1]  cluster id
--- ARGV[2.] field, value, field, value, ... (integers as decimal strings)
+-- ARGV[2]  event stream max length (for the waiting requests it notifies)
+-- ARGV[3.] field, value, field, value, ... (integers as decimal strings)
 -- Reply:   {seen_ms, resv_cpu, resv_mem, resv_gpu, resv_sto}
 --          or an error reply "ERR unknown field <f>" (nothing written)
 local ADVERTISED = {}
@@ -20,7 +21,7 @@ end
 
 local prefix, id = KEYS[1], ARGV[1]
 local fields = {}
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   if not ADVERTISED[ARGV[i]] then
     return redis.error_reply('ERR unknown field ' .. tostring(ARGV[i]))
   end
@@ -31,10 +32,26 @@ end
 local now = now_ms()
 local ck = prefix .. 'cluster:' .. id
 local old_labels = nil -- the labels the candidate index holds for this cluster
-if redis.call('ZSCORE', prefix .. 'idx:live', id) then old_labels = redis.call('HGET', ck, 'labels') end
+local old_free = nil   -- its free capacity, to tell whether the advertisement adds some
+if redis.call('ZSCORE', prefix .. 'idx:live', id) then
+  old_labels = redis.call('HGET', ck, 'labels')
+  old_free = {}
+  for _, res in ipairs(RESOURCES) do
+    old_free[res] = tonumber(redis.call('ZSCORE', prefix .. 'idx:free:' .. res, id))
+  end
+end
 redis.call('HSET', ck, 'seen_ms', now, unpack(fields))
 redis.call('HSETNX', ck, 'first_seen_ms', now)
 redis.call('ZADD', prefix .. 'clusters', now, id)
 index_cluster(prefix, id, now, old_labels)
+-- A cluster back from stale, or with more free capacity than before, may take
+-- a waiting request: tell the first ones (a heartbeat that changes nothing is silent).
+local grew = old_free == nil or old_labels ~= redis.call('HGET', ck, 'labels')
+if not grew then
+  for _, res in ipairs(RESOURCES) do
+    if tonumber(redis.call('ZSCORE', prefix .. 'idx:free:' .. res, id)) > old_free[res] then grew = true end
+  end
+end
+if grew then notify_waiters(prefix, ARGV[2]) end
 local resv = redis.call('HMGET', ck, 'resv_cpu', 'resv_mem', 'resv_gpu', 'resv_sto')
 return {tostring(now), resv[1] or '0', resv[2] or '0', resv[3] or '0', resv[4] or '0'}

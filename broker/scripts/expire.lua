@@ -1,6 +1,7 @@
 -- expire: end every live reservation whose expires_ms has passed (broker
 -- clock). Every broker replica runs it on a timer; running it concurrently is
 -- safe because each call is atomic and ended reservations leave the index.
+-- Freed capacity notifies the first waiting requests (lib.lua notify_waiters).
 --
 -- KEYS[1]  prefix ("rb:{b}:")
 -- ARGV[1]  at most this many reservations per call (the caller loops while the reply equals it)
@@ -24,4 +25,5 @@ for _, id in ipairs(due) do
     end
   end
 end
+if #due > 0 then notify_waiters(prefix, ARGV[2]) end
 return {#due, clamped}

@@ -27,6 +27,12 @@
 --   P.."idx:price:"..r      zset    cluster id -> price of r (cpu, mem, gpu)
 --   P.."idx:label:"..k.."="..v  set  cluster ids carrying that label
 --   P.."idx:version"        string  "1" once the index has been built (reindex.lua)
+--
+-- The waiting list (requests nothing could take, served by priority):
+--   P.."waiting"            zset    "<since_ms, 15 digits>:<id>" -> -priority
+--                                   (ZRANGE order: highest priority, then oldest)
+--   P.."wait:"..id          hash    requester, cpu, mem, gpu, sto, selector, priority,
+--                                   since_ms, member; expires unless the requester retries
 
 -- RESOURCES are the resource suffixes used in every hash: cpu in millicores,
 -- mem and sto in bytes, gpu as a count.
@@ -37,6 +43,9 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+
+-- REC_AT: where each resource's alloc sits in an idx:rec record (free follows it).
+local REC_AT = {cpu = 1, mem = 3, gpu = 5, sto = 7}
 
 -- PRICED are the resources that have a price.
 local PRICED = {'cpu', 'mem', 'gpu'}
@@ -152,6 +161,37 @@ local function event_fields(kind, id, r)
   return {'type', kind, 'reservation', id, 'requester', r.requester, 'provider', r.target,
     'phase', r.phase, 'cpu', r.cpu, 'mem', r.mem, 'gpu', r.gpu, 'sto', r.sto,
     'expires_ms', r.expires_ms}
+end
+
+-- WAITERS_NOTIFIED: how many waiting requests a capacity change notifies.
+local WAITERS_NOTIFIED = 8
+
+-- notify_waiters tells the requesters of the first waiting requests (highest
+-- priority first) that capacity may be available, so their agents retry at
+-- once instead of at their next back-off. Forgotten waiters leave the list.
+local function notify_waiters(prefix, maxlen)
+  local members = redis.call('ZRANGE', prefix .. 'waiting', 0, WAITERS_NOTIFIED - 1)
+  for _, m in ipairs(members) do
+    local id = string.sub(m, 17)
+    local w = redis.call('HMGET', prefix .. 'wait:' .. id, 'requester', 'cpu', 'mem', 'gpu', 'sto')
+    if not w[1] then
+      redis.call('ZREM', prefix .. 'waiting', m)
+    else
+      emit(prefix, w[1], maxlen, {'type', 'CapacityAvailable', 'reservation', id, 'requester', w[1],
+        'provider', '', 'phase', 'Waiting', 'cpu', w[2], 'mem', w[3], 'gpu', w[4], 'sto', w[5],
+        'expires_ms', '0'})
+    end
+  end
+end
+
+-- stop_waiting removes a request from the waiting list; returns true if it was there.
+local function stop_waiting(prefix, id)
+  local wk = prefix .. 'wait:' .. id
+  local member = redis.call('HGET', wk, 'member')
+  if not member then return false end
+  redis.call('ZREM', prefix .. 'waiting', member)
+  redis.call('DEL', wk)
+  return true
 end
 
 -- end_reservation moves a live reservation (map r) to a final phase and gives

@@ -35,11 +35,15 @@
 -- ARGV[14] how many candidates to report
 -- ARGV[15] event stream max length  ARGV[16] audit stream max length
 -- ARGV[17] "index" (default) or "scan"
+-- ARGV[18] how long a request nothing fits stays on the waiting list without
+--          a retry (ms; 0: no waiting list)
 -- Reply: {outcome, reservation, candidates_json, rejections_json}
 --   outcome     "reserved" (new), "replay" (id already decided: the first
 --               answer), "conflict" (id belongs to another requester, or was
 --               decided for other amounts),
---               "nofit" (nothing written but the audit entry)
+--               "nofit" (no reservation written: the request waits, by
+--               priority, see lib.lua; rejections {waiting_higher_priority=1}
+--               when a waiting request of higher priority could be placed now)
 --   reservation flat field/value array of the reservation hash ({} if none)
 --   candidates  JSON array of the best candidates {cluster, score, resource_score, cost_score, price}
 --   rejections  JSON object: how many clusters were excluded, by reason
@@ -81,11 +85,93 @@ for _, cid in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'idx:live', '-inf', '
   unindex_cluster(prefix, cid)
 end
 
+-- Priority: a request may not take capacity while a waiting request of
+-- higher priority could be placed now. It is deferred (and waits), and the
+-- waiting request's requester is told to retry at once.
+local priority = tonumber(ARGV[13])
+local wait_ttl = tonumber(ARGV[18] or '0')
+
+-- fits_somewhere tells whether some live cluster other than its requester can
+-- take waiting request w (its wait hash) now; it reads at most 256 records,
+-- the clusters with the most free of w's scarcest resource first.
+local function fits_somewhere(w)
+  local need, scarcest, fewest = {}, nil, nil
+  for _, res in ipairs(RESOURCES) do
+    need[res] = tonumber(w[res] or '0')
+    if need[res] > 0 then
+      local n = redis.call('ZCOUNT', prefix .. 'idx:free:' .. res, w[res], '+inf')
+      if n == 0 then return false end
+      if fewest == nil or n < fewest then scarcest, fewest = res, n end
+    end
+  end
+  if scarcest == nil then return false end
+  local sel = nil
+  if w.selector and w.selector ~= '' then sel = cjson.decode(w.selector) end
+  for offset = 0, 192, 64 do
+    local ids = redis.call('ZREVRANGEBYSCORE', prefix .. 'idx:free:' .. scarcest, '+inf', w[scarcest],
+      'LIMIT', offset, 64)
+    if #ids == 0 then return false end
+    local recs = redis.call('HMGET', prefix .. 'idx:rec', unpack(ids))
+    for i, cid in ipairs(ids) do
+      if cid ~= w.requester then
+        local rec = cjson.decode(recs[i])
+        local ok = true
+        for _, res in ipairs(RESOURCES) do
+          if need[res] > 0 and rec[REC_AT[res] + 1] < need[res] then ok = false break end
+        end
+        if ok and sel then
+          for k, want in pairs(sel) do
+            if rec[12][k] ~= want then ok = false break end
+          end
+        end
+        if ok then return true end
+      end
+    end
+  end
+  return false
+end
+
+-- wait puts this request on the waiting list, or keeps it there (a retry
+-- refreshes its lease but keeps its place).
+local function wait()
+  if wait_ttl <= 0 then return end
+  local wk = prefix .. 'wait:' .. id
+  if redis.call('EXISTS', wk) == 0 then
+    local member = string.format('%015d', now) .. ':' .. id
+    redis.call('HSET', wk, 'requester', requester, 'cpu', ARGV[3], 'mem', ARGV[4], 'gpu', ARGV[5],
+      'sto', ARGV[6], 'selector', ARGV[11], 'priority', ARGV[13], 'since_ms', now, 'member', member)
+    redis.call('ZADD', prefix .. 'waiting', -priority, member)
+  end
+  redis.call('PEXPIRE', wk, wait_ttl)
+end
+
+if wait_ttl > 0 then
+  local higher = redis.call('ZRANGEBYSCORE', prefix .. 'waiting', '-inf', '(' .. (-priority),
+    'LIMIT', 0, WAITERS_NOTIFIED)
+  for _, m in ipairs(higher) do
+    local wid = string.sub(m, 17)
+    local w = to_map(redis.call('HGETALL', prefix .. 'wait:' .. wid))
+    if not w.requester then
+      redis.call('ZREM', prefix .. 'waiting', m) -- forgotten: its requester stopped retrying
+    elseif wid ~= id and fits_somewhere(w) then
+      emit(prefix, w.requester, events_max, {'type', 'CapacityAvailable', 'reservation', wid,
+        'requester', w.requester, 'provider', '', 'phase', 'Waiting', 'cpu', w.cpu, 'mem', w.mem,
+        'gpu', w.gpu, 'sto', w.sto, 'expires_ms', '0'})
+      wait()
+      local rejected_json = cjson.encode({waiting_higher_priority = 1})
+      redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*',
+        'reservation', id, 'requester', requester, 'outcome', 'deferred', 'winner', '', 'score', '',
+        'blocked_by', wid, 'priority', ARGV[13], 'blocked_priority', w.priority,
+        'rejected', rejected_json, 'ts_ms', now)
+      return {'nofit', {}, '[]', rejected_json}
+    end
+  end
+end
+
 -- judge decides whether one cluster can take the request from its record
 -- (the layout of idx:rec, lib.lua: alloc and free per resource, the three
 -- prices, the labels) and returns its candidate {cluster, resource_score,
 -- price}, or false; it also counts, per reason, why clusters fail.
-local REC_AT = {cpu = 1, mem = 3, gpu = 5, sto = 7}
 local rejected = {stale = 0, requester = 0, selector = 0}
 for _, res in ipairs(requested) do rejected['insufficient_' .. res] = 0 end
 local seen, examined, fits = {}, 0, {}
@@ -391,6 +477,7 @@ local function record_audit(outcome, winner, score, candidates_json)
 end
 
 if #top == 0 then
+  wait()
   record_audit('nofit', '', '', '[]')
   return {'nofit', {}, '[]', cjson.encode(rejected)}
 end
@@ -429,4 +516,6 @@ local ev = event_fields('Reserved', id, r)
 emit(prefix, requester, events_max, ev)
 emit(prefix, win.cluster, events_max, ev)
 record_audit('reserved', win.cluster, score, candidates_json)
+-- A waiting request placed at last: the next ones may now pass the priority gate.
+if stop_waiting(prefix, id) then notify_waiters(prefix, events_max) end
 return {'reserved', hash, candidates_json, cjson.encode(rejected)}

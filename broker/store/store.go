@@ -32,6 +32,10 @@ type Config struct {
 	AuditMaxLen     int64         // default 100000
 	TopCandidates   int           // candidates reported per decision; default 3
 	ExpireBatch     int           // reservations ended per expire call; default 500
+	// WaitTTL is how long a request nothing fits stays on the waiting list
+	// without a retry from its requester; default 60s (twice the agents'
+	// longest back-off). Negative: no waiting list, no priority order.
+	WaitTTL time.Duration
 	// FullScan makes every decision read every live cluster instead of using
 	// the candidate index: the reference the index is tested against and the
 	// baseline of the benchmarks. Decisions are the same either way.
@@ -62,6 +66,9 @@ func (c *Config) defaults() {
 	}
 	if c.ExpireBatch == 0 {
 		c.ExpireBatch = 500
+	}
+	if c.WaitTTL == 0 {
+		c.WaitTTL = time.Minute
 	}
 }
 
@@ -163,7 +170,7 @@ func (s *Store) Advertise(ctx context.Context, id string, ad Advertisement) (Ack
 		}
 		labels = string(b)
 	}
-	args := []any{id,
+	args := []any{id, s.cfg.EventsMaxLen,
 		"name", ad.Name, "endpoint", ad.Endpoint, "labels", labels,
 		"price_cpu", ad.Prices.CPU, "price_mem", ad.Prices.Memory, "price_gpu", ad.Prices.GPU,
 		"currency", ad.Prices.Currency,
@@ -203,7 +210,7 @@ func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, erro
 		req.Duration.Milliseconds(), s.cfg.StaleThreshold.Milliseconds(),
 		s.cfg.WeightResources, s.cfg.WeightCost,
 		selector, req.Owner, req.Priority, s.cfg.TopCandidates,
-		s.cfg.EventsMaxLen, s.cfg.AuditMaxLen, s.searchMode())
+		s.cfg.EventsMaxLen, s.cfg.AuditMaxLen, s.searchMode(), max(s.cfg.WaitTTL.Milliseconds(), 0))
 	if err != nil {
 		return Decision{}, err
 	}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -401,7 +402,7 @@ func TestAdvertiseCannotSetBrokerOwnedFields(t *testing.T) {
 	require.NoError(t, err)
 
 	// Call the script directly, as a buggy or hostile caller would.
-	err = scripts.Advertise.Run(ctx, rdb, []string{store.DefaultPrefix}, "paris", "alloc_cpu", "1", "resv_cpu", "0").Err()
+	err = scripts.Advertise.Run(ctx, rdb, []string{store.DefaultPrefix}, "paris", 100, "alloc_cpu", "1", "resv_cpu", "0").Err()
 	require.ErrorContains(t, err, "unknown field resv_cpu")
 	after, err := rdb.HGetAll(ctx, s.Key("cluster:", "paris")).Result()
 	require.NoError(t, err)
@@ -424,4 +425,107 @@ func TestCheckInvariantDetectsDrift(t *testing.T) {
 	require.ErrorContains(t, s.CheckInvariant(ctx), "reserved counter")
 	require.NoError(t, rdb.HSet(ctx, s.Key("cluster:", "paris"), "resv_cpu", 1000, "used_cpu", 7500).Err())
 	require.ErrorContains(t, s.CheckInvariant(ctx), "overbooked")
+}
+
+// eventTypes lists the types of the events on a cluster's stream, oldest first.
+func eventTypes(t *testing.T, s *store.Store, cluster string) []string {
+	t.Helper()
+	entries, err := s.Client().XRange(context.Background(), s.Key("events:", cluster), "-", "+").Result()
+	require.NoError(t, err)
+	types := make([]string, 0, len(entries))
+	for _, e := range entries {
+		types = append(types, e.Values["type"].(string)+":"+e.Values["reservation"].(string))
+	}
+	return types
+}
+
+// TestPriorityWaitingList: requests nothing fits wait; freed capacity
+// notifies them; while a waiting request of higher priority could be placed,
+// a lower one is deferred even if it asks first; a withdrawn or forgotten
+// waiter stops holding others back.
+func TestPriorityWaitingList(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{WaitTTL: time.Minute})
+	for id, ad := range map[string]store.Advertisement{
+		"rome":  cluster(1, 4, 0, 1, nil),
+		"lyon":  cluster(1, 4, 0, 1, nil),
+		"paris": cluster(4, 64, 0, 1, nil),
+	} {
+		_, err := s.Advertise(ctx, id, ad)
+		require.NoError(t, err)
+	}
+	_, err := s.Reserve(ctx, request("fill", "rome", 4000, 1, 0))
+	require.NoError(t, err)
+
+	low := request("low", "lyon", 2000, 1, 0)
+	high := request("high", "rome", 2000, 1, 0)
+	high.Priority = 100
+	var nf *store.NoFitError
+	_, err = s.Reserve(ctx, low)
+	require.ErrorAs(t, err, &nf)
+	_, err = s.Reserve(ctx, high)
+	require.ErrorAs(t, err, &nf)
+	waiting, err := s.Client().ZRange(ctx, s.Key("waiting"), 0, -1).Result()
+	require.NoError(t, err)
+	require.Len(t, waiting, 2)
+	assert.True(t, strings.HasSuffix(waiting[0], ":high"), "highest priority first: %v", waiting)
+
+	// Capacity frees: both requesters hear of it, the higher priority first.
+	_, err = s.Release(ctx, "fill", "rome")
+	require.NoError(t, err)
+	assert.Contains(t, eventTypes(t, s, "rome"), "CapacityAvailable:high")
+	assert.Contains(t, eventTypes(t, s, "lyon"), "CapacityAvailable:low")
+
+	// lyon's agent is quicker, but high could be placed: low is deferred.
+	_, err = s.Reserve(ctx, low)
+	require.ErrorAs(t, err, &nf)
+	assert.Equal(t, map[string]int64{"waiting_higher_priority": 1}, nf.Rejected)
+	d, err := s.Reserve(ctx, high)
+	require.NoError(t, err)
+	assert.Equal(t, "paris", d.Reservation.Target)
+	// high left the list, which told low to try again: it fits the rest.
+	assert.Equal(t, "CapacityAvailable:low", eventTypes(t, s, "lyon")[len(eventTypes(t, s, "lyon"))-1])
+	d, err = s.Reserve(ctx, low)
+	require.NoError(t, err)
+	assert.Equal(t, "paris", d.Reservation.Target)
+	n, err := s.Client().ZCard(ctx, s.Key("waiting")).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "nobody waits any more")
+	assertInvariant(t, s)
+
+	// A waiter withdrawn by its requester (DELETE of a request that never got
+	// a reservation) no longer holds a lower priority back.
+	urgent := request("urgent", "rome", 2000, 1, 0)
+	urgent.Priority = 50
+	_, err = s.Reserve(ctx, urgent)
+	require.ErrorAs(t, err, &nf) // paris is full again
+	_, err = s.Release(ctx, "low", "lyon")
+	require.NoError(t, err)
+	small := request("small", "lyon", 1000, 1, 0)
+	_, err = s.Reserve(ctx, small)
+	require.ErrorAs(t, err, &nf, "urgent fits now: small waits behind it")
+	_, err = s.Release(ctx, "urgent", "rome")
+	require.ErrorIs(t, err, store.ErrNotFound, "it never had a reservation")
+	_, err = s.Reserve(ctx, small)
+	require.NoError(t, err, "urgent was withdrawn")
+
+	// A forgotten waiter (its requester stopped retrying) expires.
+	short := newStore(t, store.Config{WaitTTL: 300 * time.Millisecond})
+	for id, ad := range map[string]store.Advertisement{"rome": cluster(1, 4, 0, 1, nil), "paris": cluster(2, 8, 0, 1, nil), "lyon": cluster(1, 4, 0, 1, nil)} {
+		_, err := short.Advertise(ctx, id, ad)
+		require.NoError(t, err)
+	}
+	big := request("big", "rome", 2000, 1, 0)
+	big.Priority = 10
+	_, err = short.Reserve(ctx, request("hold", "lyon", 1000, 1, 0))
+	require.NoError(t, err)
+	_, err = short.Reserve(ctx, big)
+	require.ErrorAs(t, err, &nf)
+	_, err = short.Release(ctx, "hold", "lyon")
+	require.NoError(t, err)
+	_, err = short.Reserve(ctx, request("later", "lyon", 1000, 1, 0))
+	require.ErrorAs(t, err, &nf, "big (priority 10) fits now and waits: later (priority 0) is deferred")
+	time.Sleep(400 * time.Millisecond) // rome never retries big
+	_, err = short.Reserve(ctx, request("later", "lyon", 1000, 1, 0))
+	require.NoError(t, err, "the forgotten waiter expired")
 }

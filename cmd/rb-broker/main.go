@@ -37,6 +37,7 @@ type options struct {
 	defaultDuration time.Duration
 	maxDuration     time.Duration
 	expiryInterval  time.Duration
+	waitTTL         time.Duration
 }
 
 func main() {
@@ -76,6 +77,7 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.staleThreshold, "stale-threshold", time.Minute, "a cluster not advertised for this long (Redis clock) is not a candidate")
 	f.DurationVar(&o.defaultDuration, "default-duration", time.Hour, "duration of a reservation that names none")
 	f.DurationVar(&o.maxDuration, "max-duration", 24*time.Hour, "longest duration a reservation may ask for")
+	f.DurationVar(&o.waitTTL, "wait-ttl", time.Minute, "how long a request nothing fits keeps its place on the priority-ordered waiting list without a retry")
 	f.DurationVar(&o.expiryInterval, "expiry-interval", time.Second, "how often this replica releases expired reservations")
 	gf := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(gf)
@@ -89,7 +91,7 @@ func (o options) validate() error {
 		errs = append(errs, fmt.Errorf("--weight-resources (%g) and --weight-cost (%g) must be non-negative and sum to 1", o.weightResources, o.weightCost))
 	}
 	for name, d := range map[string]time.Duration{"--stale-threshold": o.staleThreshold, "--default-duration": o.defaultDuration,
-		"--max-duration": o.maxDuration, "--expiry-interval": o.expiryInterval} {
+		"--max-duration": o.maxDuration, "--expiry-interval": o.expiryInterval, "--wait-ttl": o.waitTTL} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
 		}
@@ -139,7 +141,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer rdb.Close()
-	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold})
+	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL})
 	srv := server.New(server.Config{Store: st, Log: log,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}})
 
