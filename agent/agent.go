@@ -45,12 +45,21 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 	// ReserveBroker, when set, replaces Broker for the Reservation reconciler (tests inject faults).
 	ReserveBroker reservation.Broker
+	// ReservationWorkers is how many Reservations are reconciled at once
+	// (the controller's MaxConcurrentReconciles; default DefaultReservationWorkers).
+	// One object is never reconciled by two workers at the same time.
+	ReservationWorkers int
 	// Bridge is how won reservations become nodes (bridge.ModeVirtualKubelet or
 	// bridge.ModeLiqo); empty: no bridge.
 	Bridge string
 	// BridgeOptions tune the bridge; Setup fills ClusterID and Grants.
 	BridgeOptions bridge.Options
 }
+
+// DefaultReservationWorkers is the default of Options.ReservationWorkers. A
+// reconcile mostly waits: one broker call and one or two API writes, about
+// 30-50 ms, so a single worker caps a burst at 20-35 reservations/s.
+const DefaultReservationWorkers = 8
 
 // Validate checks the options, including that the identity matches the certificate.
 func (o *Options) Validate() error {
@@ -73,6 +82,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Bridge != "" && !slices.Contains(bridge.Modes, o.Bridge) {
 		errs = append(errs, fmt.Errorf("--bridge %q: want virtual-kubelet, liqo or none", o.Bridge))
+	}
+	if o.ReservationWorkers < 0 {
+		errs = append(errs, fmt.Errorf("ReservationWorkers %d: want at least 1 (0: the default)", o.ReservationWorkers))
 	}
 	if o.TokenTTL != 0 && o.TokenTTL < 10*time.Minute {
 		errs = append(errs, fmt.Errorf("--token-ttl %s is below the TokenRequest minimum of 10m", o.TokenTTL))
@@ -101,7 +113,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	rec := &reservation.Reconciler{
 		Client: mgr.GetClient(), Broker: rb, Recorder: mgr.GetEventRecorderFor("rb-agent"),
-		MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff,
+		MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxConcurrentReconciles: o.ReservationWorkers,
+	}
+	if rec.MaxConcurrentReconciles == 0 {
+		rec.MaxConcurrentReconciles = DefaultReservationWorkers
 	}
 	if err := rec.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("reservation reconciler: %w", err)

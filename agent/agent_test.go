@@ -3,6 +3,9 @@ package agent_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -334,4 +337,100 @@ func TestBrokerUnreachable(t *testing.T) {
 	assert.Equal(t, metav1.ConditionTrue, condition(got, rbv1.ConditionSynced).Status)
 	require.Eventually(t, func() bool { return promtestutil.ToFloat64(metrics.StreamConnected) == 1 }, 15*time.Second, 50*time.Millisecond,
 		"the follower reconnects by itself")
+}
+
+// slowBroker stands for a broker a few tens of milliseconds away: every
+// Reserve waits delay first. It records how many Reserve calls were in
+// flight at once and how often each reservation id was asked for.
+type slowBroker struct {
+	*brokerclient.Client
+	delay       time.Duration
+	inFlight    atomic.Int32
+	maxInFlight atomic.Int32
+	mu          sync.Mutex
+	calls       map[string]int
+}
+
+func (s *slowBroker) Reserve(ctx context.Context, r api.ReservationRequest) (api.Reservation, error) {
+	n := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for m := s.maxInFlight.Load(); n > m && !s.maxInFlight.CompareAndSwap(m, n); m = s.maxInFlight.Load() {
+	}
+	s.mu.Lock()
+	s.calls[r.ID]++
+	s.mu.Unlock()
+	time.Sleep(s.delay)
+	return s.Client.Reserve(ctx, r)
+}
+
+// TestReservationBurstConcurrent: a burst of Reservations is reconciled by
+// several workers at once (ReservationWorkers), and concurrency neither
+// duplicates nor loses a reservation at the broker; one worker, as before,
+// takes the same burst one at a time.
+func TestReservationBurstConcurrent(t *testing.T) {
+	ctx := context.Background()
+	b := brokertest.Start(t, brokertest.Options{})
+	rome := newCluster(t, b, "rome")
+	b.Advertise("paris", "1000", "4000Gi", "", "0.03", nil)
+
+	burst := func(prefix string, workers, n int) (*slowBroker, time.Duration) {
+		t.Helper()
+		sb := &slowBroker{delay: 40 * time.Millisecond, calls: map[string]int{}}
+		rome.startAgent(func(o *agent.Options) {
+			sb.Client = o.Broker
+			o.ReserveBroker, o.ReservationWorkers = sb, workers
+		})
+		defer rome.stopAgent()
+		began := time.Now()
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				assert.NoError(t, rome.client.Create(ctx, reservationObj(fmt.Sprintf("%s-%02d", prefix, i), "1", "1Gi")))
+			})
+		}
+		wg.Wait()
+		for i := range n {
+			rsv := rome.waitPhase(fmt.Sprintf("%s-%02d", prefix, i), rbv1.ReservationReserved, 30*time.Second)
+			assert.Equal(t, string(rsv.UID), rsv.Status.ReservationID)
+		}
+		took := time.Since(began)
+		t.Logf("%d workers: %d reservations in %s (%.0f/s), at most %d broker calls at once",
+			workers, n, took.Round(time.Millisecond), float64(n)/took.Seconds(), sb.maxInFlight.Load())
+		sb.mu.Lock()
+		defer sb.mu.Unlock()
+		assert.Len(t, sb.calls, n, "one broker id per Reservation")
+		return sb, took
+	}
+
+	one, _ := burst("serial", 1, 12)
+	assert.Equal(t, int32(1), one.maxInFlight.Load(), "ReservationWorkers=1: one at a time")
+
+	eight, _ := burst("burst", 8, 48)
+	assert.Greater(t, eight.maxInFlight.Load(), int32(1), "ReservationWorkers=8: several at once")
+	assert.LessOrEqual(t, eight.maxInFlight.Load(), int32(8))
+
+	live, err := b.Store.LiveReservations(ctx, "by-requester", "rome")
+	require.NoError(t, err)
+	assert.Len(t, live, 12+48, "one broker reservation per object")
+	c, err := b.Store.Cluster(ctx, "paris")
+	require.NoError(t, err)
+	assert.Equal(t, int64(60_000), c.Reserved.CPU)
+
+	// Deleting them all at once: released concurrently, each exactly once.
+	rome.startAgent(func(o *agent.Options) { o.ReservationWorkers = 8 })
+	require.NoError(t, rome.client.DeleteAllOf(ctx, &rbv1.Reservation{}, client.InNamespace("default")))
+	require.Eventually(t, func() bool {
+		var list rbv1.ReservationList
+		require.NoError(t, rome.client.List(ctx, &list))
+		return len(list.Items) == 0
+	}, 30*time.Second, 50*time.Millisecond, "every finalizer lets go once released")
+	for _, r := range live {
+		got, err := b.Store.Reservation(ctx, r.ID)
+		require.NoError(t, err)
+		assert.Equal(t, "Released", got.Phase, r.ID)
+	}
+	c, err = b.Store.Cluster(ctx, "paris")
+	require.NoError(t, err)
+	assert.Zero(t, c.Reserved.CPU)
+	require.NoError(t, b.Store.CheckInvariant(ctx))
 }

@@ -3,6 +3,12 @@
 // object's UID), mirrors the broker's decision into status, queues refused
 // reservations with back-off until capacity appears, and releases at the
 // broker before the object goes away (finalizer).
+//
+// Several Reservations are reconciled at once (MaxConcurrentReconciles); the
+// controller's work queue never hands the same object to two workers at the
+// same time, and the reconciler keeps no state of its own between calls: all
+// it knows of a Reservation is in the object and at the broker, where the
+// UID makes every request idempotent.
 package reservation
 
 import (
@@ -22,6 +28,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -55,6 +62,10 @@ type Reconciler struct {
 	MinBackoff, MaxBackoff time.Duration
 	// Notify receives a Reservation to look at again (from the broker's event stream).
 	Notify chan event.GenericEvent
+	// MaxConcurrentReconciles is how many Reservations are reconciled at
+	// once (default 1). Everything the reconciler shares between objects is
+	// safe for concurrent use: the clients, the recorder, the metrics.
+	MaxConcurrentReconciles int
 }
 
 // SetupWithManager registers the reconciler and the UID index.
@@ -79,6 +90,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("reservation").
 		For(&rbv1.Reservation{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(r.Notify, &handler.EnqueueRequestForObject{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(1, r.MaxConcurrentReconciles)}).
 		Complete(r)
 }
 

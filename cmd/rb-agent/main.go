@@ -50,6 +50,7 @@ type options struct {
 	nodeStatusPeriod time.Duration
 	metricsAddr      string
 	probeAddr        string
+	reserveWorkers   int
 }
 
 func main() {
@@ -92,6 +93,8 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.nodeStatusPeriod, "virtual-node-status-period", time.Minute, "how often an unchanged virtual node status is rewritten")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 to disable)")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "healthz/readyz address")
+	f.IntVar(&o.reserveWorkers, "reservation-workers", agent.DefaultReservationWorkers,
+		"Reservations reconciled at once (the controller's MaxConcurrentReconciles; each mostly waits for the broker and the API server)")
 	gf := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(gf)
 	f.AddGoFlagSet(gf)
@@ -141,6 +144,9 @@ func (o options) validate() error {
 	if o.debounce <= 0 || o.publishPeriod <= 0 {
 		errs = append(errs, errors.New("--debounce and --publish-period must be positive"))
 	}
+	if o.reserveWorkers < 1 {
+		errs = append(errs, fmt.Errorf("--reservation-workers %d: want at least 1", o.reserveWorkers))
+	}
 	return errors.Join(errs...)
 }
 
@@ -161,6 +167,7 @@ func run(o options) error {
 	ao := agent.Options{
 		ClusterID: o.clusterID, Broker: bc, Namespace: o.namespace, Endpoint: o.endpoint,
 		Labels: o.labels, Prices: prices, TokenTTL: o.tokenTTL, Debounce: o.debounce, PublishPeriod: o.publishPeriod,
+		ReservationWorkers: o.reserveWorkers,
 	}
 	if o.bridge != "none" {
 		ao.Bridge = o.bridge

@@ -43,6 +43,7 @@ current-context: c
 		{[]string{"--cluster-id=rome", "--broker-url=https://b", "--broker-cert-dir=" + certs}, `differs from the broker certificate's CN "paris"`},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--broker-cert-dir=" + certs, "--token-ttl=1m"}, "below the TokenRequest minimum"},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--broker-cert-dir=" + certs, "--bridge=submariner"}, `--bridge "submariner"`},
+		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--reservation-workers=0"}, "--reservation-workers 0: want at least 1"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			cmd := newCommand()
