@@ -19,10 +19,13 @@
 --   P.."idx:hfree:"..r      zset    cluster id -> free r / alloc r (0 when alloc is 0)
 --   P.."idx:hfree:cm"       zset    cluster id -> mean of the cpu and mem free fractions
 --                                   (every API request asks for both: one walk instead of two)
---   P.."idx:rec"            hash    cluster id -> JSON [alloc_cpu, free_cpu, alloc_mem, free_mem,
---                                   alloc_gpu, free_gpu, alloc_sto, free_sto, price_cpu,
---                                   price_mem, price_gpu, labels]: what a decision reads,
---                                   for a whole batch of clusters in one HMGET
+--   P.."idx:rec"            hash    cluster id -> record of 11 numbers: alloc_cpu, free_cpu,
+--                                   alloc_mem, free_mem, alloc_gpu, free_gpu, alloc_sto,
+--                                   free_sto, price_cpu, price_mem, price_gpu -- what a decision
+--                                   reads, for a batch of clusters in one HMGET; packed
+--                                   little-endian doubles (struct), JSON where the Lua has no
+--                                   struct library (the demo's embedded server)
+--   P.."idx:labels"         hash    cluster id -> labels JSON (read only for a label selector)
 --   P.."idx:alloc:"..r      zset    cluster id -> alloc r
 --   P.."idx:price:"..r      zset    cluster id -> price of r (cpu, mem, gpu)
 --   P.."idx:label:"..k.."="..v  set  cluster ids carrying that label
@@ -46,6 +49,20 @@ end
 
 -- REC_AT: where each resource's alloc sits in an idx:rec record (free follows it).
 local REC_AT = {cpu = 1, mem = 3, gpu = 5, sto = 7}
+
+-- pack_rec and unpack_rec convert an idx:rec record. struct.unpack is about
+-- six times faster than cjson.decode, and the decision reads hundreds of
+-- records at 10,000 clusters.
+local REC_FORMAT = '<ddddddddddd'
+local HAS_STRUCT = pcall(function() return struct.pack end) -- reading a missing global raises
+local function pack_rec(values)
+  if HAS_STRUCT then return struct.pack(REC_FORMAT, unpack(values)) end
+  return cjson.encode(values)
+end
+local function unpack_rec(s)
+  if HAS_STRUCT then return {struct.unpack(REC_FORMAT, s)} end
+  return cjson.decode(s)
+end
 
 -- PRICED are the resources that have a price.
 local PRICED = {'cpu', 'mem', 'gpu'}
@@ -89,14 +106,14 @@ local function index_free(prefix, cid, resources)
     free[res] = alloc[res] - tonumber(v[3 * i - 1] or '0') - tonumber(v[3 * i] or '0')
     h[res] = 0
     if alloc[res] > 0 then h[res] = free[res] / alloc[res] end
-    rec[#rec + 1] = num(alloc[res])
-    rec[#rec + 1] = num(free[res])
+    rec[#rec + 1] = alloc[res]
+    rec[#rec + 1] = free[res]
   end
-  for i = 13, 15 do rec[#rec + 1] = num(tonumber(v[i] or '0')) end
+  for i = 13, 15 do rec[#rec + 1] = tonumber(v[i] or '0') end
+  redis.call('HSET', prefix .. 'idx:rec', cid, pack_rec(rec))
   local labels = v[16]
   if not labels or labels == '' then labels = '{}' end
-  rec[#rec + 1] = labels
-  redis.call('HSET', prefix .. 'idx:rec', cid, '[' .. table.concat(rec, ',') .. ']')
+  redis.call('HSET', prefix .. 'idx:labels', cid, labels)
   for _, res in ipairs(resources) do
     redis.call('ZADD', prefix .. 'idx:free:' .. res, num(free[res]), cid)
     redis.call('ZADD', prefix .. 'idx:hfree:' .. res, num(h[res]), cid)
@@ -137,6 +154,7 @@ local function unindex_cluster(prefix, cid)
   end
   redis.call('ZREM', prefix .. 'idx:hfree:cm', cid)
   redis.call('HDEL', prefix .. 'idx:rec', cid)
+  redis.call('HDEL', prefix .. 'idx:labels', cid)
   for _, res in ipairs(PRICED) do
     redis.call('ZREM', prefix .. 'idx:price:' .. res, cid)
   end

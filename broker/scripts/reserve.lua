@@ -78,7 +78,7 @@ local now = now_ms()
 local cut = now - stale_ms
 local scan_mode = ARGV[17] == 'scan'
 -- DIRECT_MAX: up to this many candidates are evaluated directly, without the threshold walk.
-local DIRECT_MAX = 48
+local DIRECT_MAX = 128
 
 -- Keep the candidate index to live clusters: drop those gone stale since the last decision.
 for _, cid in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'idx:live', '-inf', '(' .. cut)) do
@@ -112,16 +112,19 @@ local function fits_somewhere(w)
       'LIMIT', offset, 64)
     if #ids == 0 then return false end
     local recs = redis.call('HMGET', prefix .. 'idx:rec', unpack(ids))
+    local labels = {}
+    if sel then labels = redis.call('HMGET', prefix .. 'idx:labels', unpack(ids)) end
     for i, cid in ipairs(ids) do
       if cid ~= w.requester then
-        local rec = cjson.decode(recs[i])
+        local rec = unpack_rec(recs[i])
         local ok = true
         for _, res in ipairs(RESOURCES) do
           if need[res] > 0 and rec[REC_AT[res] + 1] < need[res] then ok = false break end
         end
         if ok and sel then
+          local l = decode_labels(labels[i])
           for k, want in pairs(sel) do
-            if rec[12][k] ~= want then ok = false break end
+            if l[k] ~= want then ok = false break end
           end
         end
         if ok then return true end
@@ -170,7 +173,7 @@ end
 
 -- judge decides whether one cluster can take the request from its record
 -- (the layout of idx:rec, lib.lua: alloc and free per resource, the three
--- prices, the labels) and returns its candidate {cluster, resource_score,
+-- prices; then the labels as a table when there is a selector) and returns its candidate {cluster, resource_score,
 -- price}, or false; it also counts, per reason, why clusters fail.
 local rejected = {stale = 0, requester = 0, selector = 0}
 for _, res in ipairs(requested) do rejected['insufficient_' .. res] = 0 end
@@ -249,7 +252,13 @@ local function evaluate_batch(ids)
   end
   if #todo == 0 then return end
   local recs = redis.call('HMGET', prefix .. 'idx:rec', unpack(todo))
-  for i, cid in ipairs(todo) do judge(cid, cjson.decode(recs[i])) end
+  local labels = nil
+  if selector then labels = redis.call('HMGET', prefix .. 'idx:labels', unpack(todo)) end
+  for i, cid in ipairs(todo) do
+    local rec = unpack_rec(recs[i])
+    if labels then rec[12] = decode_labels(labels[i]) end
+    judge(cid, rec)
+  end
 end
 
 local min_price, max_price

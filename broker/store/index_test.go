@@ -83,7 +83,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 
 	methods := map[string]int{}
 	decided, nofit := 0, 0
-	for round, n := range []int{12, 60, 150, 400} {
+	for round, n := range []int{12, 60, 300, 700} {
 		require.NoError(t, rdb.FlushAll(ctx).Err())
 		require.NoError(t, indexed.LoadScripts(ctx))
 		rng := rand.New(rand.NewPCG(uint64(round), propertySeed(t)))

@@ -2,8 +2,13 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
+	"strings"
 )
 
 // CheckInvariant verifies the accounting invariant for every cluster and
@@ -99,6 +104,14 @@ func (s *Store) checkIndex(ctx context.Context, clusters []Cluster) error {
 				errs = append(errs, fmt.Errorf("index: %s of %s is %v, the hash says %v", key, id, got, w))
 			}
 		}
+		wantRec := []float64{float64(alloc.CPU), float64(free.CPU), float64(alloc.Memory), float64(free.Memory),
+			float64(alloc.GPU), float64(free.GPU), float64(alloc.Storage), float64(free.Storage),
+			float64(c.Prices.CPU), float64(c.Prices.Memory), float64(c.Prices.GPU)}
+		if raw, err := s.rdb.HGet(ctx, s.Key("idx:rec"), id).Result(); err != nil {
+			errs = append(errs, fmt.Errorf("index: record of %s: %w", id, err))
+		} else if got, err := decodeRecord(raw); err != nil || !slices.Equal(got, wantRec) {
+			errs = append(errs, fmt.Errorf("index: record of %s is %v (%v), the hash says %v", id, got, err, wantRec))
+		}
 		for k, v := range c.Labels {
 			if in, err := s.rdb.SIsMember(ctx, s.Key("idx:label:", k, "=", v), id).Result(); err != nil || !in {
 				errs = append(errs, fmt.Errorf("index: %s not in the set of label %s=%s (%v)", id, k, v, err))
@@ -106,6 +119,23 @@ func (s *Store) checkIndex(ctx context.Context, clusters []Cluster) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// decodeRecord reads an idx:rec record: 11 little-endian doubles, or a JSON
+// array where the scripts run without Lua's struct library.
+func decodeRecord(raw string) ([]float64, error) {
+	var out []float64
+	if strings.HasSuffix(raw, "]") { // a double ending in 0x5d would be above 1e140
+		err := json.Unmarshal([]byte(raw), &out)
+		return out, err
+	}
+	if len(raw) != 11*8 {
+		return nil, fmt.Errorf("record of %d bytes", len(raw))
+	}
+	for i := 0; i < len(raw); i += 8 {
+		out = append(out, math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[i:i+8]))))
+	}
+	return out, nil
 }
 
 // Add returns r + o.

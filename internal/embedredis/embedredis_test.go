@@ -201,10 +201,11 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	require.NoError(t, s.CheckInvariant(ctx))
 
 	// The event streams: the provider is told of its reservations, the
-	// requester also of grants.
+	// requester also of grants, and of freed capacity while its request r3
+	// (refused above) waits.
 	assert.Equal(t, []string{"Reserved r1", "Released r1", "Reserved r4", "Expired r4"}, eventsOf(t, s, "paris"))
-	assert.Equal(t, []string{"Reserved r1", "Reserved r2", "Granted r1", "Released r1", "Reserved r4", "Expired r4"},
-		eventsOf(t, s, "rome"))
+	assert.Equal(t, []string{"Reserved r1", "Reserved r2", "Granted r1", "Released r1", "CapacityAvailable r3",
+		"Reserved r4", "Expired r4", "CapacityAvailable r3"}, eventsOf(t, s, "rome"))
 	// A blocking read (XREAD BLOCK, as the broker's event stream does) wakes on a new event.
 	cursor, err := s.EventCursor(ctx, "paris", "$")
 	require.NoError(t, err)
