@@ -10,8 +10,11 @@ import (
 	"slices"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fluidos-project/resource-broker/agent/bridge"
 	"github.com/fluidos-project/resource-broker/agent/collector"
@@ -100,6 +103,33 @@ func (o *Options) EndpointFrom(cfg *rest.Config) {
 	if len(o.CABundle) == 0 {
 		o.CABundle = cfg.CAData
 	}
+}
+
+// CacheOptions are the options of the manager's cache that rb-agent runs
+// with (ctrl.Options.Cache). Objects enter the cache without their
+// managedFields, which nothing in the agent reads (an update that sends none
+// keeps the server's). Nodes, of which the manager caches every one of the
+// cluster's (the bridge watches them for its virtual nodes, and reads only
+// their metadata), also leave out status.images, volumesInUse and
+// volumesAttached: a real node lists up to 50 images, most of its size. The
+// collector does not use this cache: it has its own, reduced to a few numbers
+// per object (agent/collector).
+func CacheOptions() cache.Options {
+	return cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Node{}: {Transform: slimNode},
+		},
+	}
+}
+
+// slimNode is the manager cache's transform of Nodes (see CacheOptions).
+func slimNode(obj any) (any, error) {
+	if n, ok := obj.(*corev1.Node); ok {
+		n.ManagedFields = nil
+		n.Status.Images, n.Status.VolumesInUse, n.Status.VolumesAttached = nil, nil, nil
+	}
+	return obj, nil
 }
 
 // Setup registers every part of the agent with mgr.

@@ -50,6 +50,7 @@ type options struct {
 	nodeStatusPeriod time.Duration
 	metricsAddr      string
 	probeAddr        string
+	pprofAddr        string
 	reserveWorkers   int
 }
 
@@ -93,6 +94,7 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.nodeStatusPeriod, "virtual-node-status-period", time.Minute, "how often an unchanged virtual node status is rewritten")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 to disable)")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "healthz/readyz address")
+	f.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints, e.g. 127.0.0.1:6060 (empty or 0: off)")
 	f.IntVar(&o.reserveWorkers, "reservation-workers", agent.DefaultReservationWorkers,
 		"Reservations reconciled at once (the controller's MaxConcurrentReconciles; each mostly waits for the broker and the API server)")
 	gf := flag.NewFlagSet("klog", flag.ExitOnError)
@@ -187,8 +189,10 @@ func run(o options) error {
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
+		Cache:                   agent.CacheOptions(),
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:  o.probeAddr,
+		PprofBindAddress:        o.pprofAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "rb-agent." + rbv1.GroupVersion.Group,
 		LeaderElectionNamespace: o.namespace,
