@@ -1,0 +1,241 @@
+// Command benchreport runs the repository's benchmarks (go test -bench, one
+// subprocess per run, its output streamed to stderr), prints every figure
+// with its baseline and ratio, then a summary against the targets of the
+// performance work, and writes a report: a plot of decision latency against
+// the number of clusters (full scan vs index) and a markdown page with the
+// machine, the commands, the summary and the raw benchmark lines.
+//
+//	go run ./hack/benchreport                          # every suite (the e2e and agent ones take many minutes)
+//	go run ./hack/benchreport --only broker            # one suite (names: see the suites table below)
+//	go run ./hack/benchreport --only broker --benchtime 200x
+//	go run ./hack/benchreport --benchtime broker=2s,http=5s
+//	go run ./hack/benchreport --from run.txt           # report on saved go test -bench output, run nothing
+//	go run ./hack/benchreport --list                   # the suites and their go test commands
+//	go run ./hack/benchreport --out ''                 # print only, write no files
+//
+// Suites whose benchmark does not exist (yet) in their package, or that skip,
+// are reported as "not run" and do not fail the report. A failing benchmark
+// (go test exiting non-zero, or a --- FAIL line) makes the exit code 1, after
+// the report.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// suites is what the report runs, in this order. Each run is one
+// `go test -run '^$' -bench <Bench> -benchtime <Benchtime> -timeout <Timeout> <Pkg>`.
+// The top level of Bench (before the first '/') is also matched against the
+// Benchmark functions declared in Pkg's _test.go files: when none matches, the
+// suite is "not run". Baselines say, for a figure (benchmark name and unit),
+// which other figure it is compared with; the ratio is always value / baseline.
+var suites = []Suite{
+	{
+		Name: "broker", Pkg: "./broker/store/",
+		About: "one reservation decision (reserve.lua) by federation size, candidate index vs full scan; trivial EVALSHA as the floor",
+		Runs: []Run{
+			// Per-op cost differs by three orders of magnitude between the
+			// trivial script and the full scan at 10,000 clusters: one
+			// benchtime per group, each a few seconds.
+			{Bench: `^BenchmarkReserve$/^baseline-trivial-evalsha$`, Benchtime: "20000x"},
+			{Bench: `^BenchmarkReserve$/^clusters=(10|100)$/^method=index$`, Benchtime: "2000x"},
+			{Bench: `^BenchmarkReserve$/^clusters=(10|100)$/^method=scan$`, Benchtime: "1000x"},
+			{Bench: `^BenchmarkReserve$/^clusters=(1000|10000)$/^method=index$`, Benchtime: "1000x"},
+			{Bench: `^BenchmarkReserve$/^clusters=1000$/^method=scan$`, Benchtime: "200x"},
+			{Bench: `^BenchmarkReserve$/^clusters=10000$/^method=scan$`, Benchtime: "50x"},
+		},
+		Baselines: []Baseline{
+			{Label: "full scan", Match: `/method=index/`, Replace: `/method=scan/`},
+			{Label: "trivial EVALSHA", Match: `/clusters=\d+/method=\w+/`, Replace: `/baseline-trivial-evalsha/`,
+				Units: map[string]string{"decisions/s": "calls/s", "p50-ms": "p50-ms", "p99-ms": "p99-ms", "redis-us/op": "redis-us/op"}},
+		},
+	},
+	{
+		Name: "http", Pkg: "./broker/server/",
+		About: "reservations through the real v2 API (HTTPS, mutual TLS) vs the same Store.Reserve in-process",
+		Runs:  []Run{{Bench: `^BenchmarkHTTPReserve$`, Benchtime: "2s"}},
+		Baselines: []Baseline{
+			{Label: "in-process Store.Reserve", Match: `^(BenchmarkHTTPReserve/(?:replay-)?)https-mtls(?:-http2)?$`, Replace: `${1}baseline-store-direct`},
+			{Label: "HTTP floor (GET /healthz)", Match: `^(BenchmarkHTTPReserve/)(?:replay-)?https-mtls(?:-http2)?$`, Replace: `${1}floor-healthz-mtls`,
+				Units: map[string]string{"reservations/s": "requests/s", "p50-ms": "p50-ms", "p99-ms": "p99-ms", "go-cpu-us/op": "go-cpu-us/op"}},
+		},
+	},
+	{
+		Name: "events", Pkg: "./broker/server/",
+		About: "notification latency: decision returned -> event out of the agents' event stream (SSE, mTLS) vs bare Redis XADD -> XREAD",
+		Runs:  []Run{{Bench: `^BenchmarkEventLatency$`, Benchtime: "2s"}},
+		Baselines: []Baseline{
+			{Label: "Redis XADD -> XREAD", Match: `/sse-mtls(-loaded)?$`, Replace: `/baseline-redis-xadd-xread${1}`,
+				Units: map[string]string{"p50-ms": "p50-ms", "p99-ms": "p99-ms", "max-ms": "max-ms"}},
+		},
+	},
+	{
+		Name: "scheduler", Pkg: "./plugins/resourcebroker/",
+		About: "pods bound per second, resource-broker profile vs the default profile (envtest API server)",
+		Runs:  []Run{{Bench: `^BenchmarkSchedulingThroughput`, Benchtime: "8x", Timeout: "20m"}},
+		Baselines: []Baseline{
+			{Label: "default profile", Match: `^BenchmarkSchedulingThroughput`, Units: map[string]string{"rb-pods/s": "default-pods/s"}},
+		},
+	},
+	{
+		Name: "agent", Pkg: "./cmd/rb-agent/",
+		About: "rb-agent's memory and CPU on a large cluster vs a plain client-go informer",
+		Runs:  []Run{{Bench: `^BenchmarkAgentFootprint$`, Benchtime: "1x", Timeout: "30m"}},
+		Baselines: []Baseline{
+			{Label: "plain informer", Match: `^BenchmarkAgentFootprint`, Units: map[string]string{
+				"agent-MiB": "informer-MiB", "agent-peak-MiB": "informer-peak-MiB",
+				"agent-idle-%cpu": "informer-idle-%cpu", "agent-churn-%cpu": "informer-churn-%cpu"}},
+			{Label: "rb-agent, empty cluster", Match: `^BenchmarkAgentFootprint`, Units: map[string]string{
+				"agent-MiB": "empty-MiB", "agent-idle-%cpu": "empty-idle-%cpu"}},
+		},
+	},
+	{
+		Name: "e2e", Pkg: "./test/integration/",
+		About: "pod created -> Running for 100 pods on the whole test bed, remote vs local scheduling",
+		Runs:  []Run{{Bench: `^BenchmarkEndToEnd$`, Benchtime: "1x", Timeout: "20m"}},
+		Baselines: []Baseline{
+			{Label: "local scheduling", Match: `/remote$`, Replace: `/local-baseline`},
+		},
+	},
+}
+
+// targets are the goals of the performance work (issue 7). Name is a regular
+// expression on the benchmark name (without the -GOMAXPROCS suffix); every
+// result it matches is one row. Baseline names one of the suite's baselines;
+// with OnRatio the limit applies to value / baseline.
+var targets = []Target{
+	{Suite: "broker", Figure: "decisions/s, 100 clusters, index, 16 in flight",
+		Name: `^BenchmarkReserve/clusters=100/method=index/parallel$`, Unit: "decisions/s", Baseline: "full scan", Op: ">=", Limit: 20000},
+	{Suite: "broker", Figure: "decisions/s vs trivial EVALSHA, 100 clusters, index, 16 in flight",
+		Name: `^BenchmarkReserve/clusters=100/method=index/parallel$`, Unit: "decisions/s", Baseline: "trivial EVALSHA", OnRatio: true, Op: ">=", Limit: 0.3},
+	{Suite: "broker", Figure: "decisions/s vs trivial EVALSHA, 100 clusters, index, serial",
+		Name: `^BenchmarkReserve/clusters=100/method=index/serial$`, Unit: "decisions/s", Baseline: "trivial EVALSHA", OnRatio: true, Op: ">=", Limit: 0.3},
+	{Suite: "broker", Figure: "p99 ms, 10,000 clusters, index, serial",
+		Name: `^BenchmarkReserve/clusters=10000/method=index/serial$`, Unit: "p99-ms", Baseline: "full scan", Op: "<", Limit: 5},
+	{Suite: "broker", Figure: "p99 ms, 10,000 clusters, index, 16 in flight",
+		Name: `^BenchmarkReserve/clusters=10000/method=index/parallel$`, Unit: "p99-ms", Baseline: "full scan", Op: "<", Limit: 5},
+	{Suite: "http", Figure: "HTTP reservations/s (HTTPS, mTLS)",
+		Name: `^BenchmarkHTTPReserve/https-mtls$`, Unit: "reservations/s", Baseline: "in-process Store.Reserve", Op: ">=", Limit: 5000},
+	{Suite: "http", Figure: "HTTP p99 ms (HTTPS, mTLS)",
+		Name: `^BenchmarkHTTPReserve/https-mtls$`, Unit: "p99-ms", Baseline: "in-process Store.Reserve", Op: "<", Limit: 20},
+	{Suite: "events", Figure: "notification p99 ms",
+		Name: `^BenchmarkEventLatency/sse-mtls(-loaded)?$`, Unit: "p99-ms", Baseline: "Redis XADD -> XREAD", Op: "<", Limit: 50},
+	{Suite: "e2e", Figure: "pod created -> Running p50 ms, 100 pods, remote",
+		Name: `^BenchmarkEndToEnd/remote$`, Unit: "p50-ms", Baseline: "local scheduling", Op: "<", Limit: 1000},
+	{Suite: "e2e", Figure: "pod created -> Running p99 ms, 100 pods, remote",
+		Name: `^BenchmarkEndToEnd/remote$`, Unit: "p99-ms", Baseline: "local scheduling", Op: "<", Limit: 2000},
+	{Suite: "scheduler", Figure: "scheduling throughput, resource-broker / default profile",
+		Name: `^BenchmarkSchedulingThroughput`, Unit: "rb-pods/s", Baseline: "default profile", OnRatio: true, Op: ">=", Limit: 0.95},
+	{Suite: "agent", Figure: "rb-agent RSS MiB",
+		Name: `^BenchmarkAgentFootprint$`, Unit: "agent-MiB", Baseline: "plain informer", Op: "<", Limit: 150},
+	{Suite: "agent", Figure: "rb-agent CPU % of a core, quiet",
+		Name: `^BenchmarkAgentFootprint$`, Unit: "agent-idle-%cpu", Baseline: "plain informer", Op: "<", Limit: 5},
+	{Suite: "agent", Figure: "rb-agent CPU % of a core, under pod churn",
+		Name: `^BenchmarkAgentFootprint$`, Unit: "agent-churn-%cpu", Baseline: "plain informer", Op: "<", Limit: 5},
+}
+
+// The broker suite's names, for its overview table and the plot. The plot
+// shows the serial runs (one caller: the decision's own latency, without
+// queueing behind other requests), with the trivial EVALSHA as the floor.
+const (
+	brokerSuite   = "broker"
+	brokerPattern = `^BenchmarkReserve/clusters=(\d+)/method=(\w+)/(serial|parallel)$` // clusters, method, mode
+	brokerTrivial = "BenchmarkReserve/baseline-trivial-evalsha/"                       // + mode
+	brokerIndex   = "index"                                                            // the method compared with
+	brokerScan    = "scan"                                                             // its baseline
+	plotMode      = "serial"
+	plotFile      = "decision-latency.png"
+	plotWidthPx   = 800
+	plotHeightPx  = 500
+	reportFile    = "latest.md"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("benchreport", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("out", "docs/benchmarks", "folder for "+plotFile+" and "+reportFile+" (relative to the module root); empty: write nothing")
+	only := fs.String("only", "", "comma-separated suites to run (default all): "+strings.Join(suiteNames(), ","))
+	benchtime := fs.String("benchtime", "", "override the runs' -benchtime: a value for every selected suite (200x, 2s), or suite=value,... per suite")
+	count := fs.Int("count", 1, "go test -count: results of the same benchmark are reduced to their median")
+	from := fs.String("from", "", "comma-separated files of saved go test -bench output: report on them instead of running anything")
+	list := fs.Bool("list", false, "print the selected suites and their go test commands (with --only and --benchtime applied), then exit")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: go run ./hack/benchreport [flags]\n\nSuites:\n")
+		printSuites(stderr, nil)
+		fmt.Fprintf(stderr, "\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "benchreport: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	selected, err := selectSuites(*only)
+	if err == nil {
+		err = applyBenchtime(selected, *benchtime)
+	}
+	if err == nil {
+		err = validateTables()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "benchreport: %v\n", err)
+		return 2
+	}
+	if *list {
+		printSuites(stdout, selected)
+		return 0
+	}
+
+	root, err := moduleRoot()
+	if err != nil {
+		fmt.Fprintf(stderr, "benchreport: %v\n", err)
+		return 2
+	}
+	rep := &Report{Started: time.Now(), Args: args}
+	rep.Machine = describeMachine(root)
+	if *from != "" {
+		if err := rep.loadFiles(strings.Split(*from, ","), selected); err != nil {
+			fmt.Fprintf(stderr, "benchreport: %v\n", err)
+			return 2
+		}
+	} else {
+		rep.runSuites(root, selected, *count, stderr)
+	}
+	rep.Finished = time.Now()
+	rep.Machine.LoadEnd = loadAverage()
+
+	rep.printFigures(stdout)
+	rep.printSummary(stdout)
+
+	if *out != "" {
+		dir := *out
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(root, dir)
+		}
+		if err := rep.write(dir, stdout); err != nil {
+			fmt.Fprintf(stderr, "benchreport: %v\n", err)
+			return 1
+		}
+	}
+	if rep.failed() {
+		fmt.Fprintln(stderr, "benchreport: some benchmarks failed (see above)")
+		return 1
+	}
+	return 0
+}
