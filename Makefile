@@ -8,8 +8,7 @@ ENVTEST_DIR  := $(CURDIR)/bin/k8s
 VERSION_PKG  := k8s.io/component-base/version
 K8S_LDFLAGS  := -s -w -X $(VERSION_PKG).gitVersion=$(K8S_VERSION) -X $(VERSION_PKG).gitMajor=1 -X $(VERSION_PKG).gitMinor=$(K8S_MINOR)
 GO_TEST_FLAGS ?= -count=1 -timeout 30m
-BENCH        ?= .
-BENCHTIME    ?= 2s
+BENCH_FLAGS  ?=
 BINARIES     := rb-broker rb-agent rb-scheduler rbctl
 GOLANGCI_LINT_VERSION ?= v2.15.0
 CONTROLLER_GEN_VERSION ?= v0.20.1
@@ -38,8 +37,8 @@ check-redis:
 	@command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install -y redis-server (or brew install redis)" >&2; exit 1; }
 
 .PHONY: bench
-bench: check-redis ## Run the benchmarks (BENCH=regexp, BENCHTIME=2s); see docs/benchmarks.md.
-	go test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./broker/...
+bench: envtest-bin check-redis ## Every benchmark with its baseline, ratio and target; writes docs/benchmarks/ (BENCH_FLAGS="--only broker,http", see docs/benchmarks.md).
+	go run ./hack/benchreport $(BENCH_FLAGS)
 
 .PHONY: bench-e2e
 bench-e2e: envtest-bin check-redis ## End-to-end latency on the whole test bed (100 pods, p50/p90/p99); see docs/benchmarks.md.
