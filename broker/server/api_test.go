@@ -194,8 +194,15 @@ func TestConcurrentReservations(t *testing.T) {
 		b.Advertise(fmt.Sprintf("provider-%02d", i), fmt.Sprint(cores), "1Ti", "", fmt.Sprintf("0.0%d", 1+i%9), nil)
 	}
 	requesters := []string{"rome", "milan", "turin", "naples", "genoa"}
+	clients := map[string]*http.Client{}
 	for _, r := range requesters {
-		b.Client(r) // issue certificates before the burst
+		// Each requester keeps at most 64 connections, as a real client pool
+		// would: 2,000 simultaneous TLS handshakes could outlast the server's
+		// 5 s handshake deadline on a loaded 2-core machine.
+		tr := b.Client(r).Transport.(*http.Transport).Clone()
+		tr.MaxConnsPerHost = 64
+		t.Cleanup(tr.CloseIdleConnections)
+		clients[r] = &http.Client{Transport: tr, Timeout: time.Minute}
 	}
 	const n = 2000
 	var granted, refused atomic.Int64
@@ -210,7 +217,7 @@ func TestConcurrentReservations(t *testing.T) {
 			cn := requesters[i%len(requesters)]
 			body := fmt.Sprintf(`{"id":"burst-%d","resources":{"cpu":"1","memory":"1Gi"}}`, i)
 			req, _ := http.NewRequest(http.MethodPost, b.URL+"/api/v2/reservations", strings.NewReader(body))
-			resp, err := b.Client(cn).Do(req)
+			resp, err := clients[cn].Do(req)
 			if err != nil {
 				errs <- err.Error()
 				return

@@ -4,11 +4,13 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -148,10 +150,29 @@ func (r *statusRecorder) Flush() {
 
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
+// jsonBuffers recycles the buffers answers are encoded into.
+var jsonBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// writeJSON answers v as JSON (with a trailing newline, as json.Encoder
+// writes it), in one Write with its Content-Length.
 func writeJSON(w http.ResponseWriter, code int, v any) {
+	buf := jsonBuffers.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= 64<<10 { // keep the pool from holding on to large list answers
+			buf.Reset()
+			jsonBuffers.Put(buf)
+		}
+	}()
+	buf.Reset()
+	if err := json.NewEncoder(buf).Encode(v); err != nil {
+		buf.Reset()
+		code = http.StatusInternalServerError
+		_ = json.NewEncoder(buf).Encode(api.Error{Error: "encode answer: " + err.Error(), Reason: api.ReasonInternal})
+	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(buf.Bytes())
 }
 
 func writeError(w http.ResponseWriter, code int, reason, msg string) {

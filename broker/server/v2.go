@@ -101,8 +101,8 @@ func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req store.R
 		outcome := outcomeReserved
 		if d.Replayed {
 			outcome = outcomeReplayed
-		} else {
-			s.log.V(1).Info("reserved", "reservation", req.ID, "requester", req.Requester,
+		} else if log := s.log.V(1); log.Enabled() { // no argument list built when disabled
+			log.Info("reserved", "reservation", req.ID, "requester", req.Requester,
 				"provider", d.Reservation.Target, "score", d.Reservation.Score)
 		}
 		s.metrics.reservations.WithLabelValues(outcome).Inc()

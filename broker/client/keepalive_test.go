@@ -1,0 +1,69 @@
+package client_test
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
+)
+
+// Calls reuse their connections: successes and API errors alike leave the
+// connection ready for the next call, so a client pays one TLS handshake per
+// connection it keeps, not one per call.
+func TestConnectionsAreReused(t *testing.T) {
+	ctx := context.Background()
+	b := brokertest.Start(t, brokertest.Options{})
+	paris := newClient(t, b, "paris")
+	_, err := paris.Advertise(ctx, "paris", advertisement("1000", "4000Gi", "0.03"))
+	require.NoError(t, err)
+
+	pair, err := b.CA.IssueClient("rome")
+	require.NoError(t, err)
+	cert, err := pair.TLSCertificate()
+	require.NoError(t, err)
+	var handshakes atomic.Int64
+	c, err := client.NewWithTLS(b.URL, &tls.Config{
+		RootCAs: b.CA.Pool(), Certificates: []tls.Certificate{cert},
+		VerifyConnection: func(tls.ConnectionState) error { handshakes.Add(1); return nil },
+	})
+	require.NoError(t, err)
+	t.Cleanup(c.CloseIdleConnections)
+
+	calls := func(prefix string, n int) {
+		for i := range n {
+			_, err := c.Reserve(ctx, request(fmt.Sprintf("%s-%d", prefix, i), "10m", "16Mi"))
+			require.NoError(t, err)
+			_, err = c.Reservation(ctx, "no-such-reservation") // a 404 answer
+			require.True(t, client.IsNotFound(err), "%v", err)
+			_, err = c.Clusters(ctx)
+			require.NoError(t, err)
+		}
+	}
+	calls("serial", 30)
+	assert.EqualValues(t, 1, handshakes.Load(), "one connection for 90 sequential calls")
+
+	const parallel = 8 // within the transport's idle connections per host
+	burst := func(round int) {
+		var wg sync.WaitGroup
+		for g := range parallel {
+			wg.Add(1)
+			go func() { defer wg.Done(); calls(fmt.Sprintf("parallel-%d-%d", round, g), 10) }()
+		}
+		wg.Wait()
+	}
+	burst(1)
+	// The first burst opens up to one connection per caller (a few more when
+	// a dial loses the race to a freed connection); they are all kept.
+	assert.LessOrEqual(t, handshakes.Load(), int64(1+2*parallel))
+	warm := handshakes.Load()
+	burst(2)
+	assert.Equal(t, warm, handshakes.Load(), "a second burst opens no connection")
+}
