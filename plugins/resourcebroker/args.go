@@ -22,8 +22,8 @@ const (
 	// MaxReservationDuration is the longest duration the plugin asks for (the
 	// broker's default maximum).
 	MaxReservationDuration = 24 * time.Hour
-	// DefaultMaxOutstandingReservationsPerNamespace bounds how many
-	// reservations not yet ended one namespace may hold at once.
+	// DefaultMaxOutstandingReservationsPerNamespace bounds how many pods of
+	// one namespace may wait for a reservation at once.
 	DefaultMaxOutstandingReservationsPerNamespace int32 = 50
 )
 
@@ -58,9 +58,12 @@ type ResourceBrokerArgs struct { //nolint:revive // <Plugin>Args is the schedule
 	// creates (default 1h, at most 24h).
 	ReservationDuration *metav1.Duration `json:"reservationDuration,omitempty"`
 
-	// MaxOutstandingReservationsPerNamespace bounds the reservations of one
-	// namespace that have not ended (no phase yet, Pending, Reserved or
-	// Active), counting those being created (default 50, at least 1).
+	// MaxOutstandingReservationsPerNamespace bounds how many pods of one
+	// namespace wait for a reservation at once: reservations that have not
+	// ended (no phase yet, Pending, Reserved or Active) and whose pod is not
+	// bound yet, counting those being created (default 50, at least 1). A
+	// reservation in use by its bound pod does not count, so a workload of
+	// any size is served, this many pods at a time.
 	MaxOutstandingReservationsPerNamespace *int32 `json:"maxOutstandingReservationsPerNamespace,omitempty"`
 
 	// ExcludedNamespaces never get reservations; their pods are scheduled as

@@ -239,17 +239,6 @@ func pickReservation(rs []*brokerv1alpha1.Reservation) *brokerv1alpha1.Reservati
 	return best
 }
 
-// outstanding counts the reservations of namespace ns that have not ended.
-func (c *reservationCache) outstanding(ns string) int {
-	n := 0
-	for _, r := range c.byIndex(cache.NamespaceIndex, ns) {
-		if !ended(r) {
-			n++
-		}
-	}
-	return n
-}
-
 // usable: the broker holds capacity for it on a provider and it is not being deleted.
 func usable(r *brokerv1alpha1.Reservation) bool {
 	if r == nil || r.DeletionTimestamp != nil {
@@ -466,6 +455,14 @@ func (t *nodeTracker) plain() bool {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return len(t.virtual) == 0 && t.tainted.Len() == 0
+}
+
+// isVirtual: the tracker knows node as one of our virtual nodes.
+func (t *nodeTracker) isVirtual(node string) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	_, ok := t.virtual[node]
+	return ok
 }
 
 func (t *nodeTracker) nodesOf(provider string) []string {

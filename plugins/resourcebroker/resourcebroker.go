@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/features"
@@ -79,6 +80,7 @@ type ResourceBroker struct {
 	comparisonOperators bool // TaintTolerationComparisonOperators
 
 	rsvs      *reservationCache
+	conv      conversions // of the scheduler's Reservation events, for the hint
 	nodes     *nodeTracker
 	worker    *worker
 	podLister corelisters.PodLister
@@ -161,6 +163,15 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		return nil, err
 	}
 	if _, err := h.SharedInformerFactory().Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, obj any) {
+			// A pod bound: its reservation, if it has one, no longer counts
+			// against its namespace's limit.
+			old, ok1 := oldObj.(*v1.Pod)
+			p, ok2 := obj.(*v1.Pod)
+			if ok1 && ok2 && old.Spec.NodeName == "" && p.Spec.NodeName != "" && activateOnChanges.Load() && pl.hasBlocked(p.Namespace) {
+				pl.activateBlocked(p.Namespace)
+			}
+		},
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
@@ -210,39 +221,49 @@ func readState(state fwk.CycleState) *stateData {
 }
 
 // PreFilter looks the pod's reservation up in the informer cache (no API
-// call). A pod without one costs nothing: when no node is tainted or
-// virtual, Filter is skipped altogether. A pod whose reservation is Reserved
-// or Active is narrowed to the provider's virtual node once that node
-// exists. Until then (and while the reservation is Pending or Failed) the
-// pod is narrowed to the local nodes: they stay candidates, so that a pod
-// that becomes schedulable locally lands there, and narrowing records this
-// plugin among the pod's rejectors, which is what makes the scheduling
-// queue consult this plugin's queueing hints on Reservation events.
+// call) and decides which nodes the pod may go to:
+//
+//   - an eligible pod that no local node has room for (by requests, see
+//     hasRoom), when preemption cannot make room either (mightPreempt), is
+//     narrowed to no node at all: the attempt ends at once ("node(s) didn't
+//     satisfy plugin ResourceBroker"), PostFilter opens its reservation or
+//     says what it waits for, and this plugin is the pod's only rejector, so
+//     that only its queueing hints requeue the pod: when its reservation can
+//     be placed or ends, or local room appears (see EventsToRegister), not on
+//     every change of every node, which in a burst of pods going to other
+//     clusters would retry every waiting pod on every resize of a virtual
+//     node;
+//   - a pod whose reservation is Reserved or Active is narrowed to the
+//     virtual node the reservation names in status.virtualNode, once that
+//     node is in the snapshot: a bridge names the node once it can take the
+//     reservation's pods (the virtual-kubelet bridge: once the node's
+//     capacity counts the reservation);
+//   - any other pod with a reservation is narrowed to the local nodes, so
+//     that a pod that becomes schedulable locally (or can preempt there)
+//     lands there;
+//   - a pod without one is left to the other plugins, and when no node is
+//     tainted or virtual the plugin's Filter is skipped altogether.
 func (pl *ResourceBroker) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
-	var rsv *brokerv1alpha1.Reservation
-	if pl.eligible(pod) {
-		rsv = pl.rsvs.forPod(pod)
+	if !pl.eligible(pod) {
+		return pl.preFilterPlain(nodes)
+	}
+	requests := PodRequests(pod)
+	rsv := pl.rsvs.forPod(pod)
+	if rsv != nil {
+		state.Write(stateKey, &stateData{rsv: rsv, usable: usable(rsv), requests: requests})
+		if vn := rsv.Status.VirtualNode; usable(rsv) && vn != "" {
+			if _, err := pl.handle.SnapshotSharedLister().NodeInfos().Get(vn); err == nil {
+				return &fwk.PreFilterResult{NodeNames: sets.New(vn)}, nil
+			}
+			klog.FromContext(ctx).V(4).Info("Reservation usable but its virtual node is not there yet", "pod", klog.KObj(pod),
+				"reservation", klog.KObj(rsv), "provider", rsv.Status.Provider, "virtualNode", vn)
+		}
+	}
+	if !pl.anyRoom(ctx, pod, requests, nodes) && !mightPreempt(pod, nodes) {
+		return &fwk.PreFilterResult{NodeNames: sets.New[string]()}, nil
 	}
 	if rsv == nil {
-		if pl.nodes.plain() {
-			return nil, fwk.NewStatus(fwk.Skip)
-		}
-		return nil, nil
-	}
-	s := &stateData{rsv: rsv, usable: usable(rsv), requests: PodRequests(pod)}
-	state.Write(stateKey, s)
-	if s.usable {
-		present := sets.New[string]()
-		for _, n := range pl.virtualNodesFor(rsv) {
-			if _, err := pl.handle.SnapshotSharedLister().NodeInfos().Get(n); err == nil {
-				present.Insert(n)
-			}
-		}
-		if present.Len() > 0 {
-			return &fwk.PreFilterResult{NodeNames: present}, nil
-		}
-		klog.FromContext(ctx).V(4).Info("Reservation usable but its virtual node is not there yet", "pod", klog.KObj(pod),
-			"reservation", klog.KObj(rsv), "provider", rsv.Status.Provider, "virtualNode", rsv.Status.VirtualNode)
+		return pl.preFilterPlain(nodes)
 	}
 	local := sets.New[string]()
 	for _, ni := range nodes {
@@ -253,16 +274,103 @@ func (pl *ResourceBroker) PreFilter(ctx context.Context, state fwk.CycleState, p
 	return &fwk.PreFilterResult{NodeNames: local}, nil
 }
 
-// virtualNodesFor: status.virtualNode when the agent set it, else the
-// virtual nodes labelled with the reservation's provider.
-func (pl *ResourceBroker) virtualNodesFor(rsv *brokerv1alpha1.Reservation) []string {
-	if rsv.Status.VirtualNode != "" {
-		return []string{rsv.Status.VirtualNode}
+// preFilterPlain is PreFilter for a pod without a reservation: its Filter
+// (TaintToleration's rule, and no virtual node) is skipped when no node is
+// tainted or virtual. The tracker is fed by its own listener on the node
+// informer and may lag behind the snapshot this cycle reads (a virtual node
+// just added): skip only when the snapshot agrees, or a pod without a
+// reservation could land on a virtual node whose taint nobody checked.
+func (pl *ResourceBroker) preFilterPlain(nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	if pl.nodes.plain() && plainNodes(nodes) {
+		return nil, fwk.NewStatus(fwk.Skip)
 	}
-	if rsv.Status.Provider == "" {
-		return nil
+	return nil, nil
+}
+
+// mightPreempt: DefaultPreemption could make room for the pod on a local
+// node: it may preempt, and some local node runs a pod of lower priority.
+func mightPreempt(pod *v1.Pod, nodes []fwk.NodeInfo) bool {
+	if p := pod.Spec.PreemptionPolicy; p != nil && *p == v1.PreemptNever {
+		return false
 	}
-	return pl.nodes.nodesOf(rsv.Status.Provider)
+	prio := corev1helpers.PodPriority(pod)
+	for _, ni := range nodes {
+		if _, virtual := virtualNodeProvider(ni.Node()); virtual {
+			continue
+		}
+		for _, pi := range ni.GetPods() {
+			if corev1helpers.PodPriority(pi.GetPod()) < prio {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// anyRoom: some local node has room for the pod (see hasRoom).
+func (pl *ResourceBroker) anyRoom(ctx context.Context, pod *v1.Pod, requests v1.ResourceList, nodes []fwk.NodeInfo) bool {
+	logger := klog.FromContext(ctx)
+	for _, ni := range nodes {
+		if _, virtual := virtualNodeProvider(ni.Node()); !virtual && pl.hasRoom(logger, pod, requests, ni) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasRoom: node ni may take the pod as far as resources (what
+// NodeResourcesFit counts: the requests of the pods on it, assumed ones
+// included, and the pod count), schedulability and taints go; the other
+// filters still run when it does.
+func (pl *ResourceBroker) hasRoom(logger klog.Logger, pod *v1.Pod, requests v1.ResourceList, ni fwk.NodeInfo) bool {
+	n := ni.Node()
+	if n.Spec.Unschedulable {
+		return false
+	}
+	if _, untolerated := untoleratedTaint(logger, n, pod, pl.comparisonOperators); untolerated {
+		return false
+	}
+	alloc, used := ni.GetAllocatable(), ni.GetRequested()
+	if len(ni.GetPods())+1 > alloc.GetAllowedPodNumber() {
+		return false
+	}
+	for name, q := range requests {
+		var want, free int64
+		switch name {
+		case v1.ResourceCPU:
+			want, free = q.MilliValue(), alloc.GetMilliCPU()-used.GetMilliCPU()
+		case v1.ResourceMemory:
+			want, free = q.Value(), alloc.GetMemory()-used.GetMemory()
+		case v1.ResourceEphemeralStorage:
+			want, free = q.Value(), alloc.GetEphemeralStorage()-used.GetEphemeralStorage()
+		default:
+			want, free = q.Value(), alloc.GetScalarResources()[name]-used.GetScalarResources()[name]
+		}
+		if want > 0 && want > free {
+			return false
+		}
+	}
+	return true
+}
+
+// plainNodes: none of nodes is one of our virtual nodes or carries a taint
+// the Filter enforces.
+func plainNodes(nodes []fwk.NodeInfo) bool {
+	for _, ni := range nodes {
+		n := ni.Node()
+		if n == nil {
+			continue
+		}
+		for i := range n.Spec.Taints {
+			if hardTaint(&n.Spec.Taints[i]) || n.Spec.Taints[i].Key == brokerv1alpha1.VirtualNodeTaint {
+				return false
+			}
+		}
+		if _, ok := n.Labels[brokerv1alpha1.ProviderLabel]; ok {
+			return false
+		}
+	}
+	return true
 }
 
 // PreFilterExtensions returns none: the filter does not depend on other
@@ -270,7 +378,8 @@ func (pl *ResourceBroker) virtualNodesFor(rsv *brokerv1alpha1.Reservation) []str
 func (pl *ResourceBroker) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
 
 // Filter admits a pod to one of our virtual nodes only when its reservation
-// is usable, targets that node's provider and has enough left for it; on
+// is usable, targets that node's provider, names that node and has enough
+// left for it; on
 // every node it applies TaintToleration's rule to all taints but
 // VirtualNodeTaint (the rb-scheduler profile disables TaintToleration's
 // filter, see README.md).
@@ -279,7 +388,7 @@ func (pl *ResourceBroker) Filter(ctx context.Context, state fwk.CycleState, pod 
 	if provider, ok := virtualNodeProvider(node); ok {
 		s := readState(state)
 		if s == nil || !s.usable || s.rsv.Status.Provider == "" || s.rsv.Status.Provider != provider ||
-			(s.rsv.Status.VirtualNode != "" && s.rsv.Status.VirtualNode != node.Name) {
+			s.rsv.Status.VirtualNode != node.Name {
 			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, ErrReasonVirtualNode)
 		}
 		if ok, name := fitsReservation(s.requests, s.rsv.Spec.Resources, pl.usedOf(s.rsv, pod, nodeInfo)); !ok {
@@ -343,7 +452,7 @@ func (pl *ResourceBroker) PostFilter(ctx context.Context, _ fwk.CycleState, pod 
 		return nil, fwk.NewStatus(fwk.Unschedulable, "waiting for broker reservation "+o.name)
 	}
 	limit := int(*pl.args.MaxOutstandingReservationsPerNamespace)
-	if n := pl.rsvs.outstanding(pod.Namespace) + pl.worker.inflightIn(pod.Namespace); n >= limit {
+	if n := pl.outstanding(pod.Namespace) + pl.worker.inflightIn(pod.Namespace); n >= limit {
 		pl.block(pod)
 		return nil, fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf(
 			"namespace %s has %d broker reservations outstanding, the most allowed (maxOutstandingReservationsPerNamespace)", pod.Namespace, n))
@@ -353,6 +462,22 @@ func (pl *ResourceBroker) PostFilter(ctx context.Context, _ fwk.CycleState, pod 
 		klog.FromContext(ctx).V(2).Info("No node fits; asking the broker", "pod", klog.KObj(pod), "reservation", name)
 	}
 	return nil, fwk.NewStatus(fwk.Unschedulable, "waiting for broker reservation "+name)
+}
+
+// outstanding counts the reservations of namespace ns that are still
+// waiting: not ended, and their pod not bound yet (nor gone). A reservation
+// whose pod runs on its virtual node is capacity in use, not a request in
+// flight: the limit bounds how many pods of a namespace wait for the broker
+// at once, not how many a namespace runs elsewhere, so a Deployment of any
+// size gets all its pods placed, the limit's worth at a time.
+func (pl *ResourceBroker) outstanding(ns string) int {
+	n := 0
+	for _, r := range pl.rsvs.byIndex(cache.NamespaceIndex, ns) {
+		if !ended(r) && pl.podOf(r) != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // describe says where the pod's reservation stands, for its PodScheduled
@@ -491,6 +616,12 @@ func (pl *ResourceBroker) block(pod *v1.Pod) {
 	pl.blocked[pod.Namespace].Insert(pod.UID)
 }
 
+func (pl *ResourceBroker) hasBlocked(ns string) bool {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	return pl.blocked[ns].Len() > 0
+}
+
 func (pl *ResourceBroker) isBlocked(pod *v1.Pod) bool {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
@@ -549,14 +680,12 @@ func (pl *ResourceBroker) podOf(r *brokerv1alpha1.Reservation) *v1.Pod {
 	return pod
 }
 
-// onReservation reacts to a Reservation added or changed in the cache. The
-// first time the cache sees a pod's reservation, the pod is retried once:
-// that attempt narrows it in PreFilter, which makes this plugin one of its
-// rejectors, so from then on the queueing hints on Reservation events apply
-// (the attempt that created the reservation was rejected by other plugins
-// only). Later changes that matter retry the pod again, from this cache, so
-// the attempt reads what the hint saw even when the scheduler's own informer
-// ran ahead of this one.
+// onReservation reacts to a Reservation added or changed in the cache: a
+// change that matters (see reservationChangeMatters) retries its pod from
+// this cache, so the attempt reads what the hint saw even when the
+// scheduler's own informer ran ahead of this one. The attempt that opened
+// the reservation already made this plugin the pod's rejector (PreFilter
+// narrowed it to no node), so the queueing hints apply too.
 func (pl *ResourceBroker) onReservation(ctx context.Context, old, r *brokerv1alpha1.Reservation) {
 	if r == nil {
 		return
@@ -566,7 +695,7 @@ func (pl *ResourceBroker) onReservation(ctx context.Context, old, r *brokerv1alp
 		pl.worker.forget(uid)
 	}
 	pod := pl.podOf(r)
-	if pod != nil && (old == nil || (activateOnChanges.Load() && reservationChangeMatters(old, r))) {
+	if pod != nil && activateOnChanges.Load() && reservationChangeMatters(old, r) {
 		klog.FromContext(ctx).V(4).Info("Reservation added or changed; retrying its pod", "reservation", klog.KObj(r), "phase", r.Status.Phase, "pod", klog.KObj(pod))
 		pl.activate(pod)
 	}
@@ -610,20 +739,35 @@ func (pl *ResourceBroker) activateBlocked(ns string) {
 	pl.activate(todo...)
 }
 
-// reservationChangeMatters: a change that can let the pod be scheduled or
-// changes what its condition should say.
+// reservationChangeMatters: a change after which the pod must be tried
+// again: its reservation can now be placed (it is usable and names its
+// virtual node, see placeable), or will never be (it failed, expired, was
+// released or is being deleted). Reserved or Active without a virtual node
+// is no news for the scheduler: an attempt then could only fail again, and
+// in a burst each such attempt costs a status update and an event of the
+// pod; the bridge names the node once it can take the pod.
 func reservationChangeMatters(old, r *brokerv1alpha1.Reservation) bool {
-	if old == nil {
-		return usable(r) || ended(r)
+	switch {
+	case old == nil:
+		return placeable(r) || ended(r)
+	case ended(r):
+		return !ended(old) || old.Status.Phase != r.Status.Phase
+	case placeable(r):
+		return !placeable(old) || old.Status.VirtualNode != r.Status.VirtualNode || old.Status.Provider != r.Status.Provider
 	}
-	return old.Status.Phase != r.Status.Phase ||
-		old.Status.Provider != r.Status.Provider ||
-		old.Status.VirtualNode != r.Status.VirtualNode ||
-		(old.DeletionTimestamp == nil) != (r.DeletionTimestamp == nil)
+	return false
+}
+
+// placeable: r is usable and names the virtual node its pods go to.
+func placeable(r *brokerv1alpha1.Reservation) bool {
+	return usable(r) && r.Status.VirtualNode != ""
 }
 
 // onNode keeps the node tracker current and, when a virtual node appears or
-// changes, retries the pods whose usable reservation targets its provider.
+// changes, retries the pods whose usable reservation names it (see
+// virtualNodeServes). Pods of other reservations of the provider are left
+// alone: the node grows once per reservation made Active, and retrying them
+// all on every resize would cost one scheduling attempt per pod and resize.
 func (pl *ResourceBroker) onNode(ctx context.Context, oldObj, obj any) {
 	node, ok := obj.(*v1.Node)
 	if !ok {
@@ -634,17 +778,21 @@ func (pl *ResourceBroker) onNode(ctx context.Context, oldObj, obj any) {
 	if !virtual || provider == "" || !activateOnChanges.Load() {
 		return
 	}
-	if old, ok := oldObj.(*v1.Node); ok && !virtualNodeChanged(old, node) {
+	old, _ := oldObj.(*v1.Node)
+	if old != nil && !virtualNodeChanged(old, node) {
 		return
 	}
 	var pods []*v1.Pod
 	for _, r := range pl.rsvs.byIndex(indexProvider, provider) {
+		if !virtualNodeServes(r, provider, node.Name) {
+			continue
+		}
 		if p := pl.podOf(r); p != nil {
 			pods = append(pods, p)
 		}
 	}
 	if len(pods) > 0 {
-		klog.FromContext(ctx).V(4).Info("Virtual node changed; retrying the pods reserved on its provider", "node", klog.KObj(node), "provider", provider, "pods", len(pods))
+		klog.FromContext(ctx).V(4).Info("Virtual node changed; retrying the pods it serves", "node", klog.KObj(node), "provider", provider, "pods", len(pods))
 		pl.activate(pods...)
 	}
 }

@@ -378,3 +378,34 @@ func TestQueueingHintsAloneRequeue(t *testing.T) {
 	t.Logf("virtual node created -> bound (Node hint): %s; Reserved -> bound %s",
 		time.Since(nodeAt).Round(time.Millisecond), time.Since(reservedAt).Round(time.Millisecond))
 }
+
+// TestNamespaceLimitCountsWaitingPodsOnly: a reservation whose pod is bound
+// (capacity in use) no longer counts against maxOutstanding: a workload
+// larger than the limit gets all its pods placed, the limit's worth at a
+// time, instead of stopping at the limit.
+func TestNamespaceLimitCountsWaitingPodsOnly(t *testing.T) {
+	localNodes(t)
+	ns := newNamespace(t)
+	var pods []*v1.Pod
+	for i := 0; i < maxOutstanding+1; i++ {
+		pods = append(pods, createPod(t, newPod(ns, fmt.Sprintf("big-%d", i), "3", "1Gi")))
+		if i < maxOutstanding {
+			waitReservation(t, pods[i], bindTimeout)
+		}
+	}
+	last := pods[maxOutstanding]
+	waitCondition(t, ns, last.Name, "broker reservations outstanding", bindTimeout)
+	// The first one is served: its virtual node appears and it is bound there.
+	createNode(t, nodeSpec{name: "rb-lyon", cpu: "8", memory: "8Gi",
+		labels: map[string]string{brokerv1alpha1.ProviderLabel: "lyon"},
+		taints: []v1.Taint{{Key: brokerv1alpha1.VirtualNodeTaint, Effect: v1.TaintEffectNoSchedule}}})
+	setStatus(t, waitReservation(t, pods[0], bindTimeout), brokerv1alpha1.ReservationStatus{Phase: brokerv1alpha1.ReservationActive, Provider: "lyon", VirtualNode: "rb-lyon"})
+	if node := waitBound(t, ns, pods[0].Name, bindTimeout); node != "rb-lyon" {
+		t.Fatalf("%s bound to %s, want rb-lyon", pods[0].Name, node)
+	}
+	// Its reservation is in use, not waiting: the held-back pod gets its own.
+	waitReservation(t, last, bindTimeout)
+	if rs := reservations(t, ns); len(rs) != maxOutstanding+1 {
+		t.Errorf("%d reservations, want %d (one in use, %d waiting): %v", len(rs), maxOutstanding+1, maxOutstanding, names(rs))
+	}
+}

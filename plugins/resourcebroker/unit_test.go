@@ -1,6 +1,7 @@
 package resourcebroker
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -18,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 )
@@ -126,10 +129,16 @@ func testPlugin(t testing.TB, rsvs ...*brokerv1alpha1.Reservation) *ResourceBrok
 	return &ResourceBroker{rsvs: c, nodes: newNodeTracker(), claims: map[types.UID]claim{}, blocked: map[string]sets.Set[types.UID]{}}
 }
 
+// reservationFor is pod's reservation in phase; with a provider, it names
+// the provider's virtual node rb-<provider>, as a bridge does once the node
+// can take the pod.
 func reservationFor(pod *v1.Pod, phase brokerv1alpha1.ReservationPhase, provider string) *brokerv1alpha1.Reservation {
 	r := newReservation(pod, &ResourceBrokerArgs{ReservationDuration: &metav1.Duration{}})
 	r.UID = types.UID("rsv-" + string(pod.UID))
 	r.Status = brokerv1alpha1.ReservationStatus{Phase: phase, Provider: provider}
+	if provider != "" {
+		r.Status.VirtualNode = "rb-" + provider
+	}
 	return r
 }
 
@@ -159,7 +168,17 @@ func TestReservationQueueingHint(t *testing.T) {
 
 	// The scheduler's dynamic informer hands over unstructured objects.
 	assert.Equal(t, fwk.QueueSkip, hint(pod, nil, unstructuredOf(t, pending)), "created Pending: nothing to do yet")
-	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, reserved)), "turned Reserved")
+	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, reserved)), "turned Reserved, naming its virtual node")
+	unnamed := reserved.DeepCopy()
+	unnamed.Status.VirtualNode = ""
+	assert.Equal(t, fwk.QueueSkip, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, unnamed)), "Reserved, but no virtual node can take the pod yet")
+	active := unnamed.DeepCopy()
+	active.Status.Phase = brokerv1alpha1.ReservationActive
+	assert.Equal(t, fwk.QueueSkip, hint(pod, unstructuredOf(t, unnamed), unstructuredOf(t, active)), "Active, still no virtual node")
+	named := active.DeepCopy()
+	named.Status.VirtualNode = "rb-paris"
+	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, active), unstructuredOf(t, named)), "its virtual node named")
+	assert.Equal(t, fwk.QueueSkip, hint(pod, unstructuredOf(t, named), unstructuredOf(t, reserved)), "no news once named")
 	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, failed)), "turned Failed: the condition must say why")
 	assert.Equal(t, fwk.QueueSkip, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, pendingAgain)), "a retry count is no news")
 	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, reserved), nil), "deleted: the pod may ask again")
@@ -178,7 +197,7 @@ func TestReservationQueueingHint(t *testing.T) {
 	// A reservation made by hand for the pod's name counts as the pod's.
 	byHand := &brokerv1alpha1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "h"}, Spec: brokerv1alpha1.ReservationSpec{PodName: "p"}}
 	byHandReserved := byHand.DeepCopy()
-	byHandReserved.Status.Phase = brokerv1alpha1.ReservationActive
+	byHandReserved.Status = brokerv1alpha1.ReservationStatus{Phase: brokerv1alpha1.ReservationActive, Provider: "paris", VirtualNode: "rb-paris"}
 	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, byHand), unstructuredOf(t, byHandReserved)))
 
 	_, err := pl.isSchedulableAfterReservationChange(logger, pod, nil, &v1.Node{})
@@ -267,4 +286,129 @@ func TestReservationSeenAhead(t *testing.T) {
 	assert.Nil(t, pl.rsvs.forPod(pod), "deleted ahead of the informer")
 	pl.rsvs.caughtUp(reserved, true)
 	assert.Empty(t, pl.rsvs.ahead)
+}
+
+func nodeInfo(n *v1.Node, pods ...*v1.Pod) fwk.NodeInfo {
+	ni := framework.NewNodeInfo(pods...)
+	ni.SetNode(n)
+	return ni
+}
+
+func sized(name, cpu, memory string, taints ...v1.Taint) *v1.Node {
+	l := v1.ResourceList{v1.ResourceCPU: resource.MustParse(cpu), v1.ResourceMemory: resource.MustParse(memory), v1.ResourcePods: resource.MustParse("110")}
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.NodeSpec{Taints: taints}, Status: v1.NodeStatus{Capacity: l, Allocatable: l}}
+}
+
+func podRequesting(name, cpu, memory string) *v1.Pod {
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name)}, Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c",
+		Resources: v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse(cpu), v1.ResourceMemory: resource.MustParse(memory)}}}}}}
+}
+
+// TestPreFilterNarrowing: who goes where before Filter runs.
+func TestPreFilterNarrowing(t *testing.T) {
+	ctx := context.Background()
+	small := sized("local", "2", "4Gi")
+	virtual := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris", Labels: map[string]string{brokerv1alpha1.ProviderLabel: "paris"}},
+		Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: brokerv1alpha1.VirtualNodeTaint, Effect: v1.TaintEffectNoSchedule}}}}
+	fits, big := podRequesting("fits", "1", "1Gi"), podRequesting("big", "3", "1Gi")
+	pl := testPlugin(t)
+	pl.selector, pl.excluded, pl.worker = labels.Everything(), sets.New[string](), newWorker(nil)
+	prefilter := func(pod *v1.Pod, nodes ...fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+		return pl.PreFilter(ctx, framework.NewCycleState(), pod, nodes)
+	}
+
+	// No reservation, nothing tainted or virtual: Filter is skipped.
+	_, st := prefilter(fits, nodeInfo(small))
+	assert.True(t, st.IsSkip())
+	// The tracker has not seen the virtual node the snapshot has: no skip.
+	res, st := prefilter(fits, nodeInfo(small), nodeInfo(virtual))
+	assert.True(t, st.IsSuccess())
+	assert.Nil(t, res, "all nodes, the Filter keeps the pod off the virtual node")
+	// No local room and nothing to preempt: no node at all (ResourceBroker the only rejector).
+	res, st = prefilter(big, nodeInfo(small), nodeInfo(virtual))
+	require.True(t, st.IsSuccess())
+	require.NotNil(t, res)
+	assert.Empty(t, res.NodeNames)
+	// ... unless a local pod of lower priority could be preempted.
+	important := big.DeepCopy()
+	important.Spec.Priority = ptrTo(int32(1000))
+	res, st = prefilter(important, nodeInfo(small, podRequesting("low", "2", "1Gi")))
+	assert.True(t, st.IsSkip(), "the default path (nothing tainted: Filter skipped), where DefaultPreemption may make room")
+	assert.Nil(t, res)
+	never := v1.PreemptNever
+	important.Spec.PreemptionPolicy = &never
+	res, _ = prefilter(important, nodeInfo(small, podRequesting("low", "2", "1Gi")))
+	require.NotNil(t, res)
+	assert.Empty(t, res.NodeNames)
+	// A tainted local node is no room for a pod that does not tolerate it.
+	res, _ = prefilter(fits, nodeInfo(sized("tainted", "8", "8Gi", v1.Taint{Key: "dedicated", Effect: v1.TaintEffectNoSchedule})))
+	require.NotNil(t, res)
+	assert.Empty(t, res.NodeNames)
+
+	// With a reservation that is Pending: the local nodes when one has room, else none.
+	require.NoError(t, pl.rsvs.informer.GetIndexer().Add(reservationFor(big, brokerv1alpha1.ReservationPending, "")))
+	res, _ = prefilter(big, nodeInfo(small), nodeInfo(virtual))
+	require.NotNil(t, res)
+	assert.Empty(t, res.NodeNames)
+	res, _ = prefilter(big, nodeInfo(small), nodeInfo(sized("grown", "8", "8Gi")), nodeInfo(virtual))
+	require.NotNil(t, res)
+	assert.Equal(t, sets.New("local", "grown"), res.NodeNames)
+}
+
+func TestHasRoom(t *testing.T) {
+	pl := testPlugin(t)
+	logger := klog.Background()
+	node := sized("n", "2", "4Gi")
+	assert.True(t, pl.hasRoom(logger, podRequesting("p", "1", "1Gi"), PodRequests(podRequesting("p", "1", "1Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))))
+	assert.False(t, pl.hasRoom(logger, podRequesting("p", "1500m", "1Gi"), PodRequests(podRequesting("p", "1500m", "1Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))), "cpu")
+	assert.False(t, pl.hasRoom(logger, podRequesting("p", "1", "4Gi"), PodRequests(podRequesting("p", "1", "4Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))), "memory")
+	gpu := podRequesting("g", "1", "1Gi")
+	gpu.Spec.Containers[0].Resources.Requests[GPUResource] = resource.MustParse("1")
+	assert.False(t, pl.hasRoom(logger, gpu, PodRequests(gpu), nodeInfo(node)), "no GPU on the node")
+	cordoned := node.DeepCopy()
+	cordoned.Spec.Unschedulable = true
+	assert.False(t, pl.hasRoom(logger, podRequesting("p", "1", "1Gi"), PodRequests(podRequesting("p", "1", "1Gi")), nodeInfo(cordoned)))
+}
+
+func TestPodAndLocalNodeQueueingHints(t *testing.T) {
+	waiting := podRequesting("w", "3", "1Gi")
+	pl := testPlugin(t, reservationFor(waiting, brokerv1alpha1.ReservationPending, ""))
+	pl.nodes.set(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris", Labels: map[string]string{brokerv1alpha1.ProviderLabel: "paris"}}})
+	logger := klog.Background()
+	gone := func(node string) *v1.Pod {
+		p := podRequesting("gone", "1", "1Gi")
+		p.Spec.NodeName = node
+		return p
+	}
+	h, err := pl.isSchedulableAfterPodChange(logger, waiting, gone("local"), nil)
+	require.NoError(t, err)
+	assert.Equal(t, fwk.Queue, h, "a pod left a local node")
+	h, _ = pl.isSchedulableAfterPodChange(logger, waiting, gone("rb-paris"), nil)
+	assert.Equal(t, fwk.QueueSkip, h, "a pod left a virtual node: no local room")
+	h, _ = pl.isSchedulableAfterPodChange(logger, waiting, podRequesting("unbound", "1", "1Gi"), nil)
+	assert.Equal(t, fwk.QueueSkip, h, "an unbound pod frees nothing")
+
+	// A local node that grows enough: Queue; one that grows too little, or only changes labels: Skip.
+	before := sized("local", "2", "4Gi")
+	h, _ = pl.isSchedulableAfterNodeChange(logger, waiting, before, sized("local", "4", "4Gi"))
+	assert.Equal(t, fwk.Queue, h)
+	h, _ = pl.isSchedulableAfterNodeChange(logger, waiting, before, sized("local", "2500m", "4Gi"))
+	assert.Equal(t, fwk.QueueSkip, h)
+	relabelled := before.DeepCopy()
+	relabelled.Labels = map[string]string{"zone": "a"}
+	h, _ = pl.isSchedulableAfterNodeChange(logger, waiting, before, relabelled)
+	assert.Equal(t, fwk.QueueSkip, h)
+
+	// A virtual node that grows: only for the pods whose reservation names it.
+	named := podRequesting("n", "1", "1Gi")
+	pl2 := testPlugin(t, reservationFor(named, brokerv1alpha1.ReservationActive, "paris"), reservationFor(waiting, brokerv1alpha1.ReservationActive, ""))
+	grown := func(cpu string) *v1.Node {
+		n := sized("rb-paris", cpu, "64Gi")
+		n.Labels = map[string]string{brokerv1alpha1.ProviderLabel: "paris"}
+		return n
+	}
+	h, _ = pl2.isSchedulableAfterNodeChange(logger, named, grown("1"), grown("2"))
+	assert.Equal(t, fwk.Queue, h)
+	h, _ = pl2.isSchedulableAfterNodeChange(logger, waiting, grown("1"), grown("2"))
+	assert.Equal(t, fwk.QueueSkip, h, "Active, but no virtual node named yet: the resize is for others")
 }

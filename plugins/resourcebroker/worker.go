@@ -20,8 +20,10 @@ import (
 
 // The API calls of the plugin (creating and deleting Reservations) never run
 // on the scheduling path: PostFilter and PostBind put a small item on this
-// queue and return; two workers make the calls, retry failures with
-// back-off, and give up after maxAttempts.
+// queue and return; workers make the calls, retry failures with back-off,
+// and give up after maxAttempts. A burst of pods that fit nowhere is a burst
+// of creates, each one API round trip: several workers make them side by
+// side rather than one after the other.
 
 type opKind int
 
@@ -39,7 +41,7 @@ type op struct {
 }
 
 const (
-	workers     = 2
+	workers     = 8
 	maxAttempts = 8
 )
 
