@@ -38,6 +38,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -93,6 +94,10 @@ type Bridge struct {
 
 	mu    sync.Mutex
 	nodes map[string]*providerNode // by provider
+
+	namingSem chan struct{}
+	namingMu  sync.Mutex
+	naming    map[string]map[types.UID]time.Time // provider -> reservation -> when its status.virtualNode was written
 }
 
 // New checks the configuration and fills in the defaults.
@@ -130,7 +135,8 @@ func New(cfg Config) (*Bridge, error) {
 	if cfg.CreateTimeout == 0 {
 		cfg.CreateTimeout = 30 * time.Second
 	}
-	return &Bridge{cfg: cfg, nodes: map[string]*providerNode{}, events: make(chan event.GenericEvent, 256)}, nil
+	return &Bridge{cfg: cfg, nodes: map[string]*providerNode{}, events: make(chan event.GenericEvent, 256),
+		namingSem: make(chan struct{}, namingParallelism), naming: map[string]map[types.UID]time.Time{}}, nil
 }
 
 // SetupWithManager registers the controller and the runnable that serves the
@@ -185,9 +191,19 @@ func (b *Bridge) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("bridge-virtual-kubelet").
+		// One provider's reconcile does not wait for another's.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Watches(&rbv1.Reservation{}, byProvider).
 		Watches(&corev1.Node{}, ourNodes, builder.WithPredicates(predicate.Funcs{
-			UpdateFunc: func(event.UpdateEvent) bool { return false }, // only creations and deletions matter
+			// Creations, deletions, a new capacity (someone else wrote
+			// it: put ours back), and the node becoming schedulable or
+			// not (the reservations are named once it is).
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				o, ok1 := e.ObjectOld.(*corev1.Node)
+				n, ok2 := e.ObjectNew.(*corev1.Node)
+				return ok1 && ok2 && (!equalResources(o.Status.Allocatable, n.Status.Allocatable) ||
+					!equalResources(o.Status.Capacity, n.Status.Capacity) || schedulable(o) != schedulable(n))
+			},
 		})).
 		WatchesRawSource(source.Channel(b.events, &handler.EnqueueRequestForObject{})).
 		Complete(b)
@@ -242,7 +258,11 @@ func (b *Bridge) runningNodes() []*providerNode {
 
 // Reconcile brings the virtual node of one provider (req.Name) in line with
 // the reservations to it: started once one is active, sized to the active
-// ones, removed when none is live and no pod is left on it.
+// ones (writeCapacity), removed when none is live and no pod is left on it.
+// An active reservation is named in status.virtualNode once the node's
+// capacity, as the API server holds it, counts it and the node is
+// schedulable: the scheduler plugin retries a pod when its reservation names
+// a node, and the attempt then finds room for it there.
 func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	provider := req.Name
 	if b.ctx.Err() != nil {
@@ -304,8 +324,15 @@ func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		}
 	}
 	n.setReservations(ids, rsvstatus.Sum(active))
-	if err := b.client.Get(ctx, types.NamespacedName{Name: name}, &corev1.Node{}); apierrors.IsNotFound(err) {
+	var cur corev1.Node
+	err := b.client.Get(ctx, types.NamespacedName{Name: name}, &cur)
+	if apierrors.IsNotFound(err) {
 		n.push() // deleted by someone: the status update fails and registers it again
+	}
+	if err == nil {
+		if _, err := n.writeCapacity(ctx, &cur); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 
 	if len(live) == 0 {
@@ -319,14 +346,93 @@ func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		b.mu.Lock()
 		delete(b.nodes, provider)
 		b.mu.Unlock()
+		b.namingMu.Lock()
+		delete(b.naming, provider)
+		b.namingMu.Unlock()
 		n.stop()
 		return ctrl.Result{}, b.removeNode(ctx, name)
 	}
-	var errs []error
-	for _, r := range live {
-		errs = append(errs, rsvstatus.SetVirtualNode(ctx, b.client, r, name))
+	if err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err) // not registered yet: its creation triggers a reconcile
 	}
-	return ctrl.Result{}, errors.Join(errs...)
+	if !schedulable(&cur) {
+		return ctrl.Result{}, nil // named once it is: the change triggers a reconcile
+	}
+	b.nameNode(provider, name, active)
+	return ctrl.Result{}, nil
+}
+
+// schedulable: the node is Ready and carries no NoSchedule or NoExecute
+// taint but ours (such as node.kubernetes.io/not-ready, which the API server
+// puts on a new node and the node lifecycle controller lifts once it is
+// Ready): the scheduler can bind the reservations' pods to it.
+func schedulable(node *corev1.Node) bool {
+	if node.Spec.Unschedulable {
+		return false
+	}
+	for _, t := range node.Spec.Taints {
+		if t.Key != rbv1.VirtualNodeTaint && (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute) {
+			return false
+		}
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// namingParallelism bounds the status.virtualNode writes in flight.
+const namingParallelism = 16
+
+// namingRetry: a reservation named this long ago that the cache still shows
+// unnamed is named again (the write was lost, or its event was).
+const namingRetry = 10 * time.Second
+
+// nameNode writes status.virtualNode = node on the active reservations that
+// do not name it yet: the node is schedulable and its capacity (written by
+// writeCapacity, or found already so) counts all of them. The writes are
+// independent merge patches, made in the background, in parallel: the
+// reconcile does not wait for them, so that the next resize of the node (a
+// burst activates reservations faster than one round trip per name) is not
+// held up behind them. A failed write asks for another reconcile.
+func (b *Bridge) nameNode(provider, name string, active []*rbv1.Reservation) {
+	b.namingMu.Lock()
+	defer b.namingMu.Unlock()
+	now := time.Now()
+	marks := map[types.UID]time.Time{} // what is being named now; the others are done or gone
+	for _, r := range active {
+		if r.Status.VirtualNode == name {
+			continue
+		}
+		if since, ok := b.naming[provider][r.UID]; ok && now.Sub(since) < namingRetry {
+			marks[r.UID] = since
+			continue
+		}
+		marks[r.UID] = now
+		go func() {
+			select {
+			case b.namingSem <- struct{}{}:
+			case <-b.ctx.Done():
+				return
+			}
+			err := rsvstatus.SetVirtualNode(b.ctx, b.client, r, name)
+			<-b.namingSem
+			if err != nil && b.ctx.Err() == nil {
+				b.log.V(1).Info("naming the virtual node in a reservation's status, retrying", "reservation", client.ObjectKeyFromObject(r), "error", err.Error())
+				b.namingMu.Lock()
+				delete(b.naming[provider], r.UID)
+				b.namingMu.Unlock()
+				b.enqueue(provider)
+			}
+		}()
+	}
+	if len(marks) == 0 {
+		delete(b.naming, provider)
+	} else {
+		b.naming[provider] = marks
+	}
 }
 
 // leftover tells whether our node exists and how many unfinished pods it has.

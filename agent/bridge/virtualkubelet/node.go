@@ -2,9 +2,11 @@ package virtualkubelet
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -75,13 +78,17 @@ type providerNode struct {
 	probeNow chan struct{}
 	pushNow  chan struct{}
 
-	mu       sync.Mutex
-	active   []string // broker ids of the active reservations, newest first
-	capacity corev1.ResourceList
-	ready    readiness
-	failures int
-	notify   func(*corev1.Node)
-	remote   *remoteCluster
+	mu      sync.Mutex
+	active  []string // broker ids of the active reservations, newest first
+	grantOf string   // the reservation whose grant the connection uses
+	// written is the capacity writeCapacity last wrote, at resourceVersion writtenRV.
+	written   corev1.ResourceList
+	writtenRV uint64
+	capacity  corev1.ResourceList
+	ready     readiness
+	failures  int
+	notify    func(*corev1.Node)
+	remote    *remoteCluster
 }
 
 var _ node.NodeProvider = (*providerNode)(nil)
@@ -209,7 +216,12 @@ func (n *providerNode) recreateNode(ctx context.Context, err error) error {
 		return err
 	}
 	n.log.Info("virtual node was deleted, registering it again")
-	_, err = n.b.local.CoreV1().Nodes().Create(ctx, n.nodeObject(), metav1.CreateOptions{})
+	node := n.nodeObject()
+	n.mu.Lock()
+	node.Status.Capacity = n.capacityLocked()
+	n.mu.Unlock()
+	node.Status.Allocatable = node.Status.Capacity.DeepCopy()
+	_, err = n.b.local.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	return err
 }
 
@@ -260,15 +272,15 @@ func (n *providerNode) pushLoop(ctx context.Context) {
 }
 
 // nodeObject is the Node as it should be now.
+//
+// It carries no capacity or allocatable: those the bridge writes itself
+// (writeCapacity). virtual-kubelet's node controller writes the status as a
+// three-way patch that makes the API server's copy equal to this object for
+// every field the object has, so a capacity here, captured when the object
+// was handed over and written later, could undo a newer one.
 func (n *providerNode) nodeObject() *corev1.Node {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	capacity := corev1.ResourceList{
-		corev1.ResourceCPU:    resource.MustParse("0"),
-		corev1.ResourceMemory: resource.MustParse("0"),
-		corev1.ResourcePods:   *resource.NewQuantity(n.b.cfg.PodsPerReservation*int64(len(n.active)), resource.DecimalSI),
-	}
-	maps.Copy(capacity, n.capacity)
 	ready := corev1.ConditionFalse
 	if n.ready.ready {
 		ready = corev1.ConditionTrue
@@ -294,9 +306,7 @@ func (n *providerNode) nodeObject() *corev1.Node {
 		},
 		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: rbv1.VirtualNodeTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule}}},
 		Status: corev1.NodeStatus{
-			Capacity:    capacity,
-			Allocatable: capacity.DeepCopy(),
-			Phase:       corev1.NodeRunning,
+			Phase: corev1.NodeRunning,
 			Conditions: []corev1.NodeCondition{
 				condition(corev1.NodeReady, ready, n.ready.reason, n.ready.message, n.ready.since),
 				condition(corev1.NodeMemoryPressure, corev1.ConditionFalse, "ProviderHasSufficientMemory", "capacity is reserved at the broker", created),
@@ -320,6 +330,62 @@ func (n *providerNode) nodeObject() *corev1.Node {
 	return nodeObj
 }
 
+// capacityLocked is the node's capacity (and allocatable): the sum of the
+// active reservations and PodsPerReservation pods for each.
+func (n *providerNode) capacityLocked() corev1.ResourceList {
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("0"),
+		corev1.ResourceMemory: resource.MustParse("0"),
+		corev1.ResourcePods:   *resource.NewQuantity(n.b.cfg.PodsPerReservation*int64(len(n.active)), resource.DecimalSI),
+	}
+	maps.Copy(capacity, n.capacity)
+	return capacity
+}
+
+// writeCapacity makes the node's status.capacity and status.allocatable, as
+// the API server holds them (cur, from the cache), what they should be now:
+// one merge patch of the status, nothing when they already are. The bridge
+// writes them itself, not virtual-kubelet's node controller (see
+// nodeObject), whose writes are a read and a patch queued behind its other
+// updates: when this returns, the capacity counts every active reservation,
+// and the bridge can name the node in their status at once.
+func (n *providerNode) writeCapacity(ctx context.Context, cur *corev1.Node) (bool, error) {
+	n.mu.Lock()
+	want := n.capacityLocked()
+	written, writtenRV := n.written, n.writtenRV
+	n.mu.Unlock()
+	if equalResources(cur.Status.Capacity, want) && equalResources(cur.Status.Allocatable, want) {
+		return false, nil
+	}
+	if rv, err := strconv.ParseUint(cur.ResourceVersion, 10, 64); err == nil && rv < writtenRV && equalResources(written, want) {
+		return false, nil // the cache has not seen the last write yet, which was this capacity
+	}
+	values := func(have corev1.ResourceList) map[string]any {
+		m := map[string]any{}
+		for k := range have {
+			m[string(k)] = nil // gone unless wanted
+		}
+		for k, q := range want {
+			m[string(k)] = q.String()
+		}
+		return m
+	}
+	data, err := json.Marshal(map[string]any{"status": map[string]any{
+		"capacity": values(cur.Status.Capacity), "allocatable": values(cur.Status.Allocatable)}})
+	if err != nil {
+		return false, err
+	}
+	node, err := n.b.local.CoreV1().Nodes().Patch(ctx, n.name, types.MergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}, "status")
+	if err != nil {
+		return false, err
+	}
+	rv, _ := strconv.ParseUint(node.ResourceVersion, 10, 64)
+	n.mu.Lock()
+	n.written, n.writtenRV = want, rv
+	n.mu.Unlock()
+	return true, nil
+}
+
 // setReservations is what the bridge's controller tells the node: the active
 // reservations (ids, newest first) and their sum.
 func (n *providerNode) setReservations(ids []string, capacity corev1.ResourceList) {
@@ -328,12 +394,17 @@ func (n *providerNode) setReservations(ids []string, capacity corev1.ResourceLis
 	changed := newIDs || !equalResources(n.capacity, capacity)
 	n.active, n.capacity = ids, capacity
 	noRemote := n.remote == nil
+	lost := n.grantOf != "" && !slices.Contains(ids, n.grantOf)
 	n.mu.Unlock()
 	if changed {
-		n.log.Info("capacity", "reservations", len(ids), "resources", fmt.Sprint(capacity))
-		n.push()
+		n.log.V(1).Info("capacity", "reservations", len(ids), "resources", fmt.Sprint(capacity))
 	}
-	if newIDs && (noRemote || len(ids) > 0) {
+	// Read the grants again when there is no connection yet, or the
+	// reservation whose grant it uses has ended. Not on every new
+	// reservation: the connection's token is renewed halfway to its expiry
+	// anyway, and in a burst of reservations each refresh would read up to
+	// five grants from the broker.
+	if newIDs && len(ids) > 0 && (noRemote || lost) {
 		n.refreshNow()
 	}
 }
@@ -365,7 +436,7 @@ func (n *providerNode) credentialsLoop(ctx context.Context) {
 	backoff := time.Second
 	for ctx.Err() == nil {
 		var next time.Duration
-		g, err := n.fetchGrant(ctx)
+		g, from, err := n.fetchGrantFrom(ctx)
 		switch {
 		case err != nil:
 			n.log.Info("cannot read the provider's grant from the broker", "error", err.Error(), "retryIn", backoff)
@@ -379,6 +450,9 @@ func (n *providerNode) credentialsLoop(ctx context.Context) {
 				next = 5 * time.Second
 				break
 			}
+			n.mu.Lock()
+			n.grantOf = from
+			n.mu.Unlock()
 			next = refreshIn(g.ExpiresAt, n.b.cfg.ProbePeriod)
 		}
 		select {
@@ -400,11 +474,18 @@ func refreshIn(expires time.Time, floor time.Duration) time.Duration {
 
 // fetchGrant reads the grants of (up to 5 of) the newest active reservations.
 func (n *providerNode) fetchGrant(ctx context.Context) (*api.Grant, error) {
+	g, _, err := n.fetchGrantFrom(ctx)
+	return g, err
+}
+
+// fetchGrantFrom is fetchGrant, also naming the reservation the grant is of.
+func (n *providerNode) fetchGrantFrom(ctx context.Context) (*api.Grant, string, error) {
 	ids := n.activeIDs()
 	if len(ids) > 5 {
 		ids = ids[:5]
 	}
 	var best *api.Grant
+	var bestID string
 	var lastErr error
 	for _, id := range ids {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -415,13 +496,13 @@ func (n *providerNode) fetchGrant(ctx context.Context) (*api.Grant, error) {
 			continue
 		}
 		if g := at.Grant; g != nil && g.Token != "" && (best == nil || g.ExpiresAt.After(best.ExpiresAt)) {
-			best = g
+			best, bestID = g, id
 		}
 	}
 	if best == nil {
-		return nil, lastErr
+		return nil, "", lastErr
 	}
-	return best, nil
+	return best, bestID, nil
 }
 
 // useGrant takes a grant: a new token for the same access is swapped in
