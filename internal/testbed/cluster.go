@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -387,6 +388,28 @@ func (c *Cluster) schedulerConfig(moduleRoot string) ([]byte, error) {
 	return yaml.Marshal(cfg)
 }
 
+// schedulerFeatureGates are the --feature-gates flags of rb-scheduler in
+// manifests/scheduler's Deployment: the bed runs the scheduler as shipped.
+func schedulerFeatureGates(moduleRoot string) ([]string, error) {
+	raw, err := os.ReadFile(filepath.Join(moduleRoot, "manifests", "scheduler", "deployment.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var d appsv1.Deployment
+	if err := yaml.Unmarshal(raw, &d); err != nil {
+		return nil, err
+	}
+	var gates []string
+	for _, ctr := range d.Spec.Template.Spec.Containers {
+		for _, a := range ctr.Args {
+			if strings.HasPrefix(a, "--feature-gates=") {
+				gates = append(gates, a)
+			}
+		}
+	}
+	return gates, nil
+}
+
 func resourceBrokerArgs(profile map[string]any) map[string]any {
 	pcs, _ := profile["pluginConfig"].([]any)
 	for _, pc := range pcs {
@@ -410,6 +433,10 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {
 		return err
 	}
+	gates, err := schedulerFeatureGates(c.bed.moduleRoot)
+	if err != nil {
+		return fmt.Errorf("%s: scheduler feature gates: %w", c.Name, err)
+	}
 	var last error
 	for range 3 {
 		ports, err := freePorts(1)
@@ -422,6 +449,7 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 			Args: []string{"--config=" + path, "--secure-port=" + strconv.Itoa(c.schedPort), "--bind-address=127.0.0.1",
 				"--authentication-kubeconfig=" + c.Kubeconfig, "--authorization-kubeconfig=" + c.Kubeconfig,
 				"--v=" + strconv.Itoa(max(c.bed.opts.Verbosity, 2))}}
+		c.Scheduler.Args = append(c.Scheduler.Args, gates...)
 		if err := c.Scheduler.Start(); err != nil {
 			return err
 		}

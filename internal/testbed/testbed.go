@@ -142,12 +142,28 @@ type Broker struct {
 	bed *Bed
 }
 
+// KeepDirEnv names a directory under which Start keeps each bed's
+// directory (certificates, kubeconfigs, Redis data, logs) instead of the
+// test's temporary directory, which is removed when the test ends:
+//
+//	RB_TESTBED_KEEP=/tmp/beds go test -run '^$' -bench EndToEnd -benchtime 1x ./test/integration/
+const KeepDirEnv = "RB_TESTBED_KEEP"
+
 // Start starts a bed for a test and stops it when the test ends, printing
 // the tails of the logs first if the test failed.
 func Start(t testing.TB, o Options) *Bed {
 	t.Helper()
 	if o.Dir == "" {
-		o.Dir = t.TempDir()
+		if keep := os.Getenv(KeepDirEnv); keep != "" {
+			dir, err := os.MkdirTemp(keep, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())+"-")
+			if err != nil {
+				t.Fatalf("testbed: %s: %v", KeepDirEnv, err)
+			}
+			t.Logf("testbed: logs and data kept in %s", dir)
+			o.Dir = dir
+		} else {
+			o.Dir = t.TempDir()
+		}
 	}
 	if o.Logf == nil {
 		o.Logf = t.Logf
