@@ -70,7 +70,7 @@ var suites = []Suite{
 	{
 		Name: "events", Pkg: "./broker/server/",
 		About: "notification latency: decision returned -> event out of the agents' event stream (SSE, mTLS) vs bare Redis XADD -> XREAD",
-		Runs:  []Run{{Bench: `^BenchmarkEventLatency$`, Benchtime: "2s"}},
+		Runs:  []Run{{Bench: `^BenchmarkEventLatency$`, Benchtime: "1000x"}},
 		Baselines: []Baseline{
 			{Label: "Redis XADD -> XREAD", Match: `/sse-mtls(-loaded)?$`, Replace: `/baseline-redis-xadd-xread${1}`,
 				Units: map[string]string{"p50-ms": "p50-ms", "p99-ms": "p99-ms", "max-ms": "max-ms"}},
