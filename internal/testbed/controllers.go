@@ -118,82 +118,13 @@ func startNamespaceController(ctx context.Context, cfg *rest.Config) error {
 	return nil
 }
 
-// startNodeTaints does the one part of kube-controller-manager's node
-// lifecycle controller the flow needs: the API server taints every new node
-// node.kubernetes.io/not-ready:NoSchedule, and the controller lifts the
-// taint once the node reports Ready (and puts it back when it does not).
-// Nodes the bed makes are created without it (kubelet.ReadyNode); this is
-// for nodes others make, such as the bridge's virtual nodes.
+// startNodeTaints runs kubelet.LiftNotReadyTaints for one cluster of the bed.
 func startNodeTaints(ctx context.Context, cfg *rest.Config) error {
 	_, cs, err := clientFor(cfg, "testbed-node-lifecycle")
 	if err != nil {
 		return err
 	}
-	f := informers.NewSharedInformerFactory(cs, 0)
-	inf := f.Core().V1().Nodes().Informer()
-	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	enqueue := func(obj any) {
-		if n, ok := obj.(*corev1.Node); ok {
-			queue.Add(n.Name)
-		}
-	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }}); err != nil {
-		return err
-	}
-	f.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return fmt.Errorf("node taints: node cache did not sync")
-	}
-	go func() { <-ctx.Done(); queue.ShutDown(); f.Shutdown() }()
-	go func() {
-		for {
-			name, quit := queue.Get()
-			if quit {
-				return
-			}
-			if err := syncNodeTaint(ctx, cs, name); err != nil && ctx.Err() == nil {
-				queue.AddRateLimited(name)
-			} else {
-				queue.Forget(name)
-			}
-			queue.Done(name)
-		}
-	}()
-	return nil
-}
-
-func syncNodeTaint(ctx context.Context, cs kubernetes.Interface, name string) error {
-	node, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
-	} else if err != nil {
-		return err
-	}
-	ready, known := false, false
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			known, ready = true, c.Status == corev1.ConditionTrue
-		}
-	}
-	at := -1
-	for i, t := range node.Spec.Taints {
-		if t.Key == corev1.TaintNodeNotReady && t.Effect == corev1.TaintEffectNoSchedule {
-			at = i
-		}
-	}
-	switch {
-	case ready && at >= 0:
-		node.Spec.Taints = append(node.Spec.Taints[:at], node.Spec.Taints[at+1:]...)
-	case known && !ready && at < 0:
-		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: corev1.TaintNodeNotReady, Effect: corev1.TaintEffectNoSchedule})
-	default:
-		return nil
-	}
-	_, err = cs.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	return err // a conflict is retried with the node read again
+	return kubelet.LiftNotReadyTaints(ctx, cs)
 }
 
 // kubeletStandIn plays the kubelets of a cluster's real nodes (those the bed
