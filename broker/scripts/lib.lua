@@ -184,6 +184,12 @@ end
 -- WAITERS_NOTIFIED: how many waiting requests a capacity change notifies.
 local WAITERS_NOTIFIED = 8
 
+-- tell_waiter sends CapacityAvailable for waiting request id to its requester.
+local function tell_waiter(prefix, maxlen, id, requester, cpu, mem, gpu, sto)
+  emit(prefix, requester, maxlen, {'type', 'CapacityAvailable', 'reservation', id, 'requester', requester,
+    'provider', '', 'phase', 'Waiting', 'cpu', cpu, 'mem', mem, 'gpu', gpu, 'sto', sto, 'expires_ms', '0'})
+end
+
 -- notify_waiters tells the requesters of the first waiting requests (highest
 -- priority first) that capacity may be available, so their agents retry at
 -- once instead of at their next back-off. Forgotten waiters leave the list.
@@ -195,9 +201,7 @@ local function notify_waiters(prefix, maxlen)
     if not w[1] then
       redis.call('ZREM', prefix .. 'waiting', m)
     else
-      emit(prefix, w[1], maxlen, {'type', 'CapacityAvailable', 'reservation', id, 'requester', w[1],
-        'provider', '', 'phase', 'Waiting', 'cpu', w[2], 'mem', w[3], 'gpu', w[4], 'sto', w[5],
-        'expires_ms', '0'})
+      tell_waiter(prefix, maxlen, id, w[1], w[2], w[3], w[4], w[5])
     end
   end
 end

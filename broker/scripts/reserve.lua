@@ -157,9 +157,7 @@ if wait_ttl > 0 then
     if not w.requester then
       redis.call('ZREM', prefix .. 'waiting', m) -- forgotten: its requester stopped retrying
     elseif wid ~= id and fits_somewhere(w) then
-      emit(prefix, w.requester, events_max, {'type', 'CapacityAvailable', 'reservation', wid,
-        'requester', w.requester, 'provider', '', 'phase', 'Waiting', 'cpu', w.cpu, 'mem', w.mem,
-        'gpu', w.gpu, 'sto', w.sto, 'expires_ms', '0'})
+      tell_waiter(prefix, events_max, wid, w.requester, w.cpu, w.mem, w.gpu, w.sto)
       wait()
       local rejected_json = cjson.encode({waiting_higher_priority = 1})
       redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*',
