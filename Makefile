@@ -42,7 +42,7 @@ bench: envtest-bin check-redis ## Every benchmark with its baseline, ratio and t
 
 .PHONY: bench-e2e
 bench-e2e: envtest-bin check-redis ## End-to-end latency on the whole test bed (100 pods, p50/p90/p99); see docs/benchmarks.md.
-	go test -run '^$$' -bench EndToEnd -benchtime 1x -timeout 20m ./test/integration/
+	go test -run '^$$' -bench EndToEnd -benchtime 1x -timeout 30m ./test/integration/
 
 .PHONY: fuzz
 fuzz: ## Fuzz the request decoders for 30 s each.

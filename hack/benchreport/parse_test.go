@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -157,6 +158,52 @@ func TestFmtNum(t *testing.T) {
 	} {
 		if got := fmtNum(v); got != want {
 			t.Errorf("fmtNum(%v) = %q, want %q", v, got, want)
+		}
+	}
+}
+
+// The end-to-end target is checked on the paced run; the burst is shown
+// beside it, labelled, and not checked.
+func TestEndToEndSummary(t *testing.T) {
+	if err := validateTables(); err != nil {
+		t.Fatal(err)
+	}
+	e2e := suiteByName("e2e")
+	if bn, bu, ok := e2e.baseline("local scheduling").of("BenchmarkEndToEnd/remote-paced", "p99-ms"); !ok ||
+		bn != "BenchmarkEndToEnd/local-baseline" || bu != "p99-ms" {
+		t.Errorf("e2e baseline of remote-paced: %q %q %v", bn, bu, ok)
+	}
+	out := `pkg: github.com/fluidos-project/resource-broker/test/integration
+BenchmarkEndToEnd/remote-paced-2 	1	1 ns/op	700 p50-ms	900 p90-ms	1500 p99-ms	1600 max-ms	4.9 pods/s	5.0 created-pods/s
+BenchmarkEndToEnd/remote-2 	1	1 ns/op	4000 p50-ms	5000 p90-ms	6000 p99-ms	6100 max-ms	15 pods/s
+BenchmarkEndToEnd/local-baseline-2 	1	1 ns/op	500 p50-ms	600 p90-ms	700 p99-ms	800 max-ms	80 pods/s
+`
+	path := t.TempDir() + "/run.txt"
+	if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep := &Report{}
+	if err := rep.loadFiles([]string{path}, map[string]bool{"e2e": true}); err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	for _, r := range rep.summary().rows {
+		rows[r[0]] = r
+	}
+	for fig, want := range map[string][2]string{ // figure -> target, met?
+		"pod created -> Running p50 ms, 100 remote pods created at a steady rate (remote-paced)": {"< 1,000 ms", "yes"},
+		"pod created -> Running p99 ms, 100 remote pods created at a steady rate (remote-paced)": {"< 2,000 ms", "yes"},
+		"creation rate achieved, pods/s (remote-paced)":                                          {"the rate the paced figures hold at", "n/a"},
+		"pod created -> Running p50 ms, 100 remote pods at once (remote, burst)":                 {"stress figure, no target (target: paced run)", "n/a"},
+		"pod created -> Running p99 ms, 100 remote pods at once (remote, burst)":                 {"stress figure, no target (target: paced run)", "n/a"},
+	} {
+		r, ok := rows[fig]
+		if !ok {
+			t.Errorf("no row %q", fig)
+			continue
+		}
+		if r[4] != want[0] || r[5] != want[1] {
+			t.Errorf("%s: target %q met %q, want %q %q (row %q)", fig, r[4], r[5], want[0], want[1], r)
 		}
 	}
 }

@@ -474,6 +474,9 @@ func (rep *Report) summary() *table {
 		if tg.OnRatio {
 			target = fmt.Sprintf("ratio %s %s", opText(tg.Op), fmtLimit(tg.Limit))
 		}
+		if tg.Info != "" {
+			target = tg.Info
+		}
 		if sr == nil || sr.Status == statusNotRun || (sr.Status == statusFailed && len(sr.Results) == 0) {
 			status := statusNotRun
 			if sr != nil && sr.Status == statusFailed {
@@ -518,6 +521,8 @@ func (rep *Report) summary() *table {
 				x = r
 			}
 			switch {
+			case tg.Info != "":
+				row[5] = "n/a"
 			case tg.OnRatio && !haveRatio:
 				row[5] = "no baseline"
 			case (tg.Op == ">=" && x >= tg.Limit) || (tg.Op == "<" && x < tg.Limit):

@@ -53,8 +53,13 @@ type Target struct {
 	Unit     string
 	Baseline string // label of one of the suite's baselines; may be empty
 	OnRatio  bool   // the limit applies to value / baseline
-	Op       string // ">=" or "<"
+	Op       string // ">=" or "<"; empty with Info
 	Limit    float64
+	// Info, when set, makes the row a figure shown beside a target, not
+	// checked against one (Op and Limit unset): it says why (such as the
+	// burst beside the paced run the end-to-end target is read on) and
+	// takes the place of the target.
+	Info string
 
 	re *regexp.Regexp
 }
@@ -127,7 +132,10 @@ func validateTables() error {
 		if t.OnRatio && t.Baseline == "" {
 			return fmt.Errorf("target %q: a ratio needs a baseline", t.Figure)
 		}
-		if t.Op != ">=" && t.Op != "<" {
+		switch {
+		case t.Info != "" && (t.Op != "" || t.Limit != 0 || t.OnRatio):
+			return fmt.Errorf("target %q: an Info row has no op, limit or ratio", t.Figure)
+		case t.Info == "" && t.Op != ">=" && t.Op != "<":
 			return fmt.Errorf("target %q: op %q (>= or <)", t.Figure, t.Op)
 		}
 	}
