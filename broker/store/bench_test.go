@@ -74,7 +74,7 @@ func benchCluster(rng *rand.Rand, id string) store.Advertisement {
 func benchClusterID(i int) string { return fmt.Sprintf("c%05d", i) }
 
 // advertiseMany advertises n clusters concurrently (not n serial round trips).
-func advertiseMany(b *testing.B, st *store.Store, n int) {
+func advertiseMany(b testing.TB, st *store.Store, n int) {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(uint64(n), 42))
 	ads := make([]store.Advertisement, n)

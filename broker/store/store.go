@@ -36,6 +36,14 @@ type Config struct {
 	// without a retry from its requester; default 60s (twice the agents'
 	// longest back-off). Negative: no waiting list, no priority order.
 	WaitTTL time.Duration
+	// ReserveBatch is the most requests one reserve.lua call decides (the
+	// requests that queued while earlier calls were in flight); default 64.
+	// 1 sends every request alone.
+	ReserveBatch int
+	// ReserveInFlight is how many reserve.lua calls one store keeps in
+	// flight at once; default 2 (Redis runs one while the other's reply is
+	// read and the next batch forms).
+	ReserveInFlight int
 	// FullScan makes every decision read every live cluster instead of using
 	// the candidate index: the reference the index is tested against and the
 	// baseline of the benchmarks. Decisions are the same either way.
@@ -70,18 +78,27 @@ func (c *Config) defaults() {
 	if c.WaitTTL == 0 {
 		c.WaitTTL = time.Minute
 	}
+	if c.ReserveBatch <= 0 {
+		c.ReserveBatch = 64
+	}
+	if c.ReserveInFlight <= 0 {
+		c.ReserveInFlight = 2
+	}
 }
 
 // Store reads and changes the broker state in Redis.
 type Store struct {
-	rdb redis.UniversalClient
-	cfg Config
+	rdb     redis.UniversalClient
+	cfg     Config
+	reserve *reserveBatcher
 }
 
 // New returns a store over rdb.
 func New(rdb redis.UniversalClient, cfg Config) *Store {
 	cfg.defaults()
-	return &Store{rdb: rdb, cfg: cfg}
+	s := &Store{rdb: rdb, cfg: cfg}
+	s.reserve = &reserveBatcher{maxBatch: cfg.ReserveBatch, maxInFlight: cfg.ReserveInFlight, send: s.sendReserves}
+	return s
 }
 
 // Client returns the Redis client the store uses.
@@ -194,36 +211,75 @@ func appendResources(args []any, prefix string, r Resources) []any {
 }
 
 // Reserve decides a request: it returns the decision, or a *NoFitError, or
-// ErrConflict when the id belongs to another requester.
+// ErrConflict when the id belongs to another requester. Concurrent requests
+// are decided in batches (Config.ReserveBatch), each exactly as if alone.
 func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, error) {
+	p, err := newPendingReserve(ctx, req)
+	if err != nil {
+		return Decision{}, err
+	}
+	return s.reserve.do(ctx, p)
+}
+
+func newPendingReserve(ctx context.Context, req ReserveRequest) (*pendingReserve, error) {
 	selector := ""
 	if len(req.Selector) > 0 {
 		b, err := json.Marshal(req.Selector)
 		if err != nil {
-			return Decision{}, err
+			return nil, err
 		}
 		selector = string(b)
 	}
-	reply, err := s.run(ctx, scripts.Reserve,
+	return &pendingReserve{ctx: ctx, req: req, done: make(chan reserveResult, 1), args: []any{
 		req.ID, req.Requester,
 		req.Resources.CPU, req.Resources.Memory, req.Resources.GPU, req.Resources.Storage,
-		req.Duration.Milliseconds(), s.cfg.StaleThreshold.Milliseconds(),
-		s.cfg.WeightResources, s.cfg.WeightCost,
-		selector, req.Owner, req.Priority, s.cfg.TopCandidates,
-		s.cfg.EventsMaxLen, s.cfg.AuditMaxLen, s.searchMode(), max(s.cfg.WaitTTL.Milliseconds(), 0))
-	if err != nil {
-		return Decision{}, err
+		req.Duration.Milliseconds(), selector, req.Owner, req.Priority,
+	}}, nil
+}
+
+// sendReserves decides a batch in one reserve.lua call and hands each
+// request its result.
+func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
+	args := make([]any, 0, 8+10*len(batch))
+	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.WeightResources, s.cfg.WeightCost,
+		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen, s.searchMode(),
+		max(s.cfg.WaitTTL.Milliseconds(), 0))
+	for _, p := range batch {
+		args = append(args, p.args...)
 	}
+	replies, err := s.run(ctx, scripts.Reserve, args...)
+	if err == nil && len(replies) != len(batch) {
+		err = fmt.Errorf("reserve: %d replies for %d requests", len(replies), len(batch))
+	}
+	for i, p := range batch {
+		if err != nil {
+			p.done <- reserveResult{err: err}
+			continue
+		}
+		reply, ok := replies[i].([]any)
+		if !ok || len(reply) != 4 {
+			p.done <- reserveResult{err: fmt.Errorf("unexpected reserve reply %v", replies[i])}
+			continue
+		}
+		d, err := parseReserveReply(p.req.ID, reply)
+		p.done <- reserveResult{decision: d, err: err}
+	}
+}
+
+// parseReserveReply reads one request's {outcome, reservation, candidates, rejections}.
+func parseReserveReply(id string, reply []any) (Decision, error) {
 	outcome, _ := reply[0].(string)
 	switch outcome {
 	case "reserved", "replay":
-		r, err := parseReservation(req.ID, toStrings(reply[1].([]any)))
+		flat, _ := reply[1].([]any)
+		r, err := parseReservation(id, toStrings(flat))
 		return Decision{Reservation: r, Replayed: outcome == "replay"}, err
 	case "conflict":
 		return Decision{}, ErrConflict
 	case "nofit":
 		nf := &NoFitError{}
-		if err := json.Unmarshal([]byte(reply[3].(string)), &nf.Rejected); err != nil {
+		rejected, _ := reply[3].(string)
+		if err := json.Unmarshal([]byte(rejected), &nf.Rejected); err != nil {
 			return Decision{}, fmt.Errorf("decode rejections: %w", err)
 		}
 		return Decision{}, nf

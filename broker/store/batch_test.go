@@ -1,0 +1,189 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/redistest"
+)
+
+// TestBatchMatchesSequential: a batch of requests decided in one reserve.lua
+// call gives, request by request, the same answers as one call each in the
+// same order, and leaves the same state: two redis-servers get the same
+// advertisements, one decides batches, the other the same requests one by
+// one. The batches mix fitting and unfitting requests, selectors, GPUs,
+// priorities (the waiting list's gate reads the index mid-batch), replays and
+// conflicts of ids decided earlier in the same batch, at federation sizes on
+// both sides of the direct-evaluation limit.
+func TestBatchMatchesSequential(t *testing.T) {
+	seqRdb := redistest.Start(t).Client()
+	batRdb := redistest.Start(t).Client()
+	for _, fullScan := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fullScan=%v", fullScan), func(t *testing.T) {
+			cfg := store.Config{StaleThreshold: time.Hour, FullScan: fullScan}
+			testBatchMatchesSequential(t, store.New(seqRdb, cfg), store.New(batRdb, cfg))
+		})
+	}
+}
+
+func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
+	ctx := context.Background()
+	seqRdb, batRdb := seq.Client(), bat.Client()
+
+	decided, nofit, replays, conflicts := 0, 0, 0, 0
+	for round, n := range []int{12, 60, 300} {
+		for _, s := range []*store.Store{seq, bat} {
+			require.NoError(t, s.Client().FlushAll(ctx).Err())
+			require.NoError(t, s.LoadScripts(ctx))
+		}
+		rng := rand.New(rand.NewPCG(uint64(round), propertySeed(t)))
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("c%03d", i)
+			ad := randomAdvertisement(rng)
+			for _, s := range []*store.Store{seq, bat} {
+				_, err := s.Advertise(ctx, ids[i], ad)
+				require.NoError(t, err)
+			}
+		}
+		var kept []store.ReserveRequest
+		for b := range 4 {
+			reqs := make([]store.ReserveRequest, 48)
+			for i := range reqs {
+				reqs[i] = randomRequest(rng, fmt.Sprintf("r%d-%d-%d", round, b, i), ids[rng.IntN(n)])
+				reqs[i].Priority = int32(rng.IntN(3))
+				switch {
+				case i > 0 && rng.IntN(12) == 0: // the same request again: a replay
+					reqs[i] = reqs[rng.IntN(i)]
+				case i > 0 && rng.IntN(12) == 0: // an id of this batch, other amounts: a conflict
+					reqs[i].ID = reqs[rng.IntN(i)].ID
+				}
+			}
+			got, gotErrs := bat.ReserveBatch(ctx, reqs)
+			for i, req := range reqs {
+				want, wantErr := seq.Reserve(ctx, req)
+				where := fmt.Sprintf("round %d batch %d request %d (%s)", round, b, i, req.ID)
+				var wantNF, gotNF *store.NoFitError
+				switch {
+				case errors.As(wantErr, &wantNF):
+					require.ErrorAs(t, gotErrs[i], &gotNF, where)
+					require.Equal(t, wantNF.Rejected, gotNF.Rejected, where)
+					nofit++
+				case errors.Is(wantErr, store.ErrConflict):
+					require.ErrorIs(t, gotErrs[i], store.ErrConflict, where)
+					conflicts++
+				default:
+					require.NoError(t, wantErr, where)
+					require.NoError(t, gotErrs[i], where)
+					require.Equal(t, want.Replayed, got[i].Replayed, where)
+					require.Equal(t, want.Reservation.Target, got[i].Reservation.Target, where)
+					require.Equal(t, want.Reservation.Score, got[i].Reservation.Score, where)
+					require.Equal(t, want.Reservation.Candidates, got[i].Reservation.Candidates, where)
+					if want.Replayed {
+						replays++
+					} else {
+						decided++
+						kept = append(kept, req)
+					}
+				}
+			}
+			// Between batches, release some reservations on both sides.
+			for range 8 {
+				if len(kept) == 0 {
+					break
+				}
+				j := rng.IntN(len(kept))
+				for _, s := range []*store.Store{seq, bat} {
+					_, err := s.Release(ctx, kept[j].ID, kept[j].Requester)
+					require.NoError(t, err)
+				}
+				kept = append(kept[:j], kept[j+1:]...)
+			}
+		}
+		// The same state: capacity counters, index records and sorted sets,
+		// reservations per target, the waiting list.
+		require.NoError(t, bat.CheckIndex(ctx), "round %d", round)
+		for _, id := range ids {
+			key := "cluster:" + id
+			fields := []string{"resv_cpu", "resv_mem", "resv_gpu", "resv_sto"}
+			require.Equal(t, seqRdb.HMGet(ctx, seq.Key(key), fields...).Val(), batRdb.HMGet(ctx, bat.Key(key), fields...).Val(), "round %d %s", round, id)
+			require.ElementsMatch(t, seqRdb.SMembers(ctx, seq.Key("by-target:", id)).Val(), batRdb.SMembers(ctx, bat.Key("by-target:", id)).Val(), "round %d %s", round, id)
+		}
+		require.Equal(t, seqRdb.HGetAll(ctx, seq.Key("idx:rec")).Val(), batRdb.HGetAll(ctx, bat.Key("idx:rec")).Val(), "round %d", round)
+		for _, set := range []string{"idx:free:cpu", "idx:free:mem", "idx:free:gpu", "idx:hfree:cm", "idx:hfree:gpu"} {
+			require.Equal(t, zsetOf(ctx, seqRdb, seq.Key(set)), zsetOf(ctx, batRdb, bat.Key(set)), "round %d %s", round, set)
+		}
+		require.Equal(t, seqRdb.ZCard(ctx, seq.Key("expiry")).Val(), batRdb.ZCard(ctx, bat.Key("expiry")).Val(), "round %d", round)
+		require.Equal(t, seqRdb.ZCard(ctx, seq.Key("waiting")).Val(), batRdb.ZCard(ctx, bat.Key("waiting")).Val(), "round %d", round)
+	}
+	t.Logf("batched requests compared: %d placed, %d nofit, %d replays, %d conflicts", decided, nofit, replays, conflicts)
+	require.Greater(t, decided, 150)
+	require.Greater(t, nofit, 20)
+	require.Greater(t, replays, 5)
+	require.Greater(t, conflicts, 5)
+}
+
+func zsetOf(ctx context.Context, rdb redis.UniversalClient, key string) []redis.Z {
+	return rdb.ZRangeWithScores(ctx, key, 0, -1).Val()
+}
+
+// TestConcurrentReserveBatches: many callers at once (so the batcher forms
+// batches) over little capacity: every request gets an answer, nothing is
+// overbooked, and each cluster's reserved counters equal the sum of its live
+// reservations.
+func TestConcurrentReserveBatches(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	s := store.New(rdb, store.Config{StaleThreshold: time.Hour, ReserveBatch: 16})
+	require.NoError(t, s.LoadScripts(ctx))
+	for i := range 20 {
+		_, err := s.Advertise(ctx, fmt.Sprintf("p%02d", i), store.Advertisement{
+			Capacity:    store.Resources{CPU: 4000, Memory: 8 * gi},
+			Allocatable: store.Resources{CPU: 4000, Memory: 8 * gi},
+			Prices:      store.Prices{CPU: int64(10_000 + 1000*i), Memory: 1000, Currency: "EUR"},
+		})
+		require.NoError(t, err)
+	}
+	// 20 clusters of 4 CPUs take 80 requests of 1 CPU; 200 ask.
+	const callers, each = 20, 10
+	var (
+		mu     sync.Mutex
+		placed int
+		wg     sync.WaitGroup
+	)
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				_, err := s.Reserve(ctx, store.ReserveRequest{
+					ID: fmt.Sprintf("q%d-%d", c, i), Requester: "home", Duration: time.Hour,
+					Resources: store.Resources{CPU: 1000, Memory: gi},
+				})
+				var nf *store.NoFitError
+				if err != nil && !errors.As(err, &nf) {
+					t.Error(err)
+					return
+				}
+				if err == nil {
+					mu.Lock()
+					placed++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, 80, placed)
+	require.NoError(t, s.CheckInvariant(ctx))
+	require.NoError(t, s.CheckIndex(ctx))
+}
