@@ -19,12 +19,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -175,6 +177,7 @@ func (r *Reconciler) refresh(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 		return ctrl.Result{RequeueAfter: r.backoff(2)}, nil
 	}
 	before := rsv.Status.Phase
+	old := rsv.Status.DeepCopy()
 	if at.ID != "" {
 		r.mirror(rsv, at)
 	} else {
@@ -186,8 +189,13 @@ func (r *Reconciler) refresh(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 	}
 	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
 		Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
-	if err := r.Client.Status().Update(ctx, rsv); err != nil {
-		return ctrl.Result{}, err
+	// The broker sends an event for every change of a reservation (and the
+	// follower enqueues on each, and after every reconnection): most find
+	// the status already right, and write nothing.
+	if !equality.Semantic.DeepEqual(old, &rsv.Status) {
+		if err := r.Client.Status().Update(ctx, rsv); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	if before != rsv.Status.Phase {
 		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, string(rsv.Status.Phase), "reservation is %s at the broker", rsv.Status.Phase)
@@ -252,8 +260,10 @@ func (r *Reconciler) mirror(rsv *rbv1.Reservation, at api.Reservation) {
 	rsv.Status.Provider = at.Provider
 	rsv.Status.Score = strconv.FormatFloat(at.Score, 'f', 2, 64)
 	rsv.Status.Reason, rsv.Status.Message = "", fmt.Sprintf("reserved on %s", at.Provider)
-	rsv.Status.ReservedAt = &metav1.Time{Time: at.CreatedAt}
-	rsv.Status.ExpiresAt = &metav1.Time{Time: at.ExpiresAt}
+	// At the precision the API server keeps (seconds), so that a status
+	// read back compares equal to the broker's view of it.
+	rsv.Status.ReservedAt = ptr.To(metav1.NewTime(at.CreatedAt).Rfc3339Copy())
+	rsv.Status.ExpiresAt = ptr.To(metav1.NewTime(at.ExpiresAt).Rfc3339Copy())
 	rsv.Status.ObservedGeneration = rsv.Generation
 	if isLive(rsv.Status.Phase) {
 		meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionTrue,

@@ -1,0 +1,95 @@
+package reservation
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+// fakeBroker answers with one reservation, whatever is asked.
+type fakeBroker struct{ at api.Reservation }
+
+func (f *fakeBroker) Reserve(context.Context, api.ReservationRequest) (api.Reservation, error) {
+	return f.at, nil
+}
+func (f *fakeBroker) Reservation(context.Context, string) (api.Reservation, error) { return f.at, nil }
+func (f *fakeBroker) Release(context.Context, string) (api.Reservation, error)     { return f.at, nil }
+
+// TestRefreshWritesOnChangesOnly: the broker sends an event for every change
+// of a reservation and the agent looks again after every reconnection; a
+// look that finds the status right writes nothing (neither status nor
+// event), a change is written once.
+func TestRefreshWritesOnChangesOnly(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := rbv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	rsv := &rbv1.Reservation{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-0", Namespace: "default", UID: "u-1", Finalizers: []string{rbv1.ReleaseFinalizer}},
+		Spec: rbv1.ReservationSpec{Resources: corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")}},
+	}
+	var statusWrites atomic.Int32
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(rsv).WithStatusSubresource(rsv).
+		WithInterceptorFuncs(interceptor.Funcs{SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, o client.Object, opts ...client.SubResourceUpdateOption) error {
+			statusWrites.Add(1)
+			return c.SubResource(sub).Update(ctx, o, opts...)
+		}}).Build()
+	now := time.Now()
+	b := &fakeBroker{at: api.Reservation{ID: "u-1", Provider: "paris", Phase: string(rbv1.ReservationReserved), Score: 71.5,
+		CreatedAt: now, ExpiresAt: now.Add(30 * time.Minute)}}
+	events := record.NewFakeRecorder(10)
+	r := &Reconciler{Client: c, Broker: b, Recorder: events, MinBackoff: time.Second, MaxBackoff: time.Minute}
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rsv)}
+	reconcile := func(what string) {
+		t.Helper()
+		if _, err := r.Reconcile(context.Background(), req); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+
+	reconcile("reserve")
+	if n := statusWrites.Load(); n != 1 {
+		t.Fatalf("reserve: %d status writes, want 1", n)
+	}
+	reconcile("Reserved event") // the broker's Reserved event: nothing new
+	reconcile("reconnection")
+	if n := statusWrites.Load(); n != 1 {
+		t.Errorf("looking again at an unchanged reservation: %d status writes, want 1", n)
+	}
+	b.at.Phase = string(rbv1.ReservationActive)
+	reconcile("granted")
+	reconcile("granted again")
+	if n := statusWrites.Load(); n != 2 {
+		t.Errorf("after the grant: %d status writes, want 2", n)
+	}
+	var got rbv1.Reservation
+	if err := c.Get(context.Background(), req.NamespacedName, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Phase != rbv1.ReservationActive || got.Status.ExpiresAt == nil || got.Status.ExpiresAt.Unix() != now.Add(30*time.Minute).Unix() {
+		t.Errorf("status %+v", got.Status)
+	}
+	close(events.Events)
+	var reasons []string
+	for e := range events.Events {
+		reasons = append(reasons, e)
+	}
+	if len(reasons) != 2 {
+		t.Errorf("events %q, want Reserved and Active", reasons)
+	}
+}
