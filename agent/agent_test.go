@@ -200,9 +200,15 @@ func TestReservationAcrossClusters(t *testing.T) {
 	err = tenant.List(ctx, &corev1.SecretList{}, client.InNamespace("kube-system"))
 	assert.True(t, apierrors.IsForbidden(err), "%v", err)
 
-	// A second reservation of rome to paris grows the quota.
+	// A second reservation of rome to paris grows the quota, and is granted
+	// the same token (one TokenRequest per requester while it is young).
 	require.NoError(t, rome.client.Create(ctx, reservationObj("web-1", "1", "1Gi")))
-	rome.waitPhase("web-1", rbv1.ReservationActive, 10*time.Second)
+	rsv1 := rome.waitPhase("web-1", rbv1.ReservationActive, 10*time.Second)
+	at1, err := rome.brokerClient().Reservation(ctx, string(rsv1.UID))
+	require.NoError(t, err)
+	require.NotNil(t, at1.Grant)
+	assert.Equal(t, at.Grant.Token, at1.Grant.Token, "one token for the requester's reservations")
+	assert.Equal(t, at.Grant.ExpiresAt.Unix(), at1.Grant.ExpiresAt.Unix())
 	require.Eventually(t, func() bool {
 		_ = paris.client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "rb-reservations"}, &quota)
 		q := quota.Spec.Hard["requests.cpu"]

@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"sync"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -28,6 +30,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/fluidos-project/resource-broker/agent/metrics"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
@@ -66,12 +70,37 @@ type TenantReconciler struct {
 	// TokenTTL is the lifetime of a granted token (default 1h, at least 10m);
 	// grants are renewed after two thirds of it.
 	TokenTTL time.Duration
+	// GrantWorkers is how many grants of one requester are sent at once
+	// (default 8): a burst of reservations is granted in parallel, not one
+	// round trip after the other.
+	GrantWorkers int
+
+	// tokens: the last token requested per requester, handed to the
+	// reservations granted while it is young (see tokenFor).
+	tokensMu sync.Mutex
+	tokens   map[string]tenantToken
+	// granted: per requester, the reservations granted by this process and
+	// when, for the reconciles that come before the cache shows the
+	// instruction's new status (the quota's and the instruction's own
+	// events): without it they would grant again.
+	granted map[string]map[types.UID]time.Time
+}
+
+// tenantToken is a token of a tenant's ServiceAccount.
+type tenantToken struct {
+	saUID   types.UID // the ServiceAccount it was issued for: a new one (tenant re-created) voids it
+	token   string
+	issued  time.Time
+	expires time.Time
 }
 
 // SetupWithManager registers the reconciler and its index.
 func (r *TenantReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.TokenTTL == 0 {
 		r.TokenTTL = time.Hour
+	}
+	if r.GrantWorkers == 0 {
+		r.GrantWorkers = 8
 	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &rbv1.ProviderInstruction{}, RequesterIndex,
 		func(o client.Object) []string { return []string{o.(*rbv1.ProviderInstruction).Spec.Requester} }); err != nil {
@@ -130,6 +159,7 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	ns := TenantNamespace(requester)
 	if len(live) == 0 {
+		r.forgetToken(requester)
 		return ctrl.Result{}, r.removeTenant(ctx, ns)
 	}
 	if err := r.ensureNamespace(ctx, ns, requester); err != nil {
@@ -142,20 +172,51 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err := r.ensureQuota(ctx, ns, requester, live); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.ensureAccess(ctx, ns, requester); err != nil {
+	sa, err := r.ensureAccess(ctx, ns, requester)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
 	next := now.Add(r.TokenTTL)
+	soonest := func(t time.Time) {
+		if t.Before(next) {
+			next = t
+		}
+	}
+	var due []*rbv1.ProviderInstruction
+	granted := r.grantedOf(requester, live)
 	for _, pi := range live {
-		renewAt, err := r.grant(ctx, ns, pi)
+		if pi.Spec.ExpiresAt != nil {
+			soonest(pi.Spec.ExpiresAt.Time)
+		}
+		if at, ok := r.renewAt(pi, granted[pi.UID]); ok {
+			soonest(at)
+			continue
+		}
+		due = append(due, pi)
+	}
+	if len(due) > 0 {
+		tok, err := r.tokenFor(ctx, requester, sa)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
-		if renewAt.Before(next) {
-			next = renewAt
+		// Independent grants (one broker call and one status write each), in parallel.
+		var mu sync.Mutex
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(max(1, r.GrantWorkers))
+		for _, pi := range due {
+			g.Go(func() error {
+				renewAt, err := r.grant(gctx, ns, pi, tok)
+				if err == nil {
+					mu.Lock()
+					soonest(renewAt)
+					mu.Unlock()
+					r.recordGrant(requester, pi.UID)
+				}
+				return err
+			})
 		}
-		if pi.Spec.ExpiresAt != nil && pi.Spec.ExpiresAt.Before(&metav1.Time{Time: next}) {
-			next = pi.Spec.ExpiresAt.Time
+		if err := g.Wait(); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
 	return ctrl.Result{RequeueAfter: max(time.Until(next), time.Second)}, nil
@@ -227,7 +288,9 @@ var TenantRules = []rbacv1.PolicyRule{
 		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}},
 }
 
-func (r *TenantReconciler) ensureAccess(ctx context.Context, ns, requester string) error {
+// ensureAccess keeps the tenant's ServiceAccount and RoleBinding, and
+// returns the ServiceAccount.
+func (r *TenantReconciler) ensureAccess(ctx context.Context, ns, requester string) (*corev1.ServiceAccount, error) {
 	labels := map[string]string{rbv1.TenantLabel: requester, rbv1.ManagedByLabel: rbv1.ManagedByValue}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: TenantServiceAccount, Namespace: ns}}
 	if _, err := controllerutil.CreateOrPatch(ctx, r.Client, sa, func() error {
@@ -235,7 +298,7 @@ func (r *TenantReconciler) ensureAccess(ctx context.Context, ns, requester strin
 		sa.AutomountServiceAccountToken = ptr.To(false)
 		return nil
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: TenantRoleBinding, Namespace: ns}}
 	_, err := controllerutil.CreateOrPatch(ctx, r.Client, binding, func() error {
@@ -244,23 +307,95 @@ func (r *TenantReconciler) ensureAccess(ctx context.Context, ns, requester strin
 		binding.Subjects = []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: TenantServiceAccount, Namespace: ns}}
 		return nil
 	})
-	return err
+	return sa, err
 }
 
-// grant sends a fresh token for pi's reservation unless the last one is still
-// young; it returns when the grant should be renewed.
-func (r *TenantReconciler) grant(ctx context.Context, ns string, pi *rbv1.ProviderInstruction) (time.Time, error) {
-	renew := func(at time.Time) time.Time { return at.Add(r.TokenTTL * 2 / 3) }
-	if pi.Status.GrantedAt != nil && pi.Status.Enforced && time.Now().Before(renew(pi.Status.GrantedAt.Time)) {
-		return renew(pi.Status.GrantedAt.Time), nil
+// renewAt tells when pi's grant is due again, if it is granted (as its
+// status says, or at grantedHere by this process) and not due yet.
+func (r *TenantReconciler) renewAt(pi *rbv1.ProviderInstruction, grantedHere time.Time) (time.Time, bool) {
+	last := grantedHere
+	if pi.Status.GrantedAt != nil && pi.Status.Enforced && pi.Status.GrantedAt.After(last) {
+		last = pi.Status.GrantedAt.Time
 	}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: TenantServiceAccount, Namespace: ns}}
+	if last.IsZero() {
+		return time.Time{}, false
+	}
+	at := last.Add(r.TokenTTL * 2 / 3)
+	return at, time.Now().Before(at)
+}
+
+// grantedOf returns when this process granted the live instructions of a
+// requester, and forgets the others.
+func (r *TenantReconciler) grantedOf(requester string, live []*rbv1.ProviderInstruction) map[types.UID]time.Time {
+	r.tokensMu.Lock()
+	defer r.tokensMu.Unlock()
+	out := map[types.UID]time.Time{}
+	m := r.granted[requester]
+	for _, pi := range live {
+		if at, ok := m[pi.UID]; ok {
+			out[pi.UID] = at
+		}
+	}
+	if len(out) < len(m) {
+		r.granted[requester] = maps.Clone(out)
+	}
+	return out
+}
+
+func (r *TenantReconciler) recordGrant(requester string, uid types.UID) {
+	r.tokensMu.Lock()
+	defer r.tokensMu.Unlock()
+	if r.granted == nil {
+		r.granted = map[string]map[types.UID]time.Time{}
+	}
+	if r.granted[requester] == nil {
+		r.granted[requester] = map[types.UID]time.Time{}
+	}
+	r.granted[requester][uid] = time.Now()
+}
+
+// tokenFor returns a token of the tenant's ServiceAccount for the grants
+// due now: the last one requested for this requester while it is younger
+// than a sixth of its lifetime and was issued for this ServiceAccount,
+// else a new one (TokenRequest). A grant made with it is renewed two thirds
+// of a lifetime later (renewAt), so with at least a sixth of the token's
+// lifetime left. One TokenRequest thus serves every reservation of a
+// requester made within TokenTTL/6 (10 minutes by default), instead of one
+// each: the same credentials, to the same ServiceAccount, for the same
+// namespace.
+func (r *TenantReconciler) tokenFor(ctx context.Context, requester string, sa *corev1.ServiceAccount) (tenantToken, error) {
+	r.tokensMu.Lock()
+	defer r.tokensMu.Unlock()
+	if t, ok := r.tokens[requester]; ok && t.saUID == sa.UID && sa.UID != "" && time.Since(t.issued) < r.TokenTTL/6 {
+		return t, nil
+	}
 	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(r.TokenTTL.Seconds()))}}
+	issued := time.Now()
 	if err := r.Client.SubResource("token").Create(ctx, sa, tr); err != nil {
-		return time.Time{}, fmt.Errorf("token for %s/%s: %w", ns, TenantServiceAccount, err)
+		return tenantToken{}, fmt.Errorf("token for %s/%s: %w", sa.Namespace, sa.Name, err)
 	}
+	t := tenantToken{saUID: sa.UID, token: tr.Status.Token, issued: issued, expires: tr.Status.ExpirationTimestamp.Time}
+	if r.tokens == nil {
+		r.tokens = map[string]tenantToken{}
+	}
+	r.tokens[requester] = t
+	return t, nil
+}
+
+// forgetToken drops the cached token of a requester (its tenant is gone).
+func (r *TenantReconciler) forgetToken(requester string) {
+	r.tokensMu.Lock()
+	defer r.tokensMu.Unlock()
+	delete(r.tokens, requester)
+	delete(r.granted, requester)
+}
+
+// grant sends tok for pi's reservation (which is due: see renewAt); it
+// returns when the grant should be renewed.
+func (r *TenantReconciler) grant(ctx context.Context, ns string, pi *rbv1.ProviderInstruction, tok tenantToken) (time.Time, error) {
+	renew := func(at time.Time) time.Time { return at.Add(r.TokenTTL * 2 / 3) }
 	_, err := r.Broker.Grant(ctx, pi.Spec.ReservationID, api.Grant{
-		Endpoint: r.Endpoint, CABundle: r.CABundle, Token: tr.Status.Token, Namespace: ns, ExpiresAt: tr.Status.ExpirationTimestamp.Time,
+		Endpoint: r.Endpoint, CABundle: r.CABundle, Token: tok.token, Namespace: ns, ExpiresAt: tok.expires,
 	})
 	metrics.BrokerCalls.WithLabelValues("grant", metrics.Outcome(err, brokerclient.IsNoCapacity, brokerclient.IsRetryable)).Inc()
 	if brokerclient.IsNotFound(err) || brokerclient.IsConflict(err) {
