@@ -289,7 +289,16 @@ func (h *podHandler) remoteChanged(remote *corev1.Pod) {
 	if err != nil || local.UID != uid {
 		return
 	}
-	h.notifyStatus(localStatus(local, remote, h.n.provider))
+	out := localStatus(local, remote, h.n.provider)
+	if equality.Semantic.DeepEqual(out.Status, local.Status) {
+		// Nothing to reflect: the copy was created, or bound by the
+		// provider's scheduler (its PodScheduled is not reflected), and
+		// the pod already says Pending. virtual-kubelet would write the
+		// same status back (it compares with the last notification, whose
+		// resourceVersion our own write has changed since).
+		return
+	}
+	h.notifyStatus(out)
 }
 
 func (h *podHandler) deleteOrphan(remote *corev1.Pod) {
