@@ -448,6 +448,8 @@ const (
 	stRsvCreated   = "Reservation created"
 	stDecided      = "broker decision"
 	stReserved     = "Reservation Reserved"
+	stInstruction  = "ProviderInstruction created"
+	stGranted      = "ProviderInstruction granted"
 	stActive       = "Reservation Active (granted)"
 	stVNodeUpdated = "virtual node resized"
 	stNamed        = "Reservation names its node"
@@ -457,7 +459,7 @@ const (
 	stRunning      = "pod Running"
 )
 
-var stageOrder = []string{stPodCreated, stRsvCreated, stDecided, stReserved, stActive, stVNodeUpdated, stNamed, stBound, stMirror, stMirrorRun, stRunning}
+var stageOrder = []string{stPodCreated, stRsvCreated, stDecided, stReserved, stInstruction, stGranted, stActive, stVNodeUpdated, stNamed, stBound, stMirror, stMirrorRun, stRunning}
 
 // stages records, from informers on every cluster of the bed, when each pod
 // of a benchmark iteration passes each step of the remote path (see
@@ -469,11 +471,13 @@ type stages struct {
 	rsvID map[string]string               // pod key -> broker reservation id
 	vnode map[string][]time.Time          // virtual node -> times its allocatable changed
 	alloc map[string]string
+	pi    map[string]map[string]time.Time // broker reservation id -> provider-side stage -> first time
 	stops []func()
 }
 
 func watchStages(b testing.TB, bed *testbed.Bed, bench string) *stages {
-	s := &stages{at: map[string]map[string]time.Time{}, rsvID: map[string]string{}, vnode: map[string][]time.Time{}, alloc: map[string]string{}}
+	s := &stages{at: map[string]map[string]time.Time{}, rsvID: map[string]string{}, vnode: map[string][]time.Time{}, alloc: map[string]string{},
+		pi: map[string]map[string]time.Time{}}
 	for _, c := range bed.Clusters {
 		if c.Name == "rome" {
 			s.stops = append(s.stops,
@@ -482,7 +486,8 @@ func watchStages(b testing.TB, bed *testbed.Bed, bench string) *stages {
 				inform(b, c, &corev1.Node{}, nil, "", s.handler("")))
 			continue
 		}
-		s.stops = append(s.stops, inform(b, c, &corev1.Pod{}, nil, "rb-rome", s.handler(c.Name)))
+		s.stops = append(s.stops, inform(b, c, &corev1.Pod{}, nil, "rb-rome", s.handler(c.Name)),
+			inform(b, c, &rbv1.ProviderInstruction{}, nil, testbed.AgentNamespace, s.handler(c.Name)))
 	}
 	return s
 }
@@ -550,6 +555,18 @@ func (s *stages) handler(provider string) func(any) {
 			if o.Status.VirtualNode != "" {
 				s.mark(key, stNamed, now)
 			}
+		case *rbv1.ProviderInstruction:
+			m := s.pi[o.Name]
+			if m == nil {
+				m = map[string]time.Time{}
+				s.pi[o.Name] = m
+			}
+			if _, ok := m[stInstruction]; !ok {
+				m[stInstruction] = now
+			}
+			if _, ok := m[stGranted]; !ok && o.Status.Enforced {
+				m[stGranted] = now
+			}
 		case *corev1.Node:
 			if _, ok := o.Labels[rbv1.ProviderLabel]; !ok {
 				return
@@ -578,6 +595,9 @@ func (s *stages) finish(ctx context.Context, bed *testbed.Bed, rome *testbed.Clu
 	for key, id := range s.rsvID {
 		if r, err := bed.Store.Reservation(ctx, id); err == nil && !r.CreatedAt.IsZero() {
 			s.mark(key, stDecided, r.CreatedAt)
+		}
+		for st, t := range s.pi[id] {
+			s.mark(key, st, t)
 		}
 	}
 	for key, m := range s.at {
