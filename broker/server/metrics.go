@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +31,8 @@ type metrics struct {
 	clamps       prometheus.Counter
 	requests     *prometheus.CounterVec
 	streams      prometheus.Gauge
+
+	outcomes map[string]*lazyCounter // reservations' children by outcome; read-only once built
 }
 
 func newMetrics(st *store.Store) *metrics {
@@ -67,7 +71,66 @@ func newMetrics(st *store.Store) *metrics {
 	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.requests, m.streams,
 		&clusterCollector{store: st},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.outcomes = map[string]*lazyCounter{}
+	for _, o := range []string{outcomeReserved, outcomeReplayed, outcomeNoFit, outcomeConflict, outcomeInvalid, outcomeError} {
+		m.outcomes[o] = &lazyCounter{vec: m.reservations, values: []string{o}}
+	}
 	return m
+}
+
+// The counters of the request path are resolved once and cached: a
+// CounterVec's WithLabelValues hashes the label values and takes a lock on
+// every call. Children are still created on first use, as WithLabelValues
+// creates them, so /metrics lists the same series.
+
+// lazyCounter is one child of a CounterVec, created on its first use.
+type lazyCounter struct {
+	vec    *prometheus.CounterVec
+	values []string
+	c      atomic.Pointer[prometheus.Counter]
+}
+
+func (l *lazyCounter) get() prometheus.Counter {
+	if c := l.c.Load(); c != nil {
+		return *c
+	}
+	c := l.vec.WithLabelValues(l.values...) // idempotent: a race creates nothing twice
+	l.c.Store(&c)
+	return c
+}
+
+// reservation returns the rb_broker_reservations_total counter of an outcome.
+func (m *metrics) reservation(outcome string) prometheus.Counter {
+	if l, ok := m.outcomes[outcome]; ok {
+		return l.get()
+	}
+	return m.reservations.WithLabelValues(outcome)
+}
+
+// routeCounters are one route's rb_broker_http_requests_total counters, by status code.
+type routeCounters struct {
+	vec   *prometheus.CounterVec
+	route string
+	codes [500]atomic.Pointer[prometheus.Counter] // status codes 100-599
+}
+
+func (m *metrics) route(route string) *routeCounters {
+	return &routeCounters{vec: m.requests, route: route}
+}
+
+func (r *routeCounters) inc(code int) {
+	if code < 100 || code >= 600 {
+		r.vec.WithLabelValues(r.route, strconv.Itoa(code)).Inc()
+		return
+	}
+	slot := &r.codes[code-100]
+	if c := slot.Load(); c != nil {
+		(*c).Inc()
+		return
+	}
+	c := r.vec.WithLabelValues(r.route, strconv.Itoa(code))
+	slot.Store(&c)
+	c.Inc()
 }
 
 // clusterCollector reports live and stale clusters, read from Redis at scrape time.

@@ -109,9 +109,15 @@ func (s *Server) health(mux *http.ServeMux) {
 // authenticated resolves the caller's identity from its client certificate,
 // bounds the body, and counts the request.
 func (s *Server) authenticated(route string, h func(http.ResponseWriter, *http.Request, string)) http.Handler {
+	requests := s.metrics.route(route)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
-		defer func() { s.metrics.requests.WithLabelValues(route, strconv.Itoa(rec.code)).Inc() }()
+		rec := recorders.Get().(*statusRecorder)
+		rec.ResponseWriter, rec.code = w, http.StatusOK
+		defer func() {
+			requests.inc(rec.code)
+			rec.ResponseWriter = nil // the handler has returned: nothing holds rec any more
+			recorders.Put(rec)
+		}()
 		if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 			writeError(rec, http.StatusUnauthorized, api.ReasonForbidden, "a client certificate is required")
 			return
@@ -137,6 +143,9 @@ type statusRecorder struct {
 	code int
 }
 
+// recorders recycles the statusRecorders of finished requests.
+var recorders = sync.Pool{New: func() any { return new(statusRecorder) }}
+
 func (r *statusRecorder) WriteHeader(code int) {
 	r.code = code
 	r.ResponseWriter.WriteHeader(code)
@@ -150,29 +159,41 @@ func (r *statusRecorder) Flush() {
 
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
-// jsonBuffers recycles the buffers answers are encoded into.
-var jsonBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+// jsonBuffer is a buffer with its encoder, recycled through jsonBuffers.
+type jsonBuffer struct {
+	buf bytes.Buffer
+	enc *json.Encoder
+}
+
+var jsonBuffers = sync.Pool{New: func() any {
+	b := new(jsonBuffer)
+	b.enc = json.NewEncoder(&b.buf)
+	return b
+}}
+
+// Header values shared by every answer (net/http only reads them).
+var contentTypeJSON = []string{"application/json"}
 
 // writeJSON answers v as JSON (with a trailing newline, as json.Encoder
 // writes it), in one Write with its Content-Length.
 func writeJSON(w http.ResponseWriter, code int, v any) {
-	buf := jsonBuffers.Get().(*bytes.Buffer)
+	b := jsonBuffers.Get().(*jsonBuffer)
 	defer func() {
-		if buf.Cap() <= 64<<10 { // keep the pool from holding on to large list answers
-			buf.Reset()
-			jsonBuffers.Put(buf)
+		if b.buf.Cap() <= 64<<10 { // keep the pool from holding on to large list answers
+			jsonBuffers.Put(b)
 		}
 	}()
-	buf.Reset()
-	if err := json.NewEncoder(buf).Encode(v); err != nil {
-		buf.Reset()
+	b.buf.Reset()
+	if err := b.enc.Encode(v); err != nil {
+		b.buf.Reset()
 		code = http.StatusInternalServerError
-		_ = json.NewEncoder(buf).Encode(api.Error{Error: "encode answer: " + err.Error(), Reason: api.ReasonInternal})
+		_ = b.enc.Encode(api.Error{Error: "encode answer: " + err.Error(), Reason: api.ReasonInternal})
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	h := w.Header()
+	h["Content-Type"] = contentTypeJSON
+	h["Content-Length"] = []string{strconv.Itoa(b.buf.Len())}
 	w.WriteHeader(code)
-	_, _ = w.Write(buf.Bytes())
+	_, _ = w.Write(b.buf.Bytes())
 }
 
 func writeError(w http.ResponseWriter, code int, reason, msg string) {
@@ -201,7 +222,7 @@ func (s *Server) writeStoreError(w http.ResponseWriter, script string, err error
 		writeError(w, http.StatusConflict, api.ReasonConflict, err.Error())
 	default:
 		if script != "" {
-			s.metrics.scriptErrors.WithLabelValues(script).Inc()
+			s.metrics.scriptErrors.WithLabelValues(script).Inc() // failures only: not worth a cache
 		}
 		s.log.Error(err, "redis call failed", "script", script)
 		writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "broker state unavailable, retry: "+err.Error())

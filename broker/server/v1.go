@@ -51,13 +51,13 @@ func (s *Server) v1GetAdvertisement(w http.ResponseWriter, r *http.Request, _ st
 func (s *Server) v1PostReservation(w http.ResponseWriter, r *http.Request, caller string) {
 	var body api.V1ReservationRequest
 	if err := api.Decode(r.Body, &body); err != nil {
-		s.metrics.reservations.WithLabelValues(outcomeInvalid).Inc()
+		s.metrics.reservation(outcomeInvalid).Inc()
 		writeDecodeError(w, err)
 		return
 	}
 	req, err := body.ToStore(v1ReservationID(caller), caller, s.limits)
 	if err != nil {
-		s.metrics.reservations.WithLabelValues(outcomeInvalid).Inc()
+		s.metrics.reservation(outcomeInvalid).Inc()
 		writeDecodeError(w, err)
 		return
 	}

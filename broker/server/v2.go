@@ -69,13 +69,13 @@ func (s *Server) live(c store.Cluster) bool {
 func (s *Server) postReservation(w http.ResponseWriter, r *http.Request, caller string) {
 	var body api.ReservationRequest
 	if err := api.Decode(r.Body, &body); err != nil {
-		s.metrics.reservations.WithLabelValues(outcomeInvalid).Inc()
+		s.metrics.reservation(outcomeInvalid).Inc()
 		writeDecodeError(w, err)
 		return
 	}
 	req, err := body.ToStore(caller, s.limits)
 	if err != nil {
-		s.metrics.reservations.WithLabelValues(outcomeInvalid).Inc()
+		s.metrics.reservation(outcomeInvalid).Inc()
 		writeDecodeError(w, err)
 		return
 	}
@@ -105,16 +105,16 @@ func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req store.R
 			log.Info("reserved", "reservation", req.ID, "requester", req.Requester,
 				"provider", d.Reservation.Target, "score", d.Reservation.Score)
 		}
-		s.metrics.reservations.WithLabelValues(outcome).Inc()
+		s.metrics.reservation(outcome).Inc()
 		return d, true
 	case errors.As(err, &noFit):
-		s.metrics.reservations.WithLabelValues(outcomeNoFit).Inc()
+		s.metrics.reservation(outcomeNoFit).Inc()
 		writeJSON(w, http.StatusConflict, api.Error{Error: noFit.Error(), Reason: api.ReasonNoCapacity, Rejected: noFit.Rejected})
 	case errors.Is(err, store.ErrConflict):
-		s.metrics.reservations.WithLabelValues(outcomeConflict).Inc()
+		s.metrics.reservation(outcomeConflict).Inc()
 		s.writeStoreError(w, "reserve", err)
 	default:
-		s.metrics.reservations.WithLabelValues(outcomeError).Inc()
+		s.metrics.reservation(outcomeError).Inc()
 		s.writeStoreError(w, "reserve", err)
 	}
 	return store.Decision{}, false
