@@ -20,6 +20,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -122,13 +123,21 @@ func evalshaStats(b *testing.B, rdb *redis.Client) (calls, usec int64) {
 }
 
 // cpuTimes are CPU seconds (user + system) of this process (the broker and
-// the benchmark's clients) and of redis-server (every thread).
-type cpuTimes struct{ self, redis float64 }
+// the benchmark's clients) and of redis-server (every thread), and the Go
+// runtime's estimate of this process's garbage collection CPU (background
+// marking, assists, pauses), which GOGC changes.
+type cpuTimes struct{ self, redis, gc float64 }
+
+var gcCPU = []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
 
 func readCPU(b *testing.B, rdb *redis.Client) cpuTimes {
 	var ru syscall.Rusage
 	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
 	t := cpuTimes{self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()}
+	metrics.Read(gcCPU)
+	if gcCPU[0].Value.Kind() == metrics.KindFloat64 {
+		t.gc = gcCPU[0].Value.Float64()
+	}
 	info, err := rdb.Info(context.Background(), "cpu").Result()
 	require.NoError(b, err)
 	for _, line := range strings.Split(info, "\n") {
@@ -147,6 +156,7 @@ func reportCPU(b *testing.B, rdb *redis.Client, start cpuTimes) {
 	end := readCPU(b, rdb)
 	if b.N > 0 {
 		b.ReportMetric((end.self-start.self)*1e6/float64(b.N), "go-cpu-us/op")
+		b.ReportMetric((end.gc-start.gc)*1e6/float64(b.N), "gc-cpu-us/op")
 		b.ReportMetric((end.redis-start.redis)*1e6/float64(b.N), "redis-cpu-us/op")
 	}
 }

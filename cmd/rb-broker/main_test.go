@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -19,6 +22,7 @@ func TestInvalidFlagsRefuseToStart(t *testing.T) {
 		{[]string{"--default-duration=48h"}, "exceeds --max-duration"},
 		{[]string{"--redis-sentinel-master=mymaster"}, "go together"},
 		{[]string{"--redis-url=mysql://x"}, "--redis-url"},
+		{[]string{"--gc-percent=-2"}, "--gc-percent"},
 		{[]string{"--cert-dir=/nonexistent"}, "/nonexistent"},
 		{[]string{"extra-arg"}, "unknown command"},
 	} {
@@ -30,4 +34,32 @@ func TestInvalidFlagsRefuseToStart(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
+}
+
+func TestTuneGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	old := memoryMaxFile
+	defer func() { memoryMaxFile = old }()
+	memoryMaxFile = filepath.Join(t.TempDir(), "memory.max")
+
+	t.Setenv("GOGC", "")
+	t.Setenv("GOMEMLIMIT", "")
+	require.NoError(t, os.WriteFile(memoryMaxFile, []byte("268435456\n"), 0o644))
+	gogc, limit := tuneGC(400)
+	assert.Equal(t, "400", gogc)
+	assert.Equal(t, int64(268435456/10*9), limit)
+	assert.Equal(t, 400, debug.SetGCPercent(400))
+	assert.Equal(t, limit, debug.SetMemoryLimit(-1))
+
+	require.NoError(t, os.WriteFile(memoryMaxFile, []byte("max\n"), 0o644))
+	_, limit = tuneGC(400)
+	assert.Zero(t, limit, "no container limit, no soft limit")
+
+	t.Setenv("GOGC", "150") // the environment wins
+	t.Setenv("GOMEMLIMIT", "100MiB")
+	require.NoError(t, os.WriteFile(memoryMaxFile, []byte("268435456\n"), 0o644))
+	gogc, limit = tuneGC(400)
+	assert.Empty(t, gogc)
+	assert.Zero(t, limit)
 }
