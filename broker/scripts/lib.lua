@@ -29,10 +29,16 @@
 --   P.."idx:alloc:"..r      zset    cluster id -> alloc r
 --   P.."idx:price:"..r      zset    cluster id -> price of r (cpu, mem, gpu)
 --   P.."idx:label:"..k.."="..v  set  cluster ids carrying that label
---   P.."idx:version"        string  "1" once the index has been built (reindex.lua)
+--   P.."idx:pcm:"..r        zset    cluster id -> price_cpu + r * price_mem, for r in RATIOS:
+--                                   the price of a core with r GiB; a request of q GiB
+--                                   per core costs cores * (price_cpu + q * price_mem), at
+--                                   least cores * pcm:r for r <= q and at most for r >= q
+--                                   (prices are not negative), so these sets bound the
+--                                   price of unread clusters for the threshold walk
+--   P.."idx:version"        string  INDEX_VERSION once the index has been built (reindex.lua)
 --
 -- The waiting list (requests nothing could take, served by priority):
---   P.."waiting"            zset    "<since_ms, 15 digits>:<id>" -> -priority
+--   P.."waiting"            zset    "<since_us, 18 digits>:<id>" -> -priority
 --                                   (ZRANGE order: highest priority, then oldest)
 --   P.."wait:"..id          hash    requester, cpu, mem, gpu, sto, selector, priority,
 --                                   since_ms, member; expires unless the requester retries
@@ -41,10 +47,13 @@
 -- mem and sto in bytes, gpu as a count.
 local RESOURCES = {'cpu', 'mem', 'gpu', 'sto'}
 
--- now_ms reads the Redis server clock: one clock for every broker replica.
-local function now_ms()
+-- now_us and now_ms read the Redis server clock: one clock for every broker replica.
+local function now_us()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function now_ms()
+  return math.floor(now_us() / 1000)
 end
 
 -- REC_AT: where each resource's alloc sits in an idx:rec record (free follows it).
@@ -67,6 +76,12 @@ local function rec_values(s)
   local v = cjson.decode(s)
   return v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]
 end
+
+-- INDEX_VERSION names the index layout; a Redis holding another is reindexed at start-up.
+local INDEX_VERSION = '2'
+
+-- RATIOS are the GiB-per-core ratios of the idx:pcm sets.
+local RATIOS = {0, 0.5, 1, 2, 4, 8, 16, 32, 64}
 
 -- PRICED are the resources that have a price.
 local PRICED = {'cpu', 'mem', 'gpu'}
@@ -159,6 +174,10 @@ local function index_cluster(prefix, cid, seen, old_labels)
   for i, res in ipairs(PRICED) do
     redis.call('ZADD', prefix .. 'idx:price:' .. res, num(tonumber(v[4 + i] or '0')), cid)
   end
+  local pc, pm = tonumber(v[5] or '0'), tonumber(v[6] or '0')
+  for _, r in ipairs(RATIOS) do
+    redis.call('ZADD', prefix .. 'idx:pcm:' .. r, num(pc + r * pm), cid)
+  end
   local new = decode_labels(v[8])
   for k, val in pairs(decode_labels(old_labels)) do
     if new[k] ~= val then redis.call('SREM', prefix .. 'idx:label:' .. k .. '=' .. tostring(val), cid) end
@@ -181,6 +200,9 @@ local function unindex_cluster(prefix, cid)
   redis.call('HDEL', prefix .. 'idx:labels', cid)
   for _, res in ipairs(PRICED) do
     redis.call('ZREM', prefix .. 'idx:price:' .. res, cid)
+  end
+  for _, r in ipairs(RATIOS) do
+    redis.call('ZREM', prefix .. 'idx:pcm:' .. r, cid)
   end
   local labels = redis.call('HGET', prefix .. 'cluster:' .. cid, 'labels')
   for k, val in pairs(decode_labels(labels)) do
@@ -205,6 +227,11 @@ local function event_fields(kind, id, r)
     'expires_ms', r.expires_ms}
 end
 
+-- waiting_id is the reservation id of a waiting list member.
+local function waiting_id(member)
+  return string.match(member, '^%d+:(.*)$')
+end
+
 -- WAITERS_NOTIFIED: how many waiting requests a capacity change notifies.
 local WAITERS_NOTIFIED = 8
 
@@ -220,7 +247,7 @@ end
 local function notify_waiters(prefix, maxlen)
   local members = redis.call('ZRANGE', prefix .. 'waiting', 0, WAITERS_NOTIFIED - 1)
   for _, m in ipairs(members) do
-    local id = string.sub(m, 17)
+    local id = waiting_id(m)
     local w = redis.call('HMGET', prefix .. 'wait:' .. id, 'requester', 'cpu', 'mem', 'gpu', 'sto')
     if not w[1] then
       redis.call('ZREM', prefix .. 'waiting', m)

@@ -8,7 +8,7 @@
 -- ARGV[2]  "force" to rebuild even if idx:version says the index exists
 -- Reply: number of live clusters indexed, or -1 when the index already existed
 local prefix = KEYS[1]
-if ARGV[2] ~= 'force' and redis.call('GET', prefix .. 'idx:version') == '1' then return -1 end
+if ARGV[2] ~= 'force' and redis.call('GET', prefix .. 'idx:version') == INDEX_VERSION then return -1 end
 local cut = now_ms() - tonumber(ARGV[1])
 local indexed = 0
 local all = redis.call('ZRANGE', prefix .. 'clusters', 0, -1, 'WITHSCORES')
@@ -20,5 +20,5 @@ for i = 1, #all, 2 do
     indexed = indexed + 1
   end
 end
-redis.call('SET', prefix .. 'idx:version', '1')
+redis.call('SET', prefix .. 'idx:version', INDEX_VERSION)
 return indexed

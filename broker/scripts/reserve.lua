@@ -71,7 +71,8 @@ local FIRST, WIDTH = 9, 10 -- where the requests start in ARGV, and the values o
 -- DIRECT_MAX: up to this many candidates are evaluated directly, without the threshold walk.
 local DIRECT_MAX = 128
 
-local now = now_ms()
+local started_us = now_us()
+local now = math.floor(started_us / 1000)
 local cut = now - stale_ms
 
 -- Keep the candidate index to live clusters: drop those gone stale since the last call.
@@ -203,7 +204,8 @@ local function fits_somewhere(w)
 end
 
 -- decide handles the request whose values start at ARGV[a] and returns its reply.
-local function decide(a)
+-- arrival_us orders it on the waiting list: the call's time, plus its place in the batch.
+local function decide(a, arrival_us)
   local id, requester = ARGV[a], ARGV[a + 1]
   local req_str = {cpu = ARGV[a + 2], mem = ARGV[a + 3], gpu = ARGV[a + 4], sto = ARGV[a + 5]}
   local duration, selector_json, owner, priority_str = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]
@@ -235,7 +237,7 @@ local function decide(a)
     if wait_ttl <= 0 then return end
     local wk = prefix .. 'wait:' .. id
     if redis.call('EXISTS', wk) == 0 then
-      local member = string.format('%015d', now) .. ':' .. id
+      local member = string.format('%018d', arrival_us) .. ':' .. id
       redis.call('HSET', wk, 'requester', requester, 'cpu', req_str.cpu, 'mem', req_str.mem,
         'gpu', req_str.gpu, 'sto', req_str.sto, 'selector', selector_json, 'priority', priority_str,
         'since_ms', now, 'member', member)
@@ -252,7 +254,7 @@ local function decide(a)
       'LIMIT', 0, WAITERS_NOTIFIED)
     if #higher > 0 then flush() end
     for _, m in ipairs(higher) do
-      local wid = string.sub(m, 17)
+      local wid = waiting_id(m)
       local w = to_map(redis.call('HGETALL', prefix .. 'wait:' .. wid))
       if not w.requester then
         redis.call('ZREM', prefix .. 'waiting', m) -- forgotten: its requester stopped retrying
@@ -514,14 +516,47 @@ local function decide(a)
       decide_among(smallest_ids())
     else
       method = 'threshold'
-      min_price = extreme_price(false)
+      -- A request for cpu and memory (no GPU) is priced per core at q GiB per
+      -- core: the idx:pcm sets of the nearest ratios below and above q bound
+      -- the price of every cluster not read yet (lib.lua), within the float
+      -- rounding of those products, which price_margin absorbs.
+      local cores = rc / 1000
+      local pcm_lo, pcm_hi = nil, nil
+      if rc > 0 and rm > 0 and rg == 0 then
+        local q = (rm / 1073741824) / cores
+        for _, r in ipairs(RATIOS) do
+          if r <= q then pcm_lo = r end
+          if r >= q and pcm_hi == nil then pcm_hi = r end
+        end
+      end
+      local function price_margin(p) return 1e-12 * math.abs(p) + 1e-9 end
+      local lo = nil -- ascending over idx:pcm:<pcm_lo>; the threshold walk goes on with it
+      if pcm_lo then
+        lo = cursor(prefix .. 'idx:pcm:' .. pcm_lo, false)
+        walk({lo}, function()
+          if fit_min == nil then return false end
+          local bound = cores * lo.last
+          return fit_min <= bound - price_margin(bound)
+        end)
+        min_price = fit_min
+      else
+        min_price = extreme_price(false)
+      end
       if min_price ~= nil then
-        max_price = extreme_price(true)
+        if pcm_hi then
+          local hi = cursor(prefix .. 'idx:pcm:' .. pcm_hi, true)
+          walk({hi}, function()
+            local bound = cores * hi.last
+            return fit_max >= bound + price_margin(bound)
+          end)
+          max_price = fit_max
+        else
+          max_price = extreme_price(true)
+        end
         -- The best score an unread cluster could reach: the free fraction at
         -- each resource cursor (cpu and mem share one, on their mean) less what
-        -- the request takes from the largest allocatable, and a cost score of
-        -- 100. (Walking the price sets too, to lower the cost part of the bound,
-        -- read about twice as many clusters on the benchmark's data.)
+        -- the request takes from the largest allocatable, and the cost score
+        -- of the lowest price it could have (at the price cursor; 100 without one).
         local free_cursors = {}
         local taken_share = 0 -- sum over requested resources of request / largest allocatable
         for _, res in ipairs(requested) do
@@ -541,14 +576,22 @@ local function decide(a)
             free_cursors[#free_cursors + 1] = cur
           end
         end
+        local cursors = {unpack(free_cursors)}
+        if lo then cursors[#cursors + 1] = lo end
         local scored = 0
-        walk(free_cursors, function()
+        walk(cursors, function()
           for k = scored + 1, fit_n do offer(k) end
           scored = fit_n
           if #top < top_n then return false end
           local rs = -taken_share
           for _, cur in ipairs(free_cursors) do rs = rs + cur.weight * cur.last end
-          local bound = w_res * (100 * rs / n_requested) + w_cost * 100
+          local cost = 100
+          if lo and max_price > min_price then
+            local lowest = cores * lo.last
+            lowest = lowest - price_margin(lowest)
+            cost = math.min(100, 100 * (max_price - lowest) / (max_price - min_price))
+          end
+          local bound = w_res * (100 * rs / n_requested) + w_cost * cost
           return top[#top].score > bound + 1e-9
         end)
         for k = scored + 1, fit_n do offer(k) end
@@ -642,7 +685,7 @@ end
 
 local replies = {}
 for a = FIRST, #ARGV, WIDTH do
-  replies[#replies + 1] = decide(a)
+  replies[#replies + 1] = decide(a, started_us + #replies)
 end
 flush()
 return replies

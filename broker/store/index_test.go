@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
@@ -101,23 +102,31 @@ func TestIndexMatchesFullScan(t *testing.T) {
 		// The others stay live: they publish again (a heartbeat) every 500 ms,
 		// as agents do, so none goes stale between the two decisions compared.
 		ads := map[string]store.Advertisement{}
+		// lastBeat is taken before a heartbeat starts: its first cluster is
+		// seen then. Concurrent, so that a loaded machine stays well within
+		// the threshold.
+		var lastBeat time.Time
 		heartbeat := func() {
+			lastBeat = time.Now()
+			var g errgroup.Group
+			g.SetLimit(16)
 			for _, id := range ids[n/5:] {
-				_, err := indexed.Advertise(ctx, id, ads[id])
-				require.NoError(t, err)
+				g.Go(func() error {
+					_, err := indexed.Advertise(ctx, id, ads[id])
+					return err
+				})
 			}
+			require.NoError(t, g.Wait())
 		}
 		for _, id := range ids[n/5:] {
 			ads[id] = randomAdvertisement(rng)
 		}
 		heartbeat()
-		lastBeat := time.Now()
 
 		var kept []string
 		for i := range 150 {
 			if time.Since(lastBeat) > stale/3 {
 				heartbeat()
-				lastBeat = time.Now()
 			}
 			requester := ids[rng.IntN(n)]
 			req := randomRequest(rng, fmt.Sprintf("r%d-%d", round, i), requester)

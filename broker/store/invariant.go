@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -96,6 +97,10 @@ func (s *Store) checkIndex(ctx context.Context, clusters []Cluster) error {
 		want["idx:price:cpu"] = float64(c.Prices.CPU)
 		want["idx:price:mem"] = float64(c.Prices.Memory)
 		want["idx:price:gpu"] = float64(c.Prices.GPU)
+		for _, r := range pricePerCoreRatios {
+			// float64(...) rounds the product before the sum, as Lua does (no fused multiply-add).
+			want["idx:pcm:"+strconv.FormatFloat(r, 'g', -1, 64)] = float64(c.Prices.CPU) + float64(r*float64(c.Prices.Memory))
+		}
 		for key, w := range want {
 			got, err := s.rdb.ZScore(ctx, s.Key(key), id).Result()
 			if err != nil {
@@ -120,6 +125,9 @@ func (s *Store) checkIndex(ctx context.Context, clusters []Cluster) error {
 	}
 	return errors.Join(errs...)
 }
+
+// pricePerCoreRatios are the GiB-per-core ratios of the idx:pcm sets (lib.lua RATIOS).
+var pricePerCoreRatios = []float64{0, 0.5, 1, 2, 4, 8, 16, 32, 64}
 
 // decodeRecord reads an idx:rec record: 11 little-endian doubles, or a JSON
 // array where the scripts run without Lua's struct library.
