@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -68,6 +69,44 @@ type Reconciler struct {
 	// once (default 1). Everything the reconciler shares between objects is
 	// safe for concurrent use: the clients, the recorder, the metrics.
 	MaxConcurrentReconciles int
+
+	// written: the resourceVersion of this reconciler's last write of each
+	// Reservation. A reconcile that finds an older one in the cache (the
+	// broker's event for a decision comes before the cache shows the
+	// decision's status write) looks again shortly instead of acting on it:
+	// acting would ask the broker again and write a status that conflicts.
+	written sync.Map // types.NamespacedName -> uint64
+}
+
+// staleRequeue is how soon a reconcile that found the cache behind this
+// reconciler's own write looks again.
+const staleRequeue = 50 * time.Millisecond
+
+// wrote records the resourceVersion of a write of rsv that succeeded.
+func (r *Reconciler) wrote(rsv *rbv1.Reservation) {
+	if rv, err := strconv.ParseUint(rsv.ResourceVersion, 10, 64); err == nil {
+		r.written.Store(client.ObjectKeyFromObject(rsv), rv)
+	}
+}
+
+// stale tells whether the cache's rsv is older than this reconciler's last
+// write of it.
+func (r *Reconciler) stale(rsv *rbv1.Reservation) bool {
+	w, ok := r.written.Load(client.ObjectKeyFromObject(rsv))
+	if !ok {
+		return false
+	}
+	rv, err := strconv.ParseUint(rsv.ResourceVersion, 10, 64)
+	return err == nil && rv < w.(uint64)
+}
+
+// updateStatus writes rsv's status and records the write.
+func (r *Reconciler) updateStatus(ctx context.Context, rsv *rbv1.Reservation) error {
+	if err := r.Client.Status().Update(ctx, rsv); err != nil {
+		return err
+	}
+	r.wrote(rsv)
+	return nil
 }
 
 // SetupWithManager registers the reconciler and the UID index.
@@ -100,46 +139,93 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var rsv rbv1.Reservation
 	if err := r.Client.Get(ctx, req.NamespacedName, &rsv); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.written.Delete(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if r.stale(&rsv) {
+		return ctrl.Result{RequeueAfter: staleRequeue}, nil
 	}
 	if !rsv.DeletionTimestamp.IsZero() {
 		return r.release(ctx, &rsv)
 	}
-	// Finalizers are patched, never written with Update: an Update would send
-	// the spec back re-encoded (a duration of 30m as 30m0s), which the CRD's
-	// immutability rule rightly refuses.
-	before := rsv.DeepCopy()
-	if controllerutil.AddFinalizer(&rsv, rbv1.ReleaseFinalizer) {
-		if err := r.Client.Patch(ctx, &rsv, client.MergeFrom(before)); err != nil {
-			return ctrl.Result{}, err
-		}
-	}
+	finalizer := r.addFinalizer(ctx, &rsv)
 	switch rsv.Status.Phase {
 	case rbv1.ReservationReleased, rbv1.ReservationExpired:
-		return ctrl.Result{}, nil // over; deleting the object is the owner's business
+		return ctrl.Result{}, finalizer() // over; deleting the object is the owner's business
 	case rbv1.ReservationReserved, rbv1.ReservationActive:
+		if err := finalizer(); err != nil {
+			return ctrl.Result{}, err
+		}
 		return r.refresh(ctx, &rsv)
 	default: // new, Pending, or Failed and waiting for capacity
-		return r.reserve(ctx, &rsv)
+		return r.reserve(ctx, &rsv, finalizer)
 	}
 }
 
-// reserve asks the broker; the UID makes a retried request lock capacity once.
-func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation) (ctrl.Result, error) {
+// addFinalizer starts the patch that adds the release finalizer, if rsv
+// lacks it, and returns the function that waits for it and takes the
+// patched object's metadata into rsv (nil when done or not needed). The
+// patch is made while the broker is asked (reserve): one round trip
+// instead of two before the decision is written.
+//
+// Finalizers are patched, never written with Update: an Update would send
+// the spec back re-encoded (a duration of 30m as 30m0s), which the CRD's
+// immutability rule rightly refuses.
+func (r *Reconciler) addFinalizer(ctx context.Context, rsv *rbv1.Reservation) func() error {
+	if controllerutil.ContainsFinalizer(rsv, rbv1.ReleaseFinalizer) {
+		return func() error { return nil }
+	}
+	before := rsv.DeepCopy()
+	patched := rsv.DeepCopy()
+	controllerutil.AddFinalizer(patched, rbv1.ReleaseFinalizer)
+	done := make(chan error, 1)
+	go func() { done <- r.Client.Patch(ctx, patched, client.MergeFrom(before)) }()
+	var err error
+	waited := false
+	return func() error {
+		if !waited {
+			waited, err = true, <-done
+			if err == nil {
+				rsv.ObjectMeta = patched.ObjectMeta
+				r.wrote(rsv)
+			}
+		}
+		return err
+	}
+}
+
+// reserve asks the broker; the UID makes a retried request lock capacity
+// once. finalizer waits for the release finalizer (see addFinalizer): no
+// status is written before it is in place, and if it could not be put in
+// place whatever the broker holds for this object is released (withdrawn
+// from the waiting list), as the object may be gone with nothing left to
+// release it; the next attempt asks again.
+func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation, finalizer func() error) (ctrl.Result, error) {
 	logger := log.FromContext(ctx)
 	req, err := requestFor(rsv)
 	if err != nil {
+		if err := finalizer(); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
 		return r.fail(ctx, rsv, "Invalid", err.Error(), false)
 	}
 	rsv.Status.Attempts++
 	decision, err := r.Broker.Reserve(ctx, req)
 	metrics.BrokerCalls.WithLabelValues("reserve", outcome(err)).Inc()
+	if ferr := finalizer(); ferr != nil {
+		if _, rerr := r.Broker.Release(ctx, string(rsv.UID)); rerr != nil && !brokerclient.IsNotFound(rerr) {
+			logger.Info("could not release after failing to add the finalizer; the broker expires it", "error", rerr.Error())
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(ferr)
+	}
 	switch {
 	case err == nil:
 		r.mirror(rsv, decision)
 		meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
 			Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
-		if err := r.Client.Status().Update(ctx, rsv); err != nil {
+		if err := r.updateStatus(ctx, rsv); err != nil {
 			return ctrl.Result{}, err
 		}
 		logger.Info("reserved", "provider", decision.Provider, "score", decision.Score, "attempts", rsv.Status.Attempts)
@@ -151,7 +237,7 @@ func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 	case brokerclient.IsRetryable(err):
 		rsv.Status.Phase = rbv1.ReservationPending
 		r.unsynced(rsv, err)
-		if uerr := r.Client.Status().Update(ctx, rsv); uerr != nil {
+		if uerr := r.updateStatus(ctx, rsv); uerr != nil {
 			return ctrl.Result{}, uerr
 		}
 		return ctrl.Result{RequeueAfter: r.backoff(rsv.Status.Attempts)}, nil
@@ -171,7 +257,7 @@ func (r *Reconciler) refresh(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 		at = api.Reservation{Phase: string(rbv1.ReservationExpired)} // forgotten after its retention
 	default:
 		r.unsynced(rsv, err)
-		if uerr := r.Client.Status().Update(ctx, rsv); uerr != nil {
+		if uerr := r.updateStatus(ctx, rsv); uerr != nil {
 			return ctrl.Result{}, uerr
 		}
 		return ctrl.Result{RequeueAfter: r.backoff(2)}, nil
@@ -193,7 +279,7 @@ func (r *Reconciler) refresh(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 	// follower enqueues on each, and after every reconnection): most find
 	// the status already right, and write nothing.
 	if !equality.Semantic.DeepEqual(old, &rsv.Status) {
-		if err := r.Client.Status().Update(ctx, rsv); err != nil {
+		if err := r.updateStatus(ctx, rsv); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -218,7 +304,7 @@ func (r *Reconciler) release(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 	metrics.BrokerCalls.WithLabelValues("release", outcome(err)).Inc()
 	if err != nil && !brokerclient.IsNotFound(err) {
 		r.unsynced(rsv, err)
-		if uerr := r.Client.Status().Update(ctx, rsv); uerr != nil && !apierrors.IsNotFound(uerr) {
+		if uerr := r.updateStatus(ctx, rsv); uerr != nil && !apierrors.IsNotFound(uerr) {
 			return ctrl.Result{}, uerr
 		}
 		return ctrl.Result{RequeueAfter: r.backoff(2)}, nil
@@ -241,7 +327,7 @@ func (r *Reconciler) fail(ctx context.Context, rsv *rbv1.Reservation, reason, ms
 		Reason: reason, Message: msg, ObservedGeneration: rsv.Generation})
 	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
 		Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
-	if err := r.Client.Status().Update(ctx, rsv); err != nil {
+	if err := r.updateStatus(ctx, rsv); err != nil {
 		return ctrl.Result{}, err
 	}
 	if changed {

@@ -21,28 +21,84 @@ import (
 )
 
 // fakeBroker answers with one reservation, whatever is asked.
-type fakeBroker struct{ at api.Reservation }
+type fakeBroker struct {
+	at       api.Reservation
+	released atomic.Int32
+}
 
 func (f *fakeBroker) Reserve(context.Context, api.ReservationRequest) (api.Reservation, error) {
 	return f.at, nil
 }
 func (f *fakeBroker) Reservation(context.Context, string) (api.Reservation, error) { return f.at, nil }
-func (f *fakeBroker) Release(context.Context, string) (api.Reservation, error)     { return f.at, nil }
+func (f *fakeBroker) Release(context.Context, string) (api.Reservation, error) {
+	f.released.Add(1)
+	return f.at, nil
+}
+
+func testScheme(t *testing.T) *runtime.Scheme {
+	scheme := runtime.NewScheme()
+	if err := rbv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	return scheme
+}
+
+func testReservation(finalizers ...string) *rbv1.Reservation {
+	return &rbv1.Reservation{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-0", Namespace: "default", UID: "u-1", Finalizers: finalizers},
+		Spec: rbv1.ReservationSpec{Resources: corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")}},
+	}
+}
+
+// TestFinalizerWhileAskingTheBroker: the finalizer is patched while the
+// broker is asked; the decision is written after it, on the patched object;
+// a finalizer that cannot be added (the object is gone) releases at the broker.
+func TestFinalizerWhileAskingTheBroker(t *testing.T) {
+	now := time.Now()
+	at := api.Reservation{ID: "u-1", Provider: "paris", Phase: string(rbv1.ReservationReserved), CreatedAt: now, ExpiresAt: now.Add(time.Hour)}
+	rsv := testReservation()
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(rsv).WithStatusSubresource(rsv).Build()
+	b := &fakeBroker{at: at}
+	r := &Reconciler{Client: c, Broker: b, Recorder: record.NewFakeRecorder(10), MinBackoff: time.Second, MaxBackoff: time.Minute}
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rsv)}
+	if _, err := r.Reconcile(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	var got rbv1.Reservation
+	if err := c.Get(context.Background(), req.NamespacedName, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Finalizers) != 1 || got.Finalizers[0] != rbv1.ReleaseFinalizer || got.Status.Phase != rbv1.ReservationReserved {
+		t.Errorf("finalizers %v, phase %q", got.Finalizers, got.Status.Phase)
+	}
+	if b.released.Load() != 0 {
+		t.Errorf("released %d times", b.released.Load())
+	}
+
+	gone := testReservation()
+	c = fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(gone).WithStatusSubresource(gone).
+		WithInterceptorFuncs(interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
+			_ = c.Delete(ctx, o)
+			return c.Patch(ctx, o, p, opts...) // not found
+		}}).Build()
+	b = &fakeBroker{at: at}
+	r = &Reconciler{Client: c, Broker: b, Recorder: record.NewFakeRecorder(10), MinBackoff: time.Second, MaxBackoff: time.Minute}
+	if _, err := r.Reconcile(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if b.released.Load() != 1 {
+		t.Errorf("object gone before its finalizer: released %d times, want 1", b.released.Load())
+	}
+}
 
 // TestRefreshWritesOnChangesOnly: the broker sends an event for every change
 // of a reservation and the agent looks again after every reconnection; a
 // look that finds the status right writes nothing (neither status nor
 // event), a change is written once.
 func TestRefreshWritesOnChangesOnly(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := rbv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	rsv := &rbv1.Reservation{
-		ObjectMeta: metav1.ObjectMeta{Name: "web-0", Namespace: "default", UID: "u-1", Finalizers: []string{rbv1.ReleaseFinalizer}},
-		Spec: rbv1.ReservationSpec{Resources: corev1.ResourceList{
-			corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")}},
-	}
+	scheme := testScheme(t)
+	rsv := testReservation(rbv1.ReleaseFinalizer)
 	var statusWrites atomic.Int32
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(rsv).WithStatusSubresource(rsv).
 		WithInterceptorFuncs(interceptor.Funcs{SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, o client.Object, opts ...client.SubResourceUpdateOption) error {
