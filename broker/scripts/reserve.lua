@@ -271,9 +271,9 @@ local function decide(a, arrival_us)
     end
   end
 
-  -- judge decides whether one cluster can take the request, from its record
-  -- (alloc and free per resource, the three prices) and, with a selector, its
-  -- labels. A fitting cluster is appended to the fits (parallel arrays: no
+  -- judge decides whether one cluster can take the request, from its record r
+  -- (the 11 numbers of idx:rec: alloc and free per resource, the three
+  -- prices) and, with a selector, its labels. A fitting cluster is appended to the fits (parallel arrays: no
   -- table per cluster, this runs for every cluster a decision reads); a
   -- failing one is counted, per reason.
   local rc, rm, rg, rst = req.cpu, req.mem, req.gpu, req.sto
@@ -283,22 +283,26 @@ local function decide(a, arrival_us)
   local examined = 0
   local fit_n, fit_id, fit_rs, fit_price = 0, {}, {}, {}
   local fit_min, fit_max -- the lowest and highest price among the fits so far
-  local function judge(cid, ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, labels)
+  local function judge(cid, r, labels)
     examined = examined + 1
     -- Same order as the requested resources (cpu, mem, gpu, sto): the same
     -- sum to the last bit whatever path evaluates the cluster.
     local ok, sum = true, 0
     if rc > 0 then
-      if fc < rc then rej.cpu = rej.cpu + 1; ok = false else sum = sum + (fc - rc) / ac end
+      local f = r[2]
+      if f < rc then rej.cpu = rej.cpu + 1; ok = false else sum = sum + (f - rc) / r[1] end
     end
     if rm > 0 then
-      if fm < rm then rej.mem = rej.mem + 1; ok = false elseif ok then sum = sum + (fm - rm) / am end
+      local f = r[4]
+      if f < rm then rej.mem = rej.mem + 1; ok = false elseif ok then sum = sum + (f - rm) / r[3] end
     end
     if rg > 0 then
-      if fg < rg then rej.gpu = rej.gpu + 1; ok = false elseif ok then sum = sum + (fg - rg) / ag end
+      local f = r[6]
+      if f < rg then rej.gpu = rej.gpu + 1; ok = false elseif ok then sum = sum + (f - rg) / r[5] end
     end
     if rst > 0 then
-      if fs < rst then rej.sto = rej.sto + 1; ok = false elseif ok then sum = sum + (fs - rst) / as end
+      local f = r[8]
+      if f < rst then rej.sto = rej.sto + 1; ok = false elseif ok then sum = sum + (f - rst) / r[7] end
     end
     if selector then
       for k, want in pairs(selector) do
@@ -310,7 +314,7 @@ local function decide(a, arrival_us)
       end
     end
     if not ok then return end
-    local price = price_of(req, pc, pm, pg)
+    local price = price_of(req, r[9], r[10], r[11])
     fit_n = fit_n + 1
     fit_id[fit_n], fit_rs[fit_n], fit_price[fit_n] = cid, 100 * sum / n_requested, price
     if fit_min == nil or price < fit_min then fit_min = price end
@@ -333,32 +337,22 @@ local function decide(a, arrival_us)
     end
     local labels = nil
     if selector then labels = decode_labels(v[4]) end
-    judge(cid, al[1], fr[1], al[2], fr[2], al[3], fr[3], al[4], fr[4],
-      tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'), labels)
+    judge(cid, {al[1], fr[1], al[2], fr[2], al[3], fr[3], al[4], fr[4],
+      tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0')}, labels)
   end
 
-  -- evaluate_records judges clusters (never the requester) from their records.
+  -- evaluate_records judges clusters from their records; the requester is
+  -- never a candidate, and counts as a rejection when met.
   local function evaluate_records(ids)
     load_recs(ids, selector ~= nil)
     for _, cid in ipairs(ids) do
       local r = recs[cid]
-      if r then
-        judge(cid, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], labels_of[cid])
-      end
-    end
-  end
-
-  -- without_requester returns ids less the requester (who is never a
-  -- candidate, and counts as a rejection when met).
-  local function without_requester(ids)
-    for i, cid in ipairs(ids) do
       if cid == requester then
         rejected.requester = 1
-        table.remove(ids, i)
-        return ids
+      elseif r then
+        judge(cid, r, labels_of[cid])
       end
     end
-    return ids
   end
 
   -- The threshold walk meets a cluster in several sorted sets: seen judges it once.
@@ -371,7 +365,7 @@ local function decide(a, arrival_us)
         todo[#todo + 1] = cid
       end
     end
-    evaluate_records(without_requester(todo))
+    evaluate_records(todo)
   end
 
   local min_price, max_price
@@ -393,9 +387,10 @@ local function decide(a, arrival_us)
     end
   end
   local function decide_among(ids, by_hash)
-    ids = without_requester(ids)
     if by_hash then
-      for _, cid in ipairs(ids) do evaluate_hash(cid) end
+      for _, cid in ipairs(ids) do
+        if cid == requester then rejected.requester = 1 else evaluate_hash(cid) end
+      end
     else
       evaluate_records(ids)
     end
@@ -495,8 +490,12 @@ local function decide(a, arrival_us)
     local label_keys = {}
     if selector then
       for k, want in pairs(selector) do
+        label_keys[#label_keys + 1] = prefix .. 'idx:label:' .. k .. '=' .. tostring(want)
+      end
+    end
+    if selector then
+      for k, want in pairs(selector) do
         local key = prefix .. 'idx:label:' .. k .. '=' .. tostring(want)
-        label_keys[#label_keys + 1] = key
         local n = redis.call('SCARD', key)
         if n == 0 then nofit = true end
         if smallest == nil or n < smallest then
