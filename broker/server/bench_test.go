@@ -19,6 +19,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"runtime"
 	"runtime/metrics"
 	"slices"
@@ -308,6 +309,44 @@ func BenchmarkHTTPReserve(b *testing.B) {
 	})
 	b.Run("replay-https-mtls-http2", func(b *testing.B) {
 		runParallel(b, bk.RDB, &seq, "reservations/s", func(r float64) { ratio(b, r, "ratio-vs", "replay-store", "floor") }, replayHTTP2)
+	})
+
+	// The same two HTTPS paths against rb-broker in its own process (built from
+	// cmd/rb-broker, its default flags and GC settings, same Redis, same
+	// certificates): broker-cpu-us/op is the broker's CPU per request, from
+	// /proc, and go-cpu-us/op is then the clients' (this process). Extra
+	// environment for the broker: RB_BENCH_BROKER_ENV (e.g. GOGC=100); another
+	// binary (e.g. one built from an older commit): RB_BENCH_BROKER_BIN.
+	bin := os.Getenv("RB_BENCH_BROKER_BIN")
+	if bin == "" {
+		bin = brokertest.BuildBroker(b, b.TempDir())
+	}
+	proc := bk.StartProcess(bin, strings.Fields(os.Getenv("RB_BENCH_BROKER_ENV")), "--stale-threshold=1h")
+	procURL := proc.URL + "/api/v2/reservations"
+	procLine := func(b *testing.B, unit string, op func(worker int, seq int64) error) {
+		start, err := proc.CPU()
+		require.NoError(b, err)
+		runParallel(b, bk.RDB, &seq, unit, nil, op)
+		end, err := proc.CPU()
+		require.NoError(b, err)
+		if b.N > 0 {
+			b.ReportMetric(float64((end-start).Microseconds())/float64(b.N), "broker-cpu-us/op")
+		}
+	}
+	b.Run("process-https-mtls", func(b *testing.B) {
+		procLine(b, "reservations/s", func(worker int, n int64) error {
+			return post(clients[worker%benchRequesters], procURL, head, tail, "x"+strconv.FormatInt(n, 36), http.StatusCreated)
+		})
+	})
+	b.Run("process-replay-https-mtls", func(b *testing.B) {
+		procLine(b, "reservations/s", func(worker int, _ int64) error {
+			return post(clients[worker%benchRequesters], procURL, head, tail, "replay-"+strconv.Itoa(worker%benchRequesters), http.StatusOK)
+		})
+	})
+	b.Run("process-replay-https-mtls-http2", func(b *testing.B) {
+		procLine(b, "reservations/s", func(worker int, _ int64) error {
+			return post(h2[worker%benchRequesters], procURL, head, tail, "replay-"+strconv.Itoa(worker%benchRequesters), http.StatusOK)
+		})
 	})
 
 	// All the paths again, interleaved: each iteration is one round that runs
