@@ -316,12 +316,14 @@ func BenchmarkHTTPReserve(b *testing.B) {
 	// certificates): broker-cpu-us/op is the broker's CPU per request, from
 	// /proc, and go-cpu-us/op is then the clients' (this process). Extra
 	// environment for the broker: RB_BENCH_BROKER_ENV (e.g. GOGC=100); another
-	// binary (e.g. one built from an older commit): RB_BENCH_BROKER_BIN.
+	// binary (e.g. one built from an older commit): RB_BENCH_BROKER_BIN; extra
+	// flags: RB_BENCH_BROKER_FLAGS (e.g. --pprof-bind-address=127.0.0.1:6060).
 	bin := os.Getenv("RB_BENCH_BROKER_BIN")
 	if bin == "" {
 		bin = brokertest.BuildBroker(b, b.TempDir())
 	}
-	proc := bk.StartProcess(bin, strings.Fields(os.Getenv("RB_BENCH_BROKER_ENV")), "--stale-threshold=1h")
+	proc := bk.StartProcess(bin, strings.Fields(os.Getenv("RB_BENCH_BROKER_ENV")),
+		append([]string{"--stale-threshold=1h"}, strings.Fields(os.Getenv("RB_BENCH_BROKER_FLAGS"))...)...)
 	procURL := proc.URL + "/api/v2/reservations"
 	procLine := func(b *testing.B, unit string, op func(worker int, seq int64) error) {
 		start, err := proc.CPU()

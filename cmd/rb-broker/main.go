@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -42,6 +44,7 @@ type options struct {
 	expiryInterval  time.Duration
 	waitTTL         time.Duration
 	gcPercent       int
+	pprofAddress    string
 }
 
 func main() {
@@ -83,6 +86,7 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.maxDuration, "max-duration", 24*time.Hour, "longest duration a reservation may ask for")
 	f.DurationVar(&o.waitTTL, "wait-ttl", time.Minute, "how long a request nothing fits keeps its place on the priority-ordered waiting list without a retry")
 	f.DurationVar(&o.expiryInterval, "expiry-interval", time.Second, "how often this replica releases expired reservations")
+	f.StringVar(&o.pprofAddress, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints in plain HTTP, e.g. 127.0.0.1:6060 (empty: off; keep it on loopback)")
 	f.IntVar(&o.gcPercent, "gc-percent", defaultGCPercent, "Go garbage collection target, as GOGC (the GOGC environment variable, when set, wins); "+
 		"a soft memory limit of 90% of the container's memory limit (cgroup v2 memory.max) applies unless GOMEMLIMIT is set")
 	gf := flag.NewFlagSet("klog", flag.ExitOnError)
@@ -219,6 +223,23 @@ func run(ctx context.Context, o options) error {
 		if healthLn, err = net.Listen("tcp", o.healthAddress); err != nil {
 			return err
 		}
+	}
+	if o.pprofAddress != "" {
+		pprofLn, err := net.Listen("tcp", o.pprofAddress)
+		if err != nil {
+			return fmt.Errorf("--pprof-bind-address: %w", err)
+		}
+		defer pprofLn.Close()
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		pprofSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = pprofSrv.Serve(pprofLn) }()
+		defer pprofSrv.Close()
+		log.Info("pprof", "address", pprofLn.Addr().String())
 	}
 	log.Info("serving", "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", o.redisURL,
 		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold)
