@@ -77,7 +77,7 @@ func randomRequest(rng *rand.Rand, id, requester string) store.ReserveRequest {
 func TestIndexMatchesFullScan(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Start(t).Client()
-	const stale = 1500 * time.Millisecond
+	const stale = 3 * time.Second
 	indexed := store.New(rdb, store.Config{StaleThreshold: stale})
 	scan := store.New(rdb, store.Config{StaleThreshold: stale, FullScan: true})
 	require.NoError(t, indexed.LoadScripts(ctx))
@@ -125,7 +125,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 
 		var kept []string
 		for i := range 150 {
-			if time.Since(lastBeat) > stale/3 {
+			if time.Since(lastBeat) > stale/6 {
 				heartbeat()
 			}
 			requester := ids[rng.IntN(n)]
