@@ -61,12 +61,8 @@ type Options struct {
 
 // DefaultReservationWorkers is the default of Options.ReservationWorkers. A
 // reconcile mostly waits: one broker call and one or two API writes, about
-// 30-50 ms on a quiet API server and 100-300 ms on a loaded one, so a
-// single worker caps a burst at 3-35 reservations/s. The same workers
-// write the grants (Reserved -> Active) of the reservations already
-// decided: with 8, a burst of 100 kept the grants of the first ones
-// waiting about 2 s behind the decisions of the last ones.
-const DefaultReservationWorkers = 32
+// 30-50 ms, so a single worker caps a burst at 20-35 reservations/s.
+const DefaultReservationWorkers = 8
 
 // Validate checks the options, including that the identity matches the certificate.
 func (o *Options) Validate() error {
