@@ -8,6 +8,9 @@ import (
 )
 
 func atoi(s string) int64 {
+	if s == "" { // an absent field (ended_ms of a live reservation): no error to allocate
+		return 0
+	}
 	n, _ := strconv.ParseInt(s, 10, 64)
 	return n
 }

@@ -43,6 +43,8 @@ type options struct {
 	maxDuration     time.Duration
 	expiryInterval  time.Duration
 	waitTTL         time.Duration
+	reserveBatch    int
+	reserveInFlight int
 	gcPercent       int
 	pprofAddress    string
 }
@@ -85,6 +87,8 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.defaultDuration, "default-duration", time.Hour, "duration of a reservation that names none")
 	f.DurationVar(&o.maxDuration, "max-duration", 24*time.Hour, "longest duration a reservation may ask for")
 	f.DurationVar(&o.waitTTL, "wait-ttl", time.Minute, "how long a request nothing fits keeps its place on the priority-ordered waiting list without a retry")
+	f.IntVar(&o.reserveBatch, "reserve-batch", 64, "most reservation requests decided in one Redis script call (those that queued while earlier calls were in flight; 1: one call each)")
+	f.IntVar(&o.reserveInFlight, "reserve-in-flight", 2, "Redis script calls deciding reservations that one replica keeps in flight at once")
 	f.DurationVar(&o.expiryInterval, "expiry-interval", time.Second, "how often this replica releases expired reservations")
 	f.StringVar(&o.pprofAddress, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints in plain HTTP, e.g. 127.0.0.1:6060 (empty: off; keep it on loopback)")
 	f.IntVar(&o.gcPercent, "gc-percent", defaultGCPercent, "Go garbage collection target, as GOGC (the GOGC environment variable, when set, wins); "+
@@ -114,6 +118,9 @@ func (o options) validate() error {
 	}
 	if _, err := redis.ParseURL(o.redisURL); err != nil {
 		errs = append(errs, fmt.Errorf("--redis-url: %w", err))
+	}
+	if o.reserveBatch < 1 || o.reserveInFlight < 1 {
+		errs = append(errs, fmt.Errorf("--reserve-batch (%d) and --reserve-in-flight (%d) must be at least 1", o.reserveBatch, o.reserveInFlight))
 	}
 	if o.gcPercent < -1 {
 		errs = append(errs, errors.New("--gc-percent must be -1 (off) or more"))
@@ -198,7 +205,8 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer rdb.Close()
-	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL})
+	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL,
+		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight})
 	srv := server.New(server.Config{Store: st, Log: log,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}})
 
