@@ -10,11 +10,15 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -147,5 +151,20 @@ func TestRefreshWritesOnChangesOnly(t *testing.T) {
 	}
 	if len(reasons) != 2 {
 		t.Errorf("events %q, want Reserved and Active", reasons)
+	}
+}
+
+// TestBrokerNewsFirst: a Reservation the broker changed is reconciled
+// before the ones already waiting for their first decision.
+func TestBrokerNewsFirst(t *testing.T) {
+	q := priorityqueue.New[reconcile.Request]("test")
+	defer q.ShutDown()
+	waiting := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "default", Name: "new"}}
+	q.Add(waiting)
+	granted := &rbv1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "granted"}}
+	brokerNews.Generic(context.Background(), event.GenericEvent{Object: granted}, q)
+	first, _ := q.Get()
+	if first.Name != "granted" {
+		t.Errorf("first %v, want the granted one", first)
 	}
 }
