@@ -52,8 +52,8 @@ func pacedRate(b *testing.B) float64 {
 }
 
 // BenchmarkEndToEnd measures, on the whole bed, how long a pod created in
-// rome takes to be Running (rome's pod phase), over a Deployment of
-// benchPods pods, and how many pods per second they are served at:
+// rome takes to be Running (rome's pod phase), over benchPods pods, and
+// how many pods per second they are served at:
 //
 //   - remote-paced: the figure the target (p50 < 1 s, p99 < 2 s) is read
 //     on. The same remote pods, created one by one at a steady rate
@@ -62,11 +62,12 @@ func pacedRate(b *testing.B) float64 {
 //     the latency at a stated creation throughput, not of a burst). Bare
 //     pods, in two namespaces in turn; it reports the creation rate
 //     achieved (created-pods/s, from the informer's first sightings).
-//   - remote: the stress figure. pods of 100m CPU / 5Gi that fit nowhere in rome (one 2-CPU/4Gi
-//     node) and are served by the providers, which the benchmark sizes so
-//     that all of them fit (paris 16 CPU/320Gi, berlin 32 CPU/320Gi: 64
-//     fit in each): reservation, virtual node, copy at the provider, Running.
-//     All benchPods at once (two Deployments created back to back).
+//   - remote: the stress figure, all benchPods at once (two Deployments
+//     created back to back). Pods of 100m CPU / 5Gi that fit nowhere in
+//     rome (one 2-CPU/4Gi node) and are served by the providers, which the
+//     benchmark sizes so that all of them fit (paris 16 CPU/320Gi, berlin
+//     32 CPU/320Gi: 64 fit in each): reservation, virtual node, copy at
+//     the provider, Running.
 //   - local-baseline: the same Deployment of 100m CPU / 64Mi pods once a
 //     64-CPU/256Gi node is added to rome: rb-scheduler's resource-broker
 //     profile binds them locally, no reservation.
@@ -76,13 +77,13 @@ func pacedRate(b *testing.B) float64 {
 //
 // Each iteration also prints, on stdout, where the time went: for every
 // pair of consecutive steps of a pod (pod created, Reservation created,
-// broker decision, Reserved, Active, virtual node resized, Reservation
-// names its node, pod bound, copy created at the provider, copy Running,
-// pod Running) the distribution over the pods, the timelines of the first,
+// broker decision, Reserved, ProviderInstruction created and granted at the
+// provider, Active, virtual node resized, Reservation names its node, pod
+// bound, copy created at the provider, copy Running, pod Running) the distribution over the pods, the timelines of the first,
 // median and last pod, and the API writes each cluster served meanwhile.
 // RB_TESTBED_KEEP=<dir> keeps the bed's logs (see testbed.KeepDirEnv).
 //
-//	go test -run '^$' -bench EndToEnd -benchtime 1x -timeout 20m ./test/integration/
+//	go test -run '^$' -bench EndToEnd -benchtime 1x -timeout 30m ./test/integration/
 func BenchmarkEndToEnd(b *testing.B) {
 	b.StopTimer()
 	paris, berlin := testbed.Paris, testbed.Berlin
