@@ -83,28 +83,25 @@ end
 -- recs: the idx:rec records this call has read (cluster id -> the 11 numbers,
 -- lib.lua), kept current as the batch takes capacity; labels: their labels.
 local recs, labels_of = {}, {}
-local function load_recs(ids, with_labels)
+-- read_missing fills cache[cid] = decode(value) from hash key for the ids not
+-- in cache yet, 128 fields per HMGET.
+local function read_missing(key, ids, cache, decode)
   local missing = {}
   for _, cid in ipairs(ids) do
-    if recs[cid] == nil then missing[#missing + 1] = cid end
+    if cache[cid] == nil then missing[#missing + 1] = cid end
   end
   for first = 1, #missing, 128 do
     local last = math.min(first + 127, #missing)
-    local raw = redis.call('HMGET', prefix .. 'idx:rec', unpack(missing, first, last))
-    for i = 1, last - first + 1 do
-      recs[missing[first + i - 1]] = raw[i] and {rec_values(raw[i])} or false
-    end
+    local raw = redis.call('HMGET', key, unpack(missing, first, last))
+    for i = 1, last - first + 1 do cache[missing[first + i - 1]] = decode(raw[i]) end
   end
-  if not with_labels then return end
-  missing = {}
-  for _, cid in ipairs(ids) do
-    if labels_of[cid] == nil then missing[#missing + 1] = cid end
-  end
-  for first = 1, #missing, 128 do
-    local last = math.min(first + 127, #missing)
-    local raw = redis.call('HMGET', prefix .. 'idx:labels', unpack(missing, first, last))
-    for i = 1, last - first + 1 do labels_of[missing[first + i - 1]] = decode_labels(raw[i]) end
-  end
+end
+local function decode_rec(raw)
+  return raw and {rec_values(raw)} or false
+end
+local function load_recs(ids, with_labels)
+  read_missing(prefix .. 'idx:rec', ids, recs, decode_rec)
+  if with_labels then read_missing(prefix .. 'idx:labels', ids, labels_of, decode_labels) end
 end
 
 -- The writes held back until flush: capacity taken per cluster (in the order
