@@ -2,7 +2,6 @@ package brokertest
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
 
 // Process is an rb-broker binary serving the same Redis with the same
@@ -30,7 +31,7 @@ type Process struct {
 // BuildBroker builds cmd/rb-broker of this module into dir and returns its path.
 func BuildBroker(t testing.TB, dir string) string {
 	t.Helper()
-	root, err := moduleRoot()
+	root, err := testenv.ModuleRoot()
 	require.NoError(t, err)
 	bin := filepath.Join(dir, "rb-broker")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/rb-broker")
@@ -118,23 +119,4 @@ func freeAddr(t testing.TB) string {
 	require.NoError(t, err)
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-// moduleRoot is the nearest directory at or above the working directory (a
-// test's package directory) that holds a go.mod.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod above %s", dir)
-		}
-		dir = parent
-	}
 }
