@@ -56,10 +56,13 @@
 --               decided for other amounts),
 --               "nofit" (no reservation written: the request waits, by
 --               priority, see lib.lua; rejections {waiting_higher_priority=1}
---               when a waiting request of higher priority could be placed now)
+--               when a waiting request of higher priority could be placed now),
+--               "error" (the request raised an error, e.g. a malformed selector,
+--               before writing anything; the batch's other requests are decided)
 --   reservation flat field/value array of the reservation hash ({} if none)
 --   candidates  JSON array of the best candidates {cluster, score, resource_score, cost_score, price}
 --   rejections  JSON object: how many clusters were excluded, by reason
+--               (outcome "error": the error message instead)
 local prefix = KEYS[1]
 local stale_ms = tonumber(ARGV[1])
 local w_res, w_cost = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -679,9 +682,15 @@ local function decide(a, arrival_us)
   return {'reserved', hash, candidates_json, cjson.encode(rejected)}
 end
 
+-- A request that raises an error (bad input that got past the broker) gets
+-- it as its reply; the others are still decided, and the capacity the batch
+-- took is still written: a reservation is recorded only after its capacity
+-- is taken, so nothing recorded goes unaccounted.
 local replies = {}
 for a = FIRST, #ARGV, WIDTH do
-  replies[#replies + 1] = decide(a, started_us + #replies)
+  local ok, reply = pcall(decide, a, started_us + #replies)
+  if not ok then reply = {'error', {}, '[]', tostring(reply)} end
+  replies[#replies + 1] = reply
 end
 flush()
 return replies

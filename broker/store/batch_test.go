@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/scripts"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 )
@@ -184,6 +185,46 @@ func TestConcurrentReserveBatches(t *testing.T) {
 	}
 	wg.Wait()
 	require.Equal(t, 80, placed)
+	require.NoError(t, s.CheckInvariant(ctx))
+	require.NoError(t, s.CheckIndex(ctx))
+}
+
+// TestBatchIsolatesABadRequest: a request that makes the script raise (a
+// malformed selector, which the broker never sends) gets the error as its
+// reply; the requests around it in the batch are decided and accounted.
+func TestBatchIsolatesABadRequest(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	s := store.New(rdb, store.Config{StaleThreshold: time.Hour})
+	require.NoError(t, s.LoadScripts(ctx))
+	for _, id := range []string{"paris", "berlin"} {
+		_, err := s.Advertise(ctx, id, store.Advertisement{
+			Capacity: store.Resources{CPU: 8000, Memory: 16 * gi}, Allocatable: store.Resources{CPU: 8000, Memory: 16 * gi},
+			Prices: store.Prices{CPU: 20_000, Memory: 2_000, Currency: "EUR"},
+		})
+		require.NoError(t, err)
+	}
+	cfg := s.Config()
+	args := []any{cfg.StaleThreshold.Milliseconds(), cfg.WeightResources, cfg.WeightCost, cfg.TopCandidates,
+		cfg.EventsMaxLen, cfg.AuditMaxLen, "index", cfg.WaitTTL.Milliseconds()}
+	for i, selector := range []string{"", "{not json", ""} {
+		args = append(args, fmt.Sprintf("x%d", i), "rome", 1000, gi, 0, 0, 3_600_000, selector, "", 0)
+	}
+	replies, err := scripts.Reserve.Run(ctx, rdb, []string{cfg.Prefix}, args...).Slice()
+	require.NoError(t, err)
+	require.Len(t, replies, 3)
+	outcomes := make([]string, len(replies))
+	for i, r := range replies {
+		outcomes[i] = r.([]any)[0].(string)
+	}
+	require.Equal(t, []string{"reserved", "error", "reserved"}, outcomes)
+	require.Contains(t, replies[1].([]any)[3], "Expected object key")
+	for _, id := range []string{"x0", "x2"} {
+		_, err := s.Reservation(ctx, id)
+		require.NoError(t, err)
+	}
+	_, err = s.Reservation(ctx, "x1")
+	require.Error(t, err)
 	require.NoError(t, s.CheckInvariant(ctx))
 	require.NoError(t, s.CheckIndex(ctx))
 }

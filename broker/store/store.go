@@ -276,6 +276,9 @@ func parseReserveReply(id string, reply []any) (Decision, error) {
 		return Decision{Reservation: r, Replayed: outcome == "replay"}, err
 	case "conflict":
 		return Decision{}, ErrConflict
+	case "error":
+		msg, _ := reply[3].(string)
+		return Decision{}, fmt.Errorf("reserve %s: %s", id, msg)
 	case "nofit":
 		nf := &NoFitError{}
 		rejected, _ := reply[3].(string)
