@@ -107,6 +107,33 @@ $(ENVTEST_STAMP):
 	@rm -f $(ENVTEST_DIR)/.built-*
 	@touch $@
 
+# The real nodes of the test bed (internal/realnode): kubelet and
+# kube-controller-manager at go.mod's Kubernetes version, beside the control
+# plane. containerd, runc and the CNI plugins come from Debian packages
+# (`make node-deps`).
+NODE_STAMP := $(ENVTEST_DIR)/.node-k8s-$(K8S_VERSION)
+
+.PHONY: node-bin
+node-bin: $(NODE_STAMP) ## Build kubelet and kube-controller-manager from go.mod's version into bin/k8s (real nodes of the test bed).
+
+$(NODE_STAMP):
+	@mkdir -p $(ENVTEST_DIR)
+	@echo ">> building kubelet and kube-controller-manager $(K8S_VERSION)"
+	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kubelet k8s.io/kubernetes/cmd/kubelet
+	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+	@rm -f $(ENVTEST_DIR)/.node-*
+	@touch $@
+
+NODE_PACKAGES := containerd runc containernetworking-plugins iproute2
+
+.PHONY: node-deps
+node-deps: ## Install containerd, runc and the CNI plugins (Debian packages; needs root).
+	@missing=""; for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo ">> apt-get install$$missing"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
 # cert-manager's real CRDs, for the envtest control plane of the manifests
 # test (manifests/manifests_test.go). Taken from deploy/crds/ of cert-manager's
 # Go module, fetched (checksum-verified) with `go mod download` outside this

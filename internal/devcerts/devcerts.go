@@ -194,6 +194,20 @@ func (ca *CA) IssueClient(commonName string) (Pair, error) {
 	return ca.issue(tmpl)
 }
 
+// IssueUser issues a Kubernetes user's client certificate: common name the
+// user name, organizations its groups (e.g. system:node:n1 in system:nodes),
+// as an API server or a kubelet reads them from a certificate.
+func (ca *CA) IssueUser(name string, groups []string) (Pair, error) {
+	if strings.TrimSpace(name) == "" {
+		return Pair{}, errors.New("devcerts: user name must not be empty")
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: name, Organization: groups},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	return ca.issue(tmpl)
+}
+
 // ValidateClusterID reports whether id can be used as a cluster identity,
 // i.e. as the common name of a client certificate: it must be a DNS-1123
 // label (lower-case alphanumerics and '-', at most 63 characters).

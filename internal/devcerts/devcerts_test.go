@@ -470,3 +470,28 @@ func TestMTLSClientRejectsServerFromOtherCA(t *testing.T) {
 		t.Error("server completed a handshake the client should have aborted")
 	}
 }
+
+func TestIssueUserCarriesGroups(t *testing.T) {
+	ca, err := NewCA("test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ca.IssueUser("system:node:n1", []string{"system:nodes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(p.CertPEM)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert.Subject.CommonName != "system:node:n1" || len(cert.Subject.Organization) != 1 || cert.Subject.Organization[0] != "system:nodes" {
+		t.Fatalf("subject %v", cert.Subject)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Fatalf("not a client certificate of the CA: %v", err)
+	}
+	if _, err := ca.IssueUser(" ", nil); err == nil {
+		t.Fatal("an empty user name was accepted")
+	}
+}
