@@ -134,6 +134,13 @@ node-deps: ## Install containerd, runc and the CNI plugins (Debian packages; nee
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# The test bed's images (internal/testimages): pause (containerd's
+# sandbox_image) and testapp, built from test/images/ as tarballs for
+# `ctr -n k8s.io images import`. Up-to-date tarballs are not built again.
+.PHONY: test-images
+test-images: ## Build the test images (pause, testapp) as OCI tarballs into bin/images.
+	go run ./hack/testimages --out $(CURDIR)/bin/images
+
 # cert-manager's real CRDs, for the envtest control plane of the manifests
 # test (manifests/manifests_test.go). Taken from deploy/crds/ of cert-manager's
 # Go module, fetched (checksum-verified) with `go mod download` outside this

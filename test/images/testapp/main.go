@@ -1,0 +1,216 @@
+// Command testapp is the test bed's application image (rb.test/testapp:v1): a
+// small HTTP server that says where it runs, burns CPU on request and exits
+// with a chosen code, so tests can see placement, load and restarts.
+//
+//	GET  /                          {"cluster","node","pod","namespace","hostname","hostIP","podIP"}
+//	GET  /healthz                   200 "ok"
+//	POST /burn?cpu=1.5&seconds=30   202; burns 1.5 cores for 30 s
+//	POST /exit?code=3               200; then the process exits with code 3
+//
+// The identity comes from the environment (CLUSTER_NAME, NODE_NAME, POD_NAME,
+// POD_NAMESPACE, HOST_IP, POD_IP), which pods set with the downward API. Standard library
+// only: it is built with CGO_ENABLED=0 into a one-file image.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"math"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+const (
+	maxBurnCores   = 8
+	maxBurnSeconds = 3600
+	// burnPeriod is the duty cycle of a burning goroutine: busy for a share
+	// of it, asleep for the rest, so fractional cores come out right.
+	burnPeriod = 100 * time.Millisecond
+	// exitDelay lets the answer to /exit reach the client before we go.
+	exitDelay       = 100 * time.Millisecond
+	shutdownTimeout = 5 * time.Second
+)
+
+func main() {
+	listen := flag.String("listen", ":8080", "address to listen on (PORT, when set and --listen is not, gives :$PORT)")
+	flag.Parse()
+	if port := os.Getenv("PORT"); port != "" && !flagSet("listen") {
+		*listen = ":" + port
+	}
+
+	// Logs go to stdout, so that `kubectl logs` shows them.
+	log.SetOutput(os.Stdout)
+	log.SetFlags(log.LstdFlags | log.Lmicroseconds | log.LUTC)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, *listen); err != nil {
+		log.Printf("testapp: %v", err)
+		os.Exit(1)
+	}
+}
+
+// run serves until ctx ends (SIGTERM), then shuts down within shutdownTimeout.
+func run(ctx context.Context, addr string) error {
+	srv := &http.Server{
+		Addr:              addr,
+		Handler:           logRequests(newHandler(os.Getenv, os.Exit)),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	log.Printf("testapp listening on %s cluster=%s node=%s", addr, os.Getenv("CLUSTER_NAME"), os.Getenv("NODE_NAME"))
+
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Printf("testapp shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+// identity is the answer to GET /.
+type identity struct {
+	Cluster   string `json:"cluster"`
+	Node      string `json:"node"`
+	Pod       string `json:"pod"`
+	Namespace string `json:"namespace"`
+	Hostname  string `json:"hostname"`
+	// HostIP and PodIP come from the downward API (status.hostIP,
+	// status.podIP): the node the container really runs on, which a
+	// bridged pod's spec.nodeName (its virtual node) does not tell.
+	HostIP string `json:"hostIP"`
+	PodIP  string `json:"podIP"`
+}
+
+// newHandler serves the testapp's routes. env reads the environment and exit
+// ends the process; tests pass fakes.
+func newHandler(env func(string) string, exit func(int)) http.Handler {
+	mux := http.NewServeMux()
+
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		hostname, _ := os.Hostname()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(identity{
+			Cluster:   env("CLUSTER_NAME"),
+			Node:      env("NODE_NAME"),
+			Pod:       env("POD_NAME"),
+			Namespace: env("POD_NAMESPACE"),
+			HostIP:    env("HOST_IP"),
+			PodIP:     env("POD_IP"),
+			Hostname:  hostname,
+		})
+	})
+
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	})
+
+	mux.HandleFunc("POST /burn", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		cores, err := strconv.ParseFloat(q.Get("cpu"), 64)
+		if err != nil || math.IsNaN(cores) || cores <= 0 || cores > maxBurnCores {
+			http.Error(w, fmt.Sprintf("cpu must be a number of cores in (0, %d], got %q", maxBurnCores, q.Get("cpu")), http.StatusBadRequest)
+			return
+		}
+		seconds, err := strconv.Atoi(q.Get("seconds"))
+		if err != nil || seconds < 1 || seconds > maxBurnSeconds {
+			http.Error(w, fmt.Sprintf("seconds must be a whole number in [1, %d], got %q", maxBurnSeconds, q.Get("seconds")), http.StatusBadRequest)
+			return
+		}
+		burn(cores, time.Duration(seconds)*time.Second)
+		w.WriteHeader(http.StatusAccepted)
+		fmt.Fprintf(w, "burning %g cores for %d s\n", cores, seconds)
+	})
+
+	mux.HandleFunc("POST /exit", func(w http.ResponseWriter, r *http.Request) {
+		code, err := strconv.Atoi(r.URL.Query().Get("code"))
+		if err != nil || code < 0 || code > 255 {
+			http.Error(w, fmt.Sprintf("code must be an exit code in [0, 255], got %q", r.URL.Query().Get("code")), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Connection", "close")
+		fmt.Fprintf(w, "exiting with code %d\n", code)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		log.Printf("exit %d requested", code)
+		go func() {
+			time.Sleep(exitDelay)
+			exit(code)
+		}()
+	})
+
+	return mux
+}
+
+// burn keeps cores CPUs busy for d in the background: ceil(cores) goroutines,
+// each busy for its share of every burnPeriod.
+func burn(cores float64, d time.Duration) {
+	n := int(math.Ceil(cores))
+	busy := time.Duration(float64(burnPeriod) * cores / float64(n))
+	deadline := time.Now().Add(d)
+	for range n {
+		go func() {
+			for time.Now().Before(deadline) {
+				start := time.Now()
+				for time.Since(start) < busy {
+					// Spin.
+				}
+				time.Sleep(burnPeriod - busy)
+			}
+		}()
+	}
+	log.Printf("burning %g cores for %s", cores, d)
+}
+
+// logRequests logs one line per request, with its status and duration.
+func logRequests(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		h.ServeHTTP(sw, r)
+		log.Printf("%s %s %d %s from %s", r.Method, r.URL.RequestURI(), sw.status, time.Since(start).Round(time.Microsecond), r.RemoteAddr)
+	})
+}
+
+// statusWriter remembers the status code for the log line.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController (and Flush) reach the real writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}

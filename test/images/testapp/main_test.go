@@ -1,0 +1,149 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// newTest serves newHandler with env as the environment; exits receives the
+// codes it exits with.
+func newTest(t *testing.T, env map[string]string) (srv *httptest.Server, exits chan int) {
+	t.Helper()
+	exits = make(chan int, 1)
+	srv = httptest.NewServer(logRequests(newHandler(
+		func(k string) string { return env[k] },
+		func(code int) { exits <- code },
+	)))
+	t.Cleanup(srv.Close)
+	return srv, exits
+}
+
+func do(t *testing.T, method, url string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, http.NoBody)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+func TestIdentity(t *testing.T) {
+	srv, _ := newTest(t, map[string]string{
+		"CLUSTER_NAME":  "rome",
+		"NODE_NAME":     "rome-1",
+		"POD_NAME":      "web-0",
+		"POD_NAMESPACE": "shop",
+		"HOST_IP":       "10.0.0.7",
+		"POD_IP":        "10.244.1.9",
+	})
+	resp, err := http.Get(srv.URL + "/")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	var got map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&got))
+	hostname, _ := os.Hostname()
+	assert.Equal(t, map[string]string{
+		"cluster":   "rome",
+		"node":      "rome-1",
+		"pod":       "web-0",
+		"namespace": "shop",
+		"hostIP":    "10.0.0.7",
+		"podIP":     "10.244.1.9",
+		"hostname":  hostname,
+	}, got)
+}
+
+func TestIdentityUnset(t *testing.T) {
+	srv, _ := newTest(t, nil)
+	code, body := do(t, http.MethodGet, srv.URL+"/")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `"cluster":"","node":"","pod":"","namespace":""`)
+	assert.Contains(t, body, `"hostIP":"","podIP":""`)
+}
+
+func TestRoutes(t *testing.T) {
+	srv, _ := newTest(t, nil)
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		body         string
+	}{
+		{http.MethodGet, "/healthz", http.StatusOK, "ok"},
+		{http.MethodGet, "/nowhere", http.StatusNotFound, ""},
+		{http.MethodGet, "/burn?cpu=1&seconds=1", http.StatusMethodNotAllowed, ""},
+		{http.MethodGet, "/exit?code=0", http.StatusMethodNotAllowed, ""},
+		{http.MethodPost, "/", http.StatusMethodNotAllowed, ""},
+	} {
+		code, body := do(t, tc.method, srv.URL+tc.path)
+		assert.Equal(t, tc.code, code, "%s %s", tc.method, tc.path)
+		if tc.body != "" {
+			assert.Equal(t, tc.body, body, "%s %s", tc.method, tc.path)
+		}
+	}
+}
+
+func TestBurn(t *testing.T) {
+	srv, _ := newTest(t, nil)
+	for _, q := range []string{
+		"",
+		"cpu=1",
+		"seconds=1",
+		"cpu=abc&seconds=1",
+		"cpu=0&seconds=1",
+		"cpu=-1&seconds=1",
+		"cpu=8.5&seconds=1",
+		"cpu=NaN&seconds=1",
+		"cpu=Inf&seconds=1",
+		"cpu=1&seconds=0",
+		"cpu=1&seconds=-5",
+		"cpu=1&seconds=1.5",
+		"cpu=1&seconds=3601",
+		"cpu=1&seconds=x",
+	} {
+		code, body := do(t, http.MethodPost, srv.URL+"/burn?"+q)
+		assert.Equal(t, http.StatusBadRequest, code, "burn?%s", q)
+		assert.NotEmpty(t, body, "burn?%s: the 400 says why", q)
+	}
+
+	// A hundredth of a core for a second: accepted, and cheap.
+	code, body := do(t, http.MethodPost, srv.URL+"/burn?cpu=0.01&seconds=1")
+	assert.Equal(t, http.StatusAccepted, code)
+	assert.Contains(t, body, "burning 0.01 cores for 1 s")
+}
+
+func TestExit(t *testing.T) {
+	srv, exits := newTest(t, nil)
+	for _, q := range []string{"", "code=", "code=x", "code=-1", "code=256", "code=1.5"} {
+		code, body := do(t, http.MethodPost, srv.URL+"/exit?"+q)
+		assert.Equal(t, http.StatusBadRequest, code, "exit?%s", q)
+		assert.NotEmpty(t, body, "exit?%s: the 400 says why", q)
+	}
+	select {
+	case c := <-exits:
+		t.Fatalf("exited with %d on bad input", c)
+	default:
+	}
+
+	code, body := do(t, http.MethodPost, srv.URL+"/exit?code=3")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, "exiting with code 3")
+	select {
+	case c := <-exits:
+		assert.Equal(t, 3, c)
+	case <-time.After(5 * time.Second):
+		t.Fatal("did not exit")
+	}
+}
