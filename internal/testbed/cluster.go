@@ -30,7 +30,9 @@ import (
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/kubelet"
+	"github.com/fluidos-project/resource-broker/internal/realnode"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
 
@@ -106,12 +108,23 @@ type Cluster struct {
 	Clientset  kubernetes.Interface
 	// CertDir holds the cluster's broker client certificate (CN = Name).
 	CertDir string
-	// Agent is rb-agent; Scheduler is rb-scheduler.
-	Agent, Scheduler *Process
+	// Agent is rb-agent; Scheduler is rb-scheduler; ControllerManager is
+	// kube-controller-manager (with Options.RealNodes only).
+	Agent, Scheduler, ControllerManager *Process
+	// CA is the cluster's CA (with Options.RealNodes only): the API
+	// server's client CA, issuer of the kubelets' serving certificates and
+	// kube-controller-manager's CSR signer.
+	CA *devcerts.CA
+	// AgentIP is the address of the agent's virtual-kubelet endpoint (with
+	// Options.RealNodes: an address on the host bridge, as a pod IP).
+	AgentIP string
 
 	bed        *Bed
+	index      int
 	env        *envtest.Environment
 	dir        string
+	caFile     string
+	realNodes  map[string]*realnode.Node
 	agentProbe string // 127.0.0.1:<port> of the agent's /readyz
 	schedPort  int
 	kubelet    *kubeletStandIn
@@ -123,7 +136,16 @@ type Cluster struct {
 // hack/devclusters does: CRDs, the agent's namespace, the rb-tenant
 // ClusterRole, Ready nodes, an admin kubeconfig.
 func (c *Cluster) startControlPlane(ctx context.Context, crdDir string) error {
-	env, err := testenv.New(testenv.WithCRDDirectories(crdDir))
+	opts := []testenv.Option{testenv.WithCRDDirectories(crdDir),
+		testenv.WithAPIServerArg("service-cluster-ip-range", serviceCIDR(c.index))}
+	if c.bed.opts.RealNodes {
+		real, err := c.controlPlaneOptions()
+		if err != nil {
+			return err
+		}
+		opts = append(opts, real...)
+	}
+	env, err := testenv.New(opts...)
 	if err != nil {
 		return err
 	}
@@ -160,9 +182,17 @@ func (c *Cluster) startControlPlane(ctx context.Context, crdDir string) error {
 			return fmt.Errorf("%s: %w", c.Name, err)
 		}
 	}
+	if c.bed.opts.RealNodes {
+		return c.prepareRealCluster(ctx)
+	}
 	if c.kubelet, err = newKubeletStandIn(c.Config); err != nil {
 		return err
 	}
+	return c.addSpecNodes(ctx)
+}
+
+// addSpecNodes adds the nodes of the cluster's spec, named <name>-node-<i>.
+func (c *Cluster) addSpecNodes(ctx context.Context) error {
 	for i, size := range c.Spec.Nodes {
 		if err := c.AddNode(ctx, fmt.Sprintf("%s-node-%d", c.Name, i+1), size); err != nil {
 			return err
@@ -191,9 +221,13 @@ func (c *Cluster) startInProcess(ctx context.Context) error {
 	return startGarbageCollector(ctx, c.Config)
 }
 
-// AddNode creates a Ready node (no taints) of the given size, which the
-// kubelet stand-in serves and the agent counts.
+// AddNode adds a Ready node of the given size, which the agent counts: a
+// real node with Options.RealNodes, else a Node object (no taints) that the
+// kubelet stand-in serves.
 func (c *Cluster) AddNode(ctx context.Context, name string, size corev1.ResourceList) error {
+	if c.bed.opts.RealNodes {
+		return c.addRealNode(ctx, name, size)
+	}
 	c.kubelet.addNode(name)
 	if _, err := kubelet.ReadyNode(ctx, c.Clientset, name, size, map[string]string{corev1.LabelHostname: name}); err != nil {
 		c.kubelet.removeNode(name)
@@ -207,13 +241,21 @@ func (c *Cluster) AddNode(ctx context.Context, name string, size corev1.Resource
 
 // DeleteNode removes a node AddNode made.
 func (c *Cluster) DeleteNode(ctx context.Context, name string) error {
+	if n := c.RealNode(name); n != nil {
+		if err := n.Stop(); err != nil {
+			return err
+		}
+	}
 	err := c.Clientset.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	c.kubelet.removeNode(name)
+	if c.kubelet != nil {
+		c.kubelet.removeNode(name)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.realNodes, name)
 	for i, n := range c.nodes {
 		if n == name {
 			c.nodes = append(c.nodes[:i], c.nodes[i+1:]...)
@@ -223,7 +265,19 @@ func (c *Cluster) DeleteNode(ctx context.Context, name string) error {
 	return nil
 }
 
-// Nodes lists the real nodes of the cluster.
+// RealNodes lists the cluster's running real nodes.
+func (c *Cluster) RealNodes() []*realnode.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*realnode.Node, 0, len(c.realNodes))
+	for _, n := range c.realNodes {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Nodes lists the nodes of the cluster (not the virtual ones).
 func (c *Cluster) Nodes() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -267,13 +321,15 @@ func (c *Cluster) agentArgs(probe string) []string {
 	// The bridge's flags, once rb-agent has them: its kubelet endpoint (one
 	// per agent, so not the default :10250) on loopback, where the API
 	// server reaches it.
-	if c.bed.agentHasFlag("kubelet-address") {
+	switch {
+	case c.AgentIP != "":
+		// A real cluster: the agent's kubelet endpoint on its own address
+		// at the kubelet port, as a pod of the agent would have it.
+		args = append(args, "--kubelet-address="+c.AgentIP+":10250", "--node-ip="+c.AgentIP)
+	case c.bed.agentHasFlag("kubelet-address"):
 		if ports, err := freePorts(1); err == nil {
-			args = append(args, "--kubelet-address=127.0.0.1:"+strconv.Itoa(ports[0]))
+			args = append(args, "--kubelet-address=127.0.0.1:"+strconv.Itoa(ports[0]), "--node-ip=127.0.0.1")
 		}
-	}
-	if c.bed.agentHasFlag("node-ip") {
-		args = append(args, "--node-ip=127.0.0.1")
 	}
 	if o.AgentArgs != nil {
 		args = append(args, o.AgentArgs(c.Name)...)
@@ -284,6 +340,16 @@ func (c *Cluster) agentArgs(probe string) []string {
 // StartAgent starts rb-agent and waits until it serves /readyz and its
 // advertisement has reached the broker.
 func (c *Cluster) StartAgent(ctx context.Context) error {
+	if c.bed.real != nil && c.AgentIP == "" {
+		ip, err := c.bed.real.allocHostIP()
+		if err != nil {
+			return err
+		}
+		if err := c.bed.real.host.AddAddress(ip); err != nil {
+			return err
+		}
+		c.AgentIP = ip
+	}
 	var last error
 	for range 3 {
 		ports, err := freePorts(1)

@@ -42,6 +42,7 @@ import (
 
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/realnode"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
 
@@ -74,6 +75,14 @@ type Options struct {
 	AgentArgs func(cluster string) []string
 	// Logf receives progress lines (default: none).
 	Logf func(format string, args ...any)
+	// RealNodes makes every node a real kubelet with containerd and runs
+	// kube-controller-manager in every cluster (see realnodes.go); the host
+	// must pass realnode.Check. Without it nodes are Node objects served by
+	// the in-process kubelet stand-in, which runs no container.
+	RealNodes bool
+	// NodeMonitorGracePeriod of kube-controller-manager with RealNodes
+	// (default 20s): how long a node may be silent before it is NotReady.
+	NodeMonitorGracePeriod time.Duration
 }
 
 func (o *Options) defaults() {
@@ -101,6 +110,9 @@ func (o *Options) defaults() {
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
+	if o.NodeMonitorGracePeriod == 0 {
+		o.NodeMonitorGracePeriod = 20 * time.Second
+	}
 }
 
 // Bed is a running test bed.
@@ -124,6 +136,7 @@ type Bed struct {
 	Timings map[string]time.Duration
 
 	opts       Options
+	real       *realNodes
 	moduleRoot string
 	ctx        context.Context
 	cancel     context.CancelFunc
@@ -236,8 +249,9 @@ func (b *Bed) timingSummary() string {
 
 func (b *Bed) start(ctx context.Context) error {
 	o := b.opts
-	for _, spec := range o.Clusters {
-		c := &Cluster{Spec: spec, Name: spec.Name, bed: b, dir: filepath.Join(b.Dir, "clusters", spec.Name)}
+	for i, spec := range o.Clusters {
+		c := &Cluster{Spec: spec, Name: spec.Name, bed: b, index: i, dir: filepath.Join(b.Dir, "clusters", spec.Name),
+			realNodes: map[string]*realnode.Node{}}
 		if err := os.MkdirAll(c.dir, 0o755); err != nil {
 			return err
 		}
@@ -268,11 +282,23 @@ func (b *Bed) start(ctx context.Context) error {
 		g.Go(timed("control plane "+c.Name, func() error { return c.startControlPlane(gctx, crdDir) }))
 	}
 	g.Go(timed("certificates", b.makeCerts))
+	if o.RealNodes {
+		g.Go(timed("real nodes host and images", func() error { return b.startRealNodesHost(gctx) }))
+	}
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	// Brokers need the binaries and the certificates.
-	if err := timed("redis and brokers", func() error { return b.startBrokers(ctx) })(); err != nil {
+	// Brokers need the binaries and the certificates; real nodes and
+	// kube-controller-manager their control plane.
+	g, gctx = errgroup.WithContext(ctx)
+	g.Go(timed("redis and brokers", func() error { return b.startBrokers(gctx) }))
+	if o.RealNodes {
+		for _, c := range b.Clusters {
+			g.Go(timed("kube-controller-manager "+c.Name, func() error { return c.startControllerManager(gctx) }))
+			g.Go(timed("nodes "+c.Name, func() error { return c.addSpecNodes(gctx) }))
+		}
+	}
+	if err := g.Wait(); err != nil {
 		return err
 	}
 
@@ -281,7 +307,9 @@ func (b *Bed) start(ctx context.Context) error {
 	for _, c := range b.Clusters {
 		g.Go(timed("agent "+c.Name, func() error { return c.StartAgent(gctx) }))
 		g.Go(timed("scheduler "+c.Name, func() error { return c.startScheduler(gctx) }))
-		g.Go(timed("controllers "+c.Name, func() error { return c.startInProcess(b.ctx) }))
+		if !o.RealNodes {
+			g.Go(timed("controllers "+c.Name, func() error { return c.startInProcess(b.ctx) }))
+		}
 	}
 	return g.Wait()
 }
@@ -459,7 +487,7 @@ func (b *Bed) Processes() []*Process {
 		ps = append(ps, br.Process)
 	}
 	for _, c := range b.Clusters {
-		for _, p := range []*Process{c.Agent, c.Scheduler} {
+		for _, p := range []*Process{c.ControllerManager, c.Agent, c.Scheduler} {
 			if p != nil {
 				ps = append(ps, p)
 			}
@@ -472,6 +500,14 @@ func (b *Bed) Processes() []*Process {
 func (b *Bed) DumpLogs(logf func(string, ...any), lines int) {
 	for _, p := range b.Processes() {
 		logf("---- %s (%s), last %d lines:\n%s", p.Name, p.LogPath, lines, p.Tail(lines))
+	}
+	for _, c := range b.Clusters {
+		for _, n := range c.RealNodes() {
+			for _, f := range []string{"node.log", "kubelet.log"} {
+				p := filepath.Join(n.LogDir, f)
+				logf("---- %s %s (%s), last %d lines:\n%s", n.Name, f, p, lines/2, tailFile(p, lines/2))
+			}
+		}
 	}
 	if b.ctrlLog != nil {
 		logf("---- in-process controllers (%s), last %d lines:\n%s", b.ctrlLog.Name(), lines, tailFile(b.ctrlLog.Name(), lines))
@@ -511,6 +547,16 @@ func (b *Bed) Close() error {
 		stopAll(agents)
 		if b.cancel != nil {
 			b.cancel()
+		}
+		var kcms []*Process
+		for _, c := range b.Clusters {
+			kcms = append(kcms, c.ControllerManager)
+		}
+		stopAll(kcms)
+		if b.real != nil {
+			if err := b.real.host.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("real nodes: %w", err))
+			}
 		}
 		for _, br := range b.Brokers {
 			brokers = append(brokers, br.Process)

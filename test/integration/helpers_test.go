@@ -318,13 +318,14 @@ type timeline struct {
 	active   map[string]time.Time
 	podOf    map[string]string // reservation -> pod
 	podSeen  map[string]time.Time
+	podRun   map[string]time.Time // pod -> first seen Running
 	stop     []func()
 }
 
 func watchTimeline(t *testing.T, c *testbed.Cluster, ns string) *timeline {
 	t.Helper()
 	tl := &timeline{seen: map[string]time.Time{}, reserved: map[string]time.Time{}, active: map[string]time.Time{},
-		podOf: map[string]string{}, podSeen: map[string]time.Time{}}
+		podOf: map[string]string{}, podSeen: map[string]time.Time{}, podRun: map[string]time.Time{}}
 	wc, err := client.NewWithWatch(c.Config, client.Options{Scheme: testbed.Scheme})
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -367,6 +368,9 @@ func (tl *timeline) run(ch <-chan watch.Event) {
 			if _, ok := tl.podSeen[o.Name]; !ok {
 				tl.podSeen[o.Name] = now
 			}
+			if _, ok := tl.podRun[o.Name]; !ok && o.Status.Phase == corev1.PodRunning {
+				tl.podRun[o.Name] = now
+			}
 		}
 		tl.mu.Unlock()
 	}
@@ -387,6 +391,13 @@ func (tl *timeline) durations(from, to string) []time.Duration {
 				return time.Time{}, false
 			}
 			v, ok := tl.podSeen[p]
+			return v, ok
+		case "running":
+			p, ok := tl.podOf[name]
+			if !ok {
+				return time.Time{}, false
+			}
+			v, ok := tl.podRun[p]
 			return v, ok
 		case "seen":
 			m = tl.seen

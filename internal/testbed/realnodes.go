@@ -1,0 +1,324 @@
+package testbed
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/realnode"
+	"github.com/fluidos-project/resource-broker/internal/testenv"
+	"github.com/fluidos-project/resource-broker/internal/testimages"
+)
+
+// With Options.RealNodes every cluster of the bed is a small real cluster:
+// its nodes are real kubelets with containerd (internal/realnode), and
+// kube-controller-manager runs as a subprocess (namespaces, service accounts
+// and their tokens, garbage collection, Deployments, ReplicaSets, quotas,
+// node lifecycle, CSR signing) instead of the in-process stand-ins. Each
+// cluster has a CA whose key the bed holds, as kubeadm's: it is the API
+// server's client CA, signs the kubelets' serving certificates (the API
+// server verifies them: --kubelet-certificate-authority) and
+// kube-controller-manager signs CSRs with it.
+//
+// Addresses (all of realnode.Range, see REAL-NODES.md): node and agent
+// addresses 198.18.0.10 and up on the host bridge, pod CIDRs 198.19.<n>.0/24
+// (one per node), service CIDRs 198.18.<100+i>.0/24 (one per cluster; no
+// kube-proxy runs, so ClusterIPs answer nothing).
+
+// RealNodesKubeletAPIUser is the API server's identity towards kubelets.
+const RealNodesKubeletAPIUser = "kube-apiserver-kubelet-client"
+
+// realNodes is the bed's share of the host while it runs real nodes.
+type realNodes struct {
+	host   *realnode.Host
+	images []testimages.Image
+
+	mu       sync.Mutex
+	nextHost int // last octet of the next host address in 198.18.0.0/24
+	nextPod  int // third octet of the next pod CIDR in 198.19.0.0/16
+}
+
+// allocHostIP hands out the next node or agent address.
+func (r *realNodes) allocHostIP() (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nextHost > 250 {
+		return "", errors.New("no host address left in 198.18.0.0/24")
+	}
+	ip := "198.18.0." + strconv.Itoa(r.nextHost)
+	r.nextHost++
+	return ip, nil
+}
+
+func (r *realNodes) allocPodCIDR() (string, int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nextPod > 250 {
+		return "", 0, errors.New("no pod CIDR left in 198.19.0.0/16")
+	}
+	n := r.nextPod
+	r.nextPod++
+	return fmt.Sprintf("198.19.%d.0/24", n), n, nil
+}
+
+// serviceCIDR of the i-th cluster (also for beds without real nodes: no
+// address of the bed is ever outside realnode.Range).
+func serviceCIDR(i int) string { return fmt.Sprintf("198.18.%d.0/24", 100+i) }
+
+// nodeBinaries are the real nodes' binaries, from `make node-bin`.
+func nodeBinary(name string) (string, error) {
+	dir, err := testenv.AssetsDir()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, name)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s not found in %s: run \"make node-bin\"", name, dir)
+	}
+	return p, nil
+}
+
+// startRealNodesHost takes the host and builds (or finds) the images.
+func (b *Bed) startRealNodesHost(ctx context.Context) error {
+	for _, bin := range []string{"kubelet", "kube-controller-manager"} {
+		if _, err := nodeBinary(bin); err != nil {
+			return err
+		}
+	}
+	host, err := realnode.Acquire(ctx, b.opts.Logf)
+	if err != nil {
+		return err
+	}
+	b.real = &realNodes{host: host, nextHost: 10, nextPod: 1}
+	b.real.images, err = testimages.Build(ctx, b.moduleRoot, filepath.Join(b.BinDir, "images"))
+	return err
+}
+
+// Image is the reference of one of the bed's images (testimages.TestApp...).
+func (b *Bed) imagePaths() []string {
+	var out []string
+	for _, im := range b.real.images {
+		out = append(out, im.Path)
+	}
+	return out
+}
+
+// controlPlaneOptions are the API server settings of a real cluster.
+func (c *Cluster) controlPlaneOptions() ([]testenv.Option, error) {
+	ca, err := devcerts.NewCA(c.Name + " cluster CA")
+	if err != nil {
+		return nil, err
+	}
+	c.CA = ca
+	pki := filepath.Join(c.dir, "pki")
+	if err := ca.Save(pki); err != nil {
+		return nil, err
+	}
+	c.caFile = filepath.Join(pki, devcerts.CACertFile)
+	kubeletClient, err := ca.IssueUser(RealNodesKubeletAPIUser, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := devcerts.WriteTLSDir(filepath.Join(pki, "kubelet-client"), kubeletClient, ca.CertPEM); err != nil {
+		return nil, err
+	}
+	return []testenv.Option{
+		testenv.WithClientCA(ca),
+		testenv.WithAPIServerArg("authorization-mode", "Node,RBAC"),
+		testenv.WithAPIServerArg("enable-admission-plugins", "NodeRestriction"),
+		// envtest turns the ServiceAccount admission plugin off because it
+		// runs no controllers; kube-controller-manager runs here.
+		testenv.WithAPIServerArg("disable-admission-plugins", "DefaultStorageClass"),
+		testenv.WithAPIServerArg("kubelet-client-certificate", filepath.Join(pki, "kubelet-client", devcerts.TLSCertFile)),
+		testenv.WithAPIServerArg("kubelet-client-key", filepath.Join(pki, "kubelet-client", devcerts.TLSKeyFile)),
+		testenv.WithAPIServerArg("kubelet-certificate-authority", c.caFile),
+		testenv.WithAPIServerArg("kubelet-preferred-address-types", "InternalIP"),
+	}, nil
+}
+
+// prepareRealCluster grants the API server's kubelet client its role (as
+// kubeadm does) once the API server runs.
+func (c *Cluster) prepareRealCluster(ctx context.Context) error {
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "testbed:" + RealNodesKubeletAPIUser},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:kubelet-api-admin"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: RealNodesKubeletAPIUser}},
+	}
+	if err := c.Client.Create(ctx, crb); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}
+
+// kubeconfigFor writes a kubeconfig of a user of the cluster's CA.
+func (c *Cluster) kubeconfigFor(user envtest.User, file string) (string, error) {
+	u, err := c.env.AddUser(user, nil)
+	if err != nil {
+		return "", err
+	}
+	kc, err := u.KubeConfig()
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(c.dir, file)
+	return path, os.WriteFile(path, kc, 0o600)
+}
+
+// startControllerManager runs kube-controller-manager as kubeadm configures
+// it: every controller under its own service account
+// (--use-service-account-credentials), the cluster CA for CSR signing, the
+// API server's service-account key for tokens.
+func (c *Cluster) startControllerManager(ctx context.Context) error {
+	path, err := nodeBinary("kube-controller-manager")
+	if err != nil {
+		return err
+	}
+	kc, err := c.kubeconfigFor(envtest.User{Name: "system:kube-controller-manager"}, "kube-controller-manager.kubeconfig")
+	if err != nil {
+		return err
+	}
+	rootCA := filepath.Join(c.dir, "pki", "apiserver-ca.crt")
+	if err := os.WriteFile(rootCA, c.Config.CAData, 0o644); err != nil {
+		return err
+	}
+	apiserver := c.env.ControlPlane.GetAPIServer()
+	grace := c.bed.opts.NodeMonitorGracePeriod
+	var last error
+	for range 3 {
+		ports, err := freePorts(1)
+		if err != nil {
+			return err
+		}
+		c.ControllerManager = &Process{Name: "kube-controller-manager-" + c.Name, Path: path,
+			LogPath: filepath.Join(c.bed.LogDir, "kube-controller-manager-"+c.Name+".log"),
+			Args: []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
+				"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(ports[0]), "--leader-elect=false",
+				"--use-service-account-credentials=true",
+				"--service-account-private-key-file=" + filepath.Join(apiserver.CertDir, "sa-signer.key"),
+				"--root-ca-file=" + rootCA,
+				"--cluster-signing-cert-file=" + c.caFile,
+				"--cluster-signing-key-file=" + filepath.Join(c.dir, "pki", devcerts.CAKeyFile),
+				"--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+				"--node-monitor-grace-period=" + grace.String(), "--node-monitor-period=2s",
+				"--concurrent-namespace-syncs=5",
+				"--v=" + strconv.Itoa(max(c.bed.opts.Verbosity, 1))}}
+		if err := c.ControllerManager.Start(); err != nil {
+			return err
+		}
+		last = c.bed.poll(ctx, c.ControllerManager, 60*time.Second, "kube-controller-manager "+c.Name+" healthy", func() (bool, error) {
+			return httpsOK(fmt.Sprintf("https://127.0.0.1:%d/healthz", ports[0])), nil
+		})
+		if last == nil {
+			return nil
+		}
+		_ = c.ControllerManager.Kill()
+		if !c.ControllerManager.portInUse() {
+			return last
+		}
+	}
+	return last
+}
+
+// addRealNode starts a real node of the given size and waits until it is
+// Ready. Extended resources (GPUs) are advertised on the Node's status, as
+// for a device without a device plugin: the kubelet keeps them.
+func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.ResourceList) error {
+	r := c.bed.real
+	ip, err := r.allocHostIP()
+	if err != nil {
+		return err
+	}
+	podCIDR, index, err := r.allocPodCIDR()
+	if err != nil {
+		return err
+	}
+	kc, err := c.kubeconfigFor(envtest.User{Name: "system:node:" + name, Groups: []string{"system:nodes"}}, "kubelet-"+name+".kubeconfig")
+	if err != nil {
+		return err
+	}
+	serving, err := c.CA.IssueServer(name, []string{ip, name})
+	if err != nil {
+		return err
+	}
+	certDir := filepath.Join(c.dir, "pki", "kubelet-"+name)
+	if err := devcerts.WriteTLSDir(certDir, serving, c.CA.CertPEM); err != nil {
+		return err
+	}
+	kubelet, err := nodeBinary("kubelet")
+	if err != nil {
+		return err
+	}
+	node, err := r.host.StartNode(ctx, realnode.Config{
+		Name: name, IP: ip, PodCIDR: podCIDR, BridgeIndex: index,
+		CPU: int(size.Cpu().Value()), Memory: size.Memory().Value(),
+		Labels:      map[string]string{"topology.kubernetes.io/region": c.Spec.Labels["region"]},
+		KubeletPath: kubelet, Kubeconfig: kc, ClientCAFile: c.caFile,
+		ServingCertFile: filepath.Join(certDir, devcerts.TLSCertFile), ServingKeyFile: filepath.Join(certDir, devcerts.TLSKeyFile),
+		Images: c.bed.imagePaths(), PauseImage: testimages.Pause,
+		LogDir: filepath.Join(c.bed.LogDir, "nodes", name), Verbosity: max(c.bed.opts.Verbosity, 1),
+	})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.realNodes[name] = node
+	c.mu.Unlock()
+	err = c.bed.poll(ctx, nil, 90*time.Second, "node "+name+" Ready", func() (bool, error) {
+		n, err := c.Clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // not registered yet
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				return cond.Status == corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (logs in %s)", err, node.LogDir)
+	}
+	if gpus, ok := size[GPU]; ok {
+		patch, _ := json.Marshal(map[string]any{"status": map[string]any{"capacity": map[string]any{string(GPU): gpus.String()}}})
+		if _, err := c.Clientset.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+			return fmt.Errorf("node %s: advertise %s: %w", name, GPU, err)
+		}
+		// The kubelet copies it into allocatable at its next status update.
+		err := c.bed.poll(ctx, nil, 30*time.Second, "node "+name+" allocatable "+string(GPU), func() (bool, error) {
+			n, err := c.Clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			a, ok := n.Status.Allocatable[GPU]
+			return ok && a.Equal(gpus), nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	c.nodes = append(c.nodes, name)
+	c.mu.Unlock()
+	return nil
+}
+
+// RealNode returns a running real node of the cluster (nil if none).
+func (c *Cluster) RealNode(name string) *realnode.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.realNodes[name]
+}
