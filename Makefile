@@ -29,8 +29,13 @@ demo-broker: build check-redis ## Run the broker-only demo: Redis, one broker, t
 	hack/demo-broker.sh
 
 .PHONY: test
-test: envtest-bin cert-manager-crds check-redis ## Run every test (needs redis-server; builds the test control plane on first use).
+test: envtest-bin node-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane and nodes on first use).
 	go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: check-node-deps
+check-node-deps:
+	@for t in containerd runc ctr unshare ip; do command -v $$t >/dev/null || { echo "$$t not found: make node-deps (as root) installs containerd, runc and the CNI plugins" >&2; exit 1; }; done
+	@test -x /usr/lib/cni/bridge || { echo "/usr/lib/cni/bridge not found: make node-deps (as root)" >&2; exit 1; }
 
 .PHONY: check-redis
 check-redis:
