@@ -71,7 +71,8 @@ type Options struct {
 	// virtual node (default 110, the kubelet's default).
 	PodsPerReservation int64
 	// KubeletAddress is where the virtual nodes' kubelet endpoint listens, for
-	// `kubectl logs` (default ":10250"; "off" disables it).
+	// `kubectl logs`, `exec`, `attach` and `port-forward` (default ":10250";
+	// "off" disables it).
 	KubeletAddress string
 	// NodeIP is the address the API server uses to reach that endpoint: the
 	// agent pod's IP (default $POD_IP).
@@ -80,6 +81,15 @@ type Options struct {
 	// kubelet endpoint (default: client-ca-file of
 	// kube-system/extension-apiserver-authentication).
 	KubeletClientCA []byte
+	// KubeletServingCert is where that endpoint's serving certificate comes
+	// from: "csr" (default: a CertificateSigningRequest to the cluster's
+	// kubernetes.io/kubelet-serving signer, approved by the agent itself;
+	// self-signed until it is issued) or "self-signed".
+	KubeletServingCert string
+	// KubeletServingCertTimeout is how long the CSR may wait for the signer
+	// before the agent warns (log and Event) that it serves a self-signed
+	// certificate (default 1m; it goes on waiting).
+	KubeletServingCertTimeout time.Duration
 
 	// LiqoNamespace maps a provider to its Liqo tenant namespace (liqo mode;
 	// default "liqo-tenant-<provider>").
@@ -104,6 +114,7 @@ func New(mode string, o Options) (Bridge, error) {
 			LeaseDuration: o.LeaseDuration, StatusSyncPeriod: o.StatusSyncPeriod, ProbePeriod: o.ProbePeriod,
 			PodsPerReservation: o.PodsPerReservation,
 			KubeletAddress:     o.KubeletAddress, NodeIP: o.NodeIP, KubeletClientCA: o.KubeletClientCA,
+			KubeletServingCert: o.KubeletServingCert, KubeletServingCertTimeout: o.KubeletServingCertTimeout,
 		})
 	case ModeLiqo:
 		return liqo.New(liqo.Config{ClusterID: o.ClusterID, Log: o.Log, TenantNamespace: o.LiqoNamespace})

@@ -31,4 +31,6 @@ func TestNew(t *testing.T) {
 	assert.ErrorContains(t, err, "cluster id is required")
 	_, err = bridge.New(bridge.ModeVirtualKubelet, bridge.Options{ClusterID: "rome", Grants: noGrants{}, ProbePeriod: 1})
 	assert.ErrorContains(t, err, "probe period")
+	_, err = bridge.New(bridge.ModeVirtualKubelet, bridge.Options{ClusterID: "rome", Grants: noGrants{}, KubeletServingCert: "acme"})
+	assert.ErrorContains(t, err, `kubelet serving certificate "acme"`)
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/fluidos-project/resource-broker/agent"
 	"github.com/fluidos-project/resource-broker/agent/bridge"
+	"github.com/fluidos-project/resource-broker/agent/bridge/virtualkubelet"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
@@ -45,6 +46,9 @@ type options struct {
 	bridge           string
 	nodeIP           string
 	kubeletAddress   string
+	kubeletCert      string
+	kubeletCertWait  time.Duration
+	kubeletClientCA  string
 	nodeLease        time.Duration
 	probePeriod      time.Duration
 	nodeStatusPeriod time.Duration
@@ -88,7 +92,13 @@ func newCommand() *cobra.Command {
 	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect one active agent among replicas")
 	f.StringVar(&o.bridge, "bridge", bridge.ModeVirtualKubelet, "how won reservations become nodes: virtual-kubelet, liqo, or none")
 	f.StringVar(&o.nodeIP, "node-ip", os.Getenv("POD_IP"), "address the API server uses to reach the virtual nodes' kubelet endpoint (this pod's IP)")
-	f.StringVar(&o.kubeletAddress, "kubelet-address", ":10250", "listen address of the virtual nodes' kubelet endpoint (kubectl logs); off to disable")
+	f.StringVar(&o.kubeletAddress, "kubelet-address", ":10250", "listen address of the virtual nodes' kubelet endpoint (kubectl logs, exec, attach, port-forward); off to disable")
+	f.StringVar(&o.kubeletCert, "kubelet-serving-cert", virtualkubelet.ServingCertCSR,
+		"serving certificate of the kubelet endpoint: csr (a CertificateSigningRequest to the kubernetes.io/kubelet-serving signer, approved by the agent; self-signed until issued) or self-signed")
+	f.DurationVar(&o.kubeletCertWait, "kubelet-serving-cert-timeout", time.Minute,
+		"how long the serving certificate's CSR may wait for the signer before the agent warns that it serves a self-signed one (it goes on waiting)")
+	f.StringVar(&o.kubeletClientCA, "kubelet-client-ca", "",
+		"PEM file of the CA whose client certificates the kubelet endpoint accepts (default: client-ca-file of kube-system/extension-apiserver-authentication)")
 	f.DurationVar(&o.nodeLease, "virtual-node-lease", 40*time.Second, "lease duration of the virtual nodes")
 	f.DurationVar(&o.probePeriod, "provider-probe-period", 5*time.Second, "how often a provider's API is checked with its grant (at least 1s)")
 	f.DurationVar(&o.nodeStatusPeriod, "virtual-node-status-period", time.Minute, "how often an unchanged virtual node status is rewritten")
@@ -146,6 +156,12 @@ func (o options) validate() error {
 	if o.debounce <= 0 || o.publishPeriod <= 0 {
 		errs = append(errs, errors.New("--debounce and --publish-period must be positive"))
 	}
+	if o.kubeletCert != virtualkubelet.ServingCertCSR && o.kubeletCert != virtualkubelet.ServingCertSelfSigned {
+		errs = append(errs, fmt.Errorf("--kubelet-serving-cert %q: want %s or %s", o.kubeletCert, virtualkubelet.ServingCertCSR, virtualkubelet.ServingCertSelfSigned))
+	}
+	if o.kubeletCertWait <= 0 {
+		errs = append(errs, errors.New("--kubelet-serving-cert-timeout must be positive"))
+	}
 	if o.reserveWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--reservation-workers %d: want at least 1", o.reserveWorkers))
 	}
@@ -174,7 +190,12 @@ func run(o options) error {
 	if o.bridge != "none" {
 		ao.Bridge = o.bridge
 		ao.BridgeOptions = bridge.Options{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod, StatusSyncPeriod: o.nodeStatusPeriod,
-			KubeletAddress: o.kubeletAddress, NodeIP: o.nodeIP}
+			KubeletAddress: o.kubeletAddress, NodeIP: o.nodeIP, KubeletServingCert: o.kubeletCert, KubeletServingCertTimeout: o.kubeletCertWait}
+		if o.kubeletClientCA != "" {
+			if ao.BridgeOptions.KubeletClientCA, err = os.ReadFile(o.kubeletClientCA); err != nil {
+				return fmt.Errorf("--kubelet-client-ca: %w", err)
+			}
+		}
 	}
 	ao.EndpointFrom(cfg)
 	if err := ao.Validate(); err != nil { // before the manager: a wrong identity must fail fast

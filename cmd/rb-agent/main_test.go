@@ -44,6 +44,8 @@ current-context: c
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--broker-cert-dir=" + certs, "--token-ttl=1m"}, "below the TokenRequest minimum"},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--broker-cert-dir=" + certs, "--bridge=submariner"}, `--bridge "submariner"`},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--reservation-workers=0"}, "--reservation-workers 0: want at least 1"},
+		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--kubelet-serving-cert=acme"}, `--kubelet-serving-cert "acme": want csr or self-signed`},
+		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--kubelet-serving-cert-timeout=0s"}, "--kubelet-serving-cert-timeout must be positive"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			cmd := newCommand()

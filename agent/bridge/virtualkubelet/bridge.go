@@ -14,7 +14,10 @@
 //     API answers with the granted token), its credentials and probe;
 //   - podHandler: the PodLifecycleHandler and PodNotifier of one node;
 //   - objectMirror: the ConfigMaps and Secrets its pods use;
-//   - kubeletServer: the nodes' kubelet endpoint, for `kubectl logs`.
+//   - kubeletServer: the nodes' kubelet endpoint (kubectl logs, exec, attach,
+//     port-forward reach the copies through the provider's API), with a
+//     serving certificate from the cluster's kubelet-serving signer
+//     (servingCert).
 package virtualkubelet
 
 import (
@@ -68,6 +71,12 @@ type Config struct {
 	KubeletAddress     string
 	NodeIP             string
 	KubeletClientCA    []byte
+	// KubeletServingCert is where the kubelet endpoint's serving certificate
+	// comes from: ServingCertCSR (default) or ServingCertSelfSigned.
+	KubeletServingCert string
+	// KubeletServingCertTimeout is how long a CSR may wait for the signer
+	// before the agent says it serves a self-signed certificate (default 1m).
+	KubeletServingCertTimeout time.Duration
 	// PodSyncWorkers per virtual node (default 10).
 	PodSyncWorkers int
 	// CreateTimeout bounds the retries of a pod's creation at the provider
@@ -125,6 +134,16 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	if cfg.KubeletAddress == "" {
 		cfg.KubeletAddress = ":10250"
+	}
+	switch cfg.KubeletServingCert {
+	case "":
+		cfg.KubeletServingCert = ServingCertCSR
+	case ServingCertCSR, ServingCertSelfSigned:
+	default:
+		return nil, fmt.Errorf("kubelet serving certificate %q: want %q or %q", cfg.KubeletServingCert, ServingCertCSR, ServingCertSelfSigned)
+	}
+	if cfg.KubeletServingCertTimeout == 0 {
+		cfg.KubeletServingCertTimeout = time.Minute
 	}
 	if cfg.NodeIP == "" {
 		cfg.NodeIP = os.Getenv("POD_IP")

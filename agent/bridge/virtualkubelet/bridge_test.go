@@ -2,10 +2,13 @@ package virtualkubelet_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,8 +20,16 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/transport/spdy"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -190,7 +201,12 @@ func boundPod(ns, name string, policy corev1.RestartPolicy) *corev1.Pod {
 func TestVirtualKubelet(t *testing.T) {
 	ctx := context.Background()
 	b := brokertest.Start(t, brokertest.Options{})
-	rome := newMember(t, b, "rome", bridgetest.Options{})
+	// rome's API server verifies kubelet serving certificates, and its
+	// kube-controller-manager's kubelet-serving signer issues them: the
+	// agent's kubelet endpoint must serve the one its CSR got.
+	signingCA := bridgetest.NewSigningCA(t)
+	rome := newMember(t, b, "rome", bridgetest.Options{KubeletCA: signingCA})
+	rome.RunKubeletServingSigner(signingCA, time.Hour)
 	paris := newMember(t, b, "paris", bridgetest.Options{AuditNamespaces: []string{"rb-rome"}})
 	kubelet := paris.RunKubelet("paris-node-1", "rb-rome", corev1.ResourceList{
 		corev1.ResourceCPU: resource.MustParse("16"), corev1.ResourceMemory: resource.MustParse("64Gi"), corev1.ResourcePods: resource.MustParse("110")})
@@ -218,6 +234,9 @@ func TestVirtualKubelet(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "paris", n.Labels[rbv1.ProviderLabel])
 		assert.Equal(t, "virtual-kubelet", n.Labels["type"])
+		kv, err := version.ParseSemantic(n.Status.NodeInfo.KubeletVersion)
+		require.NoError(t, err, "kubeletVersion is semver: %q", n.Status.NodeInfo.KubeletVersion)
+		assert.Equal(t, uint(1), kv.Major())
 		assert.Equal(t, []corev1.Taint{{Key: rbv1.VirtualNodeTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule}}, n.Spec.Taints)
 		for _, list := range []corev1.ResourceList{n.Status.Capacity, n.Status.Allocatable} {
 			assert.Equal(t, "2", ptr.To(list[corev1.ResourceCPU]).String())
@@ -318,17 +337,89 @@ func TestVirtualKubelet(t *testing.T) {
 		}, 10*time.Second, 20*time.Millisecond)
 	})
 
+	t.Run("the kubelet endpoint serves the certificate rome's kubelet-serving signer issued", func(t *testing.T) {
+		n, err := rome.node("rb-paris")
+		require.NoError(t, err)
+		addr := fmt.Sprintf("127.0.0.1:%d", n.Status.DaemonEndpoints.KubeletEndpoint.Port)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			// As the API server dials it: the node's address, no SNI, verified with the signer's CA.
+			conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: signingCA.Pool, MinVersion: tls.VersionTLS12})
+			require.NoError(c, err)
+			defer conn.Close()
+			assert.Equal(c, "system:node:rb-rome-vk", conn.ConnectionState().PeerCertificates[0].Subject.CommonName)
+		}, 15*time.Second, 50*time.Millisecond)
+	})
+
 	t.Run("kubectl logs on rome's pod reads paris's pods/log", func(t *testing.T) {
 		data, err := rome.Clientset.CoreV1().Pods("shop").GetLogs("web-0", &corev1.PodLogOptions{Container: "main"}).DoRaw(ctx)
 		require.NoError(t, err, "%s", data)
 		assert.Equal(t, "log of rb-rome/shop.web-0 container main on paris-node-1\n", string(data))
 
-		// The kubelet endpoint authorizes as a kubelet does: nodes/proxy.
-		cfg := rest.CopyConfig(rome.Config)
-		cfg.CertData, cfg.KeyData, err = rome.Authn.Issue("mallory")
+		// The kubelet endpoint authenticates and authorizes as a kubelet does:
+		// nodes/proxy of the pod's node.
+		_, err = virtualkubeletLogs(ctx, t, &rest.Config{}, rome, "shop", "web-0")
+		assert.ErrorContains(t, err, "401", "no credentials")
+		mallory := rest.CopyConfig(rome.Config)
+		mallory.CertData, mallory.KeyData, err = rome.Authn.Issue("mallory")
 		require.NoError(t, err)
-		_, err = virtualkubeletLogs(ctx, t, cfg, rome, "shop", "web-0")
+		_, err = virtualkubeletLogs(ctx, t, mallory, rome, "shop", "web-0")
 		assert.ErrorContains(t, err, "403", "a user without nodes/proxy is refused")
+
+		require.NoError(t, rome.Client.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris-proxy"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes/proxy"}, ResourceNames: []string{"rb-paris"}, Verbs: []string{"get"}}}}))
+		require.NoError(t, rome.Client.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "alice-rb-paris-proxy"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "rb-paris-proxy"},
+			Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "alice"}}}))
+		alice := rest.CopyConfig(rome.Config)
+		alice.CertData, alice.KeyData, err = rome.Authn.Issue("alice")
+		require.NoError(t, err)
+		require.EventuallyWithT(t, func(c *assert.CollectT) { // RBAC caches
+			data, err := virtualkubeletLogs(ctx, t, alice, rome, "shop", "web-0")
+			require.NoError(c, err)
+			assert.Equal(c, "log of rb-rome/shop.web-0 container main on paris-node-1\n", string(data))
+		}, 5*time.Second, 50*time.Millisecond, "nodes/proxy of rb-paris is enough")
+
+		_, err = virtualkubeletLogs(ctx, t, rome.Config, rome, "shop", "not-here")
+		assert.ErrorContains(t, err, "404", "a pod that is not on a virtual node of this agent")
+		_, err = virtualkubeletLogs(ctx, t, rome.Config, rome, "shop", "web-0", "sidecar")
+		assert.ErrorContains(t, err, "400", "paris's answer: no such container")
+		t.Logf("logs of a container the pod does not have: %v", err)
+	})
+
+	t.Run("exec, attach and port-forward reach the copy through paris's API with the tenant token", func(t *testing.T) {
+		// The tenant role does not open pods/exec, pods/attach or
+		// pods/portforward: paris refuses the tenant token, and rome's
+		// caller gets paris's answer.
+		_, err := remoteCommand(ctx, rome.Config, "exec", "shop", "web-0", "cat", "/etc/hostname")
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `User "system:serviceaccount:rb-rome:rb-tenant" cannot create resource "pods/exec"`, "paris's refusal")
+		t.Logf("exec, refused by paris: %v", err)
+		msg := portForwardError(ctx, t, rome.Config, "shop", "web-0", 8080)
+		assert.Contains(t, msg, `cannot create resource "pods/portforward"`)
+		t.Logf("port-forward, refused by paris: %s", msg)
+
+		// Opened: paris's API server takes the requests to its kubelet,
+		// which (a fake) serves no streams.
+		require.NoError(t, paris.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "rb-tenant-streams", Namespace: "rb-rome"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods/exec", "pods/attach", "pods/portforward"}, Verbs: []string{"get", "create"}}}}))
+		require.NoError(t, paris.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "rb-tenant-streams", Namespace: "rb-rome"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "rb-tenant-streams"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: provider.TenantServiceAccount, Namespace: "rb-rome"}}}))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			_, err := remoteCommand(ctx, rome.Config, "exec", "shop", "web-0", "cat", "/etc/hostname")
+			require.Error(c, err)
+			assert.NotContains(c, err.Error(), "forbidden")
+			assert.Contains(c, err.Error(), "404", "paris's kubelet has no /exec: %v", err)
+		}, 5*time.Second, 50*time.Millisecond)
+		_, err = remoteCommand(ctx, rome.Config, "exec", "shop", "web-0", "cat", "/etc/hostname")
+		t.Logf("exec, through paris to its kubelet: %v", err)
+		_, err = remoteCommand(ctx, rome.Config, "attach", "shop", "web-0")
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "404", "paris's kubelet has no /attach")
+		t.Logf("attach, through paris to its kubelet: %v", err)
+		msg = portForwardError(ctx, t, rome.Config, "shop", "web-0", 8080)
+		assert.Contains(t, msg, "404", "paris's kubelet has no /portForward")
+		t.Logf("port-forward, through paris to its kubelet: %s", msg)
 	})
 
 	t.Run("mirrored objects are written with the tenant token, which works nowhere else", func(t *testing.T) {
@@ -507,7 +598,7 @@ func TestVirtualKubelet(t *testing.T) {
 }
 
 // virtualkubeletLogs calls the kubelet endpoint of rb-paris directly with cfg's credentials.
-func virtualkubeletLogs(ctx context.Context, t *testing.T, cfg *rest.Config, rome *member, ns, pod string) ([]byte, error) {
+func virtualkubeletLogs(ctx context.Context, t *testing.T, cfg *rest.Config, rome *member, ns, pod string, container ...string) ([]byte, error) {
 	t.Helper()
 	n, err := rome.node("rb-paris")
 	require.NoError(t, err)
@@ -515,7 +606,11 @@ func virtualkubeletLogs(ctx context.Context, t *testing.T, cfg *rest.Config, rom
 	cfg.CAData, cfg.Insecure = nil, true
 	hc, err := rest.HTTPClientFor(cfg)
 	require.NoError(t, err)
-	url := fmt.Sprintf("https://127.0.0.1:%d/containerLogs/%s/%s/main", n.Status.DaemonEndpoints.KubeletEndpoint.Port, ns, pod)
+	c := "main"
+	if len(container) > 0 {
+		c = container[0]
+	}
+	url := fmt.Sprintf("https://127.0.0.1:%d/containerLogs/%s/%s/%s", n.Status.DaemonEndpoints.KubeletEndpoint.Port, ns, pod, c)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	require.NoError(t, err)
 	resp, err := hc.Do(req)
@@ -528,6 +623,77 @@ func virtualkubeletLogs(ctx context.Context, t *testing.T, cfg *rest.Config, rom
 		return data, fmt.Errorf("%d: %s", resp.StatusCode, data)
 	}
 	return data, err
+}
+
+// remoteCommand runs pods/exec (command) or pods/attach of a pod through
+// the API server of cfg as kubectl does (websockets, SPDY as the fallback),
+// with stdout and stderr.
+func remoteCommand(ctx context.Context, cfg *rest.Config, subresource, ns, pod string, command ...string) (string, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return "", err
+	}
+	var opts runtime.Object = &corev1.PodAttachOptions{Container: "main", Stdout: true, Stderr: true}
+	if subresource == "exec" {
+		opts = &corev1.PodExecOptions{Container: "main", Command: command, Stdout: true, Stderr: true}
+	}
+	u := cs.CoreV1().RESTClient().Post().Namespace(ns).Resource("pods").Name(pod).SubResource(subresource).VersionedParams(opts, scheme.ParameterCodec).URL()
+	spdyExec, err := remotecommand.NewSPDYExecutor(cfg, http.MethodPost, u)
+	if err != nil {
+		return "", err
+	}
+	wsExec, err := remotecommand.NewWebSocketExecutor(cfg, http.MethodGet, u.String())
+	if err != nil {
+		return "", err
+	}
+	exe, _ := remotecommand.NewFallbackExecutor(wsExec, spdyExec, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
+	var out strings.Builder
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = exe.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &out, Stderr: &out})
+	return out.String(), err
+}
+
+// portForwardError forwards one connection to port of a pod through the API
+// server of cfg, as kubectl port-forward does for each connection it
+// accepts, and returns what the error stream says.
+func portForwardError(ctx context.Context, t *testing.T, cfg *rest.Config, ns, pod string, port int) string {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(cfg)
+	require.NoError(t, err)
+	u := cs.CoreV1().RESTClient().Post().Namespace(ns).Resource("pods").Name(pod).SubResource("portforward").URL()
+	transport, upgrader, err := spdy.RoundTripperFor(cfg)
+	require.NoError(t, err)
+	conn, _, err := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, http.MethodPost, u).Dial(portforward.PortForwardProtocolV1Name)
+	require.NoError(t, err)
+	defer conn.Close()
+	headers := http.Header{}
+	headers.Set(corev1.StreamType, corev1.StreamTypeError)
+	headers.Set(corev1.PortHeader, strconv.Itoa(port))
+	headers.Set(corev1.PortForwardRequestIDHeader, "0")
+	errorStream, err := conn.CreateStream(headers)
+	require.NoError(t, err)
+	require.NoError(t, errorStream.Close())
+	headers.Set(corev1.StreamType, corev1.StreamTypeData)
+	data, err := conn.CreateStream(headers)
+	require.NoError(t, err)
+	defer data.Close()
+	msg := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(errorStream)
+		msg <- string(b)
+	}()
+	select {
+	case m := <-msg:
+		return m
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer on the error stream")
+		return ""
+	case <-ctx.Done():
+		return ""
+	}
 }
 
 func mapsKeys(m map[string][]string) []string {

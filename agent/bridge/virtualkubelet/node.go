@@ -316,13 +316,14 @@ func (n *providerNode) nodeObject() *corev1.Node {
 			},
 			NodeInfo: corev1.NodeSystemInfo{
 				OperatingSystem: "linux",
-				KubeletVersion:  "virtual-kubelet",
+				KubeletVersion:  kubeletVersion(),
 				OSImage:         "provider " + n.provider + " (resource broker)",
 			},
 		},
 	}
-	// The API server reaches the kubelet endpoint (logs) at the agent's IP;
-	// no host name address, which it would try first and could not resolve.
+	// The API server reaches the kubelet endpoint (logs, exec, attach,
+	// port-forward) at the agent's IP, which its serving certificate names; no
+	// host name address, which it would try first and could not resolve.
 	if k := n.b.kubelet; k != nil && n.b.cfg.NodeIP != "" {
 		nodeObj.Status.DaemonEndpoints.KubeletEndpoint.Port = k.port
 		nodeObj.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.b.cfg.NodeIP}}

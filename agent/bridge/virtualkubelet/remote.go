@@ -64,6 +64,7 @@ type remoteCluster struct {
 	namespace string
 	token     *token
 	client    kubernetes.Interface
+	config    *rest.Config // of client: the kubelet endpoint's streams (exec, attach, port-forward) dial with it
 	pods      corev1listers.PodNamespaceLister
 	synced    cache.InformerSynced
 	stop      context.CancelFunc
@@ -113,7 +114,8 @@ func (rc *remoteCluster) reconnect(ctx context.Context, clusterID string, handle
 
 func connect(ctx context.Context, endpoint string, caBundle []byte, namespace string, tok *token, clusterID string,
 	handler cache.ResourceEventHandler, log logr.Logger) (*remoteCluster, error) {
-	cs, err := kubernetes.NewForConfig(restConfigFor(endpoint, caBundle, tok, "rb-agent/"+clusterID+" (bridge)", log))
+	cfg := restConfigFor(endpoint, caBundle, tok, "rb-agent/"+clusterID+" (bridge)", log)
+	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +133,7 @@ func connect(ctx context.Context, endpoint string, caBundle []byte, namespace st
 	ctx, cancel := context.WithCancel(ctx)
 	factory.Start(ctx.Done())
 	return &remoteCluster{
-		endpoint: endpoint, caBundle: caBundle, namespace: namespace, token: tok, client: cs,
+		endpoint: endpoint, caBundle: caBundle, namespace: namespace, token: tok, client: cs, config: cfg,
 		pods: inf.Lister().Pods(namespace), synced: inf.Informer().HasSynced,
 		stop: func() { cancel(); factory.Shutdown() },
 	}, nil

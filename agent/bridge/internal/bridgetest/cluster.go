@@ -3,9 +3,11 @@
 // same address with the same certificates and data, a client CA of the
 // test's own (so the API server presents a kubelet client certificate to
 // kubelet endpoints), an optional audit log, Ready nodes, a fake kubelet
-// that runs the pods of one namespace as a kubelet would, and the part of
+// that runs the pods of one namespace as a kubelet would, the part of
 // kube-controller-manager's node lifecycle controller that lifts the
-// not-ready taint of a node once it is Ready.
+// not-ready taint of a node once it is Ready, and, on demand, its
+// kubelet-serving CSR signer (with the API server verifying kubelets'
+// serving certificates).
 package bridgetest
 
 import (
@@ -58,6 +60,11 @@ type Options struct {
 	AuditNamespaces []string
 	// Scheme for Client (default Scheme).
 	Scheme *runtime.Scheme
+	// KubeletCA, when set, is what the API server verifies kubelets' serving
+	// certificates with (--kubelet-certificate-authority): a kubelet
+	// endpoint must then serve a certificate of that CA for the address the
+	// API server dials (the node's address). See RunKubeletServingSigner.
+	KubeletCA *SigningCA
 }
 
 // Cluster is one member cluster.
@@ -88,6 +95,9 @@ func Start(t testing.TB, name string, o Options) *Cluster {
 			// Open watches hold the API server's graceful shutdown for long: kill it after 5 s.
 			env.ControlPlaneStopTimeout = 5 * time.Second
 		}),
+	}
+	if o.KubeletCA != nil {
+		opts = append(opts, testenv.WithAPIServerArg("kubelet-certificate-authority", o.KubeletCA.CertFile))
 	}
 	if len(o.AuditNamespaces) > 0 {
 		policy := filepath.Join(dir, "audit-policy.yaml")

@@ -1,0 +1,243 @@
+package virtualkubelet
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+)
+
+func TestRequestAttributes(t *testing.T) {
+	for _, tc := range []struct {
+		method, path string
+		verb         string
+		subresources []string
+	}{
+		{"GET", "/containerLogs/shop/web-0/main", "get", []string{"proxy"}},
+		{"HEAD", "/containerLogs/shop/web-0/main", "get", []string{"proxy"}},
+		{"POST", "/exec/shop/web-0/main", "create", []string{"proxy"}},
+		{"GET", "/exec/shop/web-0/main", "get", []string{"proxy"}}, // websockets
+		{"POST", "/attach/shop/web-0/main", "create", []string{"proxy"}},
+		{"POST", "/portForward/shop/web-0", "create", []string{"proxy"}},
+		{"POST", "/run/shop/web-0/main", "create", []string{"proxy"}},
+		{"GET", "/pods", "get", []string{"pods", "proxy"}},
+		{"GET", "/pods/", "get", []string{"pods", "proxy"}},
+		{"GET", "/podsx", "get", []string{"proxy"}}, // a sibling, not a subpath
+		{"GET", "/runningpods/", "get", []string{"pods", "proxy"}},
+		{"GET", "/healthz", "get", []string{"healthz", "proxy"}},
+		{"GET", "/healthz/ping", "get", []string{"healthz", "proxy"}},
+		{"GET", "/configz", "get", []string{"configz", "proxy"}},
+		{"GET", "/stats/summary", "get", []string{"stats"}},
+		{"GET", "/stats", "get", []string{"stats"}},
+		{"GET", "/metrics", "get", []string{"metrics"}},
+		{"GET", "/metrics/resource", "get", []string{"metrics"}},
+		{"GET", "/metrics/cadvisor", "get", []string{"metrics"}},
+		{"GET", "/logs/", "get", []string{"log"}},
+		{"GET", "/logs/syslog", "get", []string{"log"}},
+		{"POST", "/checkpoint/shop/web-0/main", "create", []string{"checkpoint"}},
+		{"GET", "/statusz", "get", []string{"statusz"}},
+		{"GET", "/flagz", "get", []string{"configz"}},
+		{"GET", "/spec/", "get", []string{"proxy"}},
+		{"PUT", "/anything", "update", []string{"proxy"}},
+		{"PATCH", "/anything", "patch", []string{"proxy"}},
+		{"DELETE", "/anything", "delete", []string{"proxy"}},
+		{"OPTIONS", "/anything", "", []string{"proxy"}},
+	} {
+		verb, subresources := requestAttributes(tc.method, tc.path)
+		assert.Equal(t, tc.verb, verb, "%s %s", tc.method, tc.path)
+		assert.Equal(t, tc.subresources, subresources, "%s %s", tc.method, tc.path)
+	}
+}
+
+// endpointFixture is a kubelet endpoint over fake API servers: the local one
+// answers TokenReviews (token "<user>" is user <user>, any other is
+// refused) and SubjectAccessReviews (by allow); rb-paris has a grant and
+// the copy of shop/web-0 (whose pods/log the fake answers "fake logs");
+// rb-berlin has no grant yet.
+type endpointFixture struct {
+	srv   *httptest.Server
+	mu    sync.Mutex
+	asked []authorizationv1.ResourceAttributes // by user
+	users []string
+}
+
+func newEndpointFixture(t *testing.T, allow func(user string, a *authorizationv1.ResourceAttributes) bool) *endpointFixture {
+	f := &endpointFixture{}
+	local := fake.NewClientset()
+	local.PrependReactor("create", "tokenreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		tr := a.(clienttesting.CreateAction).GetObject().(*authenticationv1.TokenReview)
+		if slices.Contains([]string{"admin", "alice", "bob", "mallory"}, tr.Spec.Token) {
+			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: authenticationv1.UserInfo{Username: tr.Spec.Token, Groups: []string{"system:authenticated"}}}
+		}
+		return true, tr, nil
+	})
+	local.PrependReactor("create", "subjectaccessreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		sar := a.(clienttesting.CreateAction).GetObject().(*authorizationv1.SubjectAccessReview)
+		f.mu.Lock()
+		f.asked, f.users = append(f.asked, *sar.Spec.ResourceAttributes), append(f.users, sar.Spec.User)
+		f.mu.Unlock()
+		sar.Status.Allowed = allow(sar.Spec.User, sar.Spec.ResourceAttributes)
+		return true, sar, nil
+	})
+
+	pods := func(objs ...*corev1.Pod) corev1listers.PodLister {
+		idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+		for _, p := range objs {
+			require.NoError(t, idx.Add(p))
+		}
+		return corev1listers.NewPodLister(idx)
+	}
+	pod := func(ns, name, node string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.PodSpec{NodeName: node}}
+	}
+	provider := fake.NewClientset()
+	paris := &providerNode{name: "rb-paris", provider: "paris",
+		localPods: pods(pod("shop", "web-0", "rb-paris"), pod("shop", "web-2", "rb-paris"))}
+	paris.remote = &remoteCluster{namespace: "rb-rome", client: provider, synced: func() bool { return true },
+		pods: pods(pod("rb-rome", RemoteName("shop", "web-0"), "paris-node-1")).Pods("rb-rome")}
+	berlin := &providerNode{name: "rb-berlin", provider: "berlin", localPods: pods(pod("shop", "web-1", "rb-berlin"))}
+	b := &Bridge{cfg: Config{ClusterID: "rome"}, log: logr.Discard(), local: local,
+		nodes: map[string]*providerNode{"paris": paris, "berlin": berlin}}
+	k := &kubeletServer{b: b, log: b.log, timeout: 5 * time.Second}
+	f.srv = httptest.NewServer(k.handler())
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *endpointFixture) do(t *testing.T, method, path, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, f.srv.URL+path, nil)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := f.srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// lastAsked is the last SubjectAccessReview's attributes.
+func (f *endpointFixture) lastAsked() (string, authorizationv1.ResourceAttributes) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.asked) == 0 {
+		return "", authorizationv1.ResourceAttributes{}
+	}
+	return f.users[len(f.users)-1], f.asked[len(f.asked)-1]
+}
+
+// TestKubeletEndpointAccess: who gets what, in which order: authentication
+// (401), authorization on the pod's node (403), routing (404), the grant
+// (503), and the provider's answer.
+func TestKubeletEndpointAccess(t *testing.T) {
+	f := newEndpointFixture(t, func(user string, a *authorizationv1.ResourceAttributes) bool {
+		switch user {
+		case "admin": // nodes/proxy on every node, as the API server's kubelet client has
+			return a.Subresource == "proxy"
+		case "alice": // nodes/proxy on rb-paris only
+			return a.Subresource == "proxy" && a.Name == "rb-paris"
+		case "bob": // nodes/pods only (fine-grained)
+			return a.Subresource == "pods"
+		}
+		return false
+	})
+	logs := "/containerLogs/shop/web-0/main"
+
+	t.Run("authentication", func(t *testing.T) {
+		code, _ := f.do(t, "GET", logs, "")
+		assert.Equal(t, http.StatusUnauthorized, code, "no credentials")
+		code, _ = f.do(t, "GET", logs, "forged")
+		assert.Equal(t, http.StatusUnauthorized, code, "a token the API server does not know")
+		code, _ = f.do(t, "GET", "/healthz", "")
+		assert.Equal(t, http.StatusUnauthorized, code, "every route")
+	})
+
+	t.Run("authorization on the pod's node", func(t *testing.T) {
+		code, body := f.do(t, "GET", logs, "mallory")
+		assert.Equal(t, http.StatusForbidden, code, body)
+		user, asked := f.lastAsked()
+		assert.Equal(t, "mallory", user)
+		assert.Equal(t, authorizationv1.ResourceAttributes{Verb: "get", Version: "v1", Resource: "nodes", Subresource: "proxy", Name: "rb-paris"}, asked)
+
+		code, body = f.do(t, "POST", "/exec/shop/web-0/main?command=ls&output=1", "mallory")
+		assert.Equal(t, http.StatusForbidden, code, body)
+		_, asked = f.lastAsked()
+		assert.Equal(t, "create", asked.Verb, "exec over SPDY is a POST")
+
+		code, body = f.do(t, "GET", logs, "alice")
+		assert.Equal(t, http.StatusOK, code, body)
+		assert.Equal(t, "fake logs", body, "the copy's pods/log at the provider")
+		code, body = f.do(t, "GET", logs, "bob")
+		assert.Equal(t, http.StatusForbidden, code, "nodes/pods is not nodes/proxy: %s", body)
+	})
+
+	t.Run("a pod that is not on our nodes: 404 for who may use every node, 403 for others", func(t *testing.T) {
+		code, body := f.do(t, "GET", "/containerLogs/shop/elsewhere/main", "admin")
+		assert.Equal(t, http.StatusNotFound, code, body)
+		_, asked := f.lastAsked()
+		assert.Empty(t, asked.Name, "authorized on every node")
+		code, _ = f.do(t, "GET", "/containerLogs/shop/elsewhere/main", "alice")
+		assert.Equal(t, http.StatusForbidden, code, "alice may only use rb-paris: she does not learn whether the pod exists")
+		code, body = f.do(t, "POST", "/exec/shop/web-2/main?command=ls&output=1", "alice")
+		assert.Equal(t, http.StatusNotFound, code, body)
+		assert.Contains(t, body, "no copy at provider paris")
+	})
+
+	t.Run("no grant yet: 503", func(t *testing.T) {
+		code, body := f.do(t, "POST", "/portForward/shop/web-1", "admin")
+		assert.Equal(t, http.StatusServiceUnavailable, code, body)
+		assert.Contains(t, body, "no access to provider berlin yet")
+	})
+
+	t.Run("bad requests after authorization", func(t *testing.T) {
+		code, body := f.do(t, "POST", "/exec/shop/web-0/main?command=ls", "alice")
+		assert.Equal(t, http.StatusBadRequest, code, "no stream asked for: %s", body)
+		code, body = f.do(t, "GET", logs+"?tailLines=-1", "alice")
+		assert.Equal(t, http.StatusBadRequest, code, body)
+		code, _ = f.do(t, "GET", "/stats/summary", "admin")
+		assert.Equal(t, http.StatusForbidden, code, "nodes/stats")
+		code, _ = f.do(t, "GET", "/nothing/here", "admin")
+		assert.Equal(t, http.StatusNotFound, code)
+		code, _ = f.do(t, "GET", "/nothing/here", "mallory")
+		assert.Equal(t, http.StatusForbidden, code, "authorized before routing, as a kubelet does")
+	})
+
+	t.Run("node routes: every node", func(t *testing.T) {
+		code, body := f.do(t, "GET", "/healthz", "admin")
+		assert.Equal(t, http.StatusOK, code, body)
+		code, _ = f.do(t, "GET", "/healthz", "alice")
+		assert.Equal(t, http.StatusForbidden, code, "alice may use rb-paris only")
+
+		code, body = f.do(t, "GET", "/pods", "bob")
+		require.Equal(t, http.StatusOK, code, body)
+		var list corev1.PodList
+		require.NoError(t, json.Unmarshal([]byte(body), &list))
+		var names []string
+		for _, p := range list.Items {
+			names = append(names, p.Namespace+"/"+p.Name)
+		}
+		slices.Sort(names)
+		assert.Equal(t, []string{"shop/web-0", "shop/web-1", "shop/web-2"}, names)
+		assert.True(t, strings.Contains(body, `"kind":"PodList"`), body)
+	})
+}
