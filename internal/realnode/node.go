@@ -443,15 +443,64 @@ func (n *Node) kubeletAlive() bool {
 	return pid > 0 && anyAlive([]int{pid})
 }
 
-// KillKubelet SIGKILLs the node's kubelet, as a crashed node would lose it:
-// containerd and the containers keep running, the Node stops reporting.
+// KillKubelet SIGKILLs the node's kubelet, as a crash would, and keeps it
+// down until StartKubelet: containerd and the containers keep running, the
+// Node stops reporting.
 func (n *Node) KillKubelet() error {
 	pid := n.pidOf("kubelet")
-	if pid == 0 {
-		return fmt.Errorf("node %s: no kubelet pid", n.Name)
+	if pid == 0 || !n.kubeletAlive() {
+		return fmt.Errorf("node %s: no kubelet running", n.Name)
+	}
+	if err := os.WriteFile(filepath.Join(n.dir, "kubelet.held"), nil, 0o644); err != nil {
+		return err
 	}
 	killPids([]int{pid}, 0)
 	return nil
+}
+
+// StartKubelet starts the kubelet KillKubelet stopped, and returns once it
+// is healthy.
+func (n *Node) StartKubelet(ctx context.Context) error {
+	old := n.pidOf("kubelet")
+	if err := os.Remove(filepath.Join(n.dir, "kubelet.held")); err != nil {
+		return fmt.Errorf("node %s: kubelet not held down: %w", n.Name, err)
+	}
+	healthz := fmt.Sprintf("http://%s:10248/healthz", n.IP)
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if pid := n.pidOf("kubelet"); pid != old && pid > 0 {
+			if resp, err := http.Get(healthz); err == nil { //nolint:noctx // short-lived probe
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-n.done:
+			return fmt.Errorf("node %s exited (see %s)", n.Name, n.logf.Name())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("node %s: kubelet not healthy within 60s after restart (see %s)", n.Name, filepath.Join(n.LogDir, "kubelet.log"))
+}
+
+// RunningTasks lists the container tasks (sandboxes and containers) that
+// run on the node, from its containerd.
+func (n *Node) RunningTasks(ctx context.Context) ([]string, error) {
+	out, err := exec.CommandContext(ctx, "ctr", "--address", n.sock, "-n", "k8s.io", "tasks", "ls").Output()
+	if err != nil {
+		return nil, fmt.Errorf("node %s: ctr tasks ls: %w", n.Name, err)
+	}
+	var tasks []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n")[1:] {
+		if f := strings.Fields(line); len(f) >= 3 && f[2] == "RUNNING" {
+			tasks = append(tasks, f[0])
+		}
+	}
+	return tasks, nil
 }
 
 // Stop stops the node and removes all of it: the kubelet, the containers
@@ -459,6 +508,7 @@ func (n *Node) KillKubelet() error {
 // and address, its directory. Safe to call more than once.
 func (n *Node) Stop() error {
 	var errs []error
+	_ = os.WriteFile(filepath.Join(n.dir, "stopping"), nil, 0o644) // the script's loop ends with the kubelet
 	if pid := n.pidOf("kubelet"); pid > 0 {
 		killPids([]int{pid}, 10*time.Second)
 	}

@@ -53,11 +53,21 @@ for image in $IMAGES; do
 done
 
 step "kubelet"
-"$KUBELET" --config "$DIR/kubelet.yaml" --kubeconfig "$KUBECONFIG_FILE" --root-dir /var/lib/kubelet \
-	--cert-dir "$DIR/pki" --hostname-override "$NODE" --node-ip "$NODE_IP" --node-labels "$NODE_LABELS" \
-	--v="$VERBOSITY" >>"$LOG_DIR/kubelet.log" 2>&1 &
-echo $! >"$DIR/kubelet.pid"
-
-step "running"
 trap - ERR
+# The kubelet runs until it exits; while kubelet.held exists (KillKubelet
+# made it) it stays down, and comes back when the file goes (StartKubelet),
+# as a node whose kubelet crashed and was restarted. Stop writes stopping.
+while :; do
+	"$KUBELET" --config "$DIR/kubelet.yaml" --kubeconfig "$KUBECONFIG_FILE" --root-dir /var/lib/kubelet \
+		--cert-dir "$DIR/pki" --hostname-override "$NODE" --node-ip "$NODE_IP" --node-labels "$NODE_LABELS" \
+		--v="$VERBOSITY" >>"$LOG_DIR/kubelet.log" 2>&1 &
+	echo $! >"$DIR/kubelet.pid"
+	step "running"
+	wait $! || true
+	[ -e "$DIR/kubelet.held" ] || break
+	step "kubelet down"
+	while [ -e "$DIR/kubelet.held" ] && [ ! -e "$DIR/stopping" ]; do sleep 0.1; done
+	[ ! -e "$DIR/stopping" ] || break
+	step "kubelet restart"
+done
 wait

@@ -136,8 +136,30 @@ func (c *Cluster) controlPlaneOptions() ([]testenv.Option, error) {
 	if err := devcerts.WriteTLSDir(filepath.Join(pki, "kubelet-client"), kubeletClient, ca.CertPEM); err != nil {
 		return nil, err
 	}
+	// The aggregation layer (metrics.k8s.io, ...): a front-proxy CA of its
+	// own, as kubeadm sets it up; the API server dials an APIService's
+	// endpoints itself (no kube-proxy here).
+	frontProxy, err := devcerts.NewCA(c.Name + " front-proxy CA")
+	if err != nil {
+		return nil, err
+	}
+	proxyClient, err := frontProxy.IssueUser("front-proxy-client", nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := devcerts.WriteTLSDir(filepath.Join(pki, "front-proxy-client"), proxyClient, frontProxy.CertPEM); err != nil {
+		return nil, err
+	}
 	return []testenv.Option{
 		testenv.WithClientCA(ca),
+		testenv.WithAPIServerArg("requestheader-client-ca-file", filepath.Join(pki, "front-proxy-client", devcerts.CACertFile)),
+		testenv.WithAPIServerArg("requestheader-allowed-names", "front-proxy-client"),
+		testenv.WithAPIServerArg("requestheader-username-headers", "X-Remote-User"),
+		testenv.WithAPIServerArg("requestheader-group-headers", "X-Remote-Group"),
+		testenv.WithAPIServerArg("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
+		testenv.WithAPIServerArg("proxy-client-cert-file", filepath.Join(pki, "front-proxy-client", devcerts.TLSCertFile)),
+		testenv.WithAPIServerArg("proxy-client-key-file", filepath.Join(pki, "front-proxy-client", devcerts.TLSKeyFile)),
+		testenv.WithAPIServerArg("enable-aggregator-routing", "true"),
 		testenv.WithAPIServerArg("authorization-mode", "Node,RBAC"),
 		testenv.WithAPIServerArg("enable-admission-plugins", "NodeRestriction"),
 		// envtest turns the ServiceAccount admission plugin off because it

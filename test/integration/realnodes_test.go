@@ -1,11 +1,14 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +24,7 @@ import (
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
+	"github.com/fluidos-project/resource-broker/internal/testenv"
 	"github.com/fluidos-project/resource-broker/internal/testimages"
 )
 
@@ -43,11 +47,15 @@ var (
 func TestRealNodes(t *testing.T) {
 	bed := testbed.Start(t, testbed.Options{RealNodes: true, Clusters: []testbed.ClusterSpec{realRome, realParis, realBerlin}})
 	t.Logf("real-node bed up in %s (%s)", bed.Timings["total"].Round(time.Millisecond), timingsAll(bed))
+	newNamespace(t, bed.Cluster("rome"), realWebNamespace) // lives across transparent, kubectl, release
 	for _, sc := range []struct {
 		name string
 		run  func(*testing.T, *testbed.Bed)
 	}{
 		{"transparent", testRealTransparent},
+		{"kubectl", testRealKubectl},
+		{"release", testRealRelease},
+		{"node-lost", testRealNodeLost},
 	} {
 		if !t.Run(sc.name, func(t *testing.T) { sc.run(t, bed) }) {
 			t.Logf("scenario %s failed; the next ones run on whatever it left", sc.name)
@@ -140,8 +148,7 @@ func testRealTransparent(t *testing.T, bed *testbed.Bed) {
 	ctx := context.Background()
 	rome, paris := bed.Cluster("rome"), bed.Cluster("paris")
 	base := baseline(t, bed)
-	const ns = "shop"
-	newNamespace(t, rome, ns)
+	const ns = realWebNamespace
 	tl := watchTimeline(t, rome, ns)
 	dep := appDeployment(ns, "web", 3, "1500m", "256Mi")
 	require.NoError(t, rome.Client.Create(ctx, dep))
@@ -183,17 +190,210 @@ func testRealTransparent(t *testing.T, bed *testbed.Bed) {
 		figureLine(t, "real", "%s answered from paris node %s (%s), pod IP %s", p.Name, parisNodes[a["hostIP"]], a["hostIP"], p.Status.PodIP)
 	}
 	figure(t, "pod created -> Running (real container on the provider): %s", stats(tl.durations("pod", "running")))
+	realWeb = realWebState{dep: dep, base: base}
+}
+
+// realWeb is what transparent leaves for the scenarios after it: the
+// Deployment "web" in rome's namespace shop, three pods running in paris,
+// and the broker's numbers before it.
+var realWeb realWebState
+
+const realWebNamespace = "shop"
+
+type realWebState struct {
+	dep  *appsv1.Deployment
+	base testbed.Capacity
+}
+
+func (w realWebState) require(t *testing.T) {
+	if w.dep == nil {
+		t.Fatal("needs the transparent scenario's Deployment (run the whole TestRealNodes)")
+	}
+}
+
+// kubectl runs the kubectl of the test control plane (same version as the
+// API servers) against a cluster, as the bed's admin.
+func kubectl(ctx context.Context, t *testing.T, c *testbed.Cluster, args ...string) *exec.Cmd {
+	dir, err := testenv.AssetsDir()
+	require.NoError(t, err)
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	return cmd
+}
+
+// testRealKubectl: kubectl logs, exec and port-forward against pods on
+// rome's virtual node reach their containers in paris, through rome's API
+// server, the virtual node's kubelet endpoint (the agent) and paris's API
+// server and kubelet.
+func testRealKubectl(t *testing.T, bed *testbed.Bed) {
+	realWeb.require(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rome := bed.Cluster("rome")
+	var pods corev1.PodList
+	require.NoError(t, rome.Client.List(ctx, &pods, client.InNamespace(realWebNamespace)))
+	require.NotEmpty(t, pods.Items)
+	pod := pods.Items[0]
+	other := pods.Items[len(pods.Items)-1]
+
+	out, err := kubectl(ctx, t, rome, "logs", "-n", realWebNamespace, pod.Name).CombinedOutput()
+	require.NoError(t, err, "kubectl logs: %s", out)
+	assert.Contains(t, string(out), "testapp listening on :8080", "the container's log, read from paris")
+
+	// exec: the image has no shell; its own client fetches another pod's
+	// answer, pod to pod across paris's nodes.
+	out, err = kubectl(ctx, t, rome, "exec", "-n", realWebNamespace, pod.Name, "--", "/testapp", "get", "http://"+other.Status.PodIP+":8080/").CombinedOutput()
+	require.NoError(t, err, "kubectl exec: %s", out)
+	var a appAnswer
+	require.NoError(t, json.Unmarshal(out, &a), "exec output: %s", out)
+	assert.Equal(t, other.Name, a["pod"], "exec ran in %s's container and reached %s", pod.Name, other.Name)
+	// exec's exit code comes back too.
+	err = kubectl(ctx, t, rome, "exec", "-n", realWebNamespace, pod.Name, "--", "/testapp", "get", "http://127.0.0.1:1/").Run()
+	var exitErr *exec.ExitError
+	require.ErrorAs(t, err, &exitErr, "a failing command fails kubectl exec")
+	assert.Equal(t, 1, exitErr.ExitCode())
+
+	// port-forward to the pod's 8080 from a local port.
+	pf := kubectl(ctx, t, rome, "port-forward", "-n", realWebNamespace, "pod/"+pod.Name, ":8080")
+	stdout, err := pf.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, pf.Start())
+	defer func() { _ = pf.Process.Kill(); _ = pf.Wait() }()
+	line, err := bufio.NewReader(stdout).ReadString('\n') // "Forwarding from 127.0.0.1:NNNNN -> 8080"
+	require.NoError(t, err, "kubectl port-forward printed nothing")
+	local := strings.Fields(strings.TrimPrefix(line, "Forwarding from "))[0]
+	a, err = getApp("http://" + local + "/")
+	require.NoError(t, err, "GET through port-forward (%s)", strings.TrimSpace(line))
+	assert.Equal(t, pod.Name, a["pod"], "port-forward reached %s's container", pod.Name)
+}
+
+// testRealNodeLost: the kubelet of the paris node that runs a borrowed pod
+// is killed (containerd and the container live on). What the user in rome
+// sees: the pod stays Running, turns NotReady once paris's node lifecycle
+// controller declares the node unreachable (NodeMonitorGracePeriod) and
+// marks its pods NotReady, and the container still answers at its pod IP
+// meanwhile; rb-paris stays Ready (paris's API server answers). The
+// kubelet comes back: the pod is Ready again. Eviction (after the pod's
+// toleration of node.kubernetes.io/unreachable, 300 s by default) is
+// paris's to decide, not ours.
+func testRealNodeLost(t *testing.T, bed *testbed.Bed) {
+	ctx := context.Background()
+	rome, paris := bed.Cluster("rome"), bed.Cluster("paris")
+	base := baseline(t, bed)
+	const ns = "lost"
+	newNamespace(t, rome, ns)
+	dep := appDeployment(ns, "solo", 1, "1500m", "256Mi")
+	require.NoError(t, rome.Client.Create(ctx, dep))
+	var pod corev1.Pod
+	eventually(t, 120*time.Second, "the pod Running and Ready", func() (bool, string) {
+		var pods corev1.PodList
+		require.NoError(t, rome.Client.List(ctx, &pods, client.InNamespace(ns)))
+		if len(pods.Items) != 1 {
+			return false, fmt.Sprintf("%d pods", len(pods.Items))
+		}
+		pod = pods.Items[0]
+		return pod.Status.Phase == corev1.PodRunning && podReady(&pod), podCondition(&pod)
+	})
+	var copies corev1.PodList
+	require.NoError(t, paris.Client.List(ctx, &copies, client.InNamespace("rb-rome"), client.MatchingLabels{"app": "solo"}))
+	require.Len(t, copies.Items, 1)
+	node := paris.RealNode(copies.Items[0].Spec.NodeName)
+	require.NotNil(t, node, "the copy runs on a real paris node")
+
+	killed := time.Now()
+	require.NoError(t, node.KillKubelet())
+	eventually(t, 90*time.Second, "paris sees "+node.Name+" unreachable", func() (bool, string) {
+		var n corev1.Node
+		require.NoError(t, paris.Client.Get(ctx, client.ObjectKey{Name: node.Name}, &n))
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionUnknown, string(c.Status) + " " + c.Reason
+			}
+		}
+		return false, "no Ready condition"
+	})
+	unreachable := time.Since(killed)
+	eventually(t, 60*time.Second, "the pod in rome NotReady", func() (bool, string) {
+		require.NoError(t, rome.Client.Get(ctx, client.ObjectKeyFromObject(&pod), &pod))
+		return !podReady(&pod), podCondition(&pod)
+	})
+	notReady := time.Since(killed)
+	assert.Equal(t, corev1.PodRunning, pod.Status.Phase, "the pod stays Running while its node is unreachable")
+	a, err := getApp("http://" + pod.Status.PodIP + ":8080/")
+	if assert.NoError(t, err, "the container still runs without its kubelet") {
+		assert.Equal(t, pod.Name, a["pod"])
+	}
+	var vnode corev1.Node
+	require.NoError(t, rome.Client.Get(ctx, client.ObjectKey{Name: "rb-paris"}, &vnode))
+	assert.True(t, nodeReady(&vnode), "rb-paris stays Ready: paris's API server answers")
+
+	restarted := time.Now()
+	require.NoError(t, node.StartKubelet(ctx))
+	eventually(t, 90*time.Second, "the pod in rome Ready again", func() (bool, string) {
+		require.NoError(t, rome.Client.Get(ctx, client.ObjectKeyFromObject(&pod), &pod))
+		return podReady(&pod), podCondition(&pod)
+	})
+	figure(t, "kubelet killed -> node unreachable at paris %s, pod NotReady in rome %s; kubelet back -> pod Ready %s",
+		unreachable.Round(100*time.Millisecond), notReady.Round(100*time.Millisecond), time.Since(restarted).Round(100*time.Millisecond))
 
 	require.NoError(t, rome.Client.Delete(ctx, dep))
-	eventually(t, 60*time.Second, "no pod and no Reservation left in rome", func() (bool, string) {
+	eventually(t, 60*time.Second, "no pod and no Reservation left in "+ns, func() (bool, string) {
 		var left corev1.PodList
 		require.NoError(t, rome.Client.List(ctx, &left, client.InNamespace(ns)))
 		n := len(reservations(t, rome, ns))
 		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
 	})
 	waitNoLive(t, bed, 30*time.Second)
-	waitTenantGone(t, paris, 60*time.Second)
 	backToBaseline(t, bed, base, 30*time.Second)
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// testRealRelease: the Deployment scaled to zero. The pods go in rome, their
+// copies and containers in paris (no task left in any paris node's
+// containerd), the reservations are released at the broker, rome's tenant
+// (namespace, quota, credentials, instructions) is removed from paris, and
+// the broker's numbers are back exactly.
+func testRealRelease(t *testing.T, bed *testbed.Bed) {
+	realWeb.require(t)
+	ctx := context.Background()
+	rome, paris := bed.Cluster("rome"), bed.Cluster("paris")
+	dep := realWeb.dep
+	scaled := time.Now()
+	require.NoError(t, rome.Client.Patch(ctx, &appsv1.Deployment{ObjectMeta: dep.ObjectMeta},
+		client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"replicas":0}}`))))
+	eventually(t, 60*time.Second, "no pod and no Reservation left in rome", func() (bool, string) {
+		var left corev1.PodList
+		require.NoError(t, rome.Client.List(ctx, &left, client.InNamespace(dep.Namespace)))
+		n := len(reservations(t, rome, dep.Namespace))
+		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
+	})
+	waitNoLive(t, bed, 30*time.Second)
+	released := time.Since(scaled)
+	eventually(t, 60*time.Second, "no container left on paris's nodes", func() (bool, string) {
+		var state []string
+		left := 0
+		for _, n := range paris.RealNodes() {
+			tasks, err := n.RunningTasks(ctx)
+			require.NoError(t, err)
+			left += len(tasks)
+			state = append(state, fmt.Sprintf("%s: %d tasks", n.Name, len(tasks)))
+		}
+		return left == 0, strings.Join(state, ", ")
+	})
+	containersGone := time.Since(scaled)
+	waitTenantGone(t, paris, 60*time.Second)
+	backToBaseline(t, bed, realWeb.base, 30*time.Second)
+	figure(t, "scaled to 0 -> released at the broker %s, containers gone at paris %s, tenant gone %s",
+		released.Round(time.Millisecond), containersGone.Round(time.Millisecond), time.Since(scaled).Round(time.Millisecond))
+	require.NoError(t, rome.Client.Delete(ctx, dep))
+	realWeb = realWebState{}
 }
 
 var intstrHTTP = intstr.FromString("http")

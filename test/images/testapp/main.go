@@ -7,6 +7,10 @@
 //	POST /burn?cpu=1.5&seconds=30   202; burns 1.5 cores for 30 s
 //	POST /exit?code=3               200; then the process exits with code 3
 //
+// The image has no shell, so `testapp get URL` is its client, for `kubectl
+// exec` and pod-to-pod checks: it prints the body of a GET and exits 0, or
+// prints the error and exits 1.
+//
 // The identity comes from the environment (CLUSTER_NAME, NODE_NAME, POD_NAME,
 // POD_NAMESPACE, HOST_IP, POD_IP), which pods set with the downward API. Standard library
 // only: it is built with CGO_ENABLED=0 into a one-file image.
@@ -41,6 +45,9 @@ const (
 )
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "get" {
+		os.Exit(get(os.Args[2], os.Stdout, os.Stderr))
+	}
 	listen := flag.String("listen", ":8080", "address to listen on (PORT, when set and --listen is not, gives :$PORT)")
 	flag.Parse()
 	if port := os.Getenv("PORT"); port != "" && !flagSet("listen") {
@@ -57,6 +64,26 @@ func main() {
 		log.Printf("testapp: %v", err)
 		os.Exit(1)
 	}
+}
+
+// get prints the body of GET url to out; 0 on a 2xx answer, else 1.
+func get(url string, out, errOut io.Writer) int {
+	cl := &http.Client{Timeout: 10 * time.Second}
+	resp, err := cl.Get(url)
+	if err != nil {
+		fmt.Fprintf(errOut, "testapp get: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(out, resp.Body); err != nil {
+		fmt.Fprintf(errOut, "testapp get: %v\n", err)
+		return 1
+	}
+	if resp.StatusCode/100 != 2 {
+		fmt.Fprintf(errOut, "testapp get: %s\n", resp.Status)
+		return 1
+	}
+	return 0
 }
 
 // run serves until ctx ends (SIGTERM), then shuts down within shutdownTimeout.

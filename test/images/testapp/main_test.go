@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,5 +146,27 @@ func TestExit(t *testing.T) {
 		assert.Equal(t, 3, c)
 	case <-time.After(5 * time.Second):
 		t.Fatal("did not exit")
+	}
+}
+
+func TestGetPrintsTheBody(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/missing" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, "hello")
+	}))
+	defer srv.Close()
+	var out, errOut strings.Builder
+	if code := get(srv.URL+"/", &out, &errOut); code != 0 || out.String() != "hello" {
+		t.Fatalf("get: code %d, out %q, err %q", code, out.String(), errOut.String())
+	}
+	out.Reset()
+	if code := get(srv.URL+"/missing", &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "404") {
+		t.Fatalf("get of a 404: code %d, err %q", code, errOut.String())
+	}
+	if code := get("http://127.0.0.1:1/", &out, &errOut); code != 1 {
+		t.Fatalf("get of a closed port: code %d", code)
 	}
 }
