@@ -286,6 +286,10 @@ func equalResources(a, b corev1.ResourceList) bool {
 var TenantRules = []rbacv1.PolicyRule{
 	{APIGroups: []string{""}, Resources: []string{"pods", "pods/status", "pods/log", "configmaps", "secrets", "services", "events"},
 		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}},
+	// kubectl exec, attach and port-forward on the requester's virtual node
+	// reach the copy through these (create over WebSockets, get over SPDY).
+	{APIGroups: []string{""}, Resources: []string{"pods/exec", "pods/attach", "pods/portforward"},
+		Verbs: []string{"get", "create"}},
 }
 
 // ensureAccess keeps the tenant's ServiceAccount and RoleBinding, and
