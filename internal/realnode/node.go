@@ -416,8 +416,11 @@ authentication:
     clientCAFile: %[8]s
 authorization:
   mode: Webhook
+# memory.available is the node's (faked) capacity minus the whole host's
+# working set: on a busy host a small node would evict its pods for memory
+# other nodes or builds use. 0%% turns that signal off.
 evictionHard:
-  memory.available: 50Mi
+  memory.available: "0%%"
   nodefs.available: 1%%
   nodefs.inodesFree: 1%%
   imagefs.available: 1%%
