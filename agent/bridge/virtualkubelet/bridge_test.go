@@ -387,39 +387,43 @@ func TestVirtualKubelet(t *testing.T) {
 	})
 
 	t.Run("exec, attach and port-forward reach the copy through paris's API with the tenant token", func(t *testing.T) {
-		// The tenant role does not open pods/exec, pods/attach or
-		// pods/portforward: paris refuses the tenant token, and rome's
-		// caller gets paris's answer.
+		// paris's API server takes the requests to its kubelet, which (a
+		// fake) serves no streams: its 404 comes back to rome's caller.
 		_, err := remoteCommand(ctx, rome.Config, "exec", "shop", "web-0", "cat", "/etc/hostname")
 		require.Error(t, err)
-		assert.Contains(t, err.Error(), `User "system:serviceaccount:rb-rome:rb-tenant" cannot create resource "pods/exec"`, "paris's refusal")
-		t.Logf("exec, refused by paris: %v", err)
-		msg := portForwardError(ctx, t, rome.Config, "shop", "web-0", 8080)
-		assert.Contains(t, msg, `cannot create resource "pods/portforward"`)
-		t.Logf("port-forward, refused by paris: %s", msg)
-
-		// Opened: paris's API server takes the requests to its kubelet,
-		// which (a fake) serves no streams.
-		require.NoError(t, paris.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "rb-tenant-streams", Namespace: "rb-rome"},
-			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods/exec", "pods/attach", "pods/portforward"}, Verbs: []string{"get", "create"}}}}))
-		require.NoError(t, paris.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "rb-tenant-streams", Namespace: "rb-rome"},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "rb-tenant-streams"},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: provider.TenantServiceAccount, Namespace: "rb-rome"}}}))
-		require.EventuallyWithT(t, func(c *assert.CollectT) {
-			_, err := remoteCommand(ctx, rome.Config, "exec", "shop", "web-0", "cat", "/etc/hostname")
-			require.Error(c, err)
-			assert.NotContains(c, err.Error(), "forbidden")
-			assert.Contains(c, err.Error(), "404", "paris's kubelet has no /exec: %v", err)
-		}, 5*time.Second, 50*time.Millisecond)
-		_, err = remoteCommand(ctx, rome.Config, "exec", "shop", "web-0", "cat", "/etc/hostname")
+		assert.Contains(t, err.Error(), "exec in the copy shop.web-0 at paris")
+		assert.Contains(t, err.Error(), "404", "paris's kubelet has no /exec")
 		t.Logf("exec, through paris to its kubelet: %v", err)
 		_, err = remoteCommand(ctx, rome.Config, "attach", "shop", "web-0")
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "404", "paris's kubelet has no /attach")
 		t.Logf("attach, through paris to its kubelet: %v", err)
-		msg = portForwardError(ctx, t, rome.Config, "shop", "web-0", 8080)
+		msg := portForwardError(ctx, t, rome.Config, "shop", "web-0", 8080)
+		assert.Contains(t, msg, "port-forward to the copy shop.web-0 at paris")
 		assert.Contains(t, msg, "404", "paris's kubelet has no /portForward")
 		t.Logf("port-forward, through paris to its kubelet: %s", msg)
+		// With the tenant token: paris's audit log has the tenant asking for
+		// the copy's streams.
+		streams := map[string]bool{}
+		for _, e := range paris.AuditEvents() {
+			if r := e.ObjectRef; r.Namespace == "rb-rome" && r.Name == "shop.web-0" && e.User.Username == "system:serviceaccount:rb-rome:rb-tenant" {
+				streams[r.Subresource] = true
+			}
+		}
+		assert.True(t, streams["exec"] && streams["attach"] && streams["portforward"], "subresources the tenant asked paris for: %v", streams)
+
+		// A provider that refuses: its answer is what rome's caller sees.
+		var binding rbacv1.RoleBinding
+		require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: provider.TenantRoleBinding}, &binding))
+		require.NoError(t, paris.Client.Delete(ctx, &binding))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			_, err := remoteCommand(ctx, rome.Config, "exec", "shop", "web-0", "cat", "/etc/hostname")
+			require.Error(c, err)
+			assert.Contains(c, err.Error(), `User "system:serviceaccount:rb-rome:rb-tenant" cannot create resource "pods/exec"`)
+		}, 5*time.Second, 50*time.Millisecond)
+		binding.ResourceVersion, binding.UID = "", ""
+		require.NoError(t, paris.Client.Create(ctx, &binding))
+		rome.waitReady(t, "rb-paris", corev1.ConditionTrue, virtualkubelet.ReasonReachable, 10*time.Second)
 	})
 
 	t.Run("mirrored objects are written with the tenant token, which works nowhere else", func(t *testing.T) {

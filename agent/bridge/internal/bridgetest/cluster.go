@@ -56,7 +56,8 @@ var Scheme = func() *runtime.Scheme {
 type Options struct {
 	// CRDDirs are installed before Start returns.
 	CRDDirs []string
-	// Audit writes an audit log of the writes in AuditNamespaces.
+	// Audit writes an audit log of the writes in AuditNamespaces, and of the
+	// streams opened there (exec, attach, port-forward).
 	AuditNamespaces []string
 	// Scheme for Client (default Scheme).
 	Scheme *runtime.Scheme
@@ -109,6 +110,9 @@ rules:
 - level: Metadata
   namespaces: `+string(ns)+`
   verbs: ["create", "update", "patch", "delete"]
+- level: Metadata
+  namespaces: `+string(ns)+`
+  resources: [{group: "", resources: ["pods/exec", "pods/attach", "pods/portforward"]}]
 - level: None
 `), 0o600))
 		c.AuditLog = filepath.Join(dir, "audit.log")
