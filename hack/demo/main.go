@@ -4,7 +4,12 @@
 // two rb-broker replicas behind a proxy, three envtest clusters
 // (rome, a small requester; paris, a cheaper provider; berlin, a pricier one
 // with GPUs), an rb-agent and rb-scheduler per cluster, through
-// internal/testbed. It creates a Deployment in rome that fits nowhere in rome,
+// internal/testbed. Where the machine allows it (root, cgroups, containerd,
+// runc and the CNI plugins: realnode.Check) every node is a real kubelet
+// with containerd and every cluster runs kube-controller-manager, so the
+// borrowed pods are real containers at the provider; elsewhere the nodes are
+// Node objects served by a kubelet stand-in, and nothing runs (the demo says
+// which at the top). It creates a Deployment in rome that fits nowhere in rome,
 // prints a live timeline of what follows (pod created, reservation opened,
 // the broker's decision with the candidates' scores, virtual node Ready, pod
 // bound, pod Running at the provider), then the commands to look around, and
@@ -14,12 +19,16 @@
 //	go run ./hack/demo --exit-after 30s # tear down 30 s after the pods run
 //	go run ./hack/demo --no-wait        # tear down as soon as they run
 //	go run ./hack/demo --embedded-redis # in-process miniredis even if redis-server is installed
+//	go run ./hack/demo --nodes=stand-in # Node objects and a kubelet stand-in even where real nodes can run
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -40,9 +49,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/internal/realnode"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
+	"github.com/fluidos-project/resource-broker/internal/testimages"
 )
 
 const (
@@ -58,11 +69,31 @@ func main() {
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up when the pods are not all Running within this time")
 	embedded := flag.Bool("embedded-redis", false, "use an embedded in-process Redis (miniredis) even when redis-server is installed "+
 		"(the default without redis-server)")
+	nodes := flag.String("nodes", "auto", "real (kubelets with containerd), stand-in (Node objects, nothing runs), or auto: real where the machine allows it")
 	flag.Parse()
 	if *noWait {
 		*exitAfter = 0
 	}
-	os.Exit(run(*dir, *exitAfter, *timeout, *embedded || testbed.EmbeddedRedisFromEnv()))
+	if *nodes != "auto" && *nodes != "real" && *nodes != "stand-in" {
+		fmt.Fprintf(os.Stderr, "demo: --nodes=%q: want auto, real or stand-in\n", *nodes)
+		os.Exit(2)
+	}
+	os.Exit(run(*dir, *exitAfter, *timeout, *embedded || testbed.EmbeddedRedisFromEnv(), *nodes))
+}
+
+// realNodes decides, for --nodes, whether the nodes are real, and says why.
+func realNodes(mode string) (bool, error) {
+	if mode == "stand-in" {
+		return false, nil
+	}
+	err := realnode.Check()
+	if err == nil {
+		err = testbed.CheckNodeBinaries()
+	}
+	if err != nil && mode == "real" {
+		return false, err
+	}
+	return err == nil, err
 }
 
 var began = time.Now()
@@ -91,7 +122,7 @@ func isTerminal(f *os.File) bool {
 	return err != nil || !os.SameFile(st, null)
 }
 
-func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool) int {
+func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool, nodesMode string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -132,6 +163,21 @@ func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool) int {
 		return 1
 	}
 
+	real, why := realNodes(nodesMode)
+	switch {
+	case real:
+		say("%s", bold("nodes: REAL — every node is a kubelet with its own containerd (built from go.mod's Kubernetes version), "+
+			"every cluster runs kube-controller-manager: the borrowed pods are real containers at the provider"))
+	case why != nil && nodesMode == "real":
+		fmt.Fprintln(os.Stderr, "demo: --nodes=real:", why)
+		return 1
+	case why != nil:
+		say("%s", bold("nodes: STAND-IN — Node objects and a kubelet stand-in that marks pods Running; NO container runs "+
+			"(real nodes need: "+why.Error()+")"))
+	default:
+		say("%s", bold("nodes: STAND-IN, as asked (--nodes=stand-in) — Node objects and a kubelet stand-in; no container runs"))
+	}
+
 	dir, err := filepath.Abs(dirFlag)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
@@ -166,7 +212,12 @@ func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool) int {
 	say("  2 rb-broker replicas behind a proxy, an rb-agent and rb-scheduler per cluster…")
 	progressDone := make(chan struct{})
 	go progress(dir, embedded, progressDone)
-	bed, err := testbed.New(ctx, testbed.Options{Dir: dir, BinDir: binDir})
+	opts := testbed.Options{Dir: dir, BinDir: binDir}
+	if real {
+		opts.RealNodes = true
+		opts.Clusters = []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin}
+	}
+	bed, err := testbed.New(ctx, opts)
 	close(progressDone)
 	teardown := func() int {
 		say("tearing everything down (schedulers, agents, brokers, Redis, control planes)…")
@@ -206,9 +257,9 @@ func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool) int {
 		return 1
 	}
 
-	code := demo(ctx, bed, timeout)
+	code := demo(ctx, bed, timeout, real)
 	if code == 0 {
-		printCommands(bed, kubeconfigs)
+		printCommands(bed, kubeconfigs, real)
 	}
 	if ctx.Err() == nil {
 		switch {
@@ -356,7 +407,7 @@ func rel(p string) string {
 
 // demo creates the workload in rome and prints the timeline until every pod
 // runs (0), the timeout (1) or a signal (0: tear down quietly).
-func demo(ctx context.Context, bed *testbed.Bed, timeout time.Duration) int {
+func demo(ctx context.Context, bed *testbed.Bed, timeout time.Duration, real bool) int {
 	rome := bed.Cluster("rome")
 	wc, err := client.NewWithWatch(rome.Config, client.Options{Scheme: testbed.Scheme})
 	if err != nil {
@@ -400,24 +451,9 @@ func demo(ctx context.Context, bed *testbed.Bed, timeout time.Duration) int {
 		}()
 	}
 
-	labels := map[string]string{"app": deployment}
-	res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3"), corev1.ResourceMemory: resource.MustParse("2Gi")}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: deployment},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](replicas),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{SchedulerName: "resource-broker", Containers: []corev1.Container{{
-					Name: "main", Image: "registry.k8s.io/pause:3.10",
-					Resources: corev1.ResourceRequirements{Requests: res}}}},
-			},
-		},
-	}
+	dep, story := workload(real)
 	fmt.Println()
-	say("%s", bold(fmt.Sprintf("rome: Deployment %s/%s, %d replicas of 3 CPU / 2Gi, schedulerName resource-broker "+
-		"(rome has one 2-CPU node: nothing fits there)", namespace, deployment, replicas)))
+	say("%s", bold(story))
 	if err := wc.Create(ctx, dep); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		return 1
@@ -438,9 +474,78 @@ func demo(ctx context.Context, bed *testbed.Bed, timeout time.Duration) int {
 			if tl.allRunning() {
 				fmt.Println()
 				say("%s", bold(fmt.Sprintf("all %d pods Running: %s", replicas, tl.summary())))
+				if real {
+					askTheContainer(ctx, bed)
+				}
 				return 0
 			}
 		}
+	}
+}
+
+// workload is the Deployment the demo creates in rome, and how to say it.
+// On real nodes its pods run the test application (an HTTP server that says
+// where it runs); on stand-in nodes nothing runs, so an image name is all.
+func workload(real bool) (*appsv1.Deployment, string) {
+	labels := map[string]string{"app": deployment}
+	cpu, mem := "3", "2Gi"
+	ctr := corev1.Container{Name: "main", Image: testimages.Pause, ImagePullPolicy: corev1.PullIfNotPresent}
+	story := fmt.Sprintf("rome: Deployment %s/%s, %d replicas of 3 CPU / 2Gi, schedulerName resource-broker "+
+		"(rome has one 2-CPU node: nothing fits there)", namespace, deployment, replicas)
+	if real {
+		cpu, mem = "1500m", "256Mi"
+		ctr = corev1.Container{Name: "app", Image: testimages.TestApp, ImagePullPolicy: corev1.PullIfNotPresent,
+			Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
+			Env: []corev1.EnvVar{
+				{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+				{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+				{Name: "HOST_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}},
+			}}
+		story = fmt.Sprintf("rome: Deployment %s/%s, %d replicas of the test app (HTTP on 8080), 1.5 CPU / 256Mi each, "+
+			"schedulerName resource-broker (rome has one 1-CPU node: nothing fits there)", namespace, deployment, replicas)
+	}
+	res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(mem)}
+	ctr.Resources = corev1.ResourceRequirements{Requests: res, Limits: res}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: deployment},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{SchedulerName: "resource-broker", Containers: []corev1.Container{ctr}},
+			},
+		},
+	}, story
+}
+
+// askTheContainer asks each pod's container, at the pod IP rome shows,
+// where it runs, and prints the answers with the provider node they name.
+func askTheContainer(ctx context.Context, bed *testbed.Bed) {
+	var pods corev1.PodList
+	if err := bed.Cluster("rome").Client.List(ctx, &pods, client.InNamespace(namespace)); err != nil {
+		say("listing the pods: %v", err)
+		return
+	}
+	nodeOf := map[string]string{} // node IP -> "<cluster>/<node>"
+	for _, c := range bed.Clusters {
+		for _, n := range c.RealNodes() {
+			nodeOf[n.IP] = c.Name + "/" + n.Name
+		}
+	}
+	cl := &http.Client{Timeout: 3 * time.Second}
+	for _, p := range pods.Items {
+		resp, err := cl.Get("http://" + p.Status.PodIP + ":8080/")
+		if err != nil {
+			say("  %s at %s: %v", p.Name, p.Status.PodIP, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var a map[string]string
+		_ = json.Unmarshal(body, &a)
+		say("  GET http://%s:8080/ (%s, on %s in rome) -> container on %s: %s", p.Status.PodIP, p.Name, p.Spec.NodeName,
+			bold(nodeOf[a["hostIP"]]), strings.TrimSpace(string(body)))
 	}
 }
 
@@ -601,7 +706,7 @@ func (tl *timeline) summary() string {
 		time.Since(tl.firstPod).Round(time.Millisecond))
 }
 
-func printCommands(bed *testbed.Bed, kubeconfigs map[string]string) {
+func printCommands(bed *testbed.Bed, kubeconfigs map[string]string, real bool) {
 	w := os.Stdout
 	kubectl := rel(filepath.Join(mustRoot(), "bin", "k8s", "kubectl"))
 	k := func(c string) string { return kubectl + " --kubeconfig " + rel(kubeconfigs[c]) }
@@ -613,6 +718,15 @@ func printCommands(bed *testbed.Bed, kubeconfigs map[string]string) {
 	fmt.Fprintf(w, "  %s get reservations -A\n", k("rome"))
 	fmt.Fprintf(w, "  %s get pods -n rb-rome -o wide      # the copies at the provider\n", k("paris"))
 	fmt.Fprintf(w, "  %s get pods -n rb-rome -o wide\n", k("berlin"))
+	if real {
+		var pods corev1.PodList
+		if err := bed.Cluster("rome").Client.List(context.Background(), &pods, client.InNamespace(namespace)); err == nil && len(pods.Items) > 0 {
+			p := pods.Items[0]
+			fmt.Fprintf(w, "  %s exec -n %s %s -- /testapp get http://127.0.0.1:8080/   # runs in the container at the provider\n", k("rome"), namespace, p.Name)
+			fmt.Fprintf(w, "  %s logs -n %s %s\n", k("rome"), namespace, p.Name)
+			fmt.Fprintf(w, "  curl http://%s:8080/                # the pod IP rome shows is the container's at the provider\n", p.Status.PodIP)
+		}
+	}
 	_, port, _ := strings.Cut(bed.Redis.Addr, ":")
 	cli := "redis-cli -p " + port
 	var cliNotes []string

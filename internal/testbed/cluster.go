@@ -96,6 +96,20 @@ var (
 		PriceCPU: "0.035", PriceMemory: "0.004", PriceGPU: "0.9", Labels: map[string]string{"region": "eu-central"}}
 )
 
+// The clusters of a real-node bed (Options.RealNodes): real kubelets, so
+// sizes are what 2 cores can fake (see realnode) and providers have nodes of
+// different sizes. rome's one 1-CPU node holds no 1.5-CPU pod; paris has a
+// 4-CPU and a 2-CPU node (two such pods on the first, one on the second);
+// berlin a 4-CPU node with 2 GPUs and a 2-CPU one.
+var (
+	RealRome = ClusterSpec{Name: "rome", Requester: true, Nodes: []corev1.ResourceList{Resources("1", "2Gi")},
+		PriceCPU: "0.04", PriceMemory: "0.005", Labels: map[string]string{"region": "eu-south"}}
+	RealParis = ClusterSpec{Name: "paris", Nodes: []corev1.ResourceList{Resources("4", "8Gi"), Resources("2", "4Gi")},
+		PriceCPU: "0.02", PriceMemory: "0.003", Labels: map[string]string{"region": "eu-west"}}
+	RealBerlin = ClusterSpec{Name: "berlin", Nodes: []corev1.ResourceList{Resources("4", "16Gi", "2"), Resources("2", "8Gi")},
+		PriceCPU: "0.035", PriceMemory: "0.004", PriceGPU: "0.9", Labels: map[string]string{"region": "eu-central"}}
+)
+
 // Cluster is a running member cluster: a real API server and etcd (envtest),
 // its agent, its scheduler, and in-process stand-ins.
 type Cluster struct {

@@ -92,12 +92,21 @@ func nodeBinary(name string) (string, error) {
 	return p, nil
 }
 
-// startRealNodesHost takes the host and builds (or finds) the images.
-func (b *Bed) startRealNodesHost(ctx context.Context) error {
+// CheckNodeBinaries tells whether the real nodes' binaries (kubelet,
+// kube-controller-manager) are built.
+func CheckNodeBinaries() error {
 	for _, bin := range []string{"kubelet", "kube-controller-manager"} {
 		if _, err := nodeBinary(bin); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// startRealNodesHost takes the host and builds (or finds) the images.
+func (b *Bed) startRealNodesHost(ctx context.Context) error {
+	if err := CheckNodeBinaries(); err != nil {
+		return err
 	}
 	host, err := realnode.Acquire(ctx, b.opts.Logf)
 	if err != nil {

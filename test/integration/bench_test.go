@@ -116,6 +116,32 @@ func BenchmarkEndToEnd(b *testing.B) {
 	})
 }
 
+// BenchmarkRealNodesEndToEnd is BenchmarkEndToEnd's remote-paced and remote
+// runs on the real-node bed (testbed.Options.RealNodes): every copy is a
+// real container (the bed's pause image) started by a real kubelet with
+// containerd on a paris or berlin node, and kube-controller-manager runs the
+// workload controllers. The providers have two nodes each, sized so that all
+// pods fit (paris 2 x 16 CPU/320Gi, berlin 2 x 16 CPU/320Gi). The same
+// figures from BenchmarkEndToEnd (kubelet stand-in, nothing runs) are the
+// baseline; docs/benchmarks.md puts them side by side.
+//
+//	go test -run '^$' -bench RealNodesEndToEnd -benchtime 1x -timeout 30m ./test/integration/
+func BenchmarkRealNodesEndToEnd(b *testing.B) {
+	b.StopTimer()
+	rome, paris, berlin := testbed.RealRome, testbed.RealParis, testbed.RealBerlin
+	rome.Nodes = []corev1.ResourceList{testbed.Resources("2", "4Gi")}
+	paris.Nodes = []corev1.ResourceList{testbed.Resources("16", "320Gi"), testbed.Resources("16", "320Gi")}
+	berlin.Nodes = []corev1.ResourceList{testbed.Resources("16", "320Gi", "2"), testbed.Resources("16", "320Gi")}
+	bed := testbed.Start(b, testbed.Options{RealNodes: true, Clusters: []testbed.ClusterSpec{rome, paris, berlin}})
+	base := benchBaseline(b, bed)
+	b.Run("remote-paced", func(b *testing.B) {
+		benchDeployment(b, bed, base, "bench-paced", requests("100m", "5Gi"), pacedRate(b))
+	})
+	b.Run("remote", func(b *testing.B) {
+		benchDeployment(b, bed, base, "bench-remote", requests("100m", "5Gi"), 0)
+	})
+}
+
 // benchDeployment runs b.N iterations of: create benchPods pods with req in
 // rome (namespaces ns-a and ns-b), wait until all are Running, remove them,
 // wait for the broker to be back at base. With rate 0 the pods come as a

@@ -21,6 +21,7 @@ import (
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
+	"github.com/fluidos-project/resource-broker/internal/testimages"
 )
 
 // figures collects the measurements of every scenario, printed together at
@@ -129,7 +130,8 @@ func brokerPod(ns, name string, requests corev1.ResourceList) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": name}},
 		Spec: corev1.PodSpec{SchedulerName: "resource-broker", Containers: []corev1.Container{{
-			Name: "main", Image: "registry.k8s.io/pause:3.10",
+			// The bed's own pause image: runs on real nodes (imported, never pulled).
+			Name: "main", Image: testimages.Pause, ImagePullPolicy: corev1.PullIfNotPresent,
 			Resources: corev1.ResourceRequirements{Requests: requests, Limits: limits}}}},
 	}
 }

@@ -28,24 +28,10 @@ import (
 	"github.com/fluidos-project/resource-broker/internal/testimages"
 )
 
-// The real-node bed: every node a kubelet with containerd, every cluster
-// with kube-controller-manager. rome's one node (1 CPU) holds none of the
-// 1.5-CPU pods below; paris has a 4-CPU and a 2-CPU node (three such pods,
-// one node each... two on the first, one on the second), berlin a 4-CPU
-// node with GPUs and a 2-CPU one.
-var (
-	realRome = testbed.ClusterSpec{Name: "rome", Requester: true, Nodes: []corev1.ResourceList{testbed.Resources("1", "2Gi")},
-		PriceCPU: "0.04", PriceMemory: "0.005", Labels: map[string]string{"region": "eu-south"}}
-	realParis = testbed.ClusterSpec{Name: "paris", Nodes: []corev1.ResourceList{testbed.Resources("4", "8Gi"), testbed.Resources("2", "4Gi")},
-		PriceCPU: "0.02", PriceMemory: "0.003", Labels: map[string]string{"region": "eu-west"}}
-	realBerlin = testbed.ClusterSpec{Name: "berlin", Nodes: []corev1.ResourceList{testbed.Resources("4", "16Gi", "2"), testbed.Resources("2", "8Gi")},
-		PriceCPU: "0.035", PriceMemory: "0.004", PriceGPU: "0.9", Labels: map[string]string{"region": "eu-central"}}
-)
-
 // TestRealNodes starts one real-node bed and runs the scenarios on it in
 // turn; each leaves the bed as it found it.
 func TestRealNodes(t *testing.T) {
-	bed := testbed.Start(t, testbed.Options{RealNodes: true, Clusters: []testbed.ClusterSpec{realRome, realParis, realBerlin}})
+	bed := testbed.Start(t, testbed.Options{RealNodes: true, Clusters: []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin}})
 	t.Logf("real-node bed up in %s (%s)", bed.Timings["total"].Round(time.Millisecond), timingsAll(bed))
 	newNamespace(t, bed.Cluster("rome"), realWebNamespace) // lives across transparent, kubectl, release
 	for _, sc := range []struct {
