@@ -13,6 +13,7 @@ import (
 	_ "github.com/liqotech/liqo/apis/core/v1beta1"
 	_ "github.com/liqotech/liqo/apis/offloading/v1beta1"
 	_ "github.com/virtual-kubelet/virtual-kubelet/node"
+	_ "github.com/virtual-kubelet/virtual-kubelet/node/api"
 	_ "go.etcd.io/etcd/server/v3"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
