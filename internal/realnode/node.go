@@ -551,3 +551,45 @@ func (n *Node) Stop() error {
 	}
 	return nil
 }
+
+// CPUTime is the CPU the node has used so far: its kubelet, containerd and
+// containerd's shims (with the runc runs they waited for), and its pods (the
+// cpuacct cgroup under its cgroup root). Shims of pods that are gone no
+// longer count.
+func (n *Node) CPUTime() time.Duration {
+	var total time.Duration
+	for _, pid := range processesUnder() {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(string(cmdline), n.dir+"/") {
+			total += processCPU(pid)
+		}
+	}
+	if raw, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", cgroupPrefix+n.Name, "cpuacct.usage")); err == nil {
+		ns, _ := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+		total += time.Duration(ns)
+	}
+	return total
+}
+
+// processCPU is a process's user and system time, its waited-for children's
+// included (USER_HZ = 100).
+func processCPU(pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(raw), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(raw[i+1:]))
+	if len(f) < 15 {
+		return 0
+	}
+	var ticks int64
+	for _, v := range f[11:15] { // utime, stime, cutime, cstime
+		t, _ := strconv.ParseInt(v, 10, 64)
+		ticks += t
+	}
+	return time.Duration(ticks) * time.Second / 100
+}

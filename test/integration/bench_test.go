@@ -861,6 +861,12 @@ func cpuTimes(bed *testbed.Bed) map[string]time.Duration {
 			}
 		}
 	}
+	// Real nodes: kubelet, containerd, shims and pods of each.
+	for _, c := range bed.Clusters {
+		for _, n := range c.RealNodes() {
+			out["node "+n.Name] = n.CPUTime()
+		}
+	}
 	return out
 }
 
