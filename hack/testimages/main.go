@@ -9,15 +9,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/fluidos-project/resource-broker/internal/testenv"
 	"github.com/fluidos-project/resource-broker/internal/testimages"
 )
 
@@ -35,7 +34,7 @@ func main() {
 func run(root, out string) error {
 	if root == "" {
 		var err error
-		if root, err = moduleRoot(); err != nil {
+		if root, err = testenv.ModuleRoot(); err != nil {
 			return err
 		}
 	}
@@ -56,22 +55,4 @@ func run(root, out string) error {
 	}
 	fmt.Printf("done in %s; import with: ctr -n k8s.io images import <tarball>\n", time.Since(began).Round(time.Millisecond))
 	return nil
-}
-
-// moduleRoot is the nearest directory above the working directory with a go.mod.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory (use --module-root)")
-		}
-		dir = parent
-	}
 }
