@@ -13,16 +13,18 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	vkapi "github.com/virtual-kubelet/virtual-kubelet/node/api"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/apimachinery/pkg/util/httpstream/wsstream"
 )
 
 // Streaming timeouts of the kubelet endpoint, the kubelet's defaults: a
 // session (exec, attach, port-forward) idle for streamIdleTimeout is closed
 // (--streaming-connection-idle-timeout), and its streams must be opened within
-// streamCreationTimeout of the upgrade.
+// streamCreationTimeout of the upgrade. Set explicitly: virtual-kubelet's
+// handlers default to 30 s for both, which would cut an idle `kubectl exec -it`.
 const (
 	streamIdleTimeout     = 4 * time.Hour
 	streamCreationTimeout = 30 * time.Second
@@ -31,9 +33,10 @@ const (
 // kubeletServer is the virtual nodes' kubelet endpoint: one listener, the
 // status.daemonEndpoints of every virtual node of the agent. The API server
 // calls it for `kubectl logs`, `exec`, `attach` and `port-forward` on a pod
-// bound to a virtual node, and the request reaches the pod's copy at the
-// provider through the provider's API (pods/log, pods/exec, pods/attach,
-// pods/portforward) with the granted tenant token (kubelet_stream.go).
+// bound to a virtual node; virtual-kubelet's kubelet API (node/api) serves
+// them, and the request reaches the pod's copy at the provider through the
+// provider's API (pods/log, pods/exec, pods/attach, pods/portforward) with the
+// granted tenant token (kubelet_stream.go).
 //
 // Routes, as a kubelet's:
 //
@@ -56,6 +59,9 @@ type kubeletServer struct {
 	roots   atomic.Pointer[x509.CertPool]
 	cert    *servingCert
 	timeout time.Duration // of a TokenReview or SubjectAccessReview
+	// of the streaming sessions; streamIdleTimeout and streamCreationTimeout
+	// unless a test says otherwise
+	idleTimeout, creationTimeout time.Duration
 }
 
 func newKubeletServer(b *Bridge, addr string) (*kubeletServer, error) {
@@ -68,7 +74,7 @@ func newKubeletServer(b *Bridge, addr string) (*kubeletServer, error) {
 		return nil, fmt.Errorf("kubelet endpoint: %w", err)
 	}
 	return &kubeletServer{b: b, log: b.log.WithName("kubelet"), ln: ln, port: int32(ln.Addr().(*net.TCPAddr).Port), cert: cert,
-		timeout: 10 * time.Second}, nil
+		timeout: 10 * time.Second, idleTimeout: streamIdleTimeout, creationTimeout: streamCreationTimeout}, nil
 }
 
 // serve runs until ctx ends.
@@ -95,6 +101,8 @@ func (k *kubeletServer) serve(ctx context.Context) error {
 		// HTTP/1.1 only: exec, attach and port-forward upgrade the
 		// connection (SPDY, websockets), which HTTP/2 cannot.
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		// virtual-kubelet's handlers log with log.G(request context).
+		BaseContext: func(net.Listener) context.Context { return withVKLogger(context.Background(), k.log) },
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.ServeTLS(k.ln, "", "") }()
@@ -129,21 +137,64 @@ func (k *kubeletServer) loadClientCA(ctx context.Context) error {
 	return nil
 }
 
-// handler is the endpoint: authentication in front of every route,
-// authorization in front of each (podRoute, nodeRoute).
+// handler is the endpoint: virtual-kubelet's kubelet API handlers
+// (node/api: request parsing, the streaming protocols) on top of the
+// provider's API (kubelet_stream.go), with authentication in front of every
+// route and authorization in front of each (podRoute, nodeRoute).
 func (k *kubeletServer) handler() http.Handler {
+	vk := kubeletAPI(vkapi.PodHandlerConfig{
+		GetContainerLogs:      k.containerLogs,
+		RunInContainer:        k.runInContainer,
+		AttachToContainer:     k.attachToContainer,
+		PortForward:           k.portForward,
+		GetPodsFromKubernetes: k.pods,
+		StreamIdleTimeout:     k.idleTimeout,
+		StreamCreationTimeout: k.creationTimeout,
+	})
 	mux := http.NewServeMux()
-	mux.Handle("GET /containerLogs/{namespace}/{pod}/{container}", k.podRoute(k.containerLogs))
-	// GET for websocket callers, POST for SPDY ones.
-	for _, method := range []string{http.MethodGet, http.MethodPost} {
-		mux.Handle(method+" /exec/{namespace}/{pod}/{container}", k.podRoute(k.exec))
-		mux.Handle(method+" /attach/{namespace}/{pod}/{container}", k.podRoute(k.attach))
-		mux.Handle(method+" /portForward/{namespace}/{pod}", k.podRoute(k.portForward))
-	}
-	mux.Handle("GET /pods", k.nodeRoute(http.HandlerFunc(k.pods)))
+	// Any method: vk's router answers a wrong one (405) once authorized.
+	mux.Handle("/containerLogs/{namespace}/{pod}/{container}", k.podRoute(vk))
+	mux.Handle("/exec/{namespace}/{pod}/{container}", k.podRoute(vk))
+	mux.Handle("/attach/{namespace}/{pod}/{container}", k.podRoute(vk))
+	mux.Handle("/portForward/{namespace}/{pod}", k.podRoute(portForwardOverSPDY(vk)))
 	mux.Handle("GET /healthz", k.nodeRoute(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })))
-	mux.Handle("/", k.nodeRoute(http.NotFoundHandler())) // authorized first, as a kubelet does
+	mux.Handle("/", k.nodeRoute(vk)) // GET /pods; anything else is vk's 404, authorized first as a kubelet does
 	return k.authenticated(mux)
+}
+
+// kubeletAPI is virtual-kubelet's kubelet API for cfg, with the port-forward
+// timeouts put right. vk v1.13.0 swaps them: node/api/server.go:84-85
+// (PodHandler) builds /portForward with
+// WithPortForwardStreamIdleTimeout(p.StreamCreationTimeout) and
+// WithPortForwardCreationTimeout(p.StreamIdleTimeout), so an idle
+// port-forward would be closed after the creation timeout (30 s) and a
+// half-opened stream pair wait for the idle one (4 h). /portForward is served
+// by a second PodHandler given the two the other way round, which vk's swap
+// puts back. TestPortForwardTimeouts fails if vk stops swapping them.
+func kubeletAPI(cfg vkapi.PodHandlerConfig) http.Handler {
+	pf := vkapi.PodHandlerConfig{PortForward: cfg.PortForward,
+		StreamIdleTimeout: cfg.StreamCreationTimeout, StreamCreationTimeout: cfg.StreamIdleTimeout} // swapped back by vk
+	cfg.PortForward = nil
+	mux := http.NewServeMux()
+	mux.Handle("/portForward/", vkapi.PodHandler(pf, false))
+	mux.Handle("/", vkapi.PodHandler(cfg, false))
+	return mux
+}
+
+// portForwardOverSPDY answers a port-forward over websockets (the
+// v4.channel.k8s.io protocols, the ports in the query) with 400: vk's
+// HandlePortForward (node/api/portforward.go) serves it with no ports (an
+// empty V4Options, the query unread): it would forward nothing. kubectl
+// speaks SPDY, or tunnels SPDY in websockets to the API server, which speaks
+// SPDY to the kubelet (k8s.io/apiserver's TunnelingHandler).
+func portForwardOverSPDY(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if wsstream.IsWebSocketRequest(r) {
+			http.Error(w, "port-forward over websockets is not supported by this kubelet endpoint: use SPDY", http.StatusBadRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // podTarget is the pod a request is about, on one of our virtual nodes, and
@@ -159,13 +210,40 @@ func (t podTarget) remoteName() string { return RemoteName(t.namespace, t.name) 
 
 func (t podTarget) String() string { return t.namespace + "/" + t.name }
 
+// errNoGrant: the provider's grant is not known yet (503).
+type errNoGrant struct{ provider string }
+
+func (e errNoGrant) Error() string { return fmt.Sprintf("no access to provider %s yet", e.provider) }
+
+// target finds local pod namespace/name: on one of our virtual nodes (else
+// a vk NotFound error), with the provider's grant (else errNoGrant) and a
+// copy there (NotFound). t.node is set whenever the pod is on our node.
+func (k *kubeletServer) target(namespace, name string) (t podTarget, err error) {
+	t = podTarget{namespace: namespace, name: name, node: k.nodeOf(namespace, name)}
+	if t.node == nil {
+		return t, errdefs.NotFoundf("pod %s is not on a virtual node of this agent", t)
+	}
+	if t.remote = t.node.currentRemote(); t.remote == nil {
+		return t, errNoGrant{t.node.provider}
+	}
+	if t.remote.synced() {
+		if _, ok := t.remote.pod(namespace, name); !ok {
+			return t, errdefs.NotFoundf("pod %s has no copy at provider %s", t, t.node.provider)
+		}
+	}
+	return t, nil
+}
+
+// queryKey: the request's query, in the context vk's handlers pass on (podRoute).
+type queryKey struct{}
+
 // podRoute serves a route about one pod ({namespace}/{pod}): authorized on
 // the pod's node, which must be one of ours; the provider's grant must be
-// known, and the copy exist there.
-func (k *kubeletServer) podRoute(h func(http.ResponseWriter, *http.Request, podTarget)) http.Handler {
+// known, and the copy exist there. The handlers find the pod again
+// (target): vk gives them the names only.
+func (k *kubeletServer) podRoute(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		t := podTarget{namespace: r.PathValue("namespace"), name: r.PathValue("pod")}
-		t.node = k.nodeOf(t.namespace, t.name)
+		t, err := k.target(r.PathValue("namespace"), r.PathValue("pod"))
 		node := "" // not one of ours: authorized on every node, so that only who may use any node learns that
 		if t.node != nil {
 			node = t.node.name
@@ -173,21 +251,17 @@ func (k *kubeletServer) podRoute(h func(http.ResponseWriter, *http.Request, podT
 		if !k.authorized(w, r, node) {
 			return
 		}
-		if t.node == nil {
-			http.Error(w, fmt.Sprintf("pod %s is not on a virtual node of this agent", t), http.StatusNotFound)
+		var noGrant errNoGrant
+		switch {
+		case errors.As(err, &noGrant):
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusNotFound)
 			return
 		}
-		if t.remote = t.node.currentRemote(); t.remote == nil {
-			http.Error(w, fmt.Sprintf("no access to provider %s yet", t.node.provider), http.StatusServiceUnavailable)
-			return
-		}
-		if t.remote.synced() {
-			if _, ok := t.remote.pod(t.namespace, t.name); !ok {
-				http.Error(w, fmt.Sprintf("pod %s has no copy at provider %s", t, t.node.provider), http.StatusNotFound)
-				return
-			}
-		}
-		h(w, r, t)
+		// The query as sent, for what vk's parsing loses (containerLogs).
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), queryKey{}, r.URL.Query())))
 	})
 }
 
@@ -214,23 +288,14 @@ func (k *kubeletServer) nodeOf(namespace, name string) *providerNode {
 
 // pods answers GET /pods: the pods bound to our virtual nodes, as a kubelet
 // lists the pods bound to it.
-func (k *kubeletServer) pods(w http.ResponseWriter, _ *http.Request) {
-	list := &corev1.PodList{}
+func (k *kubeletServer) pods(context.Context) ([]*corev1.Pod, error) {
+	var all []*corev1.Pod
 	for _, n := range k.b.runningNodes() {
 		pods, err := n.localPods.List(everything)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
+			return nil, err
 		}
-		for _, p := range pods {
-			list.Items = append(list.Items, *p)
-		}
+		all = append(all, pods...)
 	}
-	data, err := runtime.Encode(scheme.Codecs.LegacyCodec(corev1.SchemeGroupVersion), list)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(data)
+	return all, nil
 }

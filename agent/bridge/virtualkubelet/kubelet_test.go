@@ -116,16 +116,19 @@ func newEndpointFixture(t *testing.T, allow func(user string, a *authorizationv1
 	berlin := &providerNode{name: "rb-berlin", provider: "berlin", localPods: pods(pod("shop", "web-1", "rb-berlin"))}
 	b := &Bridge{cfg: Config{ClusterID: "rome"}, log: logr.Discard(), local: local,
 		nodes: map[string]*providerNode{"paris": paris, "berlin": berlin}}
-	k := &kubeletServer{b: b, log: b.log, timeout: 5 * time.Second}
+	k := &kubeletServer{b: b, log: b.log, timeout: 5 * time.Second, idleTimeout: streamIdleTimeout, creationTimeout: streamCreationTimeout}
 	f.srv = httptest.NewServer(k.handler())
 	t.Cleanup(f.srv.Close)
 	return f
 }
 
-func (f *endpointFixture) do(t *testing.T, method, path, token string) (int, string) {
+func (f *endpointFixture) do(t *testing.T, method, path, token string, header ...string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, f.srv.URL+path, nil)
 	require.NoError(t, err)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -220,6 +223,10 @@ func TestKubeletEndpointAccess(t *testing.T) {
 		assert.Equal(t, http.StatusNotFound, code)
 		code, _ = f.do(t, "GET", "/nothing/here", "mallory")
 		assert.Equal(t, http.StatusForbidden, code, "authorized before routing, as a kubelet does")
+		code, body = f.do(t, "GET", "/portForward/shop/web-0?ports=80", "alice", "Connection", "Upgrade", "Upgrade", "websocket")
+		assert.Equal(t, http.StatusBadRequest, code, "port-forward over websockets: %s", body)
+		code, _ = f.do(t, "POST", logs, "alice")
+		assert.Equal(t, http.StatusMethodNotAllowed, code, "after authorization (create on nodes/proxy)")
 	})
 
 	t.Run("node routes: every node", func(t *testing.T) {
