@@ -121,16 +121,26 @@ func TestInvalidArgsRefuseToStart(t *testing.T) {
 		args: `{reservationDuration: 0s, maxOutstandingReservationsPerNamespace: 0, excludedNamespaces: [Not_A_Namespace],
 		        selector: {matchExpressions: [{key: app, operator: Sideways}]}}`,
 		want: []string{
-			`invalid ResourceBroker args`,
-			`args.reservationDuration: Invalid value: "0s": must be between 1s and 24h0m0s`,
-			`args.maxOutstandingReservationsPerNamespace: Invalid value: 0: must be at least 1`,
-			`args.excludedNamespaces[0]: Invalid value: "Not_A_Namespace"`,
-			`args.selector.matchExpressions[0].operator: Invalid value: "Sideways"`,
+			`creating profile for scheduler name resource-broker: initializing plugin "ResourceBroker": invalid ResourceBroker args`,
+			`pluginConfig[ResourceBroker].args.reservationDuration: Invalid value: "0s": must be between 1s and 24h0m0s`,
+			`pluginConfig[ResourceBroker].args.maxOutstandingReservationsPerNamespace: Invalid value: 0: must be at least 1`,
+			`pluginConfig[ResourceBroker].args.excludedNamespaces[0]: Invalid value: "Not_A_Namespace"`,
+			`pluginConfig[ResourceBroker].args.selector.matchExpressions[0].operator: Invalid value: "Sideways"`,
 		},
 	}, {
+		name: "namespace allowed and excluded",
+		args: `{namespaces: [apps, kube-system]}`,
+		want: []string{`pluginConfig[ResourceBroker].args.namespaces[1]: Invalid value: "kube-system": is also in excludedNamespaces`},
+	}, {
+		// Decoded by kube-scheduler's configuration loading (the args are in
+		// its scheme): strictly, before any plugin is built.
 		name: "unknown field",
 		args: `{reservationDurationn: 1h}`,
-		want: []string{`ResourceBroker args: json: unknown field "reservationDurationn"`},
+		want: []string{`decoding .profiles[0].pluginConfig[0]: strict decoding error: decoding args for plugin ResourceBroker: strict decoding error: unknown field "reservationDurationn"`},
+	}, {
+		name: "wrong type",
+		args: `{maxOutstandingReservationsPerNamespace: ten}`,
+		want: []string{`decoding args for plugin ResourceBroker`, `maxOutstandingReservationsPerNamespace`},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			config := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".yaml")
@@ -160,7 +170,7 @@ profiles:
 			for _, w := range tc.want {
 				assert.Contains(t, out, w)
 			}
-			t.Logf("refused to start: %s", firstLine(out, "invalid ResourceBroker args", "unknown field"))
+			t.Logf("refused to start: %s", firstLine(out, "command failed"))
 		})
 	}
 }

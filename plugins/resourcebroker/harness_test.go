@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -213,7 +214,7 @@ func startScheduler(ctx context.Context, configFile string) (<-chan error, error
 		return nil, err
 	}
 	cc, sched, err := app.Setup(ctx, opts,
-		app.WithPlugin(resourcebroker.Name, resourcebroker.New),
+		app.WithPlugin(resourcebroker.Name, newPlugin),
 		app.WithPlugin(gateName, newGate))
 	if err != nil {
 		return nil, err
@@ -221,6 +222,35 @@ func startScheduler(ctx context.Context, configFile string) (<-chan error, error
 	errCh := make(chan error, 1)
 	go func() { errCh <- app.Run(ctx, cc, sched) }()
 	return errCh, nil
+}
+
+// plugins are the ResourceBroker plugins the scheduler built (one per
+// profile that enables it).
+var plugins struct {
+	sync.Mutex
+	all []fwk.Plugin
+}
+
+// newPlugin is resourcebroker.New, remembering the plugin.
+func newPlugin(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+	p, err := resourcebroker.New(ctx, obj, h)
+	if err == nil {
+		plugins.Lock()
+		plugins.all = append(plugins.all, p)
+		plugins.Unlock()
+	}
+	return p, err
+}
+
+// hintsOnly turns the retries by the plugins' own informers off until the
+// test ends: only the scheduler's queueing hints requeue pods.
+func hintsOnly(t testing.TB) {
+	plugins.Lock()
+	defer plugins.Unlock()
+	for _, p := range plugins.all {
+		prev := resourcebroker.SetHintsOnly(p, true)
+		t.Cleanup(func() { resourcebroker.SetHintsOnly(p, prev) })
+	}
 }
 
 // --- BenchGate: holds pods labelled gateLabel until their run is opened ---

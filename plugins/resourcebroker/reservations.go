@@ -28,6 +28,7 @@ import (
 	schedutil "k8s.io/kubernetes/pkg/scheduler/util"
 
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/plugins/apis/config"
 )
 
 // ReservationEventResource is how the scheduler names Reservation events
@@ -345,7 +346,7 @@ func ReservationResources(requests v1.ResourceList) v1.ResourceList {
 }
 
 // newReservation is the Reservation the plugin asks for on behalf of pod.
-func newReservation(pod *v1.Pod, args *ResourceBrokerArgs) *brokerv1alpha1.Reservation {
+func newReservation(pod *v1.Pod, args *config.ResourceBrokerArgs) *brokerv1alpha1.Reservation {
 	var priority int32
 	if pod.Spec.Priority != nil {
 		priority = *pod.Spec.Priority
@@ -367,7 +368,7 @@ func newReservation(pod *v1.Pod, args *ResourceBrokerArgs) *brokerv1alpha1.Reser
 		},
 		Spec: brokerv1alpha1.ReservationSpec{
 			Resources: ReservationResources(PodRequests(pod)),
-			Duration:  args.ReservationDuration.DeepCopy(),
+			Duration:  &metav1.Duration{Duration: args.ReservationDuration.Duration},
 			Priority:  priority,
 			PodName:   pod.Name,
 		},
@@ -397,16 +398,15 @@ func fitsReservation(requests, reserved, used v1.ResourceList) (bool, v1.Resourc
 
 // nodeTracker keeps, from the scheduler's Node informer, what PreFilter needs
 // in O(1): whether any node is one of our virtual nodes or carries a taint
-// that a pod must tolerate, and the virtual nodes of each provider.
+// that a pod must tolerate.
 type nodeTracker struct {
-	mu        sync.RWMutex
-	virtual   map[string]string // node -> provider ("" when only the taint marks it)
-	providers map[string]sets.Set[string]
-	tainted   sets.Set[string] // nodes with a NoSchedule/NoExecute taint other than ours
+	mu      sync.RWMutex
+	virtual map[string]string // node -> provider ("" when only the taint marks it)
+	tainted sets.Set[string]  // nodes with a NoSchedule/NoExecute taint other than ours
 }
 
 func newNodeTracker() *nodeTracker {
-	return &nodeTracker{virtual: map[string]string{}, providers: map[string]sets.Set[string]{}, tainted: sets.New[string]()}
+	return &nodeTracker{virtual: map[string]string{}, tainted: sets.New[string]()}
 }
 
 func (t *nodeTracker) set(node *v1.Node) {
@@ -415,12 +415,6 @@ func (t *nodeTracker) set(node *v1.Node) {
 	t.removeLocked(node.Name)
 	if provider, ok := virtualNodeProvider(node); ok {
 		t.virtual[node.Name] = provider
-		if provider != "" {
-			if t.providers[provider] == nil {
-				t.providers[provider] = sets.New[string]()
-			}
-			t.providers[provider].Insert(node.Name)
-		}
 	}
 	for i := range node.Spec.Taints {
 		if hardTaint(&node.Spec.Taints[i]) {
@@ -437,15 +431,7 @@ func (t *nodeTracker) remove(name string) {
 }
 
 func (t *nodeTracker) removeLocked(name string) {
-	if p, ok := t.virtual[name]; ok {
-		delete(t.virtual, name)
-		if s := t.providers[p]; s != nil {
-			s.Delete(name)
-			if s.Len() == 0 {
-				delete(t.providers, p)
-			}
-		}
-	}
+	delete(t.virtual, name)
 	t.tainted.Delete(name)
 }
 
@@ -463,12 +449,6 @@ func (t *nodeTracker) isVirtual(node string) bool {
 	defer t.mu.RUnlock()
 	_, ok := t.virtual[node]
 	return ok
-}
-
-func (t *nodeTracker) nodesOf(provider string) []string {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return sets.List(t.providers[provider])
 }
 
 // virtualNodeProvider tells whether node is one of our virtual nodes (label

@@ -355,8 +355,7 @@ func names(rs []brokerv1alpha1.Reservation) []string {
 // its virtual node appears.
 func TestQueueingHintsAloneRequeue(t *testing.T) {
 	localNodes(t)
-	prev := resourcebroker.SetActivateOnChanges(false)
-	t.Cleanup(func() { resourcebroker.SetActivateOnChanges(prev) })
+	hintsOnly(t)
 	ns := newNamespace(t)
 	pod := createPod(t, newPod(ns, "hinted", "3", "1Gi"))
 	rsv := waitReservation(t, pod, bindTimeout)

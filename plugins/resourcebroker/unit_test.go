@@ -23,6 +23,8 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/plugins/apis/config"
+	configv1 "github.com/fluidos-project/resource-broker/plugins/apis/config/v1"
 )
 
 func rl(pairs ...string) v1.ResourceList {
@@ -90,7 +92,7 @@ func TestNewReservation(t *testing.T) {
 	assert.Equal(t, "p", r.Labels[brokerv1alpha1.PodLabel])
 	assert.Equal(t, "p", r.Spec.PodName)
 	assert.Equal(t, int32(1000), r.Spec.Priority)
-	assert.Equal(t, DefaultReservationDuration, r.Spec.Duration.Duration)
+	assert.Equal(t, configv1.DefaultReservationDuration, r.Spec.Duration.Duration)
 	require.Len(t, r.OwnerReferences, 1)
 	o := r.OwnerReferences[0]
 	assert.Equal(t, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "p", UID: "uid-1", Controller: ptrTo(true), BlockOwnerDeletion: ptrTo(true)}, o)
@@ -133,7 +135,7 @@ func testPlugin(t testing.TB, rsvs ...*brokerv1alpha1.Reservation) *ResourceBrok
 // the provider's virtual node rb-<provider>, as a bridge does once the node
 // can take the pod.
 func reservationFor(pod *v1.Pod, phase brokerv1alpha1.ReservationPhase, provider string) *brokerv1alpha1.Reservation {
-	r := newReservation(pod, &ResourceBrokerArgs{ReservationDuration: &metav1.Duration{}})
+	r := newReservation(pod, &config.ResourceBrokerArgs{})
 	r.UID = types.UID("rsv-" + string(pod.UID))
 	r.Status = brokerv1alpha1.ReservationStatus{Phase: phase, Provider: provider}
 	if provider != "" {
@@ -250,9 +252,9 @@ func TestNodeTracker(t *testing.T) {
 	assert.True(t, tr.plain())
 	tr.set(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris", Labels: map[string]string{brokerv1alpha1.ProviderLabel: "paris"}}})
 	assert.False(t, tr.plain())
-	assert.Equal(t, []string{"rb-paris"}, tr.nodesOf("paris"))
+	assert.True(t, tr.isVirtual("rb-paris"))
 	tr.set(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris"}})
-	assert.Empty(t, tr.nodesOf("paris"), "label removed")
+	assert.False(t, tr.isVirtual("rb-paris"), "label removed")
 	assert.True(t, tr.plain())
 }
 
