@@ -67,6 +67,10 @@ type Options struct {
 	// ProbePeriod is how often the provider's API is checked with the granted
 	// token (default 5s, at least 1s); two failures in a row make the node NotReady.
 	ProbePeriod time.Duration
+	// UnschedulableAfter is how long the provider's scheduler may leave a
+	// pod's copy unplaced before the pod gets a Warning Event and its
+	// reservation ProviderScheduled=False (default 30s).
+	UnschedulableAfter time.Duration
 	// PodsPerReservation is the pod capacity each active reservation adds to its
 	// virtual node (default 110, the kubelet's default).
 	PodsPerReservation int64
@@ -112,8 +116,8 @@ func New(mode string, o Options) (Bridge, error) {
 		return virtualkubelet.New(virtualkubelet.Config{
 			ClusterID: o.ClusterID, Grants: o.Grants, Log: o.Log,
 			LeaseDuration: o.LeaseDuration, StatusSyncPeriod: o.StatusSyncPeriod, ProbePeriod: o.ProbePeriod,
-			PodsPerReservation: o.PodsPerReservation,
-			KubeletAddress:     o.KubeletAddress, NodeIP: o.NodeIP, KubeletClientCA: o.KubeletClientCA,
+			PodsPerReservation: o.PodsPerReservation, UnschedulableAfter: o.UnschedulableAfter,
+			KubeletAddress: o.KubeletAddress, NodeIP: o.NodeIP, KubeletClientCA: o.KubeletClientCA,
 			KubeletServingCert: o.KubeletServingCert, KubeletServingCertTimeout: o.KubeletServingCertTimeout,
 		})
 	case ModeLiqo:

@@ -29,33 +29,34 @@ import (
 )
 
 type options struct {
-	clusterID        string
-	brokerURL        string
-	brokerCertDir    string
-	endpoint         string
-	namespace        string
-	labels           map[string]string
-	currency         string
-	priceCPU         string
-	priceMemory      string
-	priceGPU         string
-	tokenTTL         time.Duration
-	debounce         time.Duration
-	publishPeriod    time.Duration
-	leaderElect      bool
-	bridge           string
-	nodeIP           string
-	kubeletAddress   string
-	kubeletCert      string
-	kubeletCertWait  time.Duration
-	kubeletClientCA  string
-	nodeLease        time.Duration
-	probePeriod      time.Duration
-	nodeStatusPeriod time.Duration
-	metricsAddr      string
-	probeAddr        string
-	pprofAddr        string
-	reserveWorkers   int
+	clusterID          string
+	brokerURL          string
+	brokerCertDir      string
+	endpoint           string
+	namespace          string
+	labels             map[string]string
+	currency           string
+	priceCPU           string
+	priceMemory        string
+	priceGPU           string
+	tokenTTL           time.Duration
+	debounce           time.Duration
+	publishPeriod      time.Duration
+	leaderElect        bool
+	bridge             string
+	nodeIP             string
+	kubeletAddress     string
+	kubeletCert        string
+	kubeletCertWait    time.Duration
+	kubeletClientCA    string
+	nodeLease          time.Duration
+	unschedulableAfter time.Duration
+	probePeriod        time.Duration
+	nodeStatusPeriod   time.Duration
+	metricsAddr        string
+	probeAddr          string
+	pprofAddr          string
+	reserveWorkers     int
 }
 
 func main() {
@@ -101,6 +102,8 @@ func newCommand() *cobra.Command {
 		"PEM file of the CA whose client certificates the kubelet endpoint accepts (default: client-ca-file of kube-system/extension-apiserver-authentication)")
 	f.DurationVar(&o.nodeLease, "virtual-node-lease", 40*time.Second, "lease duration of the virtual nodes")
 	f.DurationVar(&o.probePeriod, "provider-probe-period", 5*time.Second, "how often a provider's API is checked with its grant (at least 1s)")
+	f.DurationVar(&o.unschedulableAfter, "provider-unschedulable-after", 30*time.Second,
+		"how long a provider's scheduler may leave a pod's copy unplaced before the pod and its reservation say so")
 	f.DurationVar(&o.nodeStatusPeriod, "virtual-node-status-period", time.Minute, "how often an unchanged virtual node status is rewritten")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 to disable)")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "healthz/readyz address")
@@ -189,7 +192,7 @@ func run(o options) error {
 	}
 	if o.bridge != "none" {
 		ao.Bridge = o.bridge
-		ao.BridgeOptions = bridge.Options{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod, StatusSyncPeriod: o.nodeStatusPeriod,
+		ao.BridgeOptions = bridge.Options{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod, UnschedulableAfter: o.unschedulableAfter, StatusSyncPeriod: o.nodeStatusPeriod,
 			KubeletAddress: o.kubeletAddress, NodeIP: o.nodeIP, KubeletServingCert: o.kubeletCert, KubeletServingCertTimeout: o.kubeletCertWait}
 		if o.kubeletClientCA != "" {
 			if ao.BridgeOptions.KubeletClientCA, err = os.ReadFile(o.kubeletClientCA); err != nil {

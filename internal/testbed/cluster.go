@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -324,9 +326,19 @@ func (c *Cluster) agentArgs(probe string) []string {
 			args = append(args, flag+"="+v)
 		}
 	}
-	if len(c.Spec.Labels) > 0 {
+	labels := maps.Clone(c.Spec.Labels)
+	if c.bed.opts.RealNodes {
+		// What a provider's real nodes are, advertised as a member cluster
+		// of a real federation would, so that pods selecting them can be
+		// placed (and their virtual nodes carry them).
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[corev1.LabelArchStable], labels[corev1.LabelOSStable] = goruntime.GOARCH, "linux"
+	}
+	if len(labels) > 0 {
 		var kv []string
-		for k, v := range c.Spec.Labels {
+		for k, v := range labels {
 			kv = append(kv, k+"="+v)
 		}
 		sort.Strings(kv)

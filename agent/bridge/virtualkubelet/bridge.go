@@ -82,6 +82,9 @@ type Config struct {
 	// CreateTimeout bounds the retries of a pod's creation at the provider
 	// before the pod is reported failed (default 30s).
 	CreateTimeout time.Duration
+	// UnschedulableAfter is how long a copy may stay unplaced by the
+	// provider's scheduler before it is reported (default 30s).
+	UnschedulableAfter time.Duration
 }
 
 // Bridge runs the virtual nodes of this cluster.
@@ -153,6 +156,12 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	if cfg.CreateTimeout == 0 {
 		cfg.CreateTimeout = 30 * time.Second
+	}
+	if cfg.UnschedulableAfter == 0 {
+		cfg.UnschedulableAfter = 30 * time.Second
+	}
+	if cfg.UnschedulableAfter < 0 {
+		return nil, fmt.Errorf("unschedulable-after %s: must be positive", cfg.UnschedulableAfter)
 	}
 	return &Bridge{cfg: cfg, nodes: map[string]*providerNode{}, events: make(chan event.GenericEvent, 256),
 		namingSem: make(chan struct{}, namingParallelism), naming: map[string]map[types.UID]time.Time{}}, nil

@@ -47,6 +47,10 @@ type mirrorParams struct {
 	clusterID string // this cluster, the requester
 	namespace string // tenant namespace at the provider
 	node      *corev1.Node
+	// reservation is the broker id of the pod's reservation ("" unknown):
+	// the copy carries it (rbv1.ReservationLabel), so the provider can tell
+	// which reservation each of its tenant pods consumes.
+	reservation string
 }
 
 // objectRefs are the ConfigMaps and Secrets (local names) a pod uses.
@@ -269,34 +273,44 @@ func localField(pod *corev1.Pod, path string) (string, bool) {
 	return "", false
 }
 
-// dropNodeSelection removes what only selects the virtual node: node selector
-// entries it satisfies through its own labels, affinity expressions on those
-// labels, and tolerations of its taints.
+// CarriedNodeLabels are the node labels a copy keeps in its node selector
+// and node affinity: labels every provider's nodes carry with the same
+// meaning (architecture, OS, region, zone, GPU model), which the scheduler
+// plugin also turns into the reservation's provider selector. Any other
+// node label means a node of this cluster: the copy drops it, and the
+// provider's scheduler chooses the node.
+var CarriedNodeLabels = map[string]bool{
+	corev1.LabelArchStable: true, corev1.LabelOSStable: true,
+	corev1.LabelTopologyRegion: true, corev1.LabelTopologyZone: true,
+	"nvidia.com/gpu.product": true,
+}
+
+// dropNodeSelection keeps, of the pod's node selection, only what a
+// provider's nodes can satisfy (CarriedNodeLabels): node selector entries,
+// required and preferred node affinity expressions on other labels and
+// every match on node names go; so do tolerations of the virtual node's
+// taints.
 func dropNodeSelection(spec *corev1.PodSpec, node *corev1.Node) {
-	ours := map[string]bool{rbv1.ProviderLabel: true, "type": true, corev1.LabelHostname: true}
-	if node != nil {
-		for k := range node.Labels {
-			if k != corev1.LabelOSStable { // the provider's nodes are linux too; keep the user's intent
-				ours[k] = true
-			}
-		}
-	}
+	dropped := func(key string) bool { return !CarriedNodeLabels[key] }
 	for k := range spec.NodeSelector {
-		if ours[k] {
+		if dropped(k) {
 			delete(spec.NodeSelector, k)
 		}
 	}
 	if len(spec.NodeSelector) == 0 {
 		spec.NodeSelector = nil
 	}
+	keep := func(t corev1.NodeSelectorTerm) (corev1.NodeSelectorTerm, bool) {
+		before := len(t.MatchExpressions) + len(t.MatchFields)
+		t.MatchExpressions = slices.DeleteFunc(t.MatchExpressions, func(e corev1.NodeSelectorRequirement) bool { return dropped(e.Key) })
+		t.MatchFields = nil // metadata.name: a node of this cluster
+		return t, len(t.MatchExpressions) > 0 || before == 0
+	}
 	if a := spec.Affinity; a != nil && a.NodeAffinity != nil {
 		if req := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution; req != nil {
 			var terms []corev1.NodeSelectorTerm
 			for _, t := range req.NodeSelectorTerms {
-				before := len(t.MatchExpressions) + len(t.MatchFields)
-				t.MatchExpressions = slices.DeleteFunc(t.MatchExpressions, func(e corev1.NodeSelectorRequirement) bool { return ours[e.Key] })
-				t.MatchFields = slices.DeleteFunc(t.MatchFields, func(e corev1.NodeSelectorRequirement) bool { return e.Key == "metadata.name" })
-				if len(t.MatchExpressions)+len(t.MatchFields) > 0 || before == 0 {
+				if t, ok := keep(t); ok {
 					terms = append(terms, t)
 				}
 			}
@@ -306,8 +320,19 @@ func dropNodeSelection(spec *corev1.PodSpec, node *corev1.Node) {
 				req.NodeSelectorTerms = terms
 			}
 		}
+		var preferred []corev1.PreferredSchedulingTerm
+		for _, p := range a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+			if t, ok := keep(p.Preference); ok {
+				p.Preference = t
+				preferred = append(preferred, p)
+			}
+		}
+		a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution = preferred
 		if a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil && len(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) == 0 {
 			a.NodeAffinity = nil
+		}
+		if a.NodeAffinity == nil && a.PodAffinity == nil && a.PodAntiAffinity == nil {
+			spec.Affinity = nil
 		}
 	}
 	taints := map[string]bool{rbv1.VirtualNodeTaint: true}
@@ -331,6 +356,9 @@ func mirrorMeta(local metav1.ObjectMeta, p mirrorParams, extra map[string]string
 		labels = map[string]string{}
 	}
 	labels[rbv1.RequesterLabel] = p.clusterID
+	if p.reservation != "" {
+		labels[rbv1.ReservationLabel] = p.reservation
+	}
 	annotations := maps.Clone(local.Annotations)
 	if annotations == nil {
 		annotations = map[string]string{}

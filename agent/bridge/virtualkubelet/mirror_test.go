@@ -47,7 +47,7 @@ func testPod() *corev1.Pod {
 		Spec: corev1.PodSpec{
 			NodeName: "rb-paris", SchedulerName: "resource-broker", ServiceAccountName: "web-sa",
 			PriorityClassName: "high", Priority: ptrTo(int32(1000)),
-			NodeSelector: map[string]string{rbv1.ProviderLabel: "paris", "disktype": "ssd"},
+			NodeSelector: map[string]string{rbv1.ProviderLabel: "paris", "disktype": "ssd", corev1.LabelArchStable: "amd64"},
 			Tolerations: []corev1.Toleration{
 				{Key: rbv1.VirtualNodeTaint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
 				{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptrTo(int64(300))},
@@ -109,7 +109,8 @@ func TestRemotePod(t *testing.T) {
 	assert.Nil(t, s.Priority)
 	assert.Equal(t, ptrTo(false), s.AutomountServiceAccountToken)
 	assert.Equal(t, "web-0", s.Hostname)
-	assert.Equal(t, map[string]string{"disktype": "ssd"}, s.NodeSelector)
+	assert.Equal(t, map[string]string{corev1.LabelArchStable: "amd64"}, s.NodeSelector,
+		"only labels every provider's nodes carry: disktype means a node of this cluster")
 	require.Len(t, s.Tolerations, 1)
 	assert.Equal(t, "node.kubernetes.io/not-ready", s.Tolerations[0].Key)
 	assert.Equal(t, []corev1.LocalObjectReference{{Name: "shop.regcred"}}, s.ImagePullSecrets)
@@ -148,20 +149,50 @@ func TestNodeAffinityOnVirtualNode(t *testing.T) {
 		}},
 	}}}
 	dropNodeSelection(spec, nil)
-	assert.Nil(t, spec.Affinity.NodeAffinity, "a term that only selected the virtual node is gone, not left empty (empty matches nothing)")
+	assert.Nil(t, spec.Affinity, "a term that only selected the virtual node is gone, not left empty (empty matches nothing)")
 
 	spec = &corev1.PodSpec{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{
 			{MatchExpressions: []corev1.NodeSelectorRequirement{
 				{Key: rbv1.ProviderLabel, Operator: corev1.NodeSelectorOpExists},
-				{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}},
-			}},
+				{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}},
+				{Key: "rack", Operator: corev1.NodeSelectorOpIn, Values: []string{"r1"}},
+			}, MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{"rb-paris"}}}},
 		}},
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{
+			{Weight: 10, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: "disktype", Operator: corev1.NodeSelectorOpIn, Values: []string{"ssd"}}}}},
+			{Weight: 5, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}}}},
+		},
 	}}}
 	dropNodeSelection(spec, nil)
 	terms := spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
 	require.Len(t, terms, 1)
-	assert.Equal(t, "zone", terms[0].MatchExpressions[0].Key)
+	require.Len(t, terms[0].MatchExpressions, 1, "the zone stays; the virtual node's label and a rack of this cluster go")
+	assert.Equal(t, corev1.LabelTopologyZone, terms[0].MatchExpressions[0].Key)
+	assert.Empty(t, terms[0].MatchFields, "node names are this cluster's")
+	preferred := spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
+	require.Len(t, preferred, 1)
+	assert.Equal(t, int32(5), preferred[0].Weight)
+
+	spec = &corev1.PodSpec{Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{
+			{Weight: 10, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: "disktype", Operator: corev1.NodeSelectorOpIn, Values: []string{"ssd"}}}}},
+		}}}}
+	dropNodeSelection(spec, nil)
+	assert.Nil(t, spec.Affinity, "nothing of the affinity is left")
+}
+
+func TestCopyCarriesItsReservation(t *testing.T) {
+	remote, err := remotePod(testPod(), mirrorParams{clusterID: "rome", namespace: "rb-rome", reservation: "uid-r1"})
+	require.NoError(t, err)
+	assert.Equal(t, "uid-r1", remote.Labels[rbv1.ReservationLabel])
+	assert.Equal(t, "rome", remote.Labels[rbv1.RequesterLabel])
+	remote, err = remotePod(testPod(), mirrorParams{clusterID: "rome", namespace: "rb-rome"})
+	require.NoError(t, err)
+	assert.NotContains(t, remote.Labels, rbv1.ReservationLabel, "no reservation known: no label")
 }
 
 func TestLocalStatus(t *testing.T) {

@@ -89,6 +89,8 @@ type providerNode struct {
 	failures  int
 	notify    func(*corev1.Node)
 	remote    *remoteCluster
+	// providerLabels are the provider's advertised labels the node carries.
+	providerLabels map[string]string
 }
 
 var _ node.NodeProvider = (*providerNode)(nil)
@@ -102,7 +104,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 		capacity: corev1.ResourceList{},
 		ready:    readiness{reason: ReasonWaitingCredentials, message: "no grant from " + provider + " yet", since: metav1.Now()},
 	}
-	n.pods = &podHandler{n: n, deleting: map[string]bool{}}
+	n.pods = &podHandler{n: n, deleting: map[string]bool{}, unscheduled: map[types.UID]bool{}}
 	n.objects = newObjectMirror(n)
 
 	factory := informers.NewSharedInformerFactoryWithOptions(b.local, 0,
@@ -188,6 +190,7 @@ func (n *providerNode) stop() {
 func (n *providerNode) runNodeController(ctx context.Context) {
 	cfg := n.b.cfg
 	leases := n.b.local.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	n.learnProviderLabels(ctx)
 	for backoff := time.Second; ctx.Err() == nil; backoff = min(2*backoff, 30*time.Second) {
 		nc, err := node.NewNodeController(n, n.nodeObject(), n.b.local.CoreV1().Nodes(),
 			node.WithNodeEnableLeaseV1(leases, int32(cfg.LeaseDuration/time.Second)),
@@ -208,6 +211,41 @@ func (n *providerNode) runNodeController(ctx context.Context) {
 		}
 		return
 	}
+}
+
+// ClusterSource reads a cluster's record at the broker (the broker client
+// is one): a GrantSource that is one too lets the virtual node carry the
+// provider's advertised node labels.
+type ClusterSource interface {
+	Cluster(ctx context.Context, id string) (api.Cluster, error)
+}
+
+// learnProviderLabels takes, of the labels the provider advertises at the
+// broker, those in CarriedNodeLabels (architecture, OS, region, zone, GPU
+// model), so that pods whose selectors made the broker choose this
+// provider also match its virtual node. Best effort: read once, before the
+// node is registered.
+func (n *providerNode) learnProviderLabels(ctx context.Context) {
+	src, ok := n.b.cfg.Grants.(ClusterSource)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := src.Cluster(ctx, n.provider)
+	if err != nil {
+		n.log.Info("the provider's labels are unknown; its virtual node carries none of them", "error", err.Error())
+		return
+	}
+	labels := map[string]string{}
+	for k, v := range c.Labels {
+		if CarriedNodeLabels[k] {
+			labels[k] = v
+		}
+	}
+	n.mu.Lock()
+	n.providerLabels = labels
+	n.mu.Unlock()
 }
 
 // recreateNode registers the node again when someone deleted it.
@@ -320,6 +358,9 @@ func (n *providerNode) nodeObject() *corev1.Node {
 				OSImage:         "provider " + n.provider + " (resource broker)",
 			},
 		},
+	}
+	for k, v := range n.providerLabels {
+		nodeObj.Labels[k] = v
 	}
 	// The API server reaches the kubelet endpoint (logs, exec, attach,
 	// port-forward) at the agent's IP, which its serving certificate names; no

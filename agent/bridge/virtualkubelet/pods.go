@@ -35,6 +35,9 @@ type podHandler struct {
 
 	mu       sync.Mutex
 	deleting map[string]bool // local pod UIDs whose copy the bridge is deleting
+	// unscheduled: copies the provider's scheduler has not placed (by the
+	// copy's UID), and whether that has been reported (watchScheduling).
+	unscheduled map[types.UID]bool
 }
 
 var (
@@ -67,7 +70,11 @@ func (h *podHandler) create(ctx context.Context, pod *corev1.Pod) error {
 	if rc == nil {
 		return errNoAccess
 	}
-	desired, err := remotePod(pod, h.n.mirrorParams(rc))
+	params := h.n.mirrorParams(rc)
+	if r := h.n.reservationOf(ctx, pod); r != nil {
+		params.reservation = string(r.UID)
+	}
+	desired, err := remotePod(pod, params)
 	if err != nil {
 		return err
 	}
@@ -106,7 +113,11 @@ func (h *podHandler) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	if rc == nil {
 		return errNoAccess
 	}
-	desired, err := remotePod(pod, h.n.mirrorParams(rc))
+	params := h.n.mirrorParams(rc)
+	if r := h.n.reservationOf(ctx, pod); r != nil {
+		params.reservation = string(r.UID)
+	}
+	desired, err := remotePod(pod, params)
 	if err != nil {
 		return err
 	}
@@ -289,6 +300,7 @@ func (h *podHandler) remoteChanged(remote *corev1.Pod) {
 	if err != nil || local.UID != uid {
 		return
 	}
+	h.watchScheduling(local, remote)
 	out := localStatus(local, remote, h.n.provider)
 	if equality.Semantic.DeepEqual(out.Status, local.Status) {
 		// Nothing to reflect: the copy was created, or bound by the
