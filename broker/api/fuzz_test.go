@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,6 +75,9 @@ func FuzzAdvertisement(f *testing.F) {
 		"resources":{"capacity":{"cpu":"8","memory":"32Gi"},"allocatable":{"cpu":"7500m","memory":"30Gi","gpu":"2"},"allocated":{"cpu":"1","memory":"1Gi"}},
 		"prices":{"currency":"EUR","cpu":"0.031","memory":"0.004","gpu":"0.9"}}`))
 	f.Add([]byte(`{"resources":{"capacity":{},"allocatable":{},"allocated":{}}}`))
+	f.Add([]byte(`{"resources":{"capacity":{"cpu":"8"},"allocatable":{"cpu":"8"},"allocated":{},
+		"nodes":[{"name":"n1","allocatable":{"cpu":"4","memory":"8Gi","gpu":"1"},"allocated":{"cpu":"1","memory":"1Gi"}},
+		{"name":"n2.zone-a","allocatable":{"cpu":"4"},"allocated":{"cpu":"4"}}],"reservationsOnNodes":["r1","r2"]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var body api.Advertisement
 		if api.Decode(bytes.NewReader(data), &body) != nil {
@@ -92,6 +96,27 @@ func FuzzAdvertisement(f *testing.F) {
 		}
 		if ad.Prices.CPU < 0 || ad.Prices.Memory < 0 || ad.Prices.GPU < 0 {
 			t.Fatalf("accepted negative price %+v", ad.Prices)
+		}
+		if len(ad.Nodes) > api.MaxNodes || len(ad.ReservationsOnNodes) > api.MaxReservationsOnNodes {
+			t.Fatalf("accepted %d nodes, %d ids", len(ad.Nodes), len(ad.ReservationsOnNodes))
+		}
+		names := map[string]bool{}
+		for _, n := range ad.Nodes {
+			if names[n.Name] || strings.ContainsAny(n.Name, " \t\n") || n.Name == "" {
+				t.Fatalf("accepted node name %q", n.Name)
+			}
+			names[n.Name] = true
+			a, u := n.Allocatable, n.Allocated
+			for i, v := range []int64{u.CPU, u.Memory, u.GPU, u.Storage} {
+				if v < 0 || v > []int64{a.CPU, a.Memory, a.GPU, a.Storage}[i] {
+					t.Fatalf("accepted node %+v", n)
+				}
+			}
+		}
+		for _, id := range ad.ReservationsOnNodes {
+			if api.ValidateReservationID(id) != nil {
+				t.Fatalf("accepted id %q", id)
+			}
 		}
 	})
 }

@@ -2,10 +2,13 @@ package api
 
 import (
 	"encoding/json"
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
@@ -39,7 +42,36 @@ type ClusterResources struct {
 	Allocated   Quantities  `json:"allocated"`
 	Reserved    *Quantities `json:"reserved,omitempty"`
 	Available   *Quantities `json:"available,omitempty"`
+	// Nodes are the nodes a reservation may be placed on, at most MaxNodes
+	// (an agent sends a bounded summary: the largest nodes by each
+	// resource); a reservation then fits only if one of them holds it whole.
+	// None: the cluster is judged on its totals alone (v1, older agents).
+	Nodes []NodeResources `json:"nodes,omitempty"`
+	// ReservationsOnNodes are the ids of the reservations whose pods are
+	// bound to this cluster's nodes (tenant pods carry their id in the
+	// annotation broker.fluidos.eu/reservation-id): the nodes' allocated
+	// include them, so the broker stops debiting those reservations' nodes
+	// itself. At most MaxReservationsOnNodes.
+	ReservationsOnNodes []string `json:"reservationsOnNodes,omitempty"`
 }
+
+// NodeResources is one advertised node. Allocated counts every pod bound
+// to it, the pods of reservations included. Reserved (the broker's debit:
+// reservations placed on the node and not yet listed in
+// ReservationsOnNodes) and Available are the broker's; ignored on input.
+type NodeResources struct {
+	Name        string      `json:"name"`
+	Allocatable Quantities  `json:"allocatable"`
+	Allocated   Quantities  `json:"allocated"`
+	Reserved    *Quantities `json:"reserved,omitempty"`
+	Available   *Quantities `json:"available,omitempty"`
+}
+
+// Bounds of an advertisement's node summary.
+const (
+	MaxNodes               = 100
+	MaxReservationsOnNodes = 1000
+)
 
 // Prices are hourly rates, as decimal quantities ("0.031") in Currency.
 type Prices struct {
@@ -84,6 +116,73 @@ func (a Advertisement) ToStore() (store.Advertisement, error) {
 		if out.Prices, err = a.Prices.toStore(); err != nil {
 			return out, err
 		}
+	}
+	if out.Nodes, err = nodesToStore(a.Resources.Nodes); err != nil {
+		return out, err
+	}
+	if len(a.Resources.ReservationsOnNodes) > MaxReservationsOnNodes {
+		return out, invalid("resources.reservationsOnNodes: %d ids, at most %d", len(a.Resources.ReservationsOnNodes), MaxReservationsOnNodes)
+	}
+	for i, id := range a.Resources.ReservationsOnNodes {
+		if err := ValidateReservationID(id); err != nil {
+			return out, invalid("resources.reservationsOnNodes[%d]: %v", i, err)
+		}
+	}
+	out.ReservationsOnNodes = a.Resources.ReservationsOnNodes
+	return out, nil
+}
+
+func orZero(q *resource.Quantity) *resource.Quantity {
+	if q == nil {
+		return resource.NewQuantity(0, resource.DecimalSI)
+	}
+	return q
+}
+
+// nodesToStore validates and converts the advertised nodes: a bounded count,
+// unique DNS subdomain names, amounts that are not negative, and allocated
+// within allocatable (an agent clamps a node its pods overrun: free is zero
+// either way).
+func nodesToStore(nodes []NodeResources) ([]store.NodeCapacity, error) {
+	if len(nodes) > MaxNodes {
+		return nil, invalid("resources.nodes: %d nodes, at most %d (send the largest)", len(nodes), MaxNodes)
+	}
+	out := make([]store.NodeCapacity, 0, len(nodes))
+	seen := make(map[string]bool, len(nodes))
+	for i, n := range nodes {
+		field := fmt.Sprintf("resources.nodes[%d]", i)
+		if errs := validation.IsDNS1123Subdomain(n.Name); len(errs) > 0 {
+			return nil, invalid("%s.name %q: %s", field, n.Name, strings.Join(errs, "; "))
+		}
+		if seen[n.Name] {
+			return nil, invalid("%s.name %q: listed twice", field, n.Name)
+		}
+		seen[n.Name] = true
+		alloc, err := n.Allocatable.ToResources(field + ".allocatable")
+		if err != nil {
+			return nil, invalid("%v", err)
+		}
+		used, err := n.Allocated.ToResources(field + ".allocated")
+		if err != nil {
+			return nil, invalid("%v", err)
+		}
+		u, a := FromResources(used), FromResources(alloc)
+		for _, r := range []struct {
+			name        string
+			used, alloc int64
+			show        func(Quantities) *resource.Quantity
+		}{
+			{"cpu", used.CPU, alloc.CPU, func(q Quantities) *resource.Quantity { return q.CPU }},
+			{"memory", used.Memory, alloc.Memory, func(q Quantities) *resource.Quantity { return q.Memory }},
+			{"gpu", used.GPU, alloc.GPU, func(q Quantities) *resource.Quantity { return q.GPU }},
+			{"storage", used.Storage, alloc.Storage, func(q Quantities) *resource.Quantity { return q.Storage }},
+		} {
+			if r.used > r.alloc {
+				return nil, invalid("%s (%s): allocated %s %v exceeds allocatable %v (send allocated capped at allocatable)",
+					field, n.Name, r.name, r.show(u), orZero(r.show(a)))
+			}
+		}
+		out = append(out, store.NodeCapacity{Name: n.Name, Allocatable: alloc, Allocated: used})
 	}
 	return out, nil
 }
@@ -159,14 +258,22 @@ func ClusterFromStore(c store.Cluster, live bool) Cluster {
 	out := Cluster{
 		ClusterID: c.ID, ClusterName: c.Name, Endpoint: c.Endpoint, Labels: c.Labels,
 		Resources: ClusterResources{
-			Capacity:    FromResources(c.Capacity),
-			Allocatable: FromResources(c.Allocatable),
-			Allocated:   FromResources(c.Allocated),
-			Reserved:    &reserved,
-			Available:   &available,
+			Capacity:            FromResources(c.Capacity),
+			Allocatable:         FromResources(c.Allocatable),
+			Allocated:           FromResources(c.Allocated),
+			Reserved:            &reserved,
+			Available:           &available,
+			ReservationsOnNodes: c.ReservationsOnNodes,
 		},
 		SeenAt: c.SeenAt,
 		Live:   live,
+	}
+	for _, n := range c.StoredNodes() {
+		reserved, available := FromResources(n.Reserved), FromResources(n.Free())
+		out.Resources.Nodes = append(out.Resources.Nodes, NodeResources{
+			Name: n.Name, Allocatable: FromResources(n.Allocatable), Allocated: FromResources(n.Allocated),
+			Reserved: &reserved, Available: &available,
+		})
 	}
 	if c.Prices != (store.Prices{}) {
 		out.Prices = &Prices{
@@ -258,6 +365,10 @@ type Reservation struct {
 	EndedAt    *time.Time     `json:"endedAt,omitempty"`
 	Candidates []Candidate    `json:"candidates,omitempty"`
 	Grant      *Grant         `json:"grant,omitempty"` // shown to the requester only
+	// Node is the provider's node the broker debited for it (empty: the
+	// provider advertises no nodes). The provider's scheduler may still
+	// place the pod elsewhere; see docs/architecture.md, per-node fit.
+	Node string `json:"node,omitempty"`
 }
 
 // ReservationFromStore renders a stored reservation; withGrant shows the
@@ -266,7 +377,7 @@ func ReservationFromStore(r store.Reservation, withGrant bool) Reservation {
 	out := Reservation{
 		ID: r.ID, Requester: r.Requester, Provider: r.Target, Phase: r.Phase,
 		Resources: FromResources(r.Resources), Score: r.Score, Price: r.Price,
-		Owner: r.Owner, Priority: r.Priority, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt,
+		Owner: r.Owner, Priority: r.Priority, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, Node: r.Node,
 	}
 	if len(r.Selector) > 0 {
 		out.Selector = &LabelSelector{MatchLabels: r.Selector}
@@ -329,6 +440,7 @@ type Event struct {
 	Phase       string     `json:"phase"`
 	Resources   Quantities `json:"resources"`
 	ExpiresAt   time.Time  `json:"expiresAt"`
+	Node        string     `json:"node,omitempty"` // the provider's node it debits, if any
 }
 
 // EventCapacityAvailable tells a requester that capacity was freed while one
@@ -339,5 +451,5 @@ const EventCapacityAvailable = "CapacityAvailable"
 // EventFromStore renders a stored event.
 func EventFromStore(e store.Event) Event {
 	return Event{Type: e.Type, Reservation: e.Reservation, Requester: e.Requester, Provider: e.Provider,
-		Phase: e.Phase, Resources: FromResources(e.Resources), ExpiresAt: e.ExpiresAt}
+		Phase: e.Phase, Resources: FromResources(e.Resources), ExpiresAt: e.ExpiresAt, Node: e.Node}
 }

@@ -3,12 +3,25 @@
 -- It never writes the broker-owned fields (resv_*, seen_ms): only the fields
 -- listed in ADVERTISED below are accepted, whatever the caller sends.
 --
+-- Nodes (per-node fit, docs/architecture.md): the nodes the cluster lists
+-- replace the ones it listed before (none: the cluster is judged on its
+-- totals only). Their used amounts include the pods of reservations, and the
+-- reservation ids listed are those pods': the broker stops debiting a listed
+-- reservation's node (its pod is in the figures now) and debits it again
+-- when a later advertisement no longer lists it while it is still live.
+--
 -- KEYS[1]  prefix ("rb:{b}:")
 -- ARGV[1]  cluster id
 -- ARGV[2]  event stream max length (for the waiting requests it notifies)
--- ARGV[3.] field, value, field, value, ... (integers as decimal strings)
--- Reply:   {seen_ms, resv_cpu, resv_mem, resv_gpu, resv_sto}
---          or an error reply "ERR unknown field <f>" (nothing written)
+-- ARGV[3]  N, how many nodes follow (0: none advertised)
+-- ARGV[4 .. 3+9N]  per node: name, alloc_cpu, alloc_mem, alloc_gpu, alloc_sto,
+--          used_cpu, used_mem, used_gpu, used_sto (integers as decimal strings)
+-- ARGV[4+9N]  M, how many reservation ids follow
+-- ARGV[5+9N .. 4+9N+M]  ids of the reservations whose pods the node figures include
+-- ARGV[5+9N+M ..] field, value, field, value, ... (integers as decimal strings)
+-- Reply:   {seen_ms, resv_cpu, resv_mem, resv_gpu, resv_sto, node_debits}
+--          node_debits: flat node, "cpu=.. mem=.. gpu=.. sto=.." array of node-resv
+--          or an error reply "ERR unknown field <f>" / "ERR bad node name <n>" (nothing written)
 local ADVERTISED = {}
 for _, res in ipairs(RESOURCES) do
   ADVERTISED['cap_' .. res] = true
@@ -20,8 +33,24 @@ for _, f in ipairs({'price_cpu', 'price_mem', 'price_gpu', 'currency', 'endpoint
 end
 
 local prefix, id = KEYS[1], ARGV[1]
+local n_nodes = tonumber(ARGV[3])
+local node_fields = {}
+for i = 4, 3 + 9 * n_nodes, 9 do
+  local name = ARGV[i]
+  -- Names are DNS subdomains (the API checks); a space would break idx:nrec.
+  if not string.match(name, '^[%w%.%-]+$') then
+    return redis.error_reply('ERR bad node name ' .. tostring(name))
+  end
+  node_fields[#node_fields + 1] = name
+  node_fields[#node_fields + 1] = string.format(
+    'alloc_cpu=%s alloc_mem=%s alloc_gpu=%s alloc_sto=%s used_cpu=%s used_mem=%s used_gpu=%s used_sto=%s',
+    ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8])
+end
+local at = 4 + 9 * n_nodes
+local listed_ids = {}
+for i = at + 1, at + tonumber(ARGV[at]) do listed_ids[#listed_ids + 1] = ARGV[i] end
 local fields = {}
-for i = 3, #ARGV, 2 do
+for i = at + 1 + #listed_ids, #ARGV, 2 do
   if not ADVERTISED[ARGV[i]] then
     return redis.error_reply('ERR unknown field ' .. tostring(ARGV[i]))
   end
@@ -33,25 +62,83 @@ local now = now_ms()
 local ck = prefix .. 'cluster:' .. id
 local old_labels = nil -- the labels the candidate index holds for this cluster
 local old_free = nil   -- its free capacity, to tell whether the advertisement adds some
+local old_nodes = nil  -- and its nodes' (name -> node table index), from idx:nrec
+local old_nt = nil
 if redis.call('ZSCORE', prefix .. 'idx:live', id) then
   old_labels = redis.call('HGET', ck, 'labels')
   old_free = {}
   for _, res in ipairs(RESOURCES) do
     old_free[res] = tonumber(redis.call('ZSCORE', prefix .. 'idx:free:' .. res, id))
   end
+  local raw = redis.call('HGET', prefix .. 'idx:nrec', id)
+  if raw then
+    old_nt = decode_nrec(raw)
+    old_nodes = {}
+    for i, name in ipairs(node_names(old_nt)) do old_nodes[name] = i end
+  end
 end
-redis.call('HSET', ck, 'seen_ms', now, unpack(fields))
+redis.call('HSET', ck, 'seen_ms', now, 'nodes', n_nodes, unpack(fields))
 redis.call('HSETNX', ck, 'first_seen_ms', now)
 redis.call('ZADD', prefix .. 'clusters', now, id)
+
+local nk = prefix .. 'nodes:' .. id
+redis.call('DEL', nk)
+if #node_fields > 0 then redis.call('HSET', nk, unpack(node_fields)) end
+
+-- The listed reservations: the broker's debit goes for those newly listed and
+-- comes back for those no longer listed (still live: an ended one has left
+-- the set). Only a live reservation of this cluster placed on a node counts.
+local lk = prefix .. 'node-listed:' .. id
+local was = {}
+for _, rid in ipairs(redis.call('SMEMBERS', lk)) do was[rid] = true end
+local function placed(rid)
+  local v = redis.call('HMGET', prefix .. 'resv:' .. rid, 'target', 'phase', 'node', 'cpu', 'mem', 'gpu', 'sto')
+  if v[1] ~= id or not is_live(v[2]) or not v[3] or v[3] == '' then return nil end
+  return v[3], {cpu = v[4], mem = v[5], gpu = v[6], sto = v[7]}
+end
+local is_listed = {}
+for _, rid in ipairs(listed_ids) do
+  is_listed[rid] = true
+  if not was[rid] then
+    local node, amounts = placed(rid)
+    if node then
+      node_debit(prefix, id, node, amounts, -1)
+      redis.call('SADD', lk, rid)
+    end
+  end
+end
+for rid in pairs(was) do
+  if not is_listed[rid] then
+    local node, amounts = placed(rid)
+    if node then node_debit(prefix, id, node, amounts, 1) end
+    redis.call('SREM', lk, rid)
+  end
+end
+
 index_cluster(prefix, id, now, old_labels)
--- A cluster back from stale, or with more free capacity than before, may take
--- a waiting request: tell the first ones (a heartbeat that changes nothing is silent).
+-- A cluster back from stale, or with more free capacity than before (in total
+-- or on a node), may take a waiting request: tell the first ones (a heartbeat
+-- that changes nothing is silent).
 local grew = old_free == nil or old_labels ~= redis.call('HGET', ck, 'labels')
 if not grew then
   for _, res in ipairs(RESOURCES) do
     if tonumber(redis.call('ZSCORE', prefix .. 'idx:free:' .. res, id)) > old_free[res] then grew = true end
   end
 end
+if not grew then
+  local raw = redis.call('HGET', prefix .. 'idx:nrec', id)
+  if old_nt and not raw then grew = true end -- judged on its totals from now on
+  if raw then
+    local nt = decode_nrec(raw)
+    for i, name in ipairs(node_names(nt)) do
+      local o = old_nodes and old_nodes[name]
+      for k = 4 * i - 3, 4 * i do
+        if not o or nt.f[k] > old_nt.f[4 * o - 4 * i + k] then grew = true end
+      end
+    end
+  end
+end
 if grew then notify_waiters(prefix, ARGV[2]) end
 local resv = redis.call('HMGET', ck, 'resv_cpu', 'resv_mem', 'resv_gpu', 'resv_sto')
-return {tostring(now), resv[1] or '0', resv[2] or '0', resv[3] or '0', resv[4] or '0'}
+return {tostring(now), resv[1] or '0', resv[2] or '0', resv[3] or '0', resv[4] or '0',
+  redis.call('HGETALL', prefix .. 'node-resv:' .. id)}

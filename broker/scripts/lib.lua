@@ -12,6 +12,17 @@
 --   P.."events:"..id        stream  notifications for one cluster
 --   P.."audit"              stream  every reserve decision
 --
+-- Per-node fit (a cluster that advertises no nodes is judged on its totals only):
+--   P.."nodes:"..id         hash    node -> "alloc_cpu=.. alloc_mem=.. alloc_gpu=.. alloc_sto=..
+--                                   used_cpu=.. used_mem=.. used_gpu=.. used_sto=..": the nodes
+--                                   the cluster advertised, used including the pods of reservations
+--   P.."node-resv:"..id     hash    node -> "cpu=.. mem=.. gpu=.. sto=..": the broker's debit, the
+--                                   live reservations placed on that node that the cluster's
+--                                   last advertisement did not list (field absent: none)
+--   P.."node-listed:"..id   set     live reservations placed on a node of the cluster that its
+--                                   last advertisement listed: their pods are in its node figures,
+--                                   so the broker does not debit them
+--
 -- The candidate index (derived from the cluster hashes, live clusters only;
 -- reserve drops the clusters that went stale, advertise adds them back):
 --   P.."idx:live"           zset    cluster id -> seen_ms
@@ -19,12 +30,20 @@
 --   P.."idx:hfree:"..r      zset    cluster id -> free r / alloc r (0 when alloc is 0)
 --   P.."idx:hfree:cm"       zset    cluster id -> mean of the cpu and mem free fractions
 --                                   (every API request asks for both: one walk instead of two)
---   P.."idx:rec"            hash    cluster id -> record of 11 numbers: alloc_cpu, free_cpu,
+--   P.."idx:rec"            hash    cluster id -> record of 20 numbers: alloc_cpu, free_cpu,
 --                                   alloc_mem, free_mem, alloc_gpu, free_gpu, alloc_sto,
---                                   free_sto, price_cpu, price_mem, price_gpu -- what a decision
---                                   reads, for a batch of clusters in one HMGET; packed
---                                   little-endian doubles (struct), JSON where the Lua has no
---                                   struct library (the demo's embedded server)
+--                                   free_sto, price_cpu, price_mem, price_gpu, then the node
+--                                   summary: nodes advertised (0: none), the free cpu, mem, gpu,
+--                                   sto of the node with the most free cpu, and the most free of
+--                                   each on any node -- what a decision reads, for a batch of
+--                                   clusters in one HMGET; packed little-endian doubles
+--                                   (struct), JSON where the Lua has no struct library (the
+--                                   demo's embedded server)
+--   P.."idx:nrec"           hash    cluster id -> its advertised nodes' free capacity (advertised
+--                                   free less the broker's debit), most free cpu first: a count
+--                                   (uint16), 4 doubles per node (cpu, mem, gpu, sto), the names
+--                                   separated by spaces (JSON {names, f} without struct); read
+--                                   only when the record's summary cannot decide a fit
 --   P.."idx:labels"         hash    cluster id -> labels JSON (read only for a label selector)
 --   P.."idx:alloc:"..r      zset    cluster id -> alloc r
 --   P.."idx:price:"..r      zset    cluster id -> price of r (cpu, mem, gpu)
@@ -59,10 +78,13 @@ end
 -- REC_AT: where each resource's alloc sits in an idx:rec record (free follows it).
 local REC_AT = {cpu = 1, mem = 3, gpu = 5, sto = 7}
 
--- pack_rec packs an idx:rec record; rec_values unpacks one into 11 values.
+-- REC_NODES: where the node summary starts in an idx:rec record (lib.lua header).
+local REC_NODES = 12
+
+-- pack_rec packs an idx:rec record; rec_values unpacks one into 20 values.
 -- struct.unpack is about six times faster than cjson.decode, and a decision
 -- reads hundreds of records at 10,000 clusters.
-local REC_FORMAT = '<ddddddddddd'
+local REC_FORMAT = '<' .. string.rep('d', 20)
 local HAS_STRUCT = pcall(function() return struct.pack end) -- reading a missing global raises
 local function pack_rec(values)
   if HAS_STRUCT then return struct.pack(REC_FORMAT, unpack(values)) end
@@ -70,15 +92,15 @@ local function pack_rec(values)
 end
 local function rec_values(s)
   if HAS_STRUCT then
-    local ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg = struct.unpack(REC_FORMAT, s)
-    return ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg -- not struct.unpack's next position
+    local ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n, tc, tm, tg, ts, mc, mm, mg, ms =
+      struct.unpack(REC_FORMAT, s)
+    return ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n, tc, tm, tg, ts, mc, mm, mg, ms -- not the next position
   end
-  local v = cjson.decode(s)
-  return v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]
+  return unpack(cjson.decode(s))
 end
 
 -- INDEX_VERSION names the index layout; a Redis holding another is reindexed at start-up.
-local INDEX_VERSION = '2'
+local INDEX_VERSION = '3'
 
 -- RATIOS are the GiB-per-core ratios of the idx:pcm sets.
 local RATIOS = {0, 0.5, 1, 2, 4, 8, 16, 32, 64}
@@ -103,9 +125,109 @@ local function decode_labels(s)
   return {}
 end
 
--- index_free refreshes a cluster's record and free-capacity entries for some
--- resources (and the cpu+mem mean) after its advertisement, used_* or resv_*
--- changed. A cluster out of the live index stays out.
+-- parse_amounts reads "k=v k=v ..." (the node hashes' values) into a table of numbers.
+local function parse_amounts(s)
+  local t = {}
+  if s then
+    for k, v in string.gmatch(s, '([%w_]+)=(%-?%d+)') do t[k] = tonumber(v) end
+  end
+  return t
+end
+
+-- sort_nodes orders a node list as idx:nrec keeps it: most free cpu first, then by name.
+local function sort_nodes(list)
+  table.sort(list, function(x, y)
+    if x.cpu ~= y.cpu then return x.cpu > y.cpu end
+    return x.name < y.name
+  end)
+end
+
+-- node_list reads a cluster's advertised nodes and the broker's debits from
+-- their hashes: a list of {name, cpu, mem, gpu, sto} free capacities (advertised
+-- allocatable - used - debit), most free cpu first (then by name), or nil when
+-- the cluster advertises no nodes.
+local function node_list(prefix, cid)
+  local flat = redis.call('HGETALL', prefix .. 'nodes:' .. cid)
+  if #flat == 0 then return nil end
+  local debits = {}
+  local d = redis.call('HGETALL', prefix .. 'node-resv:' .. cid)
+  for i = 1, #d, 2 do debits[d[i]] = parse_amounts(d[i + 1]) end
+  local list = {}
+  for i = 1, #flat, 2 do
+    local a, debit = parse_amounts(flat[i + 1]), debits[flat[i]] or {}
+    local e = {name = flat[i]}
+    for _, res in ipairs(RESOURCES) do
+      e[res] = (a['alloc_' .. res] or 0) - (a['used_' .. res] or 0) - (debit[res] or 0)
+    end
+    list[#list + 1] = e
+  end
+  sort_nodes(list)
+  return list
+end
+
+-- node_summary is the tail of an idx:rec record for a sorted node list (nil:
+-- no nodes): the count, the free capacity of the first node (the most free
+-- cpu), and the most free of each resource on any node. Enough to decide most
+-- fits without reading the nodes: a request the first node holds fits, one
+-- beyond a maximum does not.
+local function node_summary(list)
+  if not list or #list == 0 then return {0, 0, 0, 0, 0, 0, 0, 0, 0} end
+  local top = list[1]
+  local out = {#list, top.cpu, top.mem, top.gpu, top.sto, top.cpu, top.mem, top.gpu, top.sto}
+  for _, e in ipairs(list) do
+    for i, res in ipairs(RESOURCES) do
+      if e[res] > out[5 + i] then out[5 + i] = e[res] end
+    end
+  end
+  return out
+end
+
+-- pack_nrec packs a sorted node list as an idx:nrec value; decode_nrec reads
+-- one into a node table {n, f = {cpu1, mem1, gpu1, sto1, cpu2, ...}, names}
+-- (names split only when asked for: node_names).
+local NREC_FORMATS = {}
+local function nrec_format(n)
+  local f = NREC_FORMATS[n]
+  if not f then
+    f = '<' .. string.rep('d', 4 * n)
+    NREC_FORMATS[n] = f
+  end
+  return f
+end
+local function pack_nrec(list)
+  local f, names = {}, {}
+  for i, e in ipairs(list) do
+    f[4 * i - 3], f[4 * i - 2], f[4 * i - 1], f[4 * i] = e.cpu, e.mem, e.gpu, e.sto
+    names[i] = e.name
+  end
+  if HAS_STRUCT then
+    return struct.pack('<H', #list) .. struct.pack(nrec_format(#list), unpack(f)) .. table.concat(names, ' ')
+  end
+  return cjson.encode({names = names, f = f})
+end
+local function decode_nrec(raw)
+  if HAS_STRUCT then
+    local n = struct.unpack('<H', raw)
+    local f = {struct.unpack(nrec_format(n), raw, 3)}
+    local pos = f[4 * n + 1]
+    f[4 * n + 1] = nil
+    return {n = n, f = f, raw_names = string.sub(raw, pos)}
+  end
+  local v = cjson.decode(raw)
+  return {n = #v.names, f = v.f, names = v.names}
+end
+local function node_names(nt)
+  if not nt.names then
+    local names = {}
+    for name in string.gmatch(nt.raw_names, '%S+') do names[#names + 1] = name end
+    nt.names = names
+  end
+  return nt.names
+end
+
+-- index_free refreshes a cluster's record, node record and free-capacity
+-- entries for some resources (and the cpu+mem mean) after its advertisement,
+-- used_*, resv_* or node debits changed. A cluster out of the live index stays out.
 local function index_free(prefix, cid, resources)
   if not redis.call('ZSCORE', prefix .. 'idx:live', cid) then return end
   local fields = {}
@@ -129,7 +251,14 @@ local function index_free(prefix, cid, resources)
     rec[#rec + 1] = free[res]
   end
   for i = 13, 15 do rec[#rec + 1] = tonumber(v[i] or '0') end
+  local nodes = node_list(prefix, cid)
+  for _, x in ipairs(node_summary(nodes)) do rec[#rec + 1] = x end
   redis.call('HSET', prefix .. 'idx:rec', cid, pack_rec(rec))
+  if nodes then
+    redis.call('HSET', prefix .. 'idx:nrec', cid, pack_nrec(nodes))
+  else
+    redis.call('HDEL', prefix .. 'idx:nrec', cid)
+  end
   local labels = v[16]
   if not labels or labels == '' then labels = '{}' end
   redis.call('HSET', prefix .. 'idx:labels', cid, labels)
@@ -142,9 +271,10 @@ end
 
 -- index_record rewrites a live cluster's record and free-capacity entries
 -- from rec, its record with the capacity reserve just took (taken: resource
--- -> amount) already subtracted, instead of reading its hash again: the same
--- numbers as index_free (integers below 2^53 are exact in doubles). Only with
--- struct-packed records (JSON ones round large numbers: index_free then).
+-- -> amount) already subtracted and its node summary current, instead of
+-- reading its hash again: the same numbers as index_free (integers below 2^53
+-- are exact in doubles). Only with struct-packed records (JSON ones round
+-- large numbers: index_free then).
 local function index_record(prefix, cid, rec, taken)
   local h = {}
   for _, res in ipairs(RESOURCES) do
@@ -197,6 +327,7 @@ local function unindex_cluster(prefix, cid)
   end
   redis.call('ZREM', prefix .. 'idx:hfree:cm', cid)
   redis.call('HDEL', prefix .. 'idx:rec', cid)
+  redis.call('HDEL', prefix .. 'idx:nrec', cid)
   redis.call('HDEL', prefix .. 'idx:labels', cid)
   for _, res in ipairs(PRICED) do
     redis.call('ZREM', prefix .. 'idx:price:' .. res, cid)
@@ -224,7 +355,7 @@ end
 local function event_fields(kind, id, r)
   return {'type', kind, 'reservation', id, 'requester', r.requester, 'provider', r.target,
     'phase', r.phase, 'cpu', r.cpu, 'mem', r.mem, 'gpu', r.gpu, 'sto', r.sto,
-    'expires_ms', r.expires_ms}
+    'expires_ms', r.expires_ms, 'node', r.node or ''}
 end
 
 -- waiting_id is the reservation id of a waiting list member.
@@ -267,8 +398,34 @@ local function stop_waiting(prefix, id)
   return true
 end
 
+-- node_debit adds sign * amounts (a map with cpu, mem, gpu, sto) to the
+-- broker's debit of one node of cluster cid; a debit that would go below zero
+-- is clamped (returns 1: a broken invariant), one back at zero is removed.
+local function node_debit(prefix, cid, node, amounts, sign)
+  local key = prefix .. 'node-resv:' .. cid
+  local d = parse_amounts(redis.call('HGET', key, node))
+  local clamped, zero = 0, true
+  for _, res in ipairs(RESOURCES) do
+    local v = (d[res] or 0) + sign * tonumber(amounts[res] or '0')
+    if v < 0 then
+      v = 0
+      clamped = 1
+    end
+    d[res] = v
+    if v ~= 0 then zero = false end
+  end
+  if zero then
+    redis.call('HDEL', key, node)
+  else
+    redis.call('HSET', key, node, string.format('cpu=%d mem=%d gpu=%d sto=%d', d.cpu, d.mem, d.gpu, d.sto))
+  end
+  return clamped
+end
+
 -- end_reservation moves a live reservation (map r) to a final phase and gives
--- its capacity back to the target exactly once. Returns 1 when a counter had
+-- its capacity back to the target exactly once: the cluster's counters, and
+-- the debit of its node unless the target's last advertisement listed it
+-- (then the broker holds no debit for it). Returns 1 when a counter had
 -- to be clamped at zero (a broken invariant worth a metric), else 0.
 local function end_reservation(prefix, id, r, phase, now, maxlen, retention_ms)
   local ck = prefix .. 'cluster:' .. r.target
@@ -284,7 +441,12 @@ local function end_reservation(prefix, id, r, phase, now, maxlen, retention_ms)
         end
       end
     end
+    if r.node and r.node ~= '' and redis.call('SREM', prefix .. 'node-listed:' .. r.target, id) == 0 then
+      clamped = math.max(clamped, node_debit(prefix, r.target, r.node, r, -1))
+    end
     index_free(prefix, r.target, RESOURCES)
+  elseif r.node and r.node ~= '' then
+    redis.call('SREM', prefix .. 'node-listed:' .. r.target, id)
   end
   local rk = prefix .. 'resv:' .. id
   r.phase = phase

@@ -11,6 +11,18 @@
 --   price          = the request priced at the cluster's hourly rates
 -- Ties go to the smallest cluster id, so the decision is deterministic.
 --
+-- Per-node fit. A cluster that advertises nodes (lib.lua nodes:<id>) is a
+-- candidate only if one of them can hold the whole request: its free
+-- capacity (advertised allocatable - used - the broker's debit) is at least
+-- the request for every requested resource. The reservation takes the best
+-- fit among those nodes (least free gpu, then cpu, memory, storage, then
+-- name: GPU nodes stay for GPU requests, large nodes for large requests) and
+-- debits it; the reply, the reservation (field node), the events and the
+-- audit name it. Scoring is unchanged (the cluster's totals). A cluster that
+-- advertises no nodes (v1, older agents) is judged on its totals alone. The
+-- record's node summary (lib.lua idx:rec) decides most fits; the node record
+-- (idx:nrec) is read only when it cannot.
+--
 -- Finding the best clusters does not read every cluster: the candidate index
 -- (lib.lua) yields them. When one requested resource (or the label selector)
 -- leaves few candidates, those are evaluated directly ("direct"); otherwise a
@@ -24,7 +36,9 @@
 -- the benchmarks. All three give the same decision and candidates.
 -- Rejections (reply and audit, counted only when nothing fits in index mode)
 -- count, per reason, the live clusters that fail it; a cluster may count
--- under several reasons.
+-- under several reasons, except insufficient_node_fit, which counts the
+-- clusters that pass every other check (totals, selector) but none of whose
+-- nodes can hold the request (present only when not zero).
 --
 -- Batches. The broker sends together the requests that arrive while its
 -- previous call is in flight (store.batcher), so a busy broker pays the
@@ -59,7 +73,9 @@
 --               when a waiting request of higher priority could be placed now),
 --               "error" (the request raised an error, e.g. a malformed selector,
 --               before writing anything; the batch's other requests are decided)
---   reservation flat field/value array of the reservation hash ({} if none)
+--   reservation flat field/value array of the reservation hash ({} if none);
+--               field node names the node debited (absent: the target
+--               advertises no nodes)
 --   candidates  JSON array of the best candidates {cluster, score, resource_score, cost_score, price}
 --   rejections  JSON object: how many clusters were excluded, by reason
 --               (outcome "error": the error message instead)
@@ -107,10 +123,105 @@ local function load_recs(ids, with_labels)
   if with_labels then read_missing(prefix .. 'idx:labels', ids, labels_of, decode_labels) end
 end
 
+-- nodes_of: the node tables (lib.lua decode_nrec) this call has read, kept
+-- current as the batch takes capacity; false: the cluster has no nodes.
+local nodes_of = {}
+local function node_table(cid)
+  local nt = nodes_of[cid]
+  if nt == nil then
+    local raw = redis.call('HGET', prefix .. 'idx:nrec', cid)
+    nt = raw and decode_nrec(raw) or false
+    nodes_of[cid] = nt
+  end
+  return nt
+end
+
+-- node_holds tells whether node i of table nt has c, m, g, s free (a zero amount is not asked for).
+local function node_holds(nt, i, c, m, g, s)
+  local f, b = nt.f, 4 * i - 4
+  return (c == 0 or f[b + 1] >= c) and (m == 0 or f[b + 2] >= m) and (g == 0 or f[b + 3] >= g)
+    and (s == 0 or f[b + 4] >= s)
+end
+
+-- node_fit tells whether one node of cluster cid can hold c, m, g, s. r is
+-- its record, whose node summary decides most cases; nt its node table when
+-- the caller has it (the full scan reads it from the hashes).
+local function node_fit(cid, r, nt, c, m, g, s)
+  if (c == 0 or r[13] >= c) and (m == 0 or r[14] >= m) and (g == 0 or r[15] >= g) and (s == 0 or r[16] >= s) then
+    return true -- the node with the most free cpu holds it
+  end
+  if (c > 0 and c > r[17]) or (m > 0 and m > r[18]) or (g > 0 and g > r[19]) or (s > 0 and s > r[20]) then
+    return false -- more than any node has free
+  end
+  nt = nt or node_table(cid)
+  for i = 1, nt.n do
+    if node_holds(nt, i, c, m, g, s) then return true end
+  end
+  return false
+end
+
+-- best_node names the node a reservation of c, m, g, s takes on a cluster
+-- whose node table is nt: the best fit among those that hold it, the least
+-- free gpu, then cpu, memory, storage, then name. Bin packing: a GPU node
+-- stays for GPU requests and a large node for large requests.
+local BEST_FIT_ORDER = {3, 1, 2, 4} -- gpu, cpu, mem, sto in a node table's 4 numbers
+local function best_node(nt, c, m, g, s)
+  local names, f = node_names(nt), nt.f
+  local best = nil
+  for i = 1, nt.n do
+    if node_holds(nt, i, c, m, g, s) then
+      if best == nil then
+        best = i
+      else
+        local b, o = 4 * i - 4, 4 * best - 4
+        for _, k in ipairs(BEST_FIT_ORDER) do
+          if f[b + k] ~= f[o + k] then
+            if f[b + k] < f[o + k] then best = i end
+            o = nil
+            break
+          end
+        end
+        if o and names[i] < names[best] then best = i end
+      end
+    end
+  end
+  return best and names[best]
+end
+
+-- table_of turns a sorted node list (lib.lua node_list) into a node table.
+local function table_of(list)
+  local f, names = {}, {}
+  for i, e in ipairs(list) do
+    f[4 * i - 3], f[4 * i - 2], f[4 * i - 1], f[4 * i] = e.cpu, e.mem, e.gpu, e.sto
+    names[i] = e.name
+  end
+  return {n = #list, f = f, names = names, list = list}
+end
+
+-- take_node debits node of cluster cid in its node table (re-sorted as
+-- idx:nrec keeps it) and in its record's node summary.
+local function take_node(cid, node, amounts, rec)
+  local nt = node_table(cid)
+  local names, list = node_names(nt), {}
+  for i = 1, nt.n do
+    local b = 4 * i - 4
+    local e = {name = names[i], cpu = nt.f[b + 1], mem = nt.f[b + 2], gpu = nt.f[b + 3], sto = nt.f[b + 4]}
+    if e.name == node then
+      for _, res in ipairs(RESOURCES) do e[res] = e[res] - amounts[res] end
+    end
+    list[i] = e
+  end
+  sort_nodes(list)
+  nodes_of[cid] = table_of(list)
+  if rec then
+    for i, x in ipairs(node_summary(list)) do rec[REC_NODES - 1 + i] = x end
+  end
+end
+
 -- The writes held back until flush: capacity taken per cluster (in the order
--- first taken), expiry entries, and members of the by-* sets.
-local taken, taken_order, expiry_add, set_add = {}, {}, {}, {}
-local function take(cid, amounts)
+-- first taken) and per node, expiry entries, and members of the by-* sets.
+local taken, taken_order, node_taken, expiry_add, set_add = {}, {}, {}, {}, {}
+local function take(cid, amounts, node)
   load_recs({cid})
   local rec = recs[cid]
   local t = taken[cid]
@@ -123,6 +234,14 @@ local function take(cid, amounts)
     local at = REC_AT[res]
     t[res] = t[res] + amounts[res]
     if rec then rec[at + 1] = rec[at + 1] - amounts[res] end
+  end
+  if node then
+    take_node(cid, node, amounts, rec)
+    local per_node = node_taken[cid] or {}
+    node_taken[cid] = per_node
+    local d = per_node[node] or {cpu = 0, mem = 0, gpu = 0, sto = 0}
+    per_node[node] = d
+    for _, res in ipairs(RESOURCES) do d[res] = d[res] + amounts[res] end
   end
 end
 local function add_to_set(key, member)
@@ -140,14 +259,19 @@ local function flush()
     for _, res in ipairs(RESOURCES) do
       if t[res] > 0 then redis.call('HINCRBY', ck, 'resv_' .. res, string.format('%d', t[res])) end
     end
+    local per_node = node_taken[cid]
+    if per_node then
+      for node, d in pairs(per_node) do node_debit(prefix, cid, node, d, 1) end
+    end
     local rec = recs[cid]
     if HAS_STRUCT and rec then
       index_record(prefix, cid, rec, t)
+      if per_node then redis.call('HSET', prefix .. 'idx:nrec', cid, pack_nrec(nodes_of[cid].list)) end
     else
       index_free(prefix, cid, RESOURCES)
     end
   end
-  taken, taken_order = {}, {}
+  taken, taken_order, node_taken = {}, {}, {}
   if #expiry_add > 0 then
     redis.call('ZADD', prefix .. 'expiry', unpack(expiry_add))
     expiry_add = {}
@@ -196,6 +320,7 @@ local function fits_somewhere(w)
             if l[k] ~= want then ok = false break end
           end
         end
+        if ok and rec[REC_NODES] > 0 then ok = node_fit(cid, rec, nil, need.cpu, need.mem, need.gpu, need.sto) end
         if ok then return true end
       end
     end
@@ -272,18 +397,19 @@ local function decide(a, arrival_us)
   end
 
   -- judge decides whether one cluster can take the request, from its record r
-  -- (the 11 numbers of idx:rec: alloc and free per resource, the three
-  -- prices) and, with a selector, its labels. A fitting cluster is appended to the fits (parallel arrays: no
-  -- table per cluster, this runs for every cluster a decision reads); a
-  -- failing one is counted, per reason.
+  -- (the 20 numbers of idx:rec: alloc and free per resource, the three
+  -- prices, the node summary), with a selector its labels, and (the full
+  -- scan) its node table nt. A fitting cluster is appended to the fits
+  -- (parallel arrays: no table per cluster, this runs for every cluster a
+  -- decision reads); a failing one is counted, per reason.
   local rc, rm, rg, rst = req.cpu, req.mem, req.gpu, req.sto
   local n_requested = #requested
   local rejected = {stale = 0, requester = 0, selector = 0}
-  local rej = {cpu = 0, mem = 0, gpu = 0, sto = 0, selector = 0}
+  local rej = {cpu = 0, mem = 0, gpu = 0, sto = 0, selector = 0, node = 0}
   local examined = 0
   local fit_n, fit_id, fit_rs, fit_price = 0, {}, {}, {}
   local fit_min, fit_max -- the lowest and highest price among the fits so far
-  local function judge(cid, r, labels)
+  local function judge(cid, r, labels, nt)
     examined = examined + 1
     -- Same order as the requested resources (cpu, mem, gpu, sto): the same
     -- sum to the last bit whatever path evaluates the cluster.
@@ -314,6 +440,10 @@ local function decide(a, arrival_us)
       end
     end
     if not ok then return end
+    if r[REC_NODES] > 0 and not node_fit(cid, r, nt, rc, rm, rg, rst) then
+      rej.node = rej.node + 1
+      return
+    end
     local price = price_of(req, r[9], r[10], r[11])
     fit_n = fit_n + 1
     fit_id[fit_n], fit_rs[fit_n], fit_price[fit_n] = cid, 100 * sum / n_requested, price
@@ -321,8 +451,10 @@ local function decide(a, arrival_us)
     if fit_max == nil or price > fit_max then fit_max = price end
   end
 
-  -- evaluate_hash judges one cluster from its hash (the full scan).
-  local hash_fields = {'price_cpu', 'price_mem', 'price_gpu', 'labels'}
+  -- evaluate_hash judges one cluster from its hashes (the full scan), its
+  -- nodes included; scan_nodes keeps the node tables it built.
+  local scan_nodes = {}
+  local hash_fields = {'price_cpu', 'price_mem', 'price_gpu', 'labels', 'nodes'}
   for _, res in ipairs(RESOURCES) do
     hash_fields[#hash_fields + 1] = 'alloc_' .. res
     hash_fields[#hash_fields + 1] = 'used_' .. res
@@ -332,13 +464,22 @@ local function decide(a, arrival_us)
     local v = redis.call('HMGET', prefix .. 'cluster:' .. cid, unpack(hash_fields))
     local al, fr = {}, {}
     for i = 1, 4 do
-      al[i] = tonumber(v[3 * i + 2] or '0')
-      fr[i] = al[i] - tonumber(v[3 * i + 3] or '0') - tonumber(v[3 * i + 4] or '0')
+      al[i] = tonumber(v[3 * i + 3] or '0')
+      fr[i] = al[i] - tonumber(v[3 * i + 4] or '0') - tonumber(v[3 * i + 5] or '0')
     end
     local labels = nil
     if selector then labels = decode_labels(v[4]) end
-    judge(cid, {al[1], fr[1], al[2], fr[2], al[3], fr[3], al[4], fr[4],
-      tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0')}, labels)
+    local r = {al[1], fr[1], al[2], fr[2], al[3], fr[3], al[4], fr[4],
+      tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0')}
+    local nodes = nil
+    if tonumber(v[5] or '0') > 0 then nodes = node_list(prefix, cid) end
+    for _, x in ipairs(node_summary(nodes)) do r[#r + 1] = x end
+    local nt = nil
+    if nodes then
+      nt = table_of(nodes)
+      scan_nodes[cid] = nt
+    end
+    judge(cid, r, labels, nt)
   end
 
   -- evaluate_records judges clusters from their records; the requester is
@@ -465,6 +606,8 @@ local function decide(a, arrival_us)
   local function count_rejections()
     for _, res in ipairs(requested) do rejected['insufficient_' .. res] = rej[res] end
     rejected.selector = rej.selector
+    -- Complete when nothing fits: every cluster passing the other checks was judged.
+    if rej.node > 0 then rejected.insufficient_node_fit = rej.node end
   end
 
   local method
@@ -628,10 +771,10 @@ local function decide(a, arrival_us)
 
   local considered = live_count
   if scan_mode then considered = examined + rejected.requester end
-  local function record_audit(outcome, winner, score, candidates_json)
+  local function record_audit(outcome, winner, score, candidates_json, node)
     redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*',
       'reservation', id, 'requester', requester, 'outcome', outcome,
-      'winner', winner, 'score', score,
+      'winner', winner, 'node', node, 'score', score,
       'request', cjson.encode({cpu = req_str.cpu, mem = req_str.mem, gpu = req_str.gpu, sto = req_str.sto,
         selector = selector_json, priority = priority_str, owner = owner}),
       'weights', ARGV[2] .. '/' .. ARGV[3],
@@ -641,7 +784,7 @@ local function decide(a, arrival_us)
 
   if #top == 0 then
     wait()
-    record_audit('nofit', '', '', '[]')
+    record_audit('nofit', '', '', '[]', '')
     return {'nofit', {}, '[]', cjson.encode(rejected)}
   end
 
@@ -655,19 +798,29 @@ local function decide(a, arrival_us)
   local win = top[1]
   local score = string.format('%.2f', win.score)
 
+  -- The node it takes, on a cluster that advertises nodes.
+  local node = nil
+  local nt = scan_nodes[win.cluster]
+  if not scan_mode and recs[win.cluster][REC_NODES] > 0 then nt = node_table(win.cluster) end
+  if nt then node = best_node(nt, rc, rm, rg, rst) end
+
   -- Lock the capacity (written at flush) and record the reservation.
-  take(win.cluster, req)
+  take(win.cluster, req, node)
   if scan_mode then flush() end -- the full scan reads the hashes: keep them current
   local expires = now + tonumber(duration)
   local r = {requester = requester, target = win.cluster, phase = 'Reserved',
     cpu = req_str.cpu, mem = req_str.mem, gpu = req_str.gpu, sto = req_str.sto,
-    expires_ms = tostring(expires)}
+    expires_ms = tostring(expires), node = node}
   local hash = {'requester', requester, 'target', win.cluster, 'phase', 'Reserved',
     'cpu', r.cpu, 'mem', r.mem, 'gpu', r.gpu, 'sto', r.sto,
     'created_ms', tostring(now), 'expires_ms', r.expires_ms, 'duration_ms', duration,
     'score', score, 'price', tostring(math.floor(win.price + 0.5)),
     'owner', owner, 'priority', priority_str, 'selector', selector_json,
     'candidates', candidates_json}
+  if node then
+    hash[#hash + 1] = 'node'
+    hash[#hash + 1] = node
+  end
   redis.call('HSET', rk, unpack(hash))
   expiry_add[#expiry_add + 1] = expires
   expiry_add[#expiry_add + 1] = id
@@ -676,7 +829,7 @@ local function decide(a, arrival_us)
   local ev = event_fields('Reserved', id, r)
   emit(prefix, requester, events_max, ev)
   emit(prefix, win.cluster, events_max, ev)
-  record_audit('reserved', win.cluster, score, candidates_json)
+  record_audit('reserved', win.cluster, score, candidates_json, node or '')
   -- A waiting request placed at last: the next ones may now pass the priority gate.
   if stop_waiting(prefix, id) then notify_waiters(prefix, events_max) end
   return {'reserved', hash, candidates_json, cjson.encode(rejected)}

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -35,6 +36,10 @@ func TestBadInputChangesNothing(t *testing.T) {
 			`,"allocated":{"cpu":"0","memory":"0"},"available":{"cpu":"8","memory":"32Gi"}},"timestamp":"2026-11-22T10:00:00Z"` + extra + `}`
 	}
 	const okAlloc = `{"cpu":"8","memory":"32Gi"}`
+	advNodes := func(nodes, ids string) string { // nodes and ids inside "resources"
+		base := adv(okAlloc, "")
+		return base[:len(base)-2] + `,"nodes":[` + nodes + `],"reservationsOnNodes":[` + ids + `]}}`
+	}
 	const v2r, v2a, v1r, v1a = "/api/v2/reservations", "/api/v2/clusters/paris/advertisement", "/api/v1/reservations", "/api/v1/advertisements"
 	cases := []struct {
 		name, cn, method, path, body string
@@ -69,6 +74,18 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"advertise plain-http endpoint", "paris", "PUT", v2a, adv(okAlloc, `,"endpoint":"http://paris:6443"`), 400},
 		{"advertise bad label", "paris", "PUT", v2a, adv(okAlloc, `,"labels":{"region":"not valid!"}`), 400},
 		{"advertise malformed", "paris", "PUT", v2a, `{"resources":`, 400},
+		{"advertise too many nodes", "paris", "PUT", v2a, advNodes(nodesJSON(api.MaxNodes+1), ""), 400},
+		{"advertise node without name", "paris", "PUT", v2a, advNodes(`{"allocatable":{"cpu":"1"},"allocated":{}}`, ""), 400},
+		{"advertise node name not a DNS subdomain", "paris", "PUT", v2a, advNodes(nodeJSON("Node_1", "4", "1"), ""), 400},
+		{"advertise node name with a space", "paris", "PUT", v2a, advNodes(nodeJSON("n 1", "4", "1"), ""), 400},
+		{"advertise node twice", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "1")+","+nodeJSON("n1", "4", "1"), ""), 400},
+		{"advertise node negative", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "-1"), ""), 400},
+		{"advertise node unparseable", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "four", "1"), ""), 400},
+		{"advertise node allocated over allocatable", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "5"), ""), 400},
+		{"advertise node half a GPU", "paris", "PUT", v2a, advNodes(`{"name":"n1","allocatable":{"cpu":"4","gpu":"500m"},"allocated":{}}`, ""), 400},
+		{"advertise node unknown field", "paris", "PUT", v2a, advNodes(`{"name":"n1","allocatable":{"cpu":"4"},"allocated":{},"pods":3}`, ""), 400},
+		{"advertise listed id not a DNS subdomain", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "1"), `"Bad_Id"`), 400},
+		{"advertise too many listed ids", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "1"), idsJSON(api.MaxReservationsOnNodes+1)), 400},
 		{"grant invalid endpoint", "paris", "POST", "/api/v2/reservations/existing/grant",
 			`{"endpoint":"ftp://x","token":"t","namespace":"rb-rome","expiresAt":"2030-01-01T00:00:00Z"}`, 400},
 		{"grant missing token", "paris", "POST", "/api/v2/reservations/existing/grant",
@@ -99,4 +116,26 @@ func TestBadInputChangesNothing(t *testing.T) {
 		})
 	}
 	assert.Equal(t, before, b.Snapshot(), "no refused request changed Redis")
+}
+
+// nodeJSON is one advertised node of the wire.
+func nodeJSON(name, allocatableCPU, allocatedCPU string) string {
+	return fmt.Sprintf(`{"name":%q,"allocatable":{"cpu":%q,"memory":"8Gi"},"allocated":{"cpu":%q,"memory":"1Gi"}}`,
+		name, allocatableCPU, allocatedCPU)
+}
+
+func nodesJSON(n int) string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = nodeJSON(fmt.Sprintf("n%d", i), "4", "1")
+	}
+	return strings.Join(out, ",")
+}
+
+func idsJSON(n int) string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf(`"r%d"`, i)
+	}
+	return strings.Join(out, ",")
 }

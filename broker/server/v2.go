@@ -36,7 +36,8 @@ func (s *Server) advertise(w http.ResponseWriter, ctx context.Context, id string
 		s.writeStoreError(w, "advertise", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, view(store.Cluster{ID: id, Advertisement: ad, Reserved: ack.Reserved, SeenAt: ack.SeenAt}))
+	writeJSON(w, http.StatusOK, view(store.Cluster{ID: id, Advertisement: ad, Reserved: ack.Reserved, SeenAt: ack.SeenAt,
+		NodesReserved: ack.NodesReserved}))
 }
 
 func (s *Server) listClusters(w http.ResponseWriter, r *http.Request, _ string) {

@@ -40,7 +40,7 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 	ctx := context.Background()
 	seqRdb, batRdb := seq.Client(), bat.Client()
 
-	decided, nofit, replays, conflicts := 0, 0, 0, 0
+	decided, nofit, replays, conflicts, onNodes := 0, 0, 0, 0, 0
 	for round, n := range []int{12, 60, 300} {
 		for _, s := range []*store.Store{seq, bat} {
 			require.NoError(t, s.Client().FlushAll(ctx).Err())
@@ -89,6 +89,10 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 					require.Equal(t, want.Reservation.Target, got[i].Reservation.Target, where)
 					require.Equal(t, want.Reservation.Score, got[i].Reservation.Score, where)
 					require.Equal(t, want.Reservation.Candidates, got[i].Reservation.Candidates, where)
+					require.Equal(t, want.Reservation.Node, got[i].Reservation.Node, where)
+					if want.Reservation.Node != "" && !want.Replayed {
+						onNodes++
+					}
 					if want.Replayed {
 						replays++
 					} else {
@@ -109,6 +113,16 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 				}
 				kept = append(kept[:j], kept[j+1:]...)
 			}
+			// And some providers report the reservations' pods running on their nodes.
+			for range 6 {
+				id := ids[rng.IntN(n)]
+				ad := randomAdvertisement(rng)
+				ad.ReservationsOnNodes = listSome(t, rng, seq, id)
+				for _, s := range []*store.Store{seq, bat} {
+					_, err := s.Advertise(ctx, id, ad)
+					require.NoError(t, err)
+				}
+			}
 		}
 		// The same state: capacity counters, index records and sorted sets,
 		// reservations per target, the waiting list.
@@ -118,16 +132,20 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 			fields := []string{"resv_cpu", "resv_mem", "resv_gpu", "resv_sto"}
 			require.Equal(t, seqRdb.HMGet(ctx, seq.Key(key), fields...).Val(), batRdb.HMGet(ctx, bat.Key(key), fields...).Val(), "round %d %s", round, id)
 			require.ElementsMatch(t, seqRdb.SMembers(ctx, seq.Key("by-target:", id)).Val(), batRdb.SMembers(ctx, bat.Key("by-target:", id)).Val(), "round %d %s", round, id)
+			require.Equal(t, seqRdb.HGetAll(ctx, seq.Key("node-resv:", id)).Val(), batRdb.HGetAll(ctx, bat.Key("node-resv:", id)).Val(), "round %d %s", round, id)
+			require.ElementsMatch(t, seqRdb.SMembers(ctx, seq.Key("node-listed:", id)).Val(), batRdb.SMembers(ctx, bat.Key("node-listed:", id)).Val(), "round %d %s", round, id)
 		}
 		require.Equal(t, seqRdb.HGetAll(ctx, seq.Key("idx:rec")).Val(), batRdb.HGetAll(ctx, bat.Key("idx:rec")).Val(), "round %d", round)
+		require.Equal(t, seqRdb.HGetAll(ctx, seq.Key("idx:nrec")).Val(), batRdb.HGetAll(ctx, bat.Key("idx:nrec")).Val(), "round %d", round)
 		for _, set := range []string{"idx:free:cpu", "idx:free:mem", "idx:free:gpu", "idx:hfree:cm", "idx:hfree:gpu"} {
 			require.Equal(t, zsetOf(ctx, seqRdb, seq.Key(set)), zsetOf(ctx, batRdb, bat.Key(set)), "round %d %s", round, set)
 		}
 		require.Equal(t, seqRdb.ZCard(ctx, seq.Key("expiry")).Val(), batRdb.ZCard(ctx, bat.Key("expiry")).Val(), "round %d", round)
 		require.Equal(t, seqRdb.ZCard(ctx, seq.Key("waiting")).Val(), batRdb.ZCard(ctx, bat.Key("waiting")).Val(), "round %d", round)
 	}
-	t.Logf("batched requests compared: %d placed, %d nofit, %d replays, %d conflicts", decided, nofit, replays, conflicts)
+	t.Logf("batched requests compared: %d placed (%d on a node), %d nofit, %d replays, %d conflicts", decided, onNodes, nofit, replays, conflicts)
 	require.Greater(t, decided, 150)
+	require.Greater(t, onNodes, 50)
 	require.Greater(t, nofit, 20)
 	require.Greater(t, replays, 5)
 	require.Greater(t, conflicts, 5)

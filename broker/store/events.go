@@ -60,5 +60,6 @@ func eventFromMessage(m redis.XMessage) Event {
 		Phase:       str("phase"),
 		Resources:   Resources{CPU: atoi(str("cpu")), Memory: atoi(str("mem")), GPU: atoi(str("gpu")), Storage: atoi(str("sto"))},
 		ExpiresAt:   msTime(atoi(str("expires_ms"))),
+		Node:        str("node"),
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"sort"
 	"strconv"
 	"testing"
 	"time"
@@ -42,7 +43,46 @@ func randomAdvertisement(rng *rand.Rand) store.Advertisement {
 			CPU: []int64{10_000, 20_000, 30_000, 40_000}[rng.IntN(4)], Memory: int64(rng.IntN(4)) * 1_000,
 			GPU: []int64{500_000, 1_000_000}[rng.IntN(2)], Currency: "EUR",
 		},
+		Nodes: randomNodes(rng),
 	}
+}
+
+// randomNodes draws the nodes of half the clusters (the others advertise
+// none: the cluster-level rule), from small value domains so that equal
+// free capacities (ties of the best fit) happen, with full and GPU nodes.
+func randomNodes(rng *rand.Rand) []store.NodeCapacity {
+	if rng.IntN(2) == 0 {
+		return nil
+	}
+	nodes := make([]store.NodeCapacity, 1+rng.IntN(12))
+	for i := range nodes {
+		cores := []int64{1, 2, 4, 8, 16, 32}[rng.IntN(6)]
+		alloc := store.Resources{
+			CPU: cores * 1000, Memory: cores * []int64{1, 2, 4, 8}[rng.IntN(4)] * gi,
+			GPU: []int64{0, 0, 0, 1, 2, 4}[rng.IntN(6)], Storage: []int64{0, 50, 100, 200}[rng.IntN(4)] * gi,
+		}
+		pct := []int64{0, 0, 25, 50, 90, 100}[rng.IntN(6)]
+		used := store.Resources{CPU: alloc.CPU * pct / 100, Memory: alloc.Memory * int64(rng.IntN(4)) / 4,
+			GPU: alloc.GPU / 2, Storage: alloc.Storage * int64(rng.IntN(3)) / 4}
+		nodes[i] = store.NodeCapacity{Name: fmt.Sprintf("n%02d", i), Allocatable: alloc, Allocated: used}
+	}
+	return nodes
+}
+
+// listSome lists about half of the live reservations placed on cluster id
+// as running there, as its agent would once their pods run.
+func listSome(t *testing.T, rng *rand.Rand, s *store.Store, id string) []string {
+	t.Helper()
+	live, err := s.LiveReservations(context.Background(), "by-target", id)
+	require.NoError(t, err)
+	sort.Slice(live, func(i, j int) bool { return live[i].ID < live[j].ID })
+	var ids []string
+	for _, r := range live {
+		if rng.IntN(2) == 0 {
+			ids = append(ids, r.ID)
+		}
+	}
+	return ids
 }
 
 func randomRequest(rng *rand.Rand, id, requester string) store.ReserveRequest {
@@ -83,7 +123,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 	require.NoError(t, indexed.LoadScripts(ctx))
 
 	methods := map[string]int{}
-	decided, nofit := 0, 0
+	decided, nofit, onNodes, nodeNofit := 0, 0, 0, 0
 	for round, n := range []int{12, 60, 300, 700} {
 		require.NoError(t, rdb.FlushAll(ctx).Err())
 		require.NoError(t, indexed.LoadScripts(ctx))
@@ -143,6 +183,9 @@ func TestIndexMatchesFullScan(t *testing.T) {
 				require.ErrorAs(t, gotErr, &gotNF, "round %d request %d: the scan finds nothing, the index found %+v", round, i, got.Reservation.Target)
 				require.Equal(t, wantNF.Rejected, gotNF.Rejected, "round %d request %d: rejections", round, i)
 				nofit++
+				if gotNF.Rejected["insufficient_node_fit"] > 0 {
+					nodeNofit++
+				}
 				continue
 			}
 			require.NoError(t, wantErr)
@@ -150,8 +193,12 @@ func TestIndexMatchesFullScan(t *testing.T) {
 			require.Equal(t, want.Reservation.Target, got.Reservation.Target, "round %d request %d", round, i)
 			require.Equal(t, want.Reservation.Score, got.Reservation.Score, "round %d request %d", round, i)
 			require.Equal(t, want.Reservation.Candidates, got.Reservation.Candidates, "round %d request %d", round, i)
+			require.Equal(t, want.Reservation.Node, got.Reservation.Node, "round %d request %d", round, i)
 			decided++
 			methods[lastAuditMethod(t, indexed)]++
+			if got.Reservation.Node != "" {
+				onNodes++
+			}
 
 			// Evolve the state: keep most decisions, release some, re-advertise some.
 			kept = append(kept, req.ID)
@@ -164,8 +211,10 @@ func TestIndexMatchesFullScan(t *testing.T) {
 			}
 			if rng.IntN(5) == 0 {
 				id := ids[n/5+rng.IntN(n-n/5)]
-				ads[id] = randomAdvertisement(rng)
-				_, err := indexed.Advertise(ctx, id, ads[id])
+				ad := randomAdvertisement(rng)
+				ad.ReservationsOnNodes = listSome(t, rng, indexed, id)
+				ads[id] = ad
+				_, err := indexed.Advertise(ctx, id, ad)
 				require.NoError(t, err)
 			}
 		}
@@ -173,9 +222,12 @@ func TestIndexMatchesFullScan(t *testing.T) {
 		// flag the clusters whose local pods overrun allocatable on purpose.)
 		require.NoError(t, indexed.CheckIndex(ctx), "round %d", round)
 	}
-	t.Logf("decisions compared: %d placed, %d nofit; index methods %v", decided, nofit, methods)
+	t.Logf("decisions compared: %d placed (%d on a node), %d nofit (%d with clusters no node of which holds it); index methods %v",
+		decided, onNodes, nofit, nodeNofit, methods)
 	require.Greater(t, decided, 300)
 	require.Greater(t, nofit, 20)
+	require.Greater(t, onNodes, 100, "per-node fit must be exercised")
+	require.Greater(t, nodeNofit, 10, "refusals for node fit must be exercised")
 	require.Greater(t, methods["threshold"], 100, "the threshold walk must be exercised")
 	require.Greater(t, methods["direct"], 20, "direct evaluation must be exercised")
 }

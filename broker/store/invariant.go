@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -10,13 +11,19 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // CheckInvariant verifies the accounting invariant for every cluster and
 // resource: the reserved counter equals the sum of the live reservations to
 // that cluster, and no cluster is overbooked (reserved <= allocatable -
-// allocated, i.e. free >= 0). It reads without locking, so call it when no
-// writes are in flight (tests, audits of a quiet broker).
+// allocated, i.e. free >= 0). For every node, the broker's debit equals the
+// sum of the live reservations placed there that the cluster's last
+// advertisement did not list, and no node is overbooked by the broker (for
+// each resource it debits, debit <= the node's advertised free). It reads
+// without locking, so call it when no writes are in flight (tests, audits of
+// a quiet broker).
 func (s *Store) CheckInvariant(ctx context.Context) error {
 	clusters, err := s.Clusters(ctx)
 	if err != nil {
@@ -43,12 +50,63 @@ func (s *Store) CheckInvariant(ctx context.Context) error {
 			// a reservation never does.
 			errs = append(errs, fmt.Errorf("cluster %s: overbooked, free %+v", c.ID, f))
 		}
+		nodeErrs, err := s.checkNodes(ctx, c, live)
+		if err != nil {
+			return err
+		}
+		errs = append(errs, nodeErrs...)
 	}
 	if err := s.checkIndex(ctx, clusters); err != nil { // errors say "index: ..."
 
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// checkNodes verifies one cluster's node debits against its live reservations.
+func (s *Store) checkNodes(ctx context.Context, c Cluster, live []Reservation) ([]error, error) {
+	listed, err := s.rdb.SMembers(ctx, s.Key("node-listed:", c.ID)).Result()
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	isListed := map[string]bool{}
+	for _, id := range listed {
+		isListed[id] = true
+	}
+	want := map[string]Resources{}
+	for _, r := range live {
+		if r.Node == "" {
+			continue
+		}
+		if isListed[r.ID] {
+			delete(isListed, r.ID)
+			continue
+		}
+		want[r.Node] = want[r.Node].Add(r.Resources)
+	}
+	for id := range isListed {
+		errs = append(errs, fmt.Errorf("cluster %s: node-listed holds %s, not a live reservation placed on its nodes", c.ID, id))
+	}
+	for node, d := range want {
+		if got := c.NodesReserved[node]; got != d {
+			errs = append(errs, fmt.Errorf("cluster %s node %s: debit %+v != sum of its unlisted live reservations %+v", c.ID, node, got, d))
+		}
+	}
+	for node, got := range c.NodesReserved {
+		if _, ok := want[node]; !ok {
+			errs = append(errs, fmt.Errorf("cluster %s node %s: debit %+v without an unlisted live reservation", c.ID, node, got))
+		}
+	}
+	for _, n := range c.StoredNodes() {
+		// Only what the broker debits can be overbooked by it: a node whose own
+		// pods overrun it is the provider's business.
+		f, d := n.Free(), n.Reserved
+		if (d.CPU > 0 && f.CPU < 0) || (d.Memory > 0 && f.Memory < 0) || (d.GPU > 0 && f.GPU < 0) || (d.Storage > 0 && f.Storage < 0) {
+			errs = append(errs, fmt.Errorf("cluster %s node %s: overbooked, debit %+v, free %+v", c.ID, n.Name, d, f))
+		}
+	}
+	return errs, nil
 }
 
 // CheckIndex verifies that the candidate index agrees with the cluster hashes
@@ -109,9 +167,14 @@ func (s *Store) checkIndex(ctx context.Context, clusters []Cluster) error {
 				errs = append(errs, fmt.Errorf("index: %s of %s is %v, the hash says %v", key, id, got, w))
 			}
 		}
+		nodes := sortedNodes(c)
 		wantRec := []float64{float64(alloc.CPU), float64(free.CPU), float64(alloc.Memory), float64(free.Memory),
 			float64(alloc.GPU), float64(free.GPU), float64(alloc.Storage), float64(free.Storage),
 			float64(c.Prices.CPU), float64(c.Prices.Memory), float64(c.Prices.GPU)}
+		wantRec = append(wantRec, nodeSummary(nodes)...)
+		if err := s.checkNodeRecord(ctx, id, nodes); err != nil {
+			errs = append(errs, err)
+		}
 		if raw, err := s.rdb.HGet(ctx, s.Key("idx:rec"), id).Result(); err != nil {
 			errs = append(errs, fmt.Errorf("index: record of %s: %w", id, err))
 		} else if got, err := decodeRecord(raw); err != nil || !slices.Equal(got, wantRec) {
@@ -126,10 +189,93 @@ func (s *Store) checkIndex(ctx context.Context, clusters []Cluster) error {
 	return errors.Join(errs...)
 }
 
+// sortedNodes are a cluster's nodes in idx:nrec order: most free cpu first, then by name.
+func sortedNodes(c Cluster) []Node {
+	nodes := c.StoredNodes()
+	slices.SortFunc(nodes, func(a, b Node) int {
+		if fa, fb := a.Free().CPU, b.Free().CPU; fa != fb {
+			return cmp.Compare(fb, fa)
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return nodes
+}
+
+// nodeSummary is the tail of an idx:rec record (lib.lua node_summary).
+func nodeSummary(nodes []Node) []float64 {
+	if len(nodes) == 0 {
+		return make([]float64, 9)
+	}
+	top := nodes[0].Free()
+	out := []float64{float64(len(nodes)), float64(top.CPU), float64(top.Memory), float64(top.GPU), float64(top.Storage),
+		float64(top.CPU), float64(top.Memory), float64(top.GPU), float64(top.Storage)}
+	for _, n := range nodes {
+		f := n.Free()
+		for i, v := range []int64{f.CPU, f.Memory, f.GPU, f.Storage} {
+			out[5+i] = max(out[5+i], float64(v))
+		}
+	}
+	return out
+}
+
+// checkNodeRecord verifies a live cluster's idx:nrec against its nodes.
+func (s *Store) checkNodeRecord(ctx context.Context, id string, nodes []Node) error {
+	raw, err := s.rdb.HGet(ctx, s.Key("idx:nrec"), id).Result()
+	if errors.Is(err, redis.Nil) {
+		if len(nodes) > 0 {
+			return fmt.Errorf("index: no node record for %s, which advertises %d nodes", id, len(nodes))
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if len(nodes) == 0 {
+		return fmt.Errorf("index: node record for %s, which advertises no nodes", id)
+	}
+	names, f, err := decodeNodeRecord(raw)
+	var wantNames []string
+	var wantF []float64
+	for _, n := range nodes {
+		free := n.Free()
+		wantNames = append(wantNames, n.Name)
+		wantF = append(wantF, float64(free.CPU), float64(free.Memory), float64(free.GPU), float64(free.Storage))
+	}
+	if err != nil || !slices.Equal(names, wantNames) || !slices.Equal(f, wantF) {
+		return fmt.Errorf("index: node record of %s is %v %v (%v), the hashes say %v %v", id, names, f, err, wantNames, wantF)
+	}
+	return nil
+}
+
+// decodeNodeRecord reads an idx:nrec value: a little-endian uint16 count, 4
+// doubles per node, the names separated by spaces; or JSON {names, f}.
+func decodeNodeRecord(raw string) ([]string, []float64, error) {
+	if strings.HasPrefix(raw, "{") && json.Valid([]byte(raw)) {
+		var v struct {
+			Names []string  `json:"names"`
+			F     []float64 `json:"f"`
+		}
+		err := json.Unmarshal([]byte(raw), &v)
+		return v.Names, v.F, err
+	}
+	if len(raw) < 2 {
+		return nil, nil, fmt.Errorf("node record of %d bytes", len(raw))
+	}
+	n := int(binary.LittleEndian.Uint16([]byte(raw[:2])))
+	if len(raw) < 2+32*n {
+		return nil, nil, fmt.Errorf("node record of %d bytes for %d nodes", len(raw), n)
+	}
+	f := make([]float64, 4*n)
+	for i := range f {
+		f[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[2+8*i : 10+8*i])))
+	}
+	return strings.Fields(raw[2+32*n:]), f, nil
+}
+
 // pricePerCoreRatios are the GiB-per-core ratios of the idx:pcm sets (lib.lua RATIOS).
 var pricePerCoreRatios = []float64{0, 0.5, 1, 2, 4, 8, 16, 32, 64}
 
-// decodeRecord reads an idx:rec record: 11 little-endian doubles, or a JSON
+// decodeRecord reads an idx:rec record: 20 little-endian doubles, or a JSON
 // array where the scripts run without Lua's struct library.
 func decodeRecord(raw string) ([]float64, error) {
 	var out []float64
@@ -137,7 +283,7 @@ func decodeRecord(raw string) ([]float64, error) {
 		err := json.Unmarshal([]byte(raw), &out)
 		return out, err
 	}
-	if len(raw) != 11*8 {
+	if len(raw) != 20*8 {
 		return nil, fmt.Errorf("record of %d bytes", len(raw))
 	}
 	for i := 0; i < len(raw); i += 8 {
@@ -149,4 +295,9 @@ func decodeRecord(raw string) ([]float64, error) {
 // Add returns r + o.
 func (r Resources) Add(o Resources) Resources {
 	return Resources{CPU: r.CPU + o.CPU, Memory: r.Memory + o.Memory, GPU: r.GPU + o.GPU, Storage: r.Storage + o.Storage}
+}
+
+// Sub returns r - o.
+func (r Resources) Sub(o Resources) Resources {
+	return Resources{CPU: r.CPU - o.CPU, Memory: r.Memory - o.Memory, GPU: r.GPU - o.GPU, Storage: r.Storage - o.Storage}
 }

@@ -3,7 +3,9 @@ package store
 import (
 	"encoding/json"
 	"fmt"
+	"sort"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -37,12 +39,17 @@ func toStrings(v []any) []string {
 	return out
 }
 
-func parseReservation(id string, flat []string) (Reservation, error) {
+// flatMap reads a flat field, value, ... array (HGETALL's reply).
+func flatMap(flat []string) map[string]string {
 	m := make(map[string]string, len(flat)/2)
 	for i := 0; i+1 < len(flat); i += 2 {
 		m[flat[i]] = flat[i+1]
 	}
-	return reservationFromMap(id, m)
+	return m
+}
+
+func parseReservation(id string, flat []string) (Reservation, error) {
+	return reservationFromMap(id, flatMap(flat))
 }
 
 func resourcesFrom(m map[string]string, prefix string) Resources {
@@ -68,6 +75,7 @@ func reservationFromMap(id string, m map[string]string) (Reservation, error) {
 		Price:     atoi(m["price"]),
 		Owner:     m["owner"],
 		Priority:  int32(atoi(m["priority"])),
+		Node:      m["node"],
 	}
 	r.Score, _ = strconv.ParseFloat(m["score"], 64)
 	if sel := m["selector"]; sel != "" {
@@ -111,4 +119,32 @@ func clusterFromMap(id string, m map[string]string) (Cluster, error) {
 		}
 	}
 	return c, nil
+}
+
+// amountsOf reads a node hash value, "k=v k=v ..." (lib.lua parse_amounts).
+func amountsOf(s string) map[string]string {
+	m := map[string]string{}
+	for _, kv := range strings.Fields(s) {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// withNodes adds a cluster's nodes (its nodes:<id> hash, in name order) and
+// the broker's debits (its node-resv:<id> hash).
+func withNodes(c Cluster, nodes, debits map[string]string) Cluster {
+	for name, v := range nodes {
+		a := amountsOf(v)
+		c.Nodes = append(c.Nodes, NodeCapacity{Name: name, Allocatable: resourcesFrom(a, "alloc_"), Allocated: resourcesFrom(a, "used_")})
+	}
+	sort.Slice(c.Nodes, func(i, j int) bool { return c.Nodes[i].Name < c.Nodes[j].Name })
+	if len(debits) > 0 {
+		c.NodesReserved = make(map[string]Resources, len(debits))
+		for name, v := range debits {
+			c.NodesReserved[name] = resourcesFrom(amountsOf(v), "")
+		}
+	}
+	return c
 }

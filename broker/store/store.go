@@ -187,11 +187,21 @@ func (s *Store) Advertise(ctx context.Context, id string, ad Advertisement) (Ack
 		}
 		labels = string(b)
 	}
-	args := []any{id, s.cfg.EventsMaxLen,
+	args := make([]any, 0, 40+9*len(ad.Nodes)+len(ad.ReservationsOnNodes))
+	args = append(args, id, s.cfg.EventsMaxLen, len(ad.Nodes))
+	for _, n := range ad.Nodes {
+		a, u := n.Allocatable, n.Allocated
+		args = append(args, n.Name, a.CPU, a.Memory, a.GPU, a.Storage, u.CPU, u.Memory, u.GPU, u.Storage)
+	}
+	args = append(args, len(ad.ReservationsOnNodes))
+	for _, rid := range ad.ReservationsOnNodes {
+		args = append(args, rid)
+	}
+	args = append(args,
 		"name", ad.Name, "endpoint", ad.Endpoint, "labels", labels,
 		"price_cpu", ad.Prices.CPU, "price_mem", ad.Prices.Memory, "price_gpu", ad.Prices.GPU,
 		"currency", ad.Prices.Currency,
-	}
+	)
 	args = appendResources(args, "cap_", ad.Capacity)
 	args = appendResources(args, "alloc_", ad.Allocatable)
 	args = appendResources(args, "used_", ad.Allocated)
@@ -199,10 +209,13 @@ func (s *Store) Advertise(ctx context.Context, id string, ad Advertisement) (Ack
 	if err != nil {
 		return Ack{}, err
 	}
-	f := toStrings(reply)
+	f := toStrings(reply[:5])
+	debits, _ := reply[5].([]any)
+	nodes := withNodes(Cluster{}, nil, flatMap(toStrings(debits)))
 	return Ack{
-		SeenAt:   msTime(atoi(f[0])),
-		Reserved: Resources{CPU: atoi(f[1]), Memory: atoi(f[2]), GPU: atoi(f[3]), Storage: atoi(f[4])},
+		SeenAt:        msTime(atoi(f[0])),
+		Reserved:      Resources{CPU: atoi(f[1]), Memory: atoi(f[2]), GPU: atoi(f[3]), Storage: atoi(f[4])},
+		NodesReserved: nodes.NodesReserved,
 	}, nil
 }
 
@@ -401,16 +414,43 @@ func (s *Store) reservations(ctx context.Context, ids []string) ([]Reservation, 
 	return out, nil
 }
 
-// Cluster reads one cluster.
+// Cluster reads one cluster, its nodes included.
 func (s *Store) Cluster(ctx context.Context, id string) (Cluster, error) {
-	m, err := s.rdb.HGetAll(ctx, s.Key("cluster:", id)).Result()
+	cs, err := s.readClusters(ctx, []string{id})
 	if err != nil {
 		return Cluster{}, err
 	}
-	if len(m) == 0 {
+	if len(cs) == 0 {
 		return Cluster{}, ErrNotFound
 	}
-	return clusterFromMap(id, m)
+	return cs[0], nil
+}
+
+// readClusters reads the hashes of clusters (cluster, nodes and node debits)
+// in one pipeline; a cluster without a hash is left out.
+func (s *Store) readClusters(ctx context.Context, ids []string) ([]Cluster, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([][3]*redis.MapStringStringCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = [3]*redis.MapStringStringCmd{
+			pipe.HGetAll(ctx, s.Key("cluster:", id)), pipe.HGetAll(ctx, s.Key("nodes:", id)), pipe.HGetAll(ctx, s.Key("node-resv:", id)),
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make([]Cluster, 0, len(ids))
+	for i, cmd := range cmds {
+		if len(cmd[0].Val()) == 0 {
+			continue
+		}
+		c, err := clusterFromMap(ids[i], cmd[0].Val())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, withNodes(c, cmd[1].Val(), cmd[2].Val()))
+	}
+	return out, nil
 }
 
 // Clusters reads every known cluster, live or stale, in id order.
@@ -419,21 +459,9 @@ func (s *Store) Clusters(ctx context.Context) ([]Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.MapStringStringCmd, len(ids))
-	for i, id := range ids {
-		cmds[i] = pipe.HGetAll(ctx, s.Key("cluster:", id))
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	out, err := s.readClusters(ctx, ids)
+	if err != nil {
 		return nil, err
-	}
-	out := make([]Cluster, 0, len(ids))
-	for i, cmd := range cmds {
-		c, err := clusterFromMap(ids[i], cmd.Val())
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil

@@ -298,10 +298,11 @@ func TestReserveMatchesReference(t *testing.T) {
 		ids[i] = fmt.Sprintf("c%02d", i)
 		ad := cluster(int64(2+rng.IntN(64)), int64(4+rng.IntN(256)), int64(rng.IntN(3)), int64(10_000+rng.IntN(5)*5_000), nil)
 		ad.Allocated = store.Resources{CPU: int64(rng.IntN(2000)), Memory: int64(rng.IntN(4)) * gi}
+		ad.Nodes = randomNodes(rng)
 		_, err := s.Advertise(ctx, ids[i], ad)
 		require.NoError(t, err)
 	}
-	decided := 0
+	decided, onNodes := 0, 0
 	for i := 0; i < 300; i++ {
 		req := request(fmt.Sprintf("r%d", i), ids[rng.IntN(len(ids))], int64(100+rng.IntN(8000)), int64(1+rng.IntN(16)), int64(rng.IntN(2)))
 		clusters, err := s.Clusters(ctx)
@@ -316,9 +317,18 @@ func TestReserveMatchesReference(t *testing.T) {
 		require.NoError(t, err, "request %d", i)
 		require.Equal(t, want, d.Reservation.Target, "request %d", i)
 		require.InDelta(t, wantScore, d.Reservation.Score, 0.01)
+		for _, c := range clusters {
+			if c.ID == want {
+				require.Equal(t, referenceNode(c, req), d.Reservation.Node, "request %d", i)
+			}
+		}
+		if d.Reservation.Node != "" {
+			onNodes++
+		}
 		decided++
 	}
 	assert.Greater(t, decided, 50)
+	assert.Greater(t, onNodes, 20)
 	assertInvariant(t, s)
 }
 
@@ -353,6 +363,9 @@ func referenceDecision(clusters []store.Cluster, req store.ReserveRequest, wRes,
 				ok = false
 			}
 		}
+		if len(c.Nodes) > 0 && referenceNode(c, req) == "" {
+			ok = false // no node holds it
+		}
 		if ok {
 			price := float64(req.Resources.CPU)/1000*float64(c.Prices.CPU) +
 				float64(req.Resources.Memory)/float64(gi)*float64(c.Prices.Memory) +
@@ -383,6 +396,49 @@ func referenceDecision(clusters []store.Cluster, req store.ReserveRequest, wRes,
 	return fits[0].id, fits[0].s
 }
 
+// referenceNode is the node a reservation takes on cluster c, written
+// plainly: among the nodes whose free capacity holds every requested amount,
+// the least free GPU, then CPU, memory, storage, then name ("" if none).
+func referenceNode(c store.Cluster, req store.ReserveRequest) string {
+	get := func(r store.Resources) [4]int64 { return [4]int64{r.CPU, r.Memory, r.GPU, r.Storage} }
+	want := get(req.Resources)
+	var best *store.Node
+	for _, n := range c.StoredNodes() {
+		free := get(n.Free())
+		holds := true
+		for i := range want {
+			if want[i] > 0 && free[i] < want[i] {
+				holds = false
+			}
+		}
+		if !holds {
+			continue
+		}
+		if best == nil {
+			best = &n
+			continue
+		}
+		b := get(best.Free())
+		key, bkey := [4]int64{free[2], free[0], free[1], free[3]}, [4]int64{b[2], b[0], b[1], b[3]}
+		if key != bkey {
+			for i := range key {
+				if key[i] != bkey[i] {
+					if key[i] < bkey[i] {
+						best = &n
+					}
+					break
+				}
+			}
+		} else if n.Name < best.Name {
+			best = &n
+		}
+	}
+	if best == nil {
+		return ""
+	}
+	return best.Name
+}
+
 func assertInvariant(t *testing.T, s *store.Store) {
 	t.Helper()
 	require.NoError(t, s.CheckInvariant(context.Background()))
@@ -402,7 +458,7 @@ func TestAdvertiseCannotSetBrokerOwnedFields(t *testing.T) {
 	require.NoError(t, err)
 
 	// Call the script directly, as a buggy or hostile caller would.
-	err = scripts.Advertise.Run(ctx, rdb, []string{store.DefaultPrefix}, "paris", 100, "alloc_cpu", "1", "resv_cpu", "0").Err()
+	err = scripts.Advertise.Run(ctx, rdb, []string{store.DefaultPrefix}, "paris", 100, 0, 0, "alloc_cpu", "1", "resv_cpu", "0").Err()
 	require.ErrorContains(t, err, "unknown field resv_cpu")
 	after, err := rdb.HGetAll(ctx, s.Key("cluster:", "paris")).Result()
 	require.NoError(t, err)

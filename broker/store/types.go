@@ -31,6 +31,33 @@ type Advertisement struct {
 	Allocatable Resources
 	Allocated   Resources // requests of local pods, excluding what runs on reservations
 	Prices      Prices
+	// Nodes are the nodes a reservation may be placed on (docs/architecture.md,
+	// per-node fit); none: the cluster is judged on its totals alone.
+	Nodes []NodeCapacity
+	// ReservationsOnNodes lists the reservations whose pods run on the
+	// cluster's nodes: the nodes' Allocated include them, so the broker
+	// stops debiting their nodes itself.
+	ReservationsOnNodes []string
+}
+
+// NodeCapacity is one advertised node.
+type NodeCapacity struct {
+	Name        string
+	Allocatable Resources
+	Allocated   Resources // requests of every pod bound to the node, reservations' pods included
+}
+
+// Node is a stored node with the broker's debit.
+type Node struct {
+	NodeCapacity
+	// Reserved is the broker's debit: the live reservations placed on this
+	// node that the cluster's last advertisement did not list.
+	Reserved Resources
+}
+
+// Free is what a reservation may still take on the node.
+func (n Node) Free() Resources {
+	return n.Allocatable.Sub(n.Allocated).Sub(n.Reserved)
 }
 
 // Cluster is a stored advertisement with the broker-owned fields.
@@ -40,6 +67,18 @@ type Cluster struct {
 	Reserved  Resources // capacity locked by live reservations
 	SeenAt    time.Time // broker (Redis) clock
 	FirstSeen time.Time
+	// NodesReserved are the broker's debits by node (Node.Reserved), for
+	// the advertised nodes and any node a live reservation still debits.
+	NodesReserved map[string]Resources
+}
+
+// StoredNodes are the advertised nodes with the broker's debits, by name.
+func (c Cluster) StoredNodes() []Node {
+	out := make([]Node, len(c.Nodes))
+	for i, n := range c.Nodes {
+		out[i] = Node{NodeCapacity: n, Reserved: c.NodesReserved[n.Name]}
+	}
+	return out
 }
 
 // Free is what a new reservation may still take: allocatable - allocated - reserved.
@@ -54,8 +93,9 @@ func (c Cluster) Free() Resources {
 
 // Ack is the broker's answer to an advertisement.
 type Ack struct {
-	SeenAt   time.Time
-	Reserved Resources
+	SeenAt        time.Time
+	Reserved      Resources
+	NodesReserved map[string]Resources // the broker's debits by node
 }
 
 // ReserveRequest asks for capacity on the best cluster other than the requester.
@@ -104,6 +144,9 @@ type Reservation struct {
 	Selector   map[string]string
 	Candidates []Candidate
 	Grant      json.RawMessage // set by the provider; nil until granted
+	// Node is the node of Target the reservation debits; empty when Target
+	// advertises no nodes.
+	Node string
 }
 
 // Live reports whether the reservation still holds capacity.
@@ -125,4 +168,5 @@ type Event struct {
 	Phase       string
 	Resources   Resources
 	ExpiresAt   time.Time
+	Node        string // the node the reservation debits, if any
 }
