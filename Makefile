@@ -131,6 +131,41 @@ $(NODE_STAMP):
 	@rm -f $(ENVTEST_DIR)/.node-*
 	@touch $@
 
+# Liqo's own components for the Liqo test bed (internal/liqobed), at go.mod's
+# Liqo version: liqo-controller-manager, virtual-kubelet, crd-replicator,
+# webhook and liqoctl, built inside a writable copy of Liqo's module (its
+# go.mod has a replace directive, so it is not built as a dependency of ours),
+# downloaded with `go mod download` outside this module; helm at the version
+# Liqo's go.mod requires (renders Liqo's chart, as `helm template`); and the
+# chart itself (deployments/liqo). Into bin/liqo, cached by a stamp per version.
+LIQO_VERSION := $(shell go list -m -f '{{.Version}}' github.com/liqotech/liqo)
+LIQO_DIR     := $(CURDIR)/bin/liqo
+LIQO_STAMP   := $(LIQO_DIR)/.built-liqo-$(LIQO_VERSION)
+LIQO_CMDS    := liqo-controller-manager virtual-kubelet crd-replicator webhook liqoctl
+
+.PHONY: liqo-bin
+liqo-bin: $(LIQO_STAMP) ## Build Liqo's controller-manager, virtual-kubelet, crd-replicator, webhook, liqoctl (go.mod's version) and helm into bin/liqo (Liqo test bed).
+
+$(LIQO_STAMP):
+	@echo ">> building Liqo $(LIQO_VERSION) ($(LIQO_CMDS)) and helm into $(LIQO_DIR) (first time: several minutes)"
+	@set -euo pipefail; \
+	tmp=$$(mktemp -d); trap 'chmod -R u+w "$$tmp"; rm -rf "$$tmp"' EXIT; \
+	(cd "$$tmp" && GOWORK=off GOFLAGS=-mod=mod go mod download -json github.com/liqotech/liqo@$(LIQO_VERSION)) > "$$tmp/download.json"; \
+	dir=$$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p' "$$tmp/download.json"); \
+	if [ -z "$$dir" ] || [ ! -d "$$dir/cmd/liqo-controller-manager" ]; then echo "no Liqo module at $$dir" >&2; exit 1; fi; \
+	cp -r "$$dir" "$$tmp/liqo"; chmod -R u+w "$$tmp/liqo"; \
+	mkdir -p "$(LIQO_DIR)"; \
+	cd "$$tmp/liqo"; \
+	export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false"; \
+	go build -ldflags "-s -w -X github.com/liqotech/liqo/pkg/liqoctl/version.LiqoctlVersion=$(LIQO_VERSION)" \
+		-o "$(LIQO_DIR)/" $(addprefix ./cmd/,$(LIQO_CMDS)); \
+	helm=$$(go list -m -f '{{.Version}}' helm.sh/helm/v3); \
+	echo ">> building helm $$helm (the version Liqo $(LIQO_VERSION) requires)"; \
+	(cd "$$tmp" && GOFLAGS=-buildvcs=false GOBIN="$(LIQO_DIR)" go install -ldflags "-s -w" helm.sh/helm/v3/cmd/helm@$$helm); \
+	rm -rf "$(LIQO_DIR)/chart"; cp -r deployments/liqo "$(LIQO_DIR)/chart"; chmod -R u+w "$(LIQO_DIR)/chart"; \
+	rm -f "$(LIQO_DIR)"/.built-liqo-*; \
+	touch "$@"
+
 NODE_PACKAGES := containerd runc containernetworking-plugins iproute2
 
 .PHONY: node-deps

@@ -42,6 +42,10 @@ const (
 	ReplicationDestinationLabel = "liqo.io/remoteID"
 	ResourceSliceNameLabel      = "liqo.io/resourceslice-name"
 	CreateVirtualNodeAnnotation = "liqo.io/create-virtual-node"
+	// ReplicatedLabel marks the copy Liqo's crd-replicator keeps in a
+	// provider of a slice another cluster made: never ours to touch, though
+	// it carries our labels and annotations.
+	ReplicatedLabel = "liqo.io/replicated"
 )
 
 // Where a slice comes from (annotations on the slice).
@@ -152,7 +156,7 @@ func (b *Bridge) SetupWithManager(mgr ctrl.Manager) error {
 		}
 		return out
 	})
-	ours := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[rbv1.ManagedByLabel] == rbv1.ManagedByValue })
+	ours := predicate.NewPredicateFuncs(func(o client.Object) bool { return own(o) })
 	liqoNodes := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[RemoteClusterIDLabel] != "" })
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("bridge-liqo").
@@ -293,7 +297,7 @@ func (b *Bridge) deleteSlices(ctx context.Context, key types.NamespacedName, uid
 	for i := range list.Items {
 		s := &list.Items[i]
 		a := s.Annotations
-		if a[ReservationNamespaceAnnotation] != key.Namespace || a[ReservationNameAnnotation] != key.Name ||
+		if !own(s) || a[ReservationNamespaceAnnotation] != key.Namespace || a[ReservationNameAnnotation] != key.Name ||
 			(uid != "" && s.Labels[rbv1.ReservationLabel] != string(uid)) || !s.DeletionTimestamp.IsZero() {
 			continue
 		}
@@ -304,6 +308,14 @@ func (b *Bridge) deleteSlices(ctx context.Context, key types.NamespacedName, uid
 		b.log.Info("ResourceSlice deleted: the reservation ended", "slice", s.Namespace+"/"+s.Name, "reservation", key.String())
 	}
 	return errors.Join(errs...)
+}
+
+// own: a slice this cluster's agent made (not a replica of another
+// cluster's: Liqo copies a consumer's slice, labels and annotations
+// included, into its provider's tenant namespace).
+func own(o client.Object) bool {
+	l := o.GetLabels()
+	return l[rbv1.ManagedByLabel] == rbv1.ManagedByValue && l[ReplicatedLabel] != "true"
 }
 
 func condition(s *authv1beta1.ResourceSlice, t authv1beta1.ResourceSliceConditionType) *authv1beta1.ResourceSliceCondition {

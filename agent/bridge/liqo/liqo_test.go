@@ -10,6 +10,7 @@ import (
 	"time"
 
 	authv1beta1 "github.com/liqotech/liqo/apis/authentication/v1beta1"
+	liqov1beta1 "github.com/liqotech/liqo/apis/core/v1beta1"
 	offloadingv1beta1 "github.com/liqotech/liqo/apis/offloading/v1beta1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -185,6 +186,29 @@ func TestLiqo(t *testing.T) {
 		require.Eventually(t, func() bool {
 			return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(slice), &authv1beta1.ResourceSlice{}))
 		}, 10*time.Second, 10*time.Millisecond, "a deleted reservation's slice is deleted")
+	})
+
+	t.Run("a replica of another cluster's slice is left alone", func(t *testing.T) {
+		// What Liqo's crd-replicator puts in a provider (this cluster as
+		// paris's provider): the consumer's slice with its labels and
+		// annotations, naming a reservation that exists only there.
+		replica := &authv1beta1.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: "rb-rome-0a1b2c3d", Namespace: "liqo-tenant-paris",
+				Labels: map[string]string{rbv1.ManagedByLabel: rbv1.ManagedByValue, rbv1.ReservationLabel: "0a1b2c3d-uid",
+					"liqo.io/replicated": "true", "liqo.io/originID": "paris", "liqo.io/remote-cluster-id": "paris"},
+				Annotations: map[string]string{liqo.ReservationNamespaceAnnotation: "default", liqo.ReservationNameAnnotation: "ghost",
+					liqo.CreateVirtualNodeAnnotation: "true"}},
+			Spec: authv1beta1.ResourceSliceSpec{ProviderClusterID: ptr.To(liqov1beta1.ClusterID("rome")), Class: authv1beta1.ResourceSliceClassDefault},
+		}
+		require.NoError(t, c.Create(ctx, replica))
+		// A reservation of this cluster with the same name comes and goes.
+		ghost := reserve(t, "ghost", "berlin", corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")})
+		waitCondition(t, ghost, metav1.ConditionFalse, liqo.ReasonNotPeered)
+		require.NoError(t, c.Delete(ctx, ghost))
+		require.Never(t, func() bool {
+			return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(replica), &authv1beta1.ResourceSlice{}))
+		}, 2*time.Second, 50*time.Millisecond, "the replica is Liqo's, not the agent's")
+		require.NoError(t, c.Delete(ctx, replica))
 	})
 
 	t.Run("not peered: the reservation says so", func(t *testing.T) {
