@@ -31,7 +31,7 @@ demo-broker: build check-redis ## Run the broker-only demo: Redis, one broker, t
 	hack/demo-broker.sh
 
 .PHONY: test
-test: envtest-bin node-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane and nodes on first use).
+test: envtest-bin node-bin liqo-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane, nodes and Liqo on first use).
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: check-node-deps
