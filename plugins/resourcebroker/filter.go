@@ -22,7 +22,7 @@ func (pl *ResourceBroker) Filter(ctx context.Context, state fwk.CycleState, pod 
 	node := nodeInfo.Node()
 	if provider, ok := virtualNodeProvider(node); ok {
 		s := readState(state)
-		if s == nil || !s.usable || s.rsv.Status.Provider == "" || s.rsv.Status.Provider != provider ||
+		if s == nil || s.rsv == nil || !s.usable || s.rsv.Status.Provider == "" || s.rsv.Status.Provider != provider ||
 			s.rsv.Status.VirtualNode != node.Name {
 			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, ErrReasonVirtualNode)
 		}
@@ -79,6 +79,6 @@ func (pl *ResourceBroker) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFra
 	}
 	return []fwk.SignFragment{
 		{Key: fwk.TolerationsSignerName, Value: fwk.TolerationsSigner(pod)},
-		{Key: "broker.fluidos.eu/Reservation", Value: ""},
+		{Key: "broker.fluidos.eu/Reservation", Value: pod.Annotations[OffloadAnnotation]},
 	}, nil
 }

@@ -49,6 +49,9 @@ import (
 const (
 	rbProfile      = "resource-broker"
 	defaultProfile = "default-scheduler"
+	// restrictedProfile is rbProfile offloading the pods of allowedNamespace only.
+	restrictedProfile = "resource-broker-restricted"
+	allowedNamespace  = "rb-allowed"
 	// maxOutstanding is maxOutstandingReservationsPerNamespace in the test configuration.
 	maxOutstanding = 2
 	optOutLabel    = "broker.fluidos.eu/offload"
@@ -62,9 +65,10 @@ var (
 )
 
 // schedulerConfig is the configuration of the in-process scheduler: the
-// profile of manifests/scheduler plus the default profile, and BenchGate
-// (a test-only PreEnqueue plugin that holds benchmark pods until a run
-// starts) in both.
+// profile of manifests/scheduler, the same restricted to one namespace
+// (args namespaces), the default profile, and BenchGate (a test-only
+// PreEnqueue plugin that holds benchmark pods until a run starts) in the
+// first and the last.
 const schedulerConfig = `apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 leaderElection:
@@ -94,6 +98,18 @@ profiles:
       reservationDuration: 30m
       maxOutstandingReservationsPerNamespace: %d
       excludedNamespaces: [kube-system, rb-excluded]
+- schedulerName: resource-broker-restricted
+  plugins:
+    multiPoint:
+      enabled:
+      - name: ResourceBroker
+    filter:
+      disabled:
+      - name: TaintToleration
+  pluginConfig:
+  - name: ResourceBroker
+    args:
+      namespaces: [rb-allowed]
 - schedulerName: default-scheduler
   plugins:
     multiPoint:

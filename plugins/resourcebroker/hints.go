@@ -111,6 +111,11 @@ func (pl *ResourceBroker) isSchedulableAfterNodeChange(logger klog.Logger, pod *
 		}
 		return fwk.QueueSkip, nil
 	}
+	if aff := requiredAffinity(pod); aff != nil {
+		if ok, _ := aff.Match(node); !ok {
+			return fwk.QueueSkip, nil // a node the pod may not go to (NodeAffinity has its own hint)
+		}
+	}
 	wasUntolerated := true
 	if oldNode != nil {
 		_, wasUntolerated = untoleratedTaint(logger, oldNode, pod, pl.comparisonOperators)

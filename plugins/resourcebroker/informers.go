@@ -22,7 +22,11 @@ func (pl *ResourceBroker) buildReservation(namespace, name string, uid types.UID
 	if err != nil || pod.UID != uid || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil {
 		return nil
 	}
-	u, err := toUnstructured(newReservation(pod, pl.args))
+	v := pl.offloadVerdict(pod)
+	if v.reason != "" {
+		return nil // changed since PostFilter (e.g. annotated not to be offloaded)
+	}
+	u, err := toUnstructured(newReservation(pod, pl.args, v.selector))
 	if err != nil {
 		return nil
 	}
@@ -77,6 +81,7 @@ func (pl *ResourceBroker) forgetPod(pod *v1.Pod) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	delete(pl.claims, pod.UID)
+	delete(pl.told, pod.UID)
 	if s := pl.blocked[pod.Namespace]; s != nil {
 		s.Delete(pod.UID)
 		if s.Len() == 0 {

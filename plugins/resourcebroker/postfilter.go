@@ -13,20 +13,27 @@ import (
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 )
 
-// PostFilter runs when no node fits. For an eligible pod without a
-// reservation it queues the creation of one (the API call is made by a
-// worker, never here) and reports "waiting for broker reservation <name>";
-// for a pod with one it reports where that reservation stands (a Failed
-// one's reason and message included).
-func (pl *ResourceBroker) PostFilter(ctx context.Context, _ fwk.CycleState, pod *v1.Pod, _ fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
-	if !pl.eligible(pod) {
-		return nil, fwk.NewStatus(fwk.Unschedulable)
+// PostFilter runs when no node fits (and DefaultPreemption did not help).
+// A pod that may not be offloaded (see eligibility.go) is told why, in its
+// condition and in an Event. For one that may, with a reservation, it
+// reports where that reservation stands (a Failed one's reason and message
+// included); without one, when some local node rejected it for lack of
+// resources only, it queues the creation of one (the API call is made by a
+// worker, never here) and reports "waiting for broker reservation <name>".
+func (pl *ResourceBroker) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, statuses fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
+	s := readState(state)
+	v := pl.verdictFor(s, pod)
+	if v.reason != "" {
+		return nil, pl.notOffloaded(pod, v.reason)
 	}
 	if rsv := pl.rsvs.forPod(pod); rsv != nil {
 		return nil, fwk.NewStatus(fwk.Unschedulable, pl.describe(ctx, pod, rsv))
 	}
 	if o, ok := pl.worker.creating(pod.UID); ok {
 		return nil, fwk.NewStatus(fwk.Unschedulable, "waiting for broker reservation "+o.name)
+	}
+	if (s == nil || !s.short) && !pl.shortOfResources(klog.FromContext(ctx), pod, statuses) {
+		return nil, pl.notOffloaded(pod, reasonNoShortage)
 	}
 	limit := int(pl.args.MaxOutstandingReservationsPerNamespace)
 	if n := pl.outstanding(pod.Namespace) + pl.worker.inflightIn(pod.Namespace); n >= limit {

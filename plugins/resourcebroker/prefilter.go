@@ -12,12 +12,19 @@ import (
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 )
 
-// stateData is what PreFilter found for a pod with a reservation. It is
+// stateData is what PreFilter found out about a pod it may offload. It is
 // never changed after PreFilter, so Clone shares it.
 type stateData struct {
+	// rsv is the pod's reservation (nil: none, or the pod may not be offloaded).
 	rsv      *brokerv1alpha1.Reservation
 	usable   bool
 	requests v1.ResourceList
+	// verdict, when PreFilter made it, is whether the pod may be offloaded
+	// (rules 1 to 3 of eligibility.go) and to which providers.
+	verdict *verdict
+	// short: no local node has room, and one would take the pod but for
+	// resources (rule 4): PreFilter ended the attempt, PostFilter asks the broker.
+	short bool
 }
 
 func (s *stateData) Clone() fwk.StateData { return s }
@@ -31,11 +38,21 @@ func readState(state fwk.CycleState) *stateData {
 	return s
 }
 
+// verdictFor is whether pod may be offloaded: PreFilter's verdict when it
+// made one, else made now.
+func (pl *ResourceBroker) verdictFor(s *stateData, pod *v1.Pod) verdict {
+	if s != nil && s.verdict != nil {
+		return *s.verdict
+	}
+	return pl.offloadVerdict(pod)
+}
+
 // PreFilter looks the pod's reservation up in the informer cache (no API
 // call) and decides which nodes the pod may go to:
 //
-//   - an eligible pod that no local node has room for (by requests, see
-//     hasRoom), when preemption cannot make room either (mightPreempt), is
+//   - a pod it may offload (see eligibility.go) that no local node has room
+//     for (see localRoom), when some local node would take it but for
+//     resources and preemption cannot make room either (mightPreempt), is
 //     narrowed to no node at all: the attempt ends at once ("node(s) didn't
 //     satisfy plugin ResourceBroker"), PostFilter opens its reservation or
 //     says what it waits for, and this plugin is the pod's only rejector, so
@@ -52,17 +69,28 @@ func readState(state fwk.CycleState) *stateData {
 //   - any other pod with a reservation is narrowed to the local nodes, so
 //     that a pod that becomes schedulable locally (or can preempt there)
 //     lands there;
-//   - a pod without one is left to the other plugins, and when no node is
-//     tainted or virtual the plugin's Filter is skipped altogether.
+//   - any other pod is left to the other plugins (the filters then say why
+//     no node takes it, which PostFilter reads), and when no node is tainted
+//     or virtual the plugin's Filter is skipped altogether.
+//
+// A pod the bridge cannot carry does not use a reservation either (one made
+// by hand for it, say): it is treated as a pod without one.
 func (pl *ResourceBroker) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	if !pl.eligible(pod) {
 		return pl.preFilterPlain(nodes)
 	}
-	requests := PodRequests(pod)
-	rsv := pl.rsvs.forPod(pod)
-	if rsv != nil {
-		state.Write(stateKey, &stateData{rsv: rsv, usable: usable(rsv), requests: requests})
-		if vn := rsv.Status.VirtualNode; usable(rsv) && vn != "" {
+	s := &stateData{requests: PodRequests(pod)}
+	decide := func() verdict {
+		if s.verdict == nil {
+			v := pl.offloadVerdict(pod)
+			s.verdict = &v
+		}
+		return *s.verdict
+	}
+	if rsv := pl.rsvs.forPod(pod); rsv != nil && decide().reason == "" {
+		s.rsv, s.usable = rsv, usable(rsv)
+		state.Write(stateKey, s)
+		if vn := rsv.Status.VirtualNode; s.usable && vn != "" {
 			if _, err := pl.handle.SnapshotSharedLister().NodeInfos().Get(vn); err == nil {
 				return &fwk.PreFilterResult{NodeNames: sets.New(vn)}, nil
 			}
@@ -70,10 +98,20 @@ func (pl *ResourceBroker) PreFilter(ctx context.Context, state fwk.CycleState, p
 				"reservation", klog.KObj(rsv), "provider", rsv.Status.Provider, "virtualNode", vn)
 		}
 	}
-	if !pl.anyRoom(ctx, pod, requests, nodes) && !mightPreempt(pod, nodes) {
-		return &fwk.PreFilterResult{NodeNames: sets.New[string]()}, nil
+	if room, short := pl.localRoom(klog.FromContext(ctx), pod, s.requests, nodes); !room && !mightPreempt(pod, nodes) {
+		if s.rsv != nil {
+			return &fwk.PreFilterResult{NodeNames: sets.New[string]()}, nil
+		}
+		if short && decide().reason == "" {
+			s.short = true
+			state.Write(stateKey, s)
+			return &fwk.PreFilterResult{NodeNames: sets.New[string]()}, nil
+		}
 	}
-	if rsv == nil {
+	if s.rsv == nil {
+		if s.verdict != nil {
+			state.Write(stateKey, s) // for PostFilter
+		}
 		return pl.preFilterPlain(nodes)
 	}
 	local := sets.New[string]()
@@ -118,29 +156,28 @@ func mightPreempt(pod *v1.Pod, nodes []fwk.NodeInfo) bool {
 	return false
 }
 
-// anyRoom: some local node has room for the pod (see hasRoom).
-func (pl *ResourceBroker) anyRoom(ctx context.Context, pod *v1.Pod, requests v1.ResourceList, nodes []fwk.NodeInfo) bool {
-	logger := klog.FromContext(ctx)
+// localRoom tells whether some local node has room for the pod: admits it
+// (schedulability, taints, node affinity) and has the resources for it (the
+// other filters still run when one does); and whether some local node
+// admits it, room or not.
+func (pl *ResourceBroker) localRoom(logger klog.Logger, pod *v1.Pod, requests v1.ResourceList, nodes []fwk.NodeInfo) (room, admitted bool) {
+	aff := requiredAffinity(pod)
 	for _, ni := range nodes {
-		if _, virtual := virtualNodeProvider(ni.Node()); !virtual && pl.hasRoom(logger, pod, requests, ni) {
-			return true
+		n := ni.Node()
+		if _, virtual := virtualNodeProvider(n); virtual || !pl.admits(logger, pod, aff, n) {
+			continue
 		}
+		if fitsResources(requests, ni) {
+			return true, true
+		}
+		admitted = true
 	}
-	return false
+	return false, admitted
 }
 
-// hasRoom: node ni may take the pod as far as resources (what
-// NodeResourcesFit counts: the requests of the pods on it, assumed ones
-// included, and the pod count), schedulability and taints go; the other
-// filters still run when it does.
-func (pl *ResourceBroker) hasRoom(logger klog.Logger, pod *v1.Pod, requests v1.ResourceList, ni fwk.NodeInfo) bool {
-	n := ni.Node()
-	if n.Spec.Unschedulable {
-		return false
-	}
-	if _, untolerated := untoleratedTaint(logger, n, pod, pl.comparisonOperators); untolerated {
-		return false
-	}
+// fitsResources: what NodeResourcesFit counts (the requests of the pods on
+// the node, assumed ones included, and the pod count) leaves room for requests.
+func fitsResources(requests v1.ResourceList, ni fwk.NodeInfo) bool {
 	alloc, used := ni.GetAllocatable(), ni.GetRequested()
 	if len(ni.GetPods())+1 > alloc.GetAllowedPodNumber() {
 		return false

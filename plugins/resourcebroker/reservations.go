@@ -345,8 +345,9 @@ func ReservationResources(requests v1.ResourceList) v1.ResourceList {
 	return out
 }
 
-// newReservation is the Reservation the plugin asks for on behalf of pod.
-func newReservation(pod *v1.Pod, args *config.ResourceBrokerArgs) *brokerv1alpha1.Reservation {
+// newReservation is the Reservation the plugin asks for on behalf of pod,
+// from providers whose labels match selector.
+func newReservation(pod *v1.Pod, args *config.ResourceBrokerArgs, selector map[string]string) *brokerv1alpha1.Reservation {
 	var priority int32
 	if pod.Spec.Priority != nil {
 		priority = *pod.Spec.Priority
@@ -367,10 +368,11 @@ func newReservation(pod *v1.Pod, args *config.ResourceBrokerArgs) *brokerv1alpha
 			}},
 		},
 		Spec: brokerv1alpha1.ReservationSpec{
-			Resources: ReservationResources(PodRequests(pod)),
-			Duration:  &metav1.Duration{Duration: args.ReservationDuration.Duration},
-			Priority:  priority,
-			PodName:   pod.Name,
+			Resources:        ReservationResources(PodRequests(pod)),
+			Duration:         &metav1.Duration{Duration: args.ReservationDuration.Duration},
+			ProviderSelector: selector,
+			Priority:         priority,
+			PodName:          pod.Name,
 		},
 	}
 }
@@ -474,4 +476,9 @@ func hardTaint(t *v1.Taint) bool {
 // untoleratedTaint is TaintToleration's filter rule for every taint but ours.
 func untoleratedTaint(logger klog.Logger, node *v1.Node, pod *v1.Pod, comparisonOperators bool) (v1.Taint, bool) {
 	return v1helper.FindMatchingUntoleratedTaint(logger, node.Spec.Taints, pod.Spec.Tolerations, hardTaint, comparisonOperators)
+}
+
+// tolerates: the pod tolerates taint (TaintToleration's rule).
+func tolerates(logger klog.Logger, pod *v1.Pod, taint *v1.Taint, comparisonOperators bool) bool {
+	return v1helper.TolerationsTolerateTaint(logger, pod.Spec.Tolerations, taint, comparisonOperators)
 }

@@ -13,7 +13,7 @@ import (
 // reservation is to be released once the pod is bound.
 func (pl *ResourceBroker) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	s := readState(state)
-	if s == nil {
+	if s == nil || s.rsv == nil {
 		return nil
 	}
 	local := true

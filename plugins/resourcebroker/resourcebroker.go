@@ -4,6 +4,15 @@
 // once the broker has reserved capacity there. A pod that fits locally is
 // scheduled exactly as by the default profile. See README.md beside this
 // file.
+//
+// Files: resourcebroker.go (the plugin and New), args.go (its args, whose
+// types live in plugins/apis/config), eligibility.go (which pods are
+// offloaded, and why not), prefilter.go, filter.go (and SignPod),
+// postfilter.go, reserve.go (Reserve, Unreserve, PostBind), hints.go
+// (EventsToRegister and the queueing hints), informers.go (the plugin's own
+// reactions to Reservation, Node and Pod changes), reservations.go (the
+// Reservation cache, naming and sizing, the node tracker), worker.go (the
+// API calls, off the scheduling path).
 package resourcebroker
 
 import (
@@ -85,6 +94,7 @@ type ResourceBroker struct {
 	mu      sync.Mutex
 	claims  map[types.UID]claim            // pod -> reservation it was reserved against (Reserve..Unreserve/deletion)
 	blocked map[string]sets.Set[types.UID] // namespace -> pods held back by the per-namespace limit
+	told    map[types.UID]string           // pod -> why it is not offloaded, as last told in an Event
 }
 
 // claim records, from Reserve on, which reservation a pod is placed with.
@@ -135,6 +145,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		podLister:           h.SharedInformerFactory().Core().V1().Pods().Lister(),
 		claims:              map[types.UID]claim{},
 		blocked:             map[string]sets.Set[types.UID]{},
+		told:                map[types.UID]string{},
 	}
 	pl.worker.build = pl.buildReservation
 	pl.worker.done = pl.created
@@ -196,12 +207,6 @@ func (pl *ResourceBroker) retryOnChanges() bool { return !pl.hintsOnly.Load() }
 
 // Name returns the name of the plugin.
 func (pl *ResourceBroker) Name() string { return Name }
-
-// eligible: the pod opted in (selector) and its namespace is allowed and
-// not excluded.
-func (pl *ResourceBroker) eligible(pod *v1.Pod) bool {
-	return !pl.excluded.Has(pod.Namespace) && (pl.allowed == nil || pl.allowed.Has(pod.Namespace)) && pl.selector.Matches(labels.Set(pod.Labels))
-}
 
 func allowedNamespaces(names []string) sets.Set[string] {
 	if len(names) == 0 {

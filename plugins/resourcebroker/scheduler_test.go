@@ -274,14 +274,18 @@ func TestNamespaceLimitAndOptOut(t *testing.T) {
 	setStatus(t, first, brokerv1alpha1.ReservationStatus{Phase: brokerv1alpha1.ReservationFailed, Reason: "NoCapacity"})
 	waitReservation(t, last, bindTimeout)
 
-	// A pod that opts out (selector) or sits in an excluded namespace gets none.
+	// A pod that opts out (selector) or sits in an excluded namespace gets
+	// none, and its condition says why.
 	optOut := createPod(t, newPod(ns, "opt-out", "3", "1Gi", func(p *v1.Pod) { p.Labels[optOutLabel] = "false" }))
 	excludedNS := createNamespace(t, "rb-excluded")
 	excluded := createPod(t, newPod(excludedNS, "excluded", "3", "1Gi"))
-	for _, p := range []*v1.Pod{optOut, excluded} {
-		c := waitCondition(t, p.Namespace, p.Name, "Insufficient cpu", bindTimeout)
-		if strings.Contains(c.Message, "broker") {
-			t.Errorf("%s/%s: condition mentions the broker: %q", p.Namespace, p.Name, c.Message)
+	for p, why := range map[*v1.Pod]string{
+		optOut:   `the pod's labels do not match the ResourceBroker selector "broker.fluidos.eu/offload notin (false)"`,
+		excluded: "namespace rb-excluded is excluded (ResourceBroker args excludedNamespaces)",
+	} {
+		c := waitCondition(t, p.Namespace, p.Name, resourcebroker.NotOffloadedPrefix+why, bindTimeout)
+		if !strings.Contains(c.Message, "Insufficient cpu") || strings.Contains(c.Message, "waiting for broker reservation") {
+			t.Errorf("%s/%s: condition %q", p.Namespace, p.Name, c.Message)
 		}
 	}
 	time.Sleep(500 * time.Millisecond)

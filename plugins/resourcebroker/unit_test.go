@@ -86,8 +86,9 @@ func TestNewReservation(t *testing.T) {
 		Containers: []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Requests: rl("cpu", "3", "memory", "1Gi")}}}}}
 	args, err := DecodeArgs(nil)
 	require.NoError(t, err)
-	r := newReservation(pod, args)
+	r := newReservation(pod, args, map[string]string{v1.LabelTopologyRegion: "eu-west"})
 	assert.Equal(t, ReservationName(pod), r.Name)
+	assert.Equal(t, map[string]string{v1.LabelTopologyRegion: "eu-west"}, r.Spec.ProviderSelector)
 	assert.Equal(t, "ns", r.Namespace)
 	assert.Equal(t, "p", r.Labels[brokerv1alpha1.PodLabel])
 	assert.Equal(t, "p", r.Spec.PodName)
@@ -128,14 +129,15 @@ func testPlugin(t testing.TB, rsvs ...*brokerv1alpha1.Reservation) *ResourceBrok
 	for _, r := range rsvs {
 		require.NoError(t, c.informer.GetIndexer().Add(r))
 	}
-	return &ResourceBroker{rsvs: c, nodes: newNodeTracker(), claims: map[types.UID]claim{}, blocked: map[string]sets.Set[types.UID]{}}
+	return &ResourceBroker{rsvs: c, nodes: newNodeTracker(), selector: labels.Everything(), excluded: sets.New[string](),
+		claims: map[types.UID]claim{}, blocked: map[string]sets.Set[types.UID]{}, told: map[types.UID]string{}}
 }
 
 // reservationFor is pod's reservation in phase; with a provider, it names
 // the provider's virtual node rb-<provider>, as a bridge does once the node
 // can take the pod.
 func reservationFor(pod *v1.Pod, phase brokerv1alpha1.ReservationPhase, provider string) *brokerv1alpha1.Reservation {
-	r := newReservation(pod, &config.ResourceBrokerArgs{})
+	r := newReservation(pod, &config.ResourceBrokerArgs{}, nil)
 	r.UID = types.UID("rsv-" + string(pod.UID))
 	r.Status = brokerv1alpha1.ReservationStatus{Phase: phase, Provider: provider}
 	if provider != "" {
@@ -342,10 +344,50 @@ func TestPreFilterNarrowing(t *testing.T) {
 	res, _ = prefilter(important, nodeInfo(small, podRequesting("low", "2", "1Gi")))
 	require.NotNil(t, res)
 	assert.Empty(t, res.NodeNames)
-	// A tainted local node is no room for a pod that does not tolerate it.
-	res, _ = prefilter(fits, nodeInfo(sized("tainted", "8", "8Gi", v1.Taint{Key: "dedicated", Effect: v1.TaintEffectNoSchedule})))
+	// A tainted local node is no room for a pod that does not tolerate it,
+	// but no lack of resources either: the filters run and say why (no
+	// reservation, see TestPostFilterRules).
+	dedicated := v1.Taint{Key: "dedicated", Effect: v1.TaintEffectNoSchedule}
+	state := framework.NewCycleState()
+	res, _ = pl.PreFilter(ctx, state, fits, []fwk.NodeInfo{nodeInfo(sized("tainted", "8", "8Gi", dedicated))})
+	assert.Nil(t, res)
+	assert.Nil(t, readState(state), "nothing decided: PostFilter reads the filters' statuses")
+	// The same when the tainted node is also too small.
+	res, _ = prefilter(big, nodeInfo(sized("tainted", "2", "4Gi", dedicated)))
+	assert.Nil(t, res)
+	// Mixed: a small untainted node lacks resources only: no node at all.
+	state = framework.NewCycleState()
+	res, _ = pl.PreFilter(ctx, state, big, []fwk.NodeInfo{nodeInfo(small), nodeInfo(sized("tainted", "8", "8Gi", dedicated))})
 	require.NotNil(t, res)
 	assert.Empty(t, res.NodeNames)
+	assert.True(t, readState(state).short)
+	// Node affinity: a node the pod may not go to is no lack of resources.
+	zoned := big.DeepCopy()
+	zoned.Spec.NodeSelector = map[string]string{v1.LabelTopologyZone: "a"}
+	res, _ = prefilter(zoned, nodeInfo(small))
+	assert.Nil(t, res)
+	inZone := sized("local-a", "2", "4Gi")
+	inZone.Labels = map[string]string{v1.LabelTopologyZone: "a"}
+	res, _ = prefilter(zoned, nodeInfo(small), nodeInfo(inZone))
+	require.NotNil(t, res, "local-a is in the pod's zone and too small")
+	assert.Empty(t, res.NodeNames)
+	// A cordoned node is no lack of resources (unless the pod tolerates it).
+	cordoned := sized("cordoned", "2", "4Gi")
+	cordoned.Spec.Unschedulable = true
+	res, _ = prefilter(big, nodeInfo(cordoned))
+	assert.Nil(t, res)
+	tolerant := big.DeepCopy()
+	tolerant.Spec.Tolerations = []v1.Toleration{{Key: v1.TaintNodeUnschedulable, Operator: v1.TolerationOpExists}}
+	res, _ = prefilter(tolerant, nodeInfo(cordoned))
+	require.NotNil(t, res)
+	assert.Empty(t, res.NodeNames)
+	// A pod the bridge cannot carry is left to the filters, whatever the room.
+	hostNet := big.DeepCopy()
+	hostNet.Spec.HostNetwork = true
+	state = framework.NewCycleState()
+	res, _ = pl.PreFilter(ctx, state, hostNet, []fwk.NodeInfo{nodeInfo(small)})
+	assert.Nil(t, res)
+	assert.Contains(t, readState(state).verdict.reason, "hostNetwork")
 
 	// With a reservation that is Pending: the local nodes when one has room, else none.
 	require.NoError(t, pl.rsvs.informer.GetIndexer().Add(reservationFor(big, brokerv1alpha1.ReservationPending, "")))
@@ -360,16 +402,19 @@ func TestPreFilterNarrowing(t *testing.T) {
 func TestHasRoom(t *testing.T) {
 	pl := testPlugin(t)
 	logger := klog.Background()
+	hasRoom := func(logger klog.Logger, pod *v1.Pod, requests v1.ResourceList, ni fwk.NodeInfo) bool {
+		return pl.admits(logger, pod, requiredAffinity(pod), ni.Node()) && fitsResources(requests, ni)
+	}
 	node := sized("n", "2", "4Gi")
-	assert.True(t, pl.hasRoom(logger, podRequesting("p", "1", "1Gi"), PodRequests(podRequesting("p", "1", "1Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))))
-	assert.False(t, pl.hasRoom(logger, podRequesting("p", "1500m", "1Gi"), PodRequests(podRequesting("p", "1500m", "1Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))), "cpu")
-	assert.False(t, pl.hasRoom(logger, podRequesting("p", "1", "4Gi"), PodRequests(podRequesting("p", "1", "4Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))), "memory")
+	assert.True(t, hasRoom(logger, podRequesting("p", "1", "1Gi"), PodRequests(podRequesting("p", "1", "1Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))))
+	assert.False(t, hasRoom(logger, podRequesting("p", "1500m", "1Gi"), PodRequests(podRequesting("p", "1500m", "1Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))), "cpu")
+	assert.False(t, hasRoom(logger, podRequesting("p", "1", "4Gi"), PodRequests(podRequesting("p", "1", "4Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))), "memory")
 	gpu := podRequesting("g", "1", "1Gi")
 	gpu.Spec.Containers[0].Resources.Requests[GPUResource] = resource.MustParse("1")
-	assert.False(t, pl.hasRoom(logger, gpu, PodRequests(gpu), nodeInfo(node)), "no GPU on the node")
+	assert.False(t, hasRoom(logger, gpu, PodRequests(gpu), nodeInfo(node)), "no GPU on the node")
 	cordoned := node.DeepCopy()
 	cordoned.Spec.Unschedulable = true
-	assert.False(t, pl.hasRoom(logger, podRequesting("p", "1", "1Gi"), PodRequests(podRequesting("p", "1", "1Gi")), nodeInfo(cordoned)))
+	assert.False(t, hasRoom(logger, podRequesting("p", "1", "1Gi"), PodRequests(podRequesting("p", "1", "1Gi")), nodeInfo(cordoned)))
 }
 
 func TestPodAndLocalNodeQueueingHints(t *testing.T) {

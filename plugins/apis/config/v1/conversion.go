@@ -23,7 +23,7 @@ func RegisterConversions(s *runtime.Scheme) error {
 // Convert_v1_ResourceBrokerArgs_To_config_ResourceBrokerArgs converts the
 // versioned args (defaulted: an unset field becomes its zero value, which
 // validation refuses) to the internal type.
-func Convert_v1_ResourceBrokerArgs_To_config_ResourceBrokerArgs(in *ResourceBrokerArgs, out *config.ResourceBrokerArgs, _ conversion.Scope) error { //nolint:revive,stylecheck // the conversion naming convention
+func Convert_v1_ResourceBrokerArgs_To_config_ResourceBrokerArgs(in *ResourceBrokerArgs, out *config.ResourceBrokerArgs, _ conversion.Scope) error { //nolint:revive // the conversion naming convention
 	out.Selector = in.Selector.DeepCopy()
 	out.ReservationDuration = metav1.Duration{}
 	if in.ReservationDuration != nil {
@@ -40,7 +40,7 @@ func Convert_v1_ResourceBrokerArgs_To_config_ResourceBrokerArgs(in *ResourceBrok
 
 // Convert_config_ResourceBrokerArgs_To_v1_ResourceBrokerArgs converts the
 // internal args to the versioned type (for --write-config-to).
-func Convert_config_ResourceBrokerArgs_To_v1_ResourceBrokerArgs(in *config.ResourceBrokerArgs, out *ResourceBrokerArgs, _ conversion.Scope) error { //nolint:revive,stylecheck // the conversion naming convention
+func Convert_config_ResourceBrokerArgs_To_v1_ResourceBrokerArgs(in *config.ResourceBrokerArgs, out *ResourceBrokerArgs, _ conversion.Scope) error { //nolint:revive // the conversion naming convention
 	out.Selector = in.Selector.DeepCopy()
 	d := in.ReservationDuration
 	out.ReservationDuration = &d

@@ -22,7 +22,7 @@ const (
 var DefaultExcludedNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
 
 // SetDefaults_ResourceBrokerArgs fills the unset fields of args.
-func SetDefaults_ResourceBrokerArgs(args *ResourceBrokerArgs) { //nolint:revive,stylecheck // the defaulter naming convention
+func SetDefaults_ResourceBrokerArgs(args *ResourceBrokerArgs) { //nolint:revive // the defaulter naming convention
 	if args.ReservationDuration == nil {
 		args.ReservationDuration = &metav1.Duration{Duration: DefaultReservationDuration}
 	}
@@ -37,7 +37,7 @@ func SetDefaults_ResourceBrokerArgs(args *ResourceBrokerArgs) { //nolint:revive,
 
 // SetObjectDefaults_ResourceBrokerArgs is what the scheme runs to default a
 // ResourceBrokerArgs.
-func SetObjectDefaults_ResourceBrokerArgs(in *ResourceBrokerArgs) { //nolint:revive,stylecheck // the defaulter naming convention
+func SetObjectDefaults_ResourceBrokerArgs(in *ResourceBrokerArgs) { //nolint:revive // the defaulter naming convention
 	SetDefaults_ResourceBrokerArgs(in)
 }
 
