@@ -356,3 +356,75 @@ func TestCollectorCountsByHand(t *testing.T) {
 		nodes:       2, pods: 3,
 	}, "n1 deleted")
 }
+
+// TestCollectorNodeSummary: per node, the collector counts every pod bound
+// to it, tenant pods included (capped at allocatable), lists the counted
+// nodes only, and lists the reservations whose tenant pods are bound to a
+// node (the reservation-id annotation, or the label the bridge puts on its
+// copies); a tenant pod's arrival, which leaves the totals as they are, is
+// signalled as a change.
+func TestCollectorNodeSummary(t *testing.T) {
+	cfg := testenv.Start(t)
+	scheme := runtime.NewScheme()
+	require.NoError(t, clientgoscheme.AddToScheme(scheme))
+	kc, err := client.New(cfg, client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	ctx := context.Background()
+	f := fixture{t: t, ctx: ctx, c: kc}
+	require.NoError(t, kc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "apps"}}))
+	require.NoError(t, kc.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "rb-rome", Labels: map[string]string{rbv1.TenantLabel: "rome"}}}))
+	f.node("n1", nil, true, false, rl("cpu", "4", "memory", "8Gi"), rl("cpu", "4", "memory", "8Gi"))
+	f.node("n2", nil, true, false, rl("cpu", "2", "memory", "4Gi", "nvidia.com/gpu", "1"), rl("cpu", "2", "memory", "4Gi", "nvidia.com/gpu", "1"))
+	f.node("n3", nil, false, false, rl("cpu", "16", "memory", "32Gi"), rl("cpu", "16", "memory", "32Gi")) // NotReady
+	withCPU := func(cpu string, annotations, labels map[string]string) func(*corev1.Pod) {
+		return func(p *corev1.Pod) {
+			p.Annotations, p.Labels = annotations, labels
+			p.Spec.Containers = []corev1.Container{container("c", rl("cpu", cpu, "memory", "1Gi"))}
+		}
+	}
+	f.pod("apps", "local", "n1", withCPU("1", nil, nil), "")
+	f.pod("rb-rome", "guest-a", "n2", withCPU("1500m", map[string]string{rbv1.ReservationIDAnnotation: "resv-a"}, nil), "")
+	f.pod("rb-rome", "guest-b", "n1", withCPU("500m", nil, map[string]string{rbv1.ReservationLabel: "resv-b"}), "")
+	f.pod("rb-rome", "guest-c", "n1", withCPU("5", nil, nil), "") // no id; overruns n1 with the others
+	f.pod("rb-rome", "guest-d", "n3", withCPU("1", map[string]string{rbv1.ReservationIDAnnotation: "resv-d"}, nil), "")
+	f.pod("apps", "not-a-guest", "n2", withCPU("0", map[string]string{rbv1.ReservationIDAnnotation: "forged"}, nil), "")
+
+	coll := collector.New(collector.Options{})
+	startManager(t, cfg, func(mgr ctrl.Manager) { require.NoError(t, coll.SetupWithManager(mgr)) })
+	syncCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.True(t, coll.WaitForSync(syncCtx), "collector did not sync")
+
+	type node struct{ name, allocCPU, usedCPU, usedMem string }
+	summary := func(m collector.Measurement) []node {
+		var out []node
+		for _, n := range m.NodeSummary {
+			out = append(out, node{n.Name, n.Allocatable.Cpu().String(), n.Allocated.Cpu().String(), n.Allocated.Memory().String()})
+		}
+		return out
+	}
+	var m collector.Measurement
+	require.True(t, assertEventually(func() bool { m = coll.Measure(); return m.Pods == 2 && len(m.ReservationsOnNodes) == 3 }, 10*time.Second))
+	// n1: local 1 + guest-b 500m + guest-c 5 = 6.5 cpus on 4: capped at 4.
+	// n2: guest-a 1500m (not-a-guest requests nothing). n3 does not count.
+	require.Equal(t, []node{{"n1", "4", "4", "3Gi"}, {"n2", "2", "1500m", "2Gi"}}, summary(m))
+	require.Equal(t, "1", func() string { q := m.NodeSummary[1].Allocatable[collector.ResourceGPU]; return q.String() }())
+	require.True(t, m.NodeSummaryExact)
+	require.Equal(t, []string{"resv-a", "resv-b", "resv-d"}, m.ReservationsOnNodes, "tenant pods' ids, wherever they are bound")
+	require.Zero(t, m.Allocated.Cpu().Cmp(resource.MustParse("1")), "the totals leave tenant pods out")
+
+	// A new tenant pod changes no total, but the node figures and the list.
+	select {
+	case <-coll.Changed():
+	default:
+	}
+	f.pod("rb-rome", "guest-e", "n2", withCPU("250m", map[string]string{rbv1.ReservationIDAnnotation: "resv-e"}, nil), "")
+	select {
+	case <-coll.Changed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a tenant pod's arrival was not signalled")
+	}
+	require.True(t, assertEventually(func() bool { m = coll.Measure(); return len(m.ReservationsOnNodes) == 4 }, 10*time.Second))
+	require.Equal(t, []node{{"n1", "4", "4", "3Gi"}, {"n2", "2", "1750m", "3Gi"}}, summary(m))
+	require.Zero(t, m.Allocated.Cpu().Cmp(resource.MustParse("1")))
+}

@@ -37,6 +37,10 @@ type podUsage struct {
 	// Requests are the pod's effective requests (init containers, sidecars,
 	// overhead, pod-level resources, resized resources).
 	Requests amounts
+	// Reservation is the broker reservation the pod consumes, as its
+	// reservation-id annotation (or the reservation label the bridge puts on
+	// its copies) says; it counts in a tenant namespace only.
+	Reservation string
 }
 
 // nodeCapacity is a node reduced to what it offers.
@@ -91,12 +95,21 @@ func (c *Collector) podRequestOptions() resourcehelper.PodResourcesOptions {
 
 // usageOf reduces a pod.
 func (c *Collector) usageOf(p *corev1.Pod) *podUsage {
-	u := &podUsage{ObjectMeta: slimMeta(&p.ObjectMeta), NodeName: p.Spec.NodeName}
+	u := &podUsage{ObjectMeta: slimMeta(&p.ObjectMeta), NodeName: p.Spec.NodeName, Reservation: reservationOf(p)}
 	u.Active = p.Spec.NodeName != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 	if u.Active {
 		u.Requests = amountsOf(resourcehelper.PodRequests(p, c.podRequestOptions()))
 	}
 	return u
+}
+
+// reservationOf is the reservation id a pod carries: the annotation, or the
+// label the requester's bridge puts on the copies it mirrors.
+func reservationOf(p *corev1.Pod) string {
+	if id := p.Annotations[rbv1.ReservationIDAnnotation]; id != "" {
+		return id
+	}
+	return p.Labels[rbv1.ReservationLabel]
 }
 
 // capacityOf reduces a node.

@@ -19,6 +19,10 @@ import (
 //     nothing from the capacity offered, since that node's capacity is not
 //     offered. Pods are summed per node, so a node that starts or stops
 //     counting moves its pods in or out of the totals in O(1).
+//   - Per node (the broker's per-node fit, nodes.go), every active pod counts,
+//     tenant pods included: the broker debits a reservation's node only until
+//     the reservation is listed, and the reservations listed are those of the
+//     tenant pods bound to a node here (reservation-id annotation).
 
 // totals are what the collector measures.
 type totals struct {
@@ -29,7 +33,8 @@ type totals struct {
 type podEntry struct {
 	node, namespace string
 	requests        amounts
-	local           bool // not in a tenant namespace: added to the node's use
+	local           bool   // not in a tenant namespace: added to the node's use
+	reservation     string // the broker reservation it consumes, if a tenant pod says so
 }
 
 type nodeEntry struct {
@@ -37,10 +42,13 @@ type nodeEntry struct {
 	capacity, allocatable amounts
 }
 
-// nodeUse sums the local active pods bound to one node (known or not yet seen).
+// nodeUse sums the active pods bound to one node (known or not yet seen):
+// local ones, and tenant ones (not local usage, but they take room on it).
 type nodeUse struct {
-	requests amounts
-	pods     int
+	requests   amounts
+	pods       int
+	tenant     amounts
+	tenantPods int
 }
 
 type tally struct {
@@ -49,14 +57,20 @@ type tally struct {
 	pods    map[types.UID]podEntry
 	tenants map[string]bool
 	totals  totals
+	// reservations counts the active tenant pods of each reservation id.
+	reservations map[string]int
+	// nodesChanged: a counted node's figures or the reservations changed
+	// since the last look (the totals may not have).
+	nodesChanged bool
 }
 
 func newTally() *tally {
 	return &tally{
-		nodes:   map[string]nodeEntry{},
-		use:     map[string]*nodeUse{},
-		pods:    map[types.UID]podEntry{},
-		tenants: map[string]bool{},
+		nodes:        map[string]nodeEntry{},
+		use:          map[string]*nodeUse{},
+		pods:         map[types.UID]podEntry{},
+		tenants:      map[string]bool{},
+		reservations: map[string]int{},
 	}
 }
 
@@ -70,7 +84,8 @@ func (t *tally) setPod(u *podUsage) {
 		}
 		return
 	}
-	e := podEntry{node: u.NodeName, namespace: u.Namespace, requests: u.Requests, local: !t.tenants[u.Namespace]}
+	e := podEntry{node: u.NodeName, namespace: u.Namespace, requests: u.Requests, local: !t.tenants[u.Namespace],
+		reservation: u.Reservation}
 	if had {
 		if old == e {
 			return
@@ -90,38 +105,60 @@ func (t *tally) deletePod(uid types.UID) {
 }
 
 func (t *tally) apply(e podEntry) {
-	if !e.local {
-		return
-	}
 	u := t.use[e.node]
 	if u == nil {
 		u = &nodeUse{}
 		t.use[e.node] = u
 	}
+	counted := t.nodes[e.node].counted
+	if counted {
+		t.nodesChanged = true
+	}
+	if !e.local {
+		u.tenant.add(e.requests)
+		u.tenantPods++
+		if e.reservation != "" {
+			t.reservations[e.reservation]++
+			t.nodesChanged = true
+		}
+		return
+	}
 	u.requests.add(e.requests)
 	u.pods++
-	if t.nodes[e.node].counted {
+	if counted {
 		t.totals.allocated.add(e.requests)
 		t.totals.pods++
 	}
 }
 
 func (t *tally) unapply(e podEntry) {
-	if !e.local {
-		return
-	}
 	u := t.use[e.node]
 	if u == nil {
 		return // cannot happen: apply created it
 	}
-	u.requests.sub(e.requests)
-	u.pods--
-	if u.pods <= 0 {
-		delete(t.use, e.node)
+	counted := t.nodes[e.node].counted
+	if counted {
+		t.nodesChanged = true
 	}
-	if t.nodes[e.node].counted {
-		t.totals.allocated.sub(e.requests)
-		t.totals.pods--
+	if !e.local {
+		u.tenant.sub(e.requests)
+		u.tenantPods--
+		if e.reservation != "" {
+			if t.reservations[e.reservation]--; t.reservations[e.reservation] <= 0 {
+				delete(t.reservations, e.reservation)
+			}
+			t.nodesChanged = true
+		}
+	} else {
+		u.requests.sub(e.requests)
+		u.pods--
+		if counted {
+			t.totals.allocated.sub(e.requests)
+			t.totals.pods--
+		}
+	}
+	if u.pods <= 0 && u.tenantPods <= 0 {
+		delete(t.use, e.node)
 	}
 }
 
@@ -139,6 +176,9 @@ func (t *tally) setNode(n *nodeCapacity) {
 	if e.counted {
 		t.count(n.Name, e)
 	}
+	if e.counted || (had && old.counted) {
+		t.nodesChanged = true
+	}
 }
 
 // deleteNode forgets a node; the pods still bound to it stay in its use
@@ -147,6 +187,7 @@ func (t *tally) deleteNode(name string) {
 	if old, had := t.nodes[name]; had {
 		if old.counted {
 			t.uncount(name, old)
+			t.nodesChanged = true
 		}
 		delete(t.nodes, name)
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -106,6 +108,50 @@ func (w *world) totals() totals {
 	return t
 }
 
+// nodeFigures recomputes the counted nodes' figures: every active pod
+// bound to the node, tenant pods included, capped at allocatable.
+func (w *world) nodeFigures() []nodeFree {
+	out := []nodeFree{}
+	for name, n := range w.nodes {
+		if !n.Counted {
+			continue
+		}
+		f := nodeFree{name: name, alloc: n.Allocatable}
+		for _, p := range w.pods {
+			if p.Active && p.NodeName == name {
+				f.used.add(p.Requests)
+			}
+		}
+		for i := range f.used {
+			f.used[i] = min(f.used[i], f.alloc[i])
+			f.free[i] = f.alloc[i] - f.used[i]
+		}
+		out = append(out, f)
+	}
+	return sortedByName(out)
+}
+
+// reservations recomputes the ids to list: those of active tenant pods.
+func (w *world) reservations() []string {
+	set := map[string]bool{}
+	for _, p := range w.pods {
+		if p.Active && w.tenants[p.Namespace] && p.Reservation != "" {
+			set[p.Reservation] = true
+		}
+	}
+	out := []string{}
+	for id := range set {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func sortedByName(nodes []nodeFree) []nodeFree {
+	slices.SortFunc(nodes, func(a, b nodeFree) int { return strings.Compare(a.name, b.name) })
+	return nodes
+}
+
 // TestTallyMatchesRecomputation applies random events in any order (pods
 // before their node or namespace, nodes flapping, namespaces flipping) and
 // checks after each one that the running totals equal a recomputation.
@@ -137,7 +183,8 @@ func TestTallyMatchesRecomputation(t *testing.T) {
 			uid := types.UID(fmt.Sprint(rng.IntN(200)))
 			p := &podUsage{ObjectMeta: metav1.ObjectMeta{UID: uid, Namespace: namespaces[rng.IntN(len(namespaces))]},
 				NodeName: nodeNames[rng.IntN(len(nodeNames))], Active: rng.IntN(5) > 0,
-				Requests: amounts{rng.Int64N(2000), rng.Int64N(1 << 30), rng.Int64N(2), rng.Int64N(1 << 30)}}
+				Requests:    amounts{rng.Int64N(2000), rng.Int64N(1 << 30), rng.Int64N(2), rng.Int64N(1 << 30)},
+				Reservation: []string{"", "", "r1", "r2", "r3"}[rng.IntN(5)]}
 			if old := w.pods[uid]; old != nil {
 				p.Namespace = old.Namespace // a pod never changes namespace
 			}
@@ -152,6 +199,8 @@ func TestTallyMatchesRecomputation(t *testing.T) {
 			ty.deletePod(uid)
 		}
 		require.Equal(t, w.totals(), ty.totals, "after event %d", i)
+		require.Equal(t, w.nodeFigures(), sortedByName(ty.countedNodes()), "after event %d", i)
+		require.Equal(t, w.reservations(), ty.listedReservations(), "after event %d", i)
 	}
 	// Everything gone: nothing left behind.
 	for uid := range w.pods {
@@ -162,6 +211,7 @@ func TestTallyMatchesRecomputation(t *testing.T) {
 	}
 	require.Equal(t, totals{}, ty.totals)
 	require.Empty(t, ty.use)
+	require.Empty(t, ty.reservations)
 	require.Empty(t, ty.pods)
 	require.Empty(t, ty.nodes)
 }

@@ -1,6 +1,8 @@
-// Package publisher sends this cluster's advertisement to the broker: on a
-// change of the collector's totals (at most one publish per debounce
-// interval; a change after a quiet spell goes out at once) and at least
+// Package publisher sends this cluster's advertisement to the broker (its
+// totals, the summary of its nodes and the reservations running on them,
+// for the broker's per-node fit): on a change of the collector's figures
+// (at most one publish per debounce interval; a change after a quiet spell
+// goes out at once) and at least
 // every period, on wall-clock multiples of it (every :00 and :30 for 30 s),
 // so the broker keeps the cluster live. A failed publish is retried with
 // exponential back-off until it succeeds.
@@ -295,6 +297,7 @@ func (p *Publisher) publish(ctx context.Context) error {
 	spec := rbv1.AdvertisementSpec{
 		ClusterID: p.cfg.ClusterID, Endpoint: p.cfg.Endpoint, Labels: p.cfg.Labels, Prices: p.cfg.Prices,
 		Capacity: m.Capacity, Allocatable: m.Allocatable, Allocated: m.Allocated,
+		Nodes: nodesOf(m.NodeSummary), ReservationsOnNodes: m.ReservationsOnNodes,
 	}
 	began := time.Now()
 	actx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
@@ -319,7 +322,8 @@ func (p *Publisher) publish(ctx context.Context) error {
 		p.metrics.duration.WithLabelValues("success").Observe(elapsed.Seconds())
 		p.metrics.published.SetToCurrentTime()
 		p.log.V(1).Info("published", "took", elapsed, "nodes", m.Nodes, "pods", m.Pods,
-			"allocatable", m.Allocatable, "allocated", m.Allocated)
+			"allocatable", m.Allocatable, "allocated", m.Allocated,
+			"nodesListed", len(m.NodeSummary), "nodeSummaryExact", m.NodeSummaryExact, "reservationsOnNodes", len(m.ReservationsOnNodes))
 	}
 	p.metrics.consecutive.Set(float64(p.failures))
 	if werr := p.record(ctx, spec, ack, err, reason); werr != nil && ctx.Err() == nil {
@@ -459,7 +463,40 @@ func toWire(spec rbv1.AdvertisementSpec) api.Advertisement {
 	if pr := spec.Prices; pr != nil {
 		a.Prices = &api.Prices{Currency: pr.Currency, CPU: pr.CPU, Memory: pr.Memory, GPU: pr.GPU}
 	}
+	for _, n := range spec.Nodes {
+		a.Resources.Nodes = append(a.Resources.Nodes, api.NodeResources{
+			Name: n.Name, Allocatable: amountsToWire(n.Allocatable), Allocated: amountsToWire(n.Allocated),
+		})
+	}
+	a.Resources.ReservationsOnNodes = spec.ReservationsOnNodes
 	return a
+}
+
+// nodesOf converts the collector's node summary to the Advertisement's
+// nodes; GPUs and storage only where there are some, to keep it small.
+func nodesOf(summary []collector.NodeMeasurement) []rbv1.NodeResources {
+	var out []rbv1.NodeResources
+	for _, n := range summary {
+		out = append(out, rbv1.NodeResources{Name: n.Name, Allocatable: nodeAmounts(n.Allocatable), Allocated: nodeAmounts(n.Allocated)})
+	}
+	return out
+}
+
+func nodeAmounts(l corev1.ResourceList) rbv1.NodeAmounts {
+	get := func(name corev1.ResourceName, always bool) *resource.Quantity {
+		if q, ok := l[name]; ok && (always || !q.IsZero()) {
+			return &q
+		}
+		return nil
+	}
+	return rbv1.NodeAmounts{
+		CPU: get(corev1.ResourceCPU, true), Memory: get(corev1.ResourceMemory, true),
+		GPU: get(collector.ResourceGPU, false), EphemeralStorage: get(corev1.ResourceEphemeralStorage, false),
+	}
+}
+
+func amountsToWire(a rbv1.NodeAmounts) api.Quantities {
+	return api.Quantities{CPU: a.CPU, Memory: a.Memory, GPU: a.GPU, Storage: a.EphemeralStorage}
 }
 
 func toQuantities(l corev1.ResourceList) api.Quantities {

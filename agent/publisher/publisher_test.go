@@ -3,7 +3,10 @@ package publisher_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -499,4 +502,94 @@ func TestPeriodicPublishesOnWallClock(t *testing.T) {
 	var adv rbv1.Advertisement
 	require.NoError(t, kc.Get(context.Background(), client.ObjectKey{Name: clusterID}, &adv))
 	require.NotNil(t, adv.Status.LastPublished)
+}
+
+// TestNodesReachTheBroker: the node summary and the reservations on nodes
+// reach a real broker and the Advertisement's spec. A reservation the
+// broker placed on n1 is debited there until the tenant pod that carries its
+// id runs on n1; then the provider's figures count the pod and list the id,
+// and the broker drops its own debit: counted once.
+func TestNodesReachTheBroker(t *testing.T) {
+	tb := newBed(t, nil, func(b *brokertest.Broker) publisher.Broker { return realClient(t, b) })
+	tb.waitStored(30*time.Second, "first advertisement", func(c store.Cluster) bool { return len(c.Nodes) == 1 })
+	c, _ := tb.stored()
+	require.Equal(t, store.NodeCapacity{Name: "n1", Allocatable: store.Resources{CPU: 8000, Memory: 16 << 30, Storage: 100 << 30}}, c.Nodes[0])
+
+	d, err := tb.b.Store.Reserve(tb.ctx, store.ReserveRequest{ID: "resv-1", Requester: "milan", Duration: time.Hour,
+		Resources: store.Resources{CPU: 1000, Memory: 1 << 30}})
+	require.NoError(t, err)
+	require.Equal(t, clusterID, d.Reservation.Target)
+	require.Equal(t, "n1", d.Reservation.Node)
+	c, _ = tb.stored()
+	require.Equal(t, store.Resources{CPU: 1000, Memory: 1 << 30}, c.NodesReserved["n1"], "debited until the provider reports the pod")
+
+	require.NoError(t, tb.kc.Create(tb.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "rb-milan", Labels: map[string]string{rbv1.TenantLabel: "milan"}}}))
+	require.NoError(t, tb.kc.Create(tb.ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "rb-milan", Name: "guest", Annotations: map[string]string{rbv1.ReservationIDAnnotation: "resv-1"}},
+		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{
+			Name: "c", Image: "busybox", Resources: corev1.ResourceRequirements{Requests: rl("cpu", "1", "memory", "1Gi")},
+		}}},
+	}))
+	tb.waitStored(10*time.Second, "the pod in n1's figures, its reservation listed", func(c store.Cluster) bool {
+		return len(c.Nodes) == 1 && c.Nodes[0].Allocated.CPU == 1000 && len(c.NodesReserved) == 0 &&
+			slices.Equal(c.ReservationsOnNodes, []string{"resv-1"})
+	})
+	c, _ = tb.stored()
+	require.Zero(t, c.Allocated.CPU, "the totals leave tenant pods out, as before")
+	require.Equal(t, int64(7000), c.StoredNodes()[0].Free().CPU, "counted once")
+	require.NoError(t, tb.b.Store.CheckInvariant(tb.ctx))
+
+	adv := tb.waitAdvertisement(10*time.Second, "spec shows the nodes", func(a *rbv1.Advertisement) bool {
+		return len(a.Spec.ReservationsOnNodes) == 1 && published(metav1.ConditionTrue, "")(a)
+	})
+	require.Len(t, adv.Spec.Nodes, 1)
+	require.Equal(t, "n1", adv.Spec.Nodes[0].Name)
+	require.Zero(t, adv.Spec.Nodes[0].Allocated.CPU.Cmp(resource.MustParse("1")))
+	require.Nil(t, adv.Spec.Nodes[0].Allocated.GPU, "no GPUs: left out")
+}
+
+// TestAdvertisementNodesValidation: the CRD refuses nodes the broker would
+// refuse (too many, a bad or repeated name, negative amounts, allocated
+// beyond allocatable).
+func TestAdvertisementNodesValidation(t *testing.T) {
+	cfg := testenv.Start(t, testenv.WithCRDDirectories(testenv.ModulePath(t, "manifests", "crds")))
+	scheme := runtime.NewScheme()
+	require.NoError(t, rbv1.AddToScheme(scheme))
+	kc, err := client.New(cfg, client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	ctx := context.Background()
+	amounts := func(cpu, memory string) rbv1.NodeAmounts {
+		return rbv1.NodeAmounts{CPU: ptrQ(cpu), Memory: ptrQ(memory)}
+	}
+	node := func(name, allocCPU, usedCPU string) rbv1.NodeResources {
+		return rbv1.NodeResources{Name: name, Allocatable: amounts(allocCPU, "8Gi"), Allocated: amounts(usedCPU, "1Gi")}
+	}
+	adv := func(name string, nodes ...rbv1.NodeResources) *rbv1.Advertisement {
+		return &rbv1.Advertisement{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: rbv1.AdvertisementSpec{
+			ClusterID: name, Capacity: rl("cpu", "8"), Allocatable: rl("cpu", "8"), Allocated: corev1.ResourceList{},
+			Nodes: nodes, ReservationsOnNodes: []string{"resv-1"},
+		}}
+	}
+	gpu := node("n2", "4", "1")
+	gpu.Allocatable.GPU, gpu.Allocated.GPU = ptrQ("2"), ptrQ("1")
+	require.NoError(t, kc.Create(ctx, adv("ok", node("n1", "4", "4"), gpu)))
+
+	many := make([]rbv1.NodeResources, 101)
+	for i := range many {
+		many[i] = node(fmt.Sprintf("n%d", i), "4", "1")
+	}
+	overGPU := node("n1", "4", "1")
+	overGPU.Allocated.GPU = ptrQ("1")
+	for name, a := range map[string]*rbv1.Advertisement{
+		"too-many":   adv("too-many", many...),
+		"bad-name":   adv("bad-name", node("Node_1", "4", "1")),
+		"twice":      adv("twice", node("n1", "4", "1"), node("n1", "4", "1")),
+		"negative":   adv("negative", node("n1", "4", "-1")),
+		"over":       adv("over", node("n1", "4", "5")),
+		"over-gpu":   adv("over-gpu", overGPU),
+		"no-name":    adv("no-name", node("", "4", "1")),
+		"long-value": adv("long-value", node("n1", "4", strings.Repeat("1", 70))),
+	} {
+		require.Error(t, kc.Create(ctx, a), name)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -426,15 +427,17 @@ func (s *Store) Cluster(ctx context.Context, id string) (Cluster, error) {
 	return cs[0], nil
 }
 
-// readClusters reads the hashes of clusters (cluster, nodes and node debits)
-// in one pipeline; a cluster without a hash is left out.
+// readClusters reads the keys of clusters (cluster, nodes, node debits and
+// listed reservations) in one pipeline; a cluster without a hash is left out.
 func (s *Store) readClusters(ctx context.Context, ids []string) ([]Cluster, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([][3]*redis.MapStringStringCmd, len(ids))
+	listed := make([]*redis.StringSliceCmd, len(ids))
 	for i, id := range ids {
 		cmds[i] = [3]*redis.MapStringStringCmd{
 			pipe.HGetAll(ctx, s.Key("cluster:", id)), pipe.HGetAll(ctx, s.Key("nodes:", id)), pipe.HGetAll(ctx, s.Key("node-resv:", id)),
 		}
+		listed[i] = pipe.SMembers(ctx, s.Key("node-listed:", id))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
@@ -448,7 +451,12 @@ func (s *Store) readClusters(ctx context.Context, ids []string) ([]Cluster, erro
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, withNodes(c, cmd[1].Val(), cmd[2].Val()))
+		c = withNodes(c, cmd[1].Val(), cmd[2].Val())
+		if l := listed[i].Val(); len(l) > 0 {
+			c.ReservationsOnNodes = l
+			slices.Sort(c.ReservationsOnNodes)
+		}
+		out = append(out, c)
 	}
 	return out, nil
 }

@@ -36,7 +36,8 @@ type Advertisement struct {
 	Nodes []NodeCapacity
 	// ReservationsOnNodes lists the reservations whose pods run on the
 	// cluster's nodes: the nodes' Allocated include them, so the broker
-	// stops debiting their nodes itself.
+	// stops debiting their nodes itself. Read from the store: those of them
+	// the broker acts on (live, placed on one of the cluster's nodes).
 	ReservationsOnNodes []string
 }
 
