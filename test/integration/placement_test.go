@@ -38,6 +38,8 @@ func TestPlacement(t *testing.T) {
 	}{
 		{"clean-mirror", testPlacementCleanMirror},
 		{"provider-unschedulable", testPlacementProviderUnschedulable},
+		{"per-node-fit", testPlacementPerNodeFit},
+		{"not-offloaded", testPlacementNotOffloaded},
 	} {
 		if !t.Run(sc.name, func(t *testing.T) { sc.run(t, bed) }) {
 			t.Logf("scenario %s failed; the next ones run on whatever it left", sc.name)
@@ -184,6 +186,85 @@ func testPlacementProviderUnschedulable(t *testing.T, bed *testbed.Bed) {
 	figure(t, "pod created -> provider cannot place it reported (after 3 s unplaced): %s", reported.Round(100*time.Millisecond))
 	require.NoError(t, rome.Client.Delete(ctx, pod))
 	waitPlacementClean(t, bed, ns, base)
+}
+
+// testPlacementPerNodeFit: paris has 3 CPU free, one on each node. A 3-CPU
+// pod is refused by the broker (no single node holds it: the reason
+// insufficient_node_fit reaches the pod's condition), and three 1-CPU pods
+// are granted and run, one on each paris node. rome's one CPU is taken by a
+// local pod first, so that rome is short of CPU and offloads.
+func testPlacementPerNodeFit(t *testing.T, bed *testbed.Bed) {
+	ctx := context.Background()
+	rome, paris := bed.Cluster("rome"), bed.Cluster("paris")
+	const ns = "fit"
+	newNamespace(t, rome, ns)
+	filler := brokerPod(ns, "filler", requests("1", "64Mi"))
+	filler.Spec.SchedulerName = corev1.DefaultSchedulerName
+	filler = runningPod(t, rome, filler)
+	require.Equal(t, "rome-node-1", filler.Spec.NodeName)
+	base := baseline(t, bed)
+
+	big := brokerPod(ns, "big", requests("3", "256Mi"))
+	require.NoError(t, rome.Client.Create(ctx, big))
+	eventually(t, 60*time.Second, "the 3-CPU pod refused: no paris node holds it", func() (bool, string) {
+		require.NoError(t, rome.Client.Get(ctx, client.ObjectKeyFromObject(big), big))
+		c := podCondition(big)
+		return strings.Contains(c, "insufficient_node_fit"), c
+	})
+	require.NoError(t, rome.Client.Delete(ctx, big))
+
+	var pods []*corev1.Pod
+	for i := range 3 {
+		pods = append(pods, brokerPod(ns, fmt.Sprintf("small-%d", i), requests("1", "256Mi")))
+		require.NoError(t, rome.Client.Create(ctx, pods[i]))
+	}
+	onNode := map[string]string{}
+	for _, p := range pods {
+		waitRunning(t, rome, p)
+		assert.Equal(t, "rb-paris", p.Spec.NodeName)
+		cp := copyOf(t, paris, p)
+		assert.Equal(t, corev1.PodRunning, cp.Status.Phase, "the copy runs in a real container at paris")
+		onNode[cp.Spec.NodeName] = p.Name
+	}
+	assert.Len(t, onNode, 3, "one pod on each paris node: %v", onNode)
+	require.NoError(t, bed.Store.CheckInvariant(ctx), "per node: debits within what each node has free")
+
+	for _, p := range pods {
+		require.NoError(t, rome.Client.Delete(ctx, p))
+	}
+	require.NoError(t, rome.Client.Delete(ctx, filler))
+	waitPlacementClean(t, bed, ns, base)
+}
+
+// testPlacementNotOffloaded: a pod that needs rome (a hostPath volume) and
+// fits no rome node stays Pending in rome with the reason in its condition
+// and a Warning Event NotOffloaded; no reservation is opened.
+func testPlacementNotOffloaded(t *testing.T, bed *testbed.Bed) {
+	ctx := context.Background()
+	rome := bed.Cluster("rome")
+	const ns = "local"
+	newNamespace(t, rome, ns)
+	pod := brokerPod(ns, "hostpath", requests("500m", "3Gi"))
+	pod.Spec.Volumes = []corev1.Volume{{Name: "logs", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/log"}}}}
+	require.NoError(t, rome.Client.Create(ctx, pod))
+	eventually(t, 30*time.Second, "Pending with the reason it is not offloaded", func() (bool, string) {
+		require.NoError(t, rome.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod))
+		c := podCondition(pod)
+		return strings.Contains(c, "not offloaded: uses hostPath /var/log"), c
+	})
+	eventually(t, 30*time.Second, "a Warning Event NotOffloaded", func() (bool, string) {
+		var events corev1.EventList
+		require.NoError(t, rome.Client.List(ctx, &events, client.InNamespace(ns)))
+		for _, e := range events.Items {
+			if e.InvolvedObject.Name == pod.Name && e.Reason == "NotOffloaded" && e.Type == corev1.EventTypeWarning {
+				return strings.Contains(e.Message, "hostPath"), e.Message
+			}
+		}
+		return false, fmt.Sprintf("%d events", len(events.Items))
+	})
+	assert.Empty(t, reservations(t, rome, ns), "no reservation for a pod that cannot leave rome")
+	assert.Equal(t, corev1.PodPending, pod.Status.Phase)
+	require.NoError(t, rome.Client.Delete(ctx, pod))
 }
 
 // waitPlacementClean waits until ns has no pod and no reservation and the
