@@ -335,6 +335,9 @@ func (c *Cluster) agentArgs(probe string) []string {
 			labels = map[string]string{}
 		}
 		labels[corev1.LabelArchStable], labels[corev1.LabelOSStable] = goruntime.GOARCH, "linux"
+		if r, ok := labels["region"]; ok {
+			labels[corev1.LabelTopologyRegion] = r
+		}
 	}
 	if len(labels) > 0 {
 		var kv []string
