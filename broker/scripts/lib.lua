@@ -81,22 +81,30 @@ local REC_AT = {cpu = 1, mem = 3, gpu = 5, sto = 7}
 -- REC_NODES: where the node summary starts in an idx:rec record (lib.lua header).
 local REC_NODES = 12
 
--- pack_rec packs an idx:rec record; rec_values unpacks one into 20 values.
--- struct.unpack is about six times faster than cjson.decode, and a decision
--- reads hundreds of records at 10,000 clusters.
+-- pack_rec packs an idx:rec record (20 values); read_rec reads one into a
+-- table. struct.unpack is about six times faster than cjson.decode, and a
+-- decision reads hundreds of records at 10,000 clusters. The node summary
+-- (8 values after the count) is unpacked only for a cluster that has nodes,
+-- so that the others cost what they did before nodes existed.
 local REC_FORMAT = '<' .. string.rep('d', 20)
+local REC_HEAD = '<' .. string.rep('d', 12) -- the 11 numbers and the node count
+local REC_TAIL = '<dddddddd'                -- the node summary, at byte 97
 local HAS_STRUCT = pcall(function() return struct.pack end) -- reading a missing global raises
 local function pack_rec(values)
   if HAS_STRUCT then return struct.pack(REC_FORMAT, unpack(values)) end
   return cjson.encode(values)
 end
-local function rec_values(s)
-  if HAS_STRUCT then
-    local ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n, tc, tm, tg, ts, mc, mm, mg, ms =
-      struct.unpack(REC_FORMAT, s)
-    return ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n, tc, tm, tg, ts, mc, mm, mg, ms -- not the next position
+local function rec_head(s)
+  local ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n = struct.unpack(REC_HEAD, s)
+  return {ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n} -- not struct.unpack's next position
+end
+local function read_rec(s)
+  if not HAS_STRUCT then return cjson.decode(s) end
+  local r = rec_head(s)
+  if r[REC_NODES] > 0 then
+    r[13], r[14], r[15], r[16], r[17], r[18], r[19], r[20] = struct.unpack(REC_TAIL, s, 97)
   end
-  return unpack(cjson.decode(s))
+  return r -- without nodes: 12 values (index_record pads the zeros back)
 end
 
 -- INDEX_VERSION names the index layout; a Redis holding another is reindexed at start-up.
@@ -286,6 +294,7 @@ local function index_record(prefix, cid, rec, taken)
       redis.call('ZADD', prefix .. 'idx:hfree:' .. res, num(h[res]), cid)
     end
   end
+  for i = #rec + 1, 20 do rec[i] = 0 end -- a record read without its node summary (no nodes)
   redis.call('HSET', prefix .. 'idx:rec', cid, pack_rec(rec))
   redis.call('ZADD', prefix .. 'idx:hfree:cm', num((h.cpu + h.mem) / 2), cid)
 end
@@ -353,9 +362,14 @@ local function emit(prefix, cluster, maxlen, fields)
 end
 
 local function event_fields(kind, id, r)
-  return {'type', kind, 'reservation', id, 'requester', r.requester, 'provider', r.target,
+  local f = {'type', kind, 'reservation', id, 'requester', r.requester, 'provider', r.target,
     'phase', r.phase, 'cpu', r.cpu, 'mem', r.mem, 'gpu', r.gpu, 'sto', r.sto,
-    'expires_ms', r.expires_ms, 'node', r.node or ''}
+    'expires_ms', r.expires_ms}
+  if r.node and r.node ~= '' then
+    f[#f + 1] = 'node'
+    f[#f + 1] = r.node
+  end
+  return f
 end
 
 -- waiting_id is the reservation id of a waiting list member.

@@ -116,20 +116,32 @@ local function read_missing(key, ids, cache, decode)
   end
 end
 local function decode_rec(raw)
-  return raw and {rec_values(raw)} or false
+  return raw and read_rec(raw) or false
 end
 local function load_recs(ids, with_labels)
   read_missing(prefix .. 'idx:rec', ids, recs, decode_rec)
   if with_labels then read_missing(prefix .. 'idx:labels', ids, labels_of, decode_labels) end
 end
 
--- nodes_of: the node tables (lib.lua decode_nrec) this call has read, kept
--- current as the batch takes capacity; false: the cluster has no nodes.
-local nodes_of = {}
+-- any_nodes: some live cluster advertises nodes (else no node check is made).
+local any_nodes = redis.call('EXISTS', prefix .. 'idx:nrec') == 1
+
+-- nraw: the idx:nrec values this call has read (false: none); nodes_of: the
+-- node tables decoded from them (lib.lua decode_nrec), kept current as the
+-- batch takes capacity (a cluster taken from is read from its table only).
+local nraw, nodes_of = {}, {}
+local function node_raw(cid)
+  local raw = nraw[cid]
+  if raw == nil then
+    raw = redis.call('HGET', prefix .. 'idx:nrec', cid) or false
+    nraw[cid] = raw
+  end
+  return raw
+end
 local function node_table(cid)
   local nt = nodes_of[cid]
   if nt == nil then
-    local raw = redis.call('HGET', prefix .. 'idx:nrec', cid)
+    local raw = node_raw(cid)
     nt = raw and decode_nrec(raw) or false
     nodes_of[cid] = nt
   end
@@ -143,15 +155,34 @@ local function node_holds(nt, i, c, m, g, s)
     and (s == 0 or f[b + 4] >= s)
 end
 
--- node_fit tells whether one node of cluster cid can hold c, m, g, s. r is
--- its record, whose node summary decides most cases; nt its node table when
--- the caller has it (the full scan reads it from the hashes).
-local function node_fit(cid, r, nt, c, m, g, s)
+-- summary_fit decides from a record's node summary whether one of its
+-- nodes can hold c, m, g, s: true, false, or nil when it cannot tell.
+local function summary_fit(r, c, m, g, s)
   if (c == 0 or r[13] >= c) and (m == 0 or r[14] >= m) and (g == 0 or r[15] >= g) and (s == 0 or r[16] >= s) then
     return true -- the node with the most free cpu holds it
   end
   if (c > 0 and c > r[17]) or (m > 0 and m > r[18]) or (g > 0 and g > r[19]) or (s > 0 and s > r[20]) then
     return false -- more than any node has free
+  end
+  return nil
+end
+
+-- node_fit tells whether one node of cluster cid can hold c, m, g, s. r is
+-- its record, whose node summary decides most cases; nt its node table when
+-- the caller has it (the full scan reads it from the hashes). Otherwise the
+-- packed node record is scanned in place, most free cpu first, up to the
+-- first node that holds it (no table built).
+local function node_fit(cid, r, nt, c, m, g, s)
+  local decided = summary_fit(r, c, m, g, s)
+  if decided ~= nil then return decided end
+  nt = nt or nodes_of[cid]
+  if nt == nil and HAS_STRUCT then
+    local raw = node_raw(cid)
+    for pos = 3, 2 + 32 * struct.unpack('<H', raw), 32 do
+      local fc, fm, fg, fs = struct.unpack('<dddd', raw, pos)
+      if (c == 0 or fc >= c) and (m == 0 or fm >= m) and (g == 0 or fg >= g) and (s == 0 or fs >= s) then return true end
+    end
+    return false
   end
   nt = nt or node_table(cid)
   for i = 1, nt.n do
@@ -483,9 +514,20 @@ local function decide(a, arrival_us)
   end
 
   -- evaluate_records judges clusters from their records; the requester is
-  -- never a candidate, and counts as a rejection when met.
+  -- never a candidate, and counts as a rejection when met. The node records
+  -- of the clusters whose totals hold the request but whose node summary
+  -- cannot decide are read together first.
   local function evaluate_records(ids)
     load_recs(ids, selector ~= nil)
+    local undecided = {}
+    for _, cid in ipairs(any_nodes and ids or undecided) do
+      local r = recs[cid]
+      if r and r[REC_NODES] > 0 and nraw[cid] == nil and (rc == 0 or r[2] >= rc) and (rm == 0 or r[4] >= rm)
+        and (rg == 0 or r[6] >= rg) and (rst == 0 or r[8] >= rst) and summary_fit(r, rc, rm, rg, rst) == nil then
+        undecided[#undecided + 1] = cid
+      end
+    end
+    read_missing(prefix .. 'idx:nrec', undecided, nraw, function(raw) return raw or false end)
     for _, cid in ipairs(ids) do
       local r = recs[cid]
       if cid == requester then

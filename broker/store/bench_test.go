@@ -274,3 +274,78 @@ func BenchmarkAdvertise(b *testing.B) {
 		})
 	})
 }
+
+// benchNodes splits a benchCluster advertisement into 10 nodes of varied
+// sizes and use (their sums are the cluster's totals, give or take the
+// rounding). slowPath makes the node with the most free cpu memory-full,
+// so that the record's node summary cannot decide any request and every
+// candidate's node record is read: the worst case of the per-node check.
+func benchNodes(rng *rand.Rand, ad store.Advertisement, slowPath bool) []store.NodeCapacity {
+	weights := []int64{1, 1, 1, 1, 2, 2, 2, 3, 3, 4} // sums to 20
+	nodes := make([]store.NodeCapacity, len(weights))
+	part := func(total, w int64) int64 { return total / 20 * w }
+	for i, w := range weights {
+		a := store.Resources{CPU: part(ad.Allocatable.CPU, w), Memory: part(ad.Allocatable.Memory, w),
+			GPU: part(ad.Allocatable.GPU, w), Storage: part(ad.Allocatable.Storage, w)}
+		pct := rng.Int64N(70)
+		nodes[i] = store.NodeCapacity{Name: fmt.Sprintf("node-%02d", i), Allocatable: a,
+			Allocated: store.Resources{CPU: a.CPU * pct / 100, Memory: a.Memory * pct / 100, GPU: a.GPU / 2, Storage: a.Storage * pct / 100}}
+	}
+	if slowPath {
+		top := &nodes[len(nodes)-1]
+		top.Allocated = store.Resources{Memory: top.Allocatable.Memory}
+	}
+	return nodes
+}
+
+// BenchmarkReserveNodes measures the cost of the per-node fit: one
+// decision (reserve.lua, through the index) at 100 and 10,000 clusters, in
+// the same run, with the clusters advertising no nodes (nodes=0: the
+// cluster-level fit, as before), 10 nodes each (nodes=10: the record's node
+// summary decides, the winner's node record is read to choose its node) and
+// 10 nodes whose largest by cpu has no memory free (nodes=10-slowpath: every
+// candidate's node record is read).
+func BenchmarkReserveNodes(b *testing.B) {
+	st, rdb := benchStore(b)
+	ctx := context.Background()
+	for _, n := range []int{100, 10000} {
+		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
+			for _, variant := range []string{"0", "10", "10-slowpath"} {
+				require.NoError(b, rdb.FlushAll(ctx).Err())
+				require.NoError(b, st.LoadScripts(ctx))
+				rng := rand.New(rand.NewPCG(uint64(n), 42))
+				ads := make([]store.Advertisement, n)
+				for i := range ads {
+					ads[i] = benchCluster(rng, benchClusterID(i))
+					if variant != "0" {
+						ads[i].Nodes = benchNodes(rng, ads[i], variant == "10-slowpath")
+					}
+				}
+				var g errgroup.Group
+				g.SetLimit(32)
+				for i := range ads {
+					g.Go(func() error {
+						_, err := st.Advertise(ctx, benchClusterID(i), ads[i])
+						return err
+					})
+				}
+				require.NoError(b, g.Wait())
+				requesters := min(n, 8)
+				b.Run("nodes="+variant, func(b *testing.B) {
+					runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {
+						d, err := st.Reserve(ctx, store.ReserveRequest{
+							ID:        "b" + strconv.FormatInt(seq, 36),
+							Requester: benchClusterID(int(seq) % requesters),
+							Resources: benchRequests[seq%int64(len(benchRequests))],
+							Duration:  time.Hour,
+						})
+						if err == nil && (d.Reservation.Node == "") != (variant == "0") {
+							err = fmt.Errorf("reservation on node %q with %s nodes", d.Reservation.Node, variant)
+						}
+						return err
+					})
+				})
+			}
+		})
+	}
+}

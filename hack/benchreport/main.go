@@ -39,7 +39,7 @@ import (
 var suites = []Suite{
 	{
 		Name: "broker", Pkg: "./broker/store/",
-		About: "one reservation decision (reserve.lua) by federation size, candidate index vs full scan; trivial EVALSHA as the floor",
+		About: "one reservation decision (reserve.lua) by federation size, candidate index vs full scan; trivial EVALSHA as the floor; per-node fit (10 nodes per cluster) vs no nodes",
 		Runs: []Run{
 			// Per-op cost differs by three orders of magnitude between the
 			// trivial script and the full scan at 10,000 clusters: one
@@ -50,9 +50,14 @@ var suites = []Suite{
 			{Bench: `^BenchmarkReserve$/^clusters=(1000|10000)$/^method=index$`, Benchtime: "1000x"},
 			{Bench: `^BenchmarkReserve$/^clusters=1000$/^method=scan$`, Benchtime: "200x"},
 			{Bench: `^BenchmarkReserve$/^clusters=10000$/^method=scan$`, Benchtime: "50x"},
+			// Per-node fit: the same decision with clusters advertising no
+			// nodes (the baseline) and 10 nodes each, in the same run.
+			{Bench: `^BenchmarkReserveNodes$/^clusters=100$`, Benchtime: "2000x"},
+			{Bench: `^BenchmarkReserveNodes$/^clusters=10000$`, Benchtime: "1000x"},
 		},
 		Baselines: []Baseline{
 			{Label: "full scan", Match: `/method=index/`, Replace: `/method=scan/`},
+			{Label: "no nodes", Match: `/nodes=10(-slowpath)?/`, Replace: `/nodes=0/`},
 			{Label: "trivial EVALSHA", Match: `/clusters=\d+/method=\w+/`, Replace: `/baseline-trivial-evalsha/`,
 				Units: map[string]string{"decisions/s": "calls/s", "p50-ms": "p50-ms", "p99-ms": "p99-ms", "redis-us/op": "redis-us/op"}},
 		},
@@ -122,6 +127,15 @@ var targets = []Target{
 		Name: `^BenchmarkReserve/clusters=10000/method=index/serial$`, Unit: "p99-ms", Baseline: "full scan", Op: "<", Limit: 5},
 	{Suite: "broker", Figure: "p99 ms, 10,000 clusters, index, 16 in flight",
 		Name: `^BenchmarkReserve/clusters=10000/method=index/parallel$`, Unit: "p99-ms", Baseline: "full scan", Op: "<", Limit: 5},
+	// Per-node fit (issue 16): at most 1.5x the cost of the cluster-level fit.
+	{Suite: "broker", Figure: "per-node fit: p99 ms, 10,000 clusters x 10 nodes vs no nodes, serial",
+		Name: `^BenchmarkReserveNodes/clusters=10000/nodes=10/serial$`, Unit: "p99-ms", Baseline: "no nodes", OnRatio: true, Op: "<", Limit: 1.5},
+	{Suite: "broker", Figure: "per-node fit: decisions/s, 100 clusters x 10 nodes vs no nodes, 16 in flight",
+		Name: `^BenchmarkReserveNodes/clusters=100/nodes=10/parallel$`, Unit: "decisions/s", Baseline: "no nodes", OnRatio: true, Op: ">=", Limit: 1 / 1.5},
+	{Suite: "broker", Figure: "per-node fit, worst case (every node record read): p99 ms, 10,000 clusters, serial",
+		Name: `^BenchmarkReserveNodes/clusters=10000/nodes=10-slowpath/serial$`, Unit: "p99-ms", Baseline: "no nodes", Info: "worst case, shown beside"},
+	{Suite: "broker", Figure: "per-node fit, worst case (every node record read): decisions/s, 100 clusters, 16 in flight",
+		Name: `^BenchmarkReserveNodes/clusters=100/nodes=10-slowpath/parallel$`, Unit: "decisions/s", Baseline: "no nodes", Info: "worst case, shown beside"},
 	{Suite: "http", Figure: "HTTP reservations/s (HTTPS, mTLS)",
 		Name: `^BenchmarkHTTPReserve/https-mtls$`, Unit: "reservations/s", Baseline: "in-process Store.Reserve", Op: ">=", Limit: 5000},
 	{Suite: "http", Figure: "HTTP p99 ms (HTTPS, mTLS)",
