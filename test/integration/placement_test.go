@@ -198,11 +198,11 @@ func testPlacementPerNodeFit(t *testing.T, bed *testbed.Bed) {
 	rome, paris := bed.Cluster("rome"), bed.Cluster("paris")
 	const ns = "fit"
 	newNamespace(t, rome, ns)
+	base := baseline(t, bed)
 	filler := brokerPod(ns, "filler", requests("1", "64Mi"))
 	filler.Spec.SchedulerName = corev1.DefaultSchedulerName
 	filler = runningPod(t, rome, filler)
 	require.Equal(t, "rome-node-1", filler.Spec.NodeName)
-	base := baseline(t, bed)
 
 	big := brokerPod(ns, "big", requests("3", "256Mi"))
 	require.NoError(t, rome.Client.Create(ctx, big))
