@@ -30,9 +30,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -40,7 +38,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/cluster"
 
-	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 )
 
 // Measurement is one snapshot of the running totals. Each list holds cpu,
@@ -134,16 +131,13 @@ func (c *Collector) cacheOptions() cache.Options {
 		fields.OneTermNotEqualSelector("status.phase", string(corev1.PodSucceeded)),
 		fields.OneTermNotEqualSelector("status.phase", string(corev1.PodFailed)),
 	)
-	// Only tenant namespaces matter; one that loses the label arrives as a deletion.
-	tenant, err := labels.NewRequirement(rbv1.TenantLabel, selection.Exists, nil)
-	if err != nil {
-		panic(err) // a constant, valid label key
-	}
+	// Every namespace, reduced to whether it is a tenant's: ours carry a
+	// label, Liqo's an annotation, which no selector can pick.
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:       {Field: podFields, Transform: c.transformPod},
 			&corev1.Node{}:      {Transform: transformNode},
-			&corev1.Namespace{}: {Label: labels.NewSelector().Add(*tenant), Transform: transformNamespace},
+			&corev1.Namespace{}: {Transform: transformNamespace},
 		},
 	}
 }

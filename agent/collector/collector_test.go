@@ -317,6 +317,18 @@ func TestCollectorCountsByHand(t *testing.T) {
 	require.NoError(t, kc.Update(ctx, &ns))
 	expect(t, coll, full, "rb-rome a tenant namespace again")
 
+	// The same namespace as Liqo marks the namespaces of pods offloaded
+	// here (annotation, no label of ours): its pods are a tenant's too.
+	require.NoError(t, kc.Get(ctx, client.ObjectKey{Name: "rb-rome"}, &ns))
+	ns.Labels = nil
+	ns.Annotations = map[string]string{"liqo.io/managed-by-namespace-map": "liqo-tenant-rome/rome"}
+	require.NoError(t, kc.Update(ctx, &ns))
+	expect(t, coll, full, "rb-rome a Liqo remote namespace")
+	require.NoError(t, kc.Get(ctx, client.ObjectKey{Name: "rb-rome"}, &ns))
+	ns.Labels, ns.Annotations = map[string]string{rbv1.TenantLabel: "rome"}, nil
+	require.NoError(t, kc.Update(ctx, &ns))
+	expect(t, coll, full, "rb-rome ours again")
+
 	// plain succeeds: -500m, -1Gi, -1Gi storage: 5350m, 4032Mi, 0 storage, 4 pods.
 	plain.Status.Phase = corev1.PodSucceeded
 	require.NoError(t, kc.Status().Update(ctx, plain))

@@ -143,9 +143,16 @@ func isReady(n *corev1.Node) bool {
 	return false
 }
 
-// tenancyOf reduces a namespace.
+// tenancyOf reduces a namespace. Tenant namespaces are ours (label
+// broker.fluidos.eu/tenant) and the namespaces Liqo makes for the pods
+// other clusters offload here (annotation liqo.io/managed-by-namespace-map):
+// in a federation run by the broker those pods run on a reservation (the
+// requester's ResourceSlice was made for one), which holds their capacity.
 func tenancyOf(ns *corev1.Namespace) *namespaceTenancy {
 	_, tenant := ns.Labels[rbv1.TenantLabel]
+	if _, liqo := ns.Annotations[liqoconsts.RemoteNamespaceManagedByAnnotationKey]; liqo {
+		tenant = true
+	}
 	return &namespaceTenancy{ObjectMeta: slimMeta(&ns.ObjectMeta), Tenant: tenant}
 }
 
