@@ -88,23 +88,20 @@ local REC_NODES = 12
 -- so that the others cost what they did before nodes existed.
 local REC_FORMAT = '<' .. string.rep('d', 20)
 local REC_HEAD = '<' .. string.rep('d', 12) -- the 11 numbers and the node count
-local REC_TAIL = '<dddddddd'                -- the node summary, at byte 97
 local HAS_STRUCT = pcall(function() return struct.pack end) -- reading a missing global raises
 local function pack_rec(values)
   if HAS_STRUCT then return struct.pack(REC_FORMAT, unpack(values)) end
   return cjson.encode(values)
 end
-local function rec_head(s)
-  local ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n = struct.unpack(REC_HEAD, s)
-  return {ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n} -- not struct.unpack's next position
-end
+local NO_NODES = HAS_STRUCT and struct.pack('<d', 0) -- the bytes of a node count of 0
 local function read_rec(s)
   if not HAS_STRUCT then return cjson.decode(s) end
-  local r = rec_head(s)
-  if r[REC_NODES] > 0 then
-    r[13], r[14], r[15], r[16], r[17], r[18], r[19], r[20] = struct.unpack(REC_TAIL, s, 97)
+  if string.sub(s, 89, 96) == NO_NODES then -- without nodes: 12 values (index_record pads the zeros back)
+    local ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n = struct.unpack(REC_HEAD, s)
+    return {ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n} -- not struct.unpack's next position
   end
-  return r -- without nodes: 12 values (index_record pads the zeros back)
+  local ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n, tc, tm, tg, ts, mc, mm, mg, ms = struct.unpack(REC_FORMAT, s)
+  return {ac, fc, am, fm, ag, fg, as, fs, pc, pm, pg, n, tc, tm, tg, ts, mc, mm, mg, ms}
 end
 
 -- INDEX_VERSION names the index layout; a Redis holding another is reindexed at start-up.

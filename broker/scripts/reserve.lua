@@ -123,9 +123,6 @@ local function load_recs(ids, with_labels)
   if with_labels then read_missing(prefix .. 'idx:labels', ids, labels_of, decode_labels) end
 end
 
--- any_nodes: some live cluster advertises nodes (else no node check is made).
-local any_nodes = redis.call('EXISTS', prefix .. 'idx:nrec') == 1
-
 -- nraw: the idx:nrec values this call has read (false: none); nodes_of: the
 -- node tables decoded from them (lib.lua decode_nrec), kept current as the
 -- batch takes capacity (a cluster taken from is read from its table only).
@@ -167,14 +164,12 @@ local function summary_fit(r, c, m, g, s)
   return nil
 end
 
--- node_fit tells whether one node of cluster cid can hold c, m, g, s. r is
--- its record, whose node summary decides most cases; nt its node table when
--- the caller has it (the full scan reads it from the hashes). Otherwise the
--- packed node record is scanned in place, most free cpu first, up to the
--- first node that holds it (no table built).
-local function node_fit(cid, r, nt, c, m, g, s)
-  local decided = summary_fit(r, c, m, g, s)
-  if decided ~= nil then return decided end
+-- node_scan tells whether one node of cluster cid can hold c, m, g, s by
+-- reading its nodes: nt, its node table, when the caller has it (the full
+-- scan reads it from the hashes); else the one kept by a batch that took
+-- from it; else the packed node record, scanned in place, most free cpu
+-- first, up to the first node that holds it (no table built).
+local function node_scan(cid, nt, c, m, g, s)
   nt = nt or nodes_of[cid]
   if nt == nil and HAS_STRUCT then
     local raw = node_raw(cid)
@@ -189,6 +184,14 @@ local function node_fit(cid, r, nt, c, m, g, s)
     if node_holds(nt, i, c, m, g, s) then return true end
   end
   return false
+end
+
+-- node_fit tells whether one node of cluster cid can hold c, m, g, s; r is
+-- its record, whose node summary decides most cases.
+local function node_fit(cid, r, nt, c, m, g, s)
+  local decided = summary_fit(r, c, m, g, s)
+  if decided ~= nil then return decided end
+  return node_scan(cid, nt, c, m, g, s)
 end
 
 -- best_node names the node a reservation of c, m, g, s takes on a cluster
@@ -440,6 +443,10 @@ local function decide(a, arrival_us)
   local examined = 0
   local fit_n, fit_id, fit_rs, fit_price = 0, {}, {}, {}
   local fit_min, fit_max -- the lowest and highest price among the fits so far
+  -- deferred: while evaluate_records judges a batch of records, the clusters
+  -- whose node record must be read (their node summary cannot decide),
+  -- judged again once those records are read together.
+  local deferred = nil
   local function judge(cid, r, labels, nt)
     examined = examined + 1
     -- Same order as the requested resources (cpu, mem, gpu, sto): the same
@@ -471,9 +478,22 @@ local function decide(a, arrival_us)
       end
     end
     if not ok then return end
-    if r[REC_NODES] > 0 and not node_fit(cid, r, nt, rc, rm, rg, rst) then
-      rej.node = rej.node + 1
-      return
+    if r[REC_NODES] > 0 and not ((rc == 0 or r[13] >= rc) and (rm == 0 or r[14] >= rm)
+      and (rg == 0 or r[15] >= rg) and (rst == 0 or r[16] >= rst)) then
+      -- Not the node with the most free cpu: perhaps another.
+      local fits = summary_fit(r, rc, rm, rg, rst)
+      if fits == nil then
+        if deferred and nodes_of[cid] == nil and nraw[cid] == nil then
+          deferred[#deferred + 1] = cid
+          examined = examined - 1 -- counted when judged again
+          return
+        end
+        fits = node_scan(cid, nt, rc, rm, rg, rst)
+      end
+      if not fits then
+        rej.node = rej.node + 1
+        return
+      end
     end
     local price = price_of(req, r[9], r[10], r[11])
     fit_n = fit_n + 1
@@ -516,18 +536,10 @@ local function decide(a, arrival_us)
   -- evaluate_records judges clusters from their records; the requester is
   -- never a candidate, and counts as a rejection when met. The node records
   -- of the clusters whose totals hold the request but whose node summary
-  -- cannot decide are read together first.
+  -- cannot decide are read together, then those clusters judged.
   local function evaluate_records(ids)
     load_recs(ids, selector ~= nil)
-    local undecided = {}
-    for _, cid in ipairs(any_nodes and ids or undecided) do
-      local r = recs[cid]
-      if r and r[REC_NODES] > 0 and nraw[cid] == nil and (rc == 0 or r[2] >= rc) and (rm == 0 or r[4] >= rm)
-        and (rg == 0 or r[6] >= rg) and (rst == 0 or r[8] >= rst) and summary_fit(r, rc, rm, rg, rst) == nil then
-        undecided[#undecided + 1] = cid
-      end
-    end
-    read_missing(prefix .. 'idx:nrec', undecided, nraw, function(raw) return raw or false end)
+    deferred = {}
     for _, cid in ipairs(ids) do
       local r = recs[cid]
       if cid == requester then
@@ -535,6 +547,12 @@ local function decide(a, arrival_us)
       elseif r then
         judge(cid, r, labels_of[cid])
       end
+    end
+    local later = deferred
+    deferred = nil
+    if #later > 0 then
+      read_missing(prefix .. 'idx:nrec', later, nraw, function(raw) return raw or false end)
+      for _, cid in ipairs(later) do judge(cid, recs[cid], labels_of[cid]) end
     end
   end
 
