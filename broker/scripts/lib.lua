@@ -43,7 +43,8 @@
 --                                   free less the broker's debit), most free cpu first: a count
 --                                   (uint16), 4 doubles per node (cpu, mem, gpu, sto), the names
 --                                   separated by spaces (JSON {names, f} without struct); read
---                                   only when the record's summary cannot decide a fit
+--                                   only when the record's summary cannot decide a fit, and
+--                                   for the winner (to choose its node)
 --   P.."idx:labels"         hash    cluster id -> labels JSON (read only for a label selector)
 --   P.."idx:alloc:"..r      zset    cluster id -> alloc r
 --   P.."idx:price:"..r      zset    cluster id -> price of r (cpu, mem, gpu)
