@@ -27,6 +27,8 @@ import (
 
 	authv1beta1 "github.com/liqotech/liqo/apis/authentication/v1beta1"
 	liqov1beta1 "github.com/liqotech/liqo/apis/core/v1beta1"
+
+	"github.com/fluidos-project/resource-broker/internal/testbed"
 )
 
 // The chart's names liqobed relies on.
@@ -97,7 +99,7 @@ func (c *Cluster) install(ctx context.Context) error {
 		return err
 	}
 	if err := wait(ctx, 90*time.Second, cm, "liqo-controller-manager healthy", func() (bool, error) {
-		return httpOK(fmt.Sprintf("http://%s/healthz", cm.probe)), nil
+		return testbed.HTTPOK(fmt.Sprintf("http://%s/healthz", cm.probe)), nil
 	}); err != nil {
 		return err
 	}
@@ -294,7 +296,7 @@ func (c *Cluster) create(ctx context.Context, o *unstructured.Unstructured) erro
 // API server gets answers from it.
 func (c *Cluster) waitWebhook(ctx context.Context, wh *standIn) error {
 	if err := wait(ctx, 90*time.Second, wh, "liqo-webhook ready", func() (bool, error) {
-		return httpOK(fmt.Sprintf("http://%s/readyz", wh.probe)), nil
+		return testbed.HTTPOK(fmt.Sprintf("http://%s/readyz", wh.probe)), nil
 	}); err != nil {
 		return err
 	}

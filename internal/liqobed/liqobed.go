@@ -383,7 +383,7 @@ func (l *Liqo) Close() error {
 func (l *Liqo) DumpLogs(logf func(string, ...any), lines int) {
 	logs, _ := filepath.Glob(filepath.Join(l.bed.LogDir, "liqo-*.log"))
 	for _, p := range logs {
-		logf("---- %s, last %d lines:\n%s", p, lines, tail(p, lines))
+		logf("---- %s, last %d lines:\n%s", p, lines, testbed.TailFile(p, lines))
 	}
 }
 

@@ -1,12 +1,9 @@
 package liqobed
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path"
@@ -123,7 +120,7 @@ func (c *Cluster) newStandIn(ctx context.Context, d *appsv1.Deployment) (*standI
 	s := &standIn{c: c, key: d.Namespace + "/" + d.Name, uid: d.UID, binary: binary,
 		stopping: make(chan struct{}), done: make(chan struct{})}
 	// Host processes share one network namespace: own ports, loopback probes, no metrics.
-	ports, err := freePorts(2)
+	ports, err := testbed.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
@@ -404,54 +401,6 @@ func wait(ctx context.Context, timeout time.Duration, s *standIn, what string, c
 			return fmt.Errorf("waiting for %s: %w after %s%s", what, errTimeout, timeout, tailText)
 		}
 	}
-}
-
-var plainHTTP = &http.Client{Timeout: 2 * time.Second}
-
-func httpOK(url string) bool {
-	resp, err := plainHTTP.Get(url)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	out := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "0.0.0.0:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
-}
-
-func tail(file string, n int) string {
-	f, err := os.Open(file)
-	if err != nil {
-		return fmt.Sprintf("(no log: %v)", err)
-	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	return strings.Join(lines, "\n")
 }
 
 // rssOf is the resident set size of a process in bytes (0 if unknown).

@@ -356,7 +356,7 @@ func (c *Cluster) agentArgs(probe string) []string {
 		// at the kubelet port, as a pod of the agent would have it.
 		args = append(args, "--kubelet-address="+c.AgentIP+":10250", "--node-ip="+c.AgentIP)
 	case c.bed.agentHasFlag("kubelet-address"):
-		if ports, err := freePorts(1); err == nil {
+		if ports, err := FreePorts(1); err == nil {
 			args = append(args, "--kubelet-address=127.0.0.1:"+strconv.Itoa(ports[0]), "--node-ip=127.0.0.1")
 		}
 	}
@@ -381,7 +381,7 @@ func (c *Cluster) StartAgent(ctx context.Context) error {
 	}
 	var last error
 	for range 3 {
-		ports, err := freePorts(1)
+		ports, err := FreePorts(1)
 		if err != nil {
 			return err
 		}
@@ -408,7 +408,7 @@ func (c *Cluster) StartAgent(ctx context.Context) error {
 
 func (c *Cluster) waitAgent(ctx context.Context, since time.Time) error {
 	return c.bed.poll(ctx, c.Agent, 90*time.Second, "agent "+c.Name+" ready and advertised", func() (bool, error) {
-		if !httpOK("http://" + c.agentProbe + "/readyz") {
+		if !HTTPOK("http://" + c.agentProbe + "/readyz") {
 			return false, nil
 		}
 		cl, err := c.bed.Store.Cluster(ctx, c.Name)
@@ -534,7 +534,7 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 	}
 	var last error
 	for range 3 {
-		ports, err := freePorts(1)
+		ports, err := FreePorts(1)
 		if err != nil {
 			return err
 		}
@@ -576,7 +576,8 @@ func httpsOK(url string) bool {
 
 var plainHTTP = &http.Client{Timeout: 2 * time.Second}
 
-func httpOK(url string) bool {
+// HTTPOK tells whether a plain-HTTP GET of url answers 200 within 2 s.
+func HTTPOK(url string) bool {
 	resp, err := plainHTTP.Get(url)
 	if err != nil {
 		return false

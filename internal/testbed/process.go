@@ -127,7 +127,7 @@ func (p *Process) signal(sig syscall.Signal, grace time.Duration) error {
 }
 
 // Tail returns the last n lines of the process's log.
-func (p *Process) Tail(n int) string { return tailFile(p.LogPath, n) }
+func (p *Process) Tail(n int) string { return TailFile(p.LogPath, n) }
 
 // portInUse tells from the log whether the last run failed to bind a port.
 func (p *Process) portInUse() bool {
@@ -146,7 +146,8 @@ func closed(ch chan struct{}) bool {
 	}
 }
 
-func tailFile(path string, n int) string {
+// TailFile returns the last n lines of a file (or why there are none).
+func TailFile(path string, n int) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
@@ -164,9 +165,9 @@ func tailFile(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// freePorts returns n distinct free loopback ports. Another process may take
+// FreePorts returns n distinct free loopback ports. Another process may take
 // one before it is bound: callers retry a start that failed to bind.
-func freePorts(n int) ([]int, error) {
+func FreePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {

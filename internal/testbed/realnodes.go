@@ -230,7 +230,7 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 	grace := c.bed.opts.NodeMonitorGracePeriod
 	var last error
 	for range 3 {
-		ports, err := freePorts(1)
+		ports, err := FreePorts(1)
 		if err != nil {
 			return err
 		}

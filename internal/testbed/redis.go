@@ -50,7 +50,7 @@ func (r *Redis) start(ctx context.Context) error {
 	var last error
 	for range 3 { // a free port can be taken before redis binds it
 		if r.Addr == "" {
-			ports, err := freePorts(1)
+			ports, err := FreePorts(1)
 			if err != nil {
 				return err
 			}

@@ -373,7 +373,7 @@ func (br *Broker) start(ctx context.Context) error {
 	var last error
 	for range 3 {
 		if br.Addr == "" {
-			ports, err := freePorts(2)
+			ports, err := FreePorts(2)
 			if err != nil {
 				return err
 			}
@@ -403,7 +403,7 @@ func (br *Broker) start(ctx context.Context) error {
 // scripts loaded: /readyz reloads them after a Redis restart).
 func (br *Broker) WaitReady(ctx context.Context) error {
 	return br.bed.poll(ctx, br.Process, 60*time.Second, br.Name+" ready", func() (bool, error) {
-		return httpOK("http://" + br.HealthAddr + "/readyz"), nil
+		return HTTPOK("http://" + br.HealthAddr + "/readyz"), nil
 	})
 }
 
@@ -505,12 +505,12 @@ func (b *Bed) DumpLogs(logf func(string, ...any), lines int) {
 		for _, n := range c.RealNodes() {
 			for _, f := range []string{"node.log", "kubelet.log"} {
 				p := filepath.Join(n.LogDir, f)
-				logf("---- %s %s (%s), last %d lines:\n%s", n.Name, f, p, lines/2, tailFile(p, lines/2))
+				logf("---- %s %s (%s), last %d lines:\n%s", n.Name, f, p, lines/2, TailFile(p, lines/2))
 			}
 		}
 	}
 	if b.ctrlLog != nil {
-		logf("---- in-process controllers (%s), last %d lines:\n%s", b.ctrlLog.Name(), lines, tailFile(b.ctrlLog.Name(), lines))
+		logf("---- in-process controllers (%s), last %d lines:\n%s", b.ctrlLog.Name(), lines, TailFile(b.ctrlLog.Name(), lines))
 	}
 }
 
