@@ -82,7 +82,7 @@ func newCommand() *cobra.Command {
 	f.StringVar(&o.brokerCertDir, "broker-cert-dir", "/etc/rb-agent/tls", "directory with tls.crt, tls.key and ca.crt for the broker")
 	f.StringVar(&o.endpoint, "endpoint", "", "this cluster's API server URL as requesters reach it (default: from the kubeconfig)")
 	f.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "resource-broker"), "namespace of the agent's ProviderInstructions")
-	f.StringToStringVar(&o.labels, "labels", nil, "labels to advertise, e.g. region=eu-west,zone=a,gpu-model=a100")
+	f.StringToStringVar(&o.labels, "labels", nil, "labels to advertise; pods that require node labels are matched on kubernetes.io/arch, kubernetes.io/os, topology.kubernetes.io/region, topology.kubernetes.io/zone and nvidia.com/gpu.product, e.g. topology.kubernetes.io/region=eu-west,kubernetes.io/arch=amd64")
 	f.StringVar(&o.currency, "currency", "EUR", "ISO 4217 currency of the prices")
 	f.StringVar(&o.priceCPU, "price-cpu", "", "price of one core for one hour, e.g. 0.031")
 	f.StringVar(&o.priceMemory, "price-memory", "", "price of one GiB for one hour, e.g. 0.004")
