@@ -44,7 +44,9 @@ type Options struct {
 	TokenTTL time.Duration
 	// Debounce and PublishPeriod pace the advertisement (defaults 1s and 30s).
 	Debounce, PublishPeriod time.Duration
-	// MinBackoff and MaxBackoff pace retries of refused reservations (defaults 1s, 30s).
+	// MinBackoff and MaxBackoff pace retries of refused reservations (defaults 1s, 30s);
+	// one refused for lack of capacity is retried at least every 2s
+	// (reservation.DefaultWaitingRetry) to keep its place on the broker's waiting list.
 	MinBackoff, MaxBackoff time.Duration
 	// ReserveBroker, when set, replaces Broker for the Reservation reconciler (tests inject faults).
 	ReserveBroker reservation.Broker

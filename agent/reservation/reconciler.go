@@ -66,6 +66,13 @@ type Reconciler struct {
 	// MinBackoff and MaxBackoff bound the wait between attempts of a
 	// reservation the broker refused or could not be reached for.
 	MinBackoff, MaxBackoff time.Duration
+	// WaitingRetry bounds the wait between attempts of a reservation the
+	// broker refused for lack of capacity (default DefaultWaitingRetry): the
+	// request then waits on the broker's priority list, and each attempt
+	// renews its place there, which the broker forgets after its --wait-ttl
+	// (5s) without one. It must stay below that TTL. CapacityAvailable
+	// events bring an attempt at once.
+	WaitingRetry time.Duration
 	// Notify receives a Reservation to look at again (from the broker's event stream).
 	Notify chan event.GenericEvent
 	// MaxConcurrentReconciles is how many Reservations are reconciled at
@@ -80,6 +87,11 @@ type Reconciler struct {
 	// acting would ask the broker again and write a status that conflicts.
 	written sync.Map // types.NamespacedName -> uint64
 }
+
+// DefaultWaitingRetry is Reconciler.WaitingRetry's default: well below the
+// broker's default --wait-ttl (5s), so that one late attempt does not lose
+// the request's place on the waiting list.
+const DefaultWaitingRetry = 2 * time.Second
 
 // staleRequeue is how soon a reconcile that found the cache behind this
 // reconciler's own write looks again.
@@ -119,6 +131,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.MaxBackoff == 0 {
 		r.MaxBackoff = 30 * time.Second
+	}
+	if r.WaitingRetry == 0 {
+		r.WaitingRetry = DefaultWaitingRetry
 	}
 	if r.Notify == nil {
 		r.Notify = make(chan event.GenericEvent, 1024)
@@ -359,7 +374,12 @@ func (r *Reconciler) fail(ctx context.Context, rsv *rbv1.Reservation, reason, ms
 	if !retry {
 		return ctrl.Result{}, nil
 	}
-	return ctrl.Result{RequeueAfter: r.backoff(rsv.Status.Attempts)}, nil
+	after := r.backoff(rsv.Status.Attempts)
+	if reason == "NoCapacity" && r.WaitingRetry > 0 {
+		// Waiting on the broker's list: keep its place (see WaitingRetry).
+		after = min(after, r.WaitingRetry)
+	}
+	return ctrl.Result{RequeueAfter: after}, nil
 }
 
 // mirror copies the broker's reservation into status.

@@ -102,7 +102,9 @@ type V1ReservationRequest struct {
 
 // ToStore validates the request and converts it under the given id.
 func (r V1ReservationRequest) ToStore(id, requester string, lim Limits) (store.ReserveRequest, error) {
-	out := store.ReserveRequest{ID: id, Requester: requester, Priority: r.Priority}
+	// NoWait: a seed agent never retries an id (each POST makes a new one), so
+	// a refused request must not hold a place on the waiting list.
+	out := store.ReserveRequest{ID: id, Requester: requester, Priority: r.Priority, NoWait: true}
 	var err error
 	if out.Resources, err = requestedResources(r.RequestedResources, "requestedResources"); err != nil {
 		return out, err

@@ -61,7 +61,12 @@
 --   P.."waiting"            zset    "<since_us, 18 digits>:<id>" -> -priority
 --                                   (ZRANGE order: highest priority, then oldest)
 --   P.."wait:"..id          hash    requester, cpu, mem, gpu, sto, selector, priority,
---                                   since_ms, member; expires unless the requester retries
+--                                   since_ms, member; expires after the wait TTL (store
+--                                   WaitTTL, rb-broker --wait-ttl, default 5s) unless the
+--                                   requester retries the same id (each retry renews it); a
+--                                   waiting member whose hash is gone (or names another
+--                                   member) is forgotten: dropped from the zset when met.
+--                                   v1 requests never wait (reserve.lua's wait value)
 
 -- RESOURCES are the resource suffixes used in every hash: cpu in millicores,
 -- mem and sto in bytes, gpu as a count.
@@ -386,13 +391,14 @@ end
 
 -- notify_waiters tells the requesters of the first waiting requests (highest
 -- priority first) that capacity may be available, so their agents retry at
--- once instead of at their next back-off. Forgotten waiters leave the list.
+-- once instead of at their next back-off. Forgotten waiters (wait hash
+-- expired, or the hash now names a newer member of the same id) leave the list.
 local function notify_waiters(prefix, maxlen)
   local members = redis.call('ZRANGE', prefix .. 'waiting', 0, WAITERS_NOTIFIED - 1)
   for _, m in ipairs(members) do
     local id = waiting_id(m)
-    local w = redis.call('HMGET', prefix .. 'wait:' .. id, 'requester', 'cpu', 'mem', 'gpu', 'sto')
-    if not w[1] then
+    local w = redis.call('HMGET', prefix .. 'wait:' .. id, 'requester', 'cpu', 'mem', 'gpu', 'sto', 'member')
+    if not w[1] or w[6] ~= m then
       redis.call('ZREM', prefix .. 'waiting', m)
     else
       tell_waiter(prefix, maxlen, id, w[1], w[2], w[3], w[4], w[5])

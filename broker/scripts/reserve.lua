@@ -59,17 +59,21 @@
 -- ARGV[5]  event stream max length  ARGV[6]  audit stream max length
 -- ARGV[7]  "index" (default) or "scan"
 -- ARGV[8]  how long a request nothing fits stays on the waiting list without
---          a retry (ms; 0: no waiting list)
--- ARGV[9..] the requests, 10 values each: reservation id, requester cluster
+--          a retry (ms; 0: no waiting list); each retry of the same request
+--          renews it
+-- ARGV[9..] the requests, 11 values each: reservation id, requester cluster
 --          id, cpu (millicores), memory (bytes), gpu (count), ephemeral
 --          storage (bytes), duration (ms, > 0), label selector as a JSON
---          object of required labels or "", owner (free text), priority (integer)
+--          object of required labels or "", owner (free text), priority
+--          (integer), wait ("1": refused, it takes or keeps a place on the
+--          waiting list; "0": it never does, e.g. v1 requests, whose seed
+--          agents never retry an id; both pass the priority gate alike)
 -- Reply: per request, in order, {outcome, reservation, candidates_json, rejections_json}
 --   outcome     "reserved" (new), "replay" (id already decided: the first
 --               answer), "conflict" (id belongs to another requester, or was
 --               decided for other amounts),
 --               "nofit" (no reservation written: the request waits, by
---               priority, see lib.lua; rejections {waiting_higher_priority=1}
+--               priority, see lib.lua, if its wait value is "1"; rejections {waiting_higher_priority=1}
 --               when a waiting request of higher priority could be placed now),
 --               "error" (the request raised an error, e.g. a malformed selector,
 --               before writing anything; the batch's other requests are decided)
@@ -86,7 +90,7 @@ local top_n = tonumber(ARGV[4])
 local events_max, audit_max = ARGV[5], ARGV[6]
 local scan_mode = ARGV[7] == 'scan'
 local wait_ttl = tonumber(ARGV[8])
-local FIRST, WIDTH = 9, 10 -- where the requests start in ARGV, and the values of each
+local FIRST, WIDTH = 9, 11 -- where the requests start in ARGV, and the values of each
 -- DIRECT_MAX: up to this many candidates are evaluated directly, without the threshold walk.
 local DIRECT_MAX = 128
 
@@ -368,6 +372,7 @@ local function decide(a, arrival_us)
   local id, requester = ARGV[a], ARGV[a + 1]
   local req_str = {cpu = ARGV[a + 2], mem = ARGV[a + 3], gpu = ARGV[a + 4], sto = ARGV[a + 5]}
   local duration, selector_json, owner, priority_str = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]
+  local may_wait = ARGV[a + 10] == '1'
   local rk = prefix .. 'resv:' .. id
 
   local existing = redis.call('HGETALL', rk)
@@ -391,9 +396,10 @@ local function decide(a, arrival_us)
   local priority = tonumber(priority_str)
 
   -- wait puts this request on the waiting list, or keeps it there (a retry
-  -- refreshes its lease but keeps its place).
+  -- refreshes its lease but keeps its place); not for a request that may
+  -- not wait (v1).
   local function wait()
-    if wait_ttl <= 0 then return end
+    if wait_ttl <= 0 or not may_wait then return end
     local wk = prefix .. 'wait:' .. id
     if redis.call('EXISTS', wk) == 0 then
       local member = string.format('%018d', arrival_us) .. ':' .. id
@@ -408,24 +414,40 @@ local function decide(a, arrival_us)
   -- Priority: a request may not take capacity while a waiting request of
   -- higher priority could be placed now. It is deferred (and waits), and the
   -- waiting request's requester is told to retry at once.
+  -- Forgotten waiters (their wait hash expired: the requester stopped
+  -- retrying; or an older member of a request that came back after its hash
+  -- expired) met on the way leave the list and hold nobody back; up to
+  -- WAITERS_NOTIFIED live ones are looked at.
   if wait_ttl > 0 then
-    local higher = redis.call('ZRANGEBYSCORE', prefix .. 'waiting', '-inf', '(' .. (-priority),
-      'LIMIT', 0, WAITERS_NOTIFIED)
-    if #higher > 0 then flush() end
-    for _, m in ipairs(higher) do
-      local wid = waiting_id(m)
-      local w = to_map(redis.call('HGETALL', prefix .. 'wait:' .. wid))
-      if not w.requester then
-        redis.call('ZREM', prefix .. 'waiting', m) -- forgotten: its requester stopped retrying
-      elseif wid ~= id and fits_somewhere(w) then
-        tell_waiter(prefix, events_max, wid, w.requester, w.cpu, w.mem, w.gpu, w.sto)
-        wait()
-        local rejected_json = cjson.encode({waiting_higher_priority = 1})
-        redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*',
-          'reservation', id, 'requester', requester, 'outcome', 'deferred', 'winner', '', 'score', '',
-          'blocked_by', wid, 'priority', priority_str, 'blocked_priority', w.priority,
-          'rejected', rejected_json, 'ts_ms', now)
-        return {'nofit', {}, '[]', rejected_json}
+    local looked, offset, flushed = 0, 0, false
+    while looked < WAITERS_NOTIFIED do
+      local higher = redis.call('ZRANGEBYSCORE', prefix .. 'waiting', '-inf', '(' .. (-priority),
+        'LIMIT', offset, WAITERS_NOTIFIED)
+      if #higher == 0 then break end
+      if not flushed then
+        flush()
+        flushed = true
+      end
+      for _, m in ipairs(higher) do
+        local wid = waiting_id(m)
+        local w = to_map(redis.call('HGETALL', prefix .. 'wait:' .. wid))
+        if not w.requester or w.member ~= m then
+          redis.call('ZREM', prefix .. 'waiting', m) -- forgotten: its requester stopped retrying
+        else
+          offset = offset + 1
+          looked = looked + 1
+          if wid ~= id and fits_somewhere(w) then
+            tell_waiter(prefix, events_max, wid, w.requester, w.cpu, w.mem, w.gpu, w.sto)
+            wait()
+            local rejected_json = cjson.encode({waiting_higher_priority = 1})
+            redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*',
+              'reservation', id, 'requester', requester, 'outcome', 'deferred', 'winner', '', 'score', '',
+              'blocked_by', wid, 'priority', priority_str, 'blocked_priority', w.priority,
+              'rejected', rejected_json, 'ts_ms', now)
+            return {'nofit', {}, '[]', rejected_json}
+          end
+          if looked >= WAITERS_NOTIFIED then break end
+        end
       end
     end
   end

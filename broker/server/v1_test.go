@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"regexp"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 )
 
@@ -101,4 +103,31 @@ func TestSeedProtocol(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	_, data = b.Do("paris", http.MethodGet, "/api/v1/instructions", nil)
 	assert.JSONEq(t, `[]`, string(data))
+}
+
+// TestSeedRefusalDoesNotWait: a seed agent never retries an id (every POST
+// makes a new one), so a refused v1 request takes no place on the priority
+// waiting list: when capacity appears, a fitting request of another cluster
+// with lower or equal priority is granted at once, not deferred behind it
+// (409 waiting_higher_priority) until the entry expired.
+func TestSeedRefusalDoesNotWait(t *testing.T) {
+	for _, priority := range []int32{0, 5} {
+		b := brokertest.Start(t, brokertest.Options{Store: store.Config{WaitTTL: time.Minute}})
+		code, data := b.Do("paris", http.MethodPost, "/api/v1/advertisements", seedAdvertisement("paris", "2", "8Gi", "0"))
+		require.Equal(t, http.StatusOK, code, "%s", data)
+
+		code, data = b.Do("rome", http.MethodPost, "/api/v1/reservations", `{"requestedResources":{"cpu":"4","memory":"4Gi"},"priority":10}`)
+		require.Equal(t, http.StatusConflict, code, "%s", data)
+		n, err := b.Store.Client().ZCard(context.Background(), b.Store.Key("waiting")).Result()
+		require.NoError(t, err)
+		assert.Zero(t, n, "a refused v1 request does not wait")
+
+		// paris grows: rome's refused request would fit now, but rome never asks for that id again.
+		code, data = b.Do("paris", http.MethodPost, "/api/v1/advertisements", seedAdvertisement("paris", "8", "32Gi", "0"))
+		require.Equal(t, http.StatusOK, code, "%s", data)
+		req := reservation("lyon-1", "1", "1Gi")
+		req.Priority = priority
+		code, data = b.Do("lyon", http.MethodPost, "/api/v2/reservations", req)
+		assert.Equal(t, http.StatusCreated, code, "priority %d: %s", priority, data)
+	}
 }

@@ -30,7 +30,8 @@ func TestBatchMatchesSequential(t *testing.T) {
 	batRdb := redistest.Start(t).Client()
 	for _, fullScan := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fullScan=%v", fullScan), func(t *testing.T) {
-			cfg := store.Config{StaleThreshold: time.Hour, FullScan: fullScan}
+			// WaitTTL: no waiting request may expire between the two sides' calls.
+			cfg := store.Config{StaleThreshold: time.Hour, FullScan: fullScan, WaitTTL: time.Hour}
 			testBatchMatchesSequential(t, store.New(seqRdb, cfg), store.New(batRdb, cfg))
 		})
 	}
@@ -226,7 +227,7 @@ func TestBatchIsolatesABadRequest(t *testing.T) {
 	args := []any{cfg.StaleThreshold.Milliseconds(), cfg.WeightResources, cfg.WeightCost, cfg.TopCandidates,
 		cfg.EventsMaxLen, cfg.AuditMaxLen, "index", cfg.WaitTTL.Milliseconds()}
 	for i, selector := range []string{"", "{not json", ""} {
-		args = append(args, fmt.Sprintf("x%d", i), "rome", 1000, gi, 0, 0, 3_600_000, selector, "", 0)
+		args = append(args, fmt.Sprintf("x%d", i), "rome", 1000, gi, 0, 0, 3_600_000, selector, "", 0, "1")
 	}
 	replies, err := scripts.Reserve.Run(ctx, rdb, []string{cfg.Prefix}, args...).Slice()
 	require.NoError(t, err)

@@ -22,6 +22,9 @@ import (
 // Redis Cluster slot so multi-key scripts run there too.
 const DefaultPrefix = "rb:{b}:"
 
+// DefaultWaitTTL is Config.WaitTTL's default.
+const DefaultWaitTTL = 5 * time.Second
+
 // Config tunes the store. Zero values take the defaults.
 type Config struct {
 	Prefix          string
@@ -34,8 +37,12 @@ type Config struct {
 	TopCandidates   int           // candidates reported per decision; default 3
 	ExpireBatch     int           // reservations ended per expire call; default 500
 	// WaitTTL is how long a request nothing fits stays on the waiting list
-	// without a retry from its requester; default 60s (twice the agents'
-	// longest back-off). Negative: no waiting list, no priority order.
+	// without a retry of the same id from its requester (each retry renews
+	// it); default 5s, so that the place of a requester that is gone is
+	// freed within seconds. It must exceed the longest interval between a
+	// live agent's retries of a refused request: the v2 agent retries one
+	// at least every 2s (agent/reservation DefaultWaitingRetry), and at once
+	// on CapacityAvailable. Negative: no waiting list, no priority order.
 	WaitTTL time.Duration
 	// ReserveBatch is the most requests one reserve.lua call decides (the
 	// requests that queued while earlier calls were in flight); default 64.
@@ -77,7 +84,7 @@ func (c *Config) defaults() {
 		c.ExpireBatch = 500
 	}
 	if c.WaitTTL == 0 {
-		c.WaitTTL = time.Minute
+		c.WaitTTL = DefaultWaitTTL
 	}
 	if c.ReserveBatch <= 0 {
 		c.ReserveBatch = 64
@@ -247,14 +254,22 @@ func newPendingReserve(ctx context.Context, req ReserveRequest) (*pendingReserve
 	return &pendingReserve{ctx: ctx, req: req, done: make(chan reserveResult, 1), args: []any{
 		req.ID, req.Requester,
 		req.Resources.CPU, req.Resources.Memory, req.Resources.GPU, req.Resources.Storage,
-		req.Duration.Milliseconds(), selector, req.Owner, req.Priority,
+		req.Duration.Milliseconds(), selector, req.Owner, req.Priority, waitArg(req.NoWait),
 	}}, nil
+}
+
+// waitArg is a request's wait value in reserve.lua's ARGV.
+func waitArg(noWait bool) string {
+	if noWait {
+		return "0"
+	}
+	return "1"
 }
 
 // sendReserves decides a batch in one reserve.lua call and hands each
 // request its result.
 func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
-	args := make([]any, 0, 8+10*len(batch))
+	args := make([]any, 0, 8+11*len(batch))
 	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.WeightResources, s.cfg.WeightCost,
 		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen, s.searchMode(),
 		max(s.cfg.WaitTTL.Milliseconds(), 0))

@@ -108,6 +108,11 @@ type ReserveRequest struct {
 	Selector  map[string]string // labels the provider must carry
 	Owner     string
 	Priority  int32
+	// NoWait keeps a refused request off the priority waiting list (it is
+	// still deferred behind waiting requests of higher priority). For v1:
+	// seed agents never retry the same id, so its place would only hold
+	// others back until it expired.
+	NoWait bool
 }
 
 // Candidate is one cluster's score for a decision.

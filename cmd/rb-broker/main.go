@@ -86,7 +86,7 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.staleThreshold, "stale-threshold", time.Minute, "a cluster not advertised for this long (Redis clock) is not a candidate")
 	f.DurationVar(&o.defaultDuration, "default-duration", time.Hour, "duration of a reservation that names none")
 	f.DurationVar(&o.maxDuration, "max-duration", 24*time.Hour, "longest duration a reservation may ask for")
-	f.DurationVar(&o.waitTTL, "wait-ttl", time.Minute, "how long a request nothing fits keeps its place on the priority-ordered waiting list without a retry")
+	f.DurationVar(&o.waitTTL, "wait-ttl", store.DefaultWaitTTL, "how long a request nothing fits keeps its place on the priority-ordered waiting list without a retry of it (must exceed the agents' waiting retry, 2s)")
 	f.IntVar(&o.reserveBatch, "reserve-batch", 64, "most reservation requests decided in one Redis script call (those that queued while earlier calls were in flight; 1: one call each)")
 	f.IntVar(&o.reserveInFlight, "reserve-in-flight", 2, "Redis script calls deciding reservations that one replica keeps in flight at once")
 	f.DurationVar(&o.expiryInterval, "expiry-interval", time.Second, "how often this replica releases expired reservations")
