@@ -69,12 +69,13 @@ bin/golangci-lint:
 	GOBIN=$(CURDIR)/bin GOFLAGS=-mod=mod go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
 .PHONY: generate
-generate: bin/controller-gen ## Generate deepcopy code and the CRDs (manifests/crds) from api/.
+generate: bin/controller-gen ## Generate deepcopy code (api/, plugins/apis/) and the CRDs (manifests/crds) from api/.
 	bin/controller-gen object:headerFile="" paths=./api/... crd paths=./api/... output:crd:artifacts:config=manifests/crds
+	bin/controller-gen object:headerFile="" paths=./plugins/apis/...
 
 .PHONY: verify-generate
 verify-generate: generate ## Fail when generated code or CRDs are out of date.
-	@git diff --exit-code -- api manifests/crds || { echo "run make generate and commit the result" >&2; exit 1; }
+	@git diff --exit-code -- api manifests/crds plugins/apis || { echo "run make generate and commit the result" >&2; exit 1; }
 
 bin/controller-gen:
 	GOBIN=$(CURDIR)/bin GOFLAGS=-mod=mod go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)

@@ -7,7 +7,9 @@
 // scheme so that its configuration loading decodes (strictly), defaults and
 // converts the plugin's args like those of an in-tree plugin.
 //
-// The deep-copy, conversion and defaulting functions are written by hand in
-// the shape the Kubernetes code generators give them (the module does not
-// depend on k8s.io/code-generator); they are covered by the packages' tests.
+// The deep-copy functions are generated (controller-gen, make generate); the
+// conversion and defaulting functions are written by hand in the shape the
+// Kubernetes code generators give them (the module does not depend on
+// k8s.io/code-generator); they are covered by the packages' tests.
+// +kubebuilder:object:generate=true
 package config

@@ -6,6 +6,7 @@ import (
 
 // ResourceBrokerArgs are the arguments of the ResourceBroker plugin, after
 // defaulting (see the v1 package for the documented, versioned form).
+// +kubebuilder:object:root=true
 type ResourceBrokerArgs struct {
 	metav1.TypeMeta
 

@@ -3,4 +3,5 @@
 // KubeSchedulerConfiguration's pluginConfig holds. Its defaults
 // (SetDefaults_ResourceBrokerArgs) and its conversions to and from the
 // internal type are registered in kube-scheduler's v1 scheme builder.
+// +kubebuilder:object:generate=true
 package v1

@@ -20,6 +20,7 @@ import (
 //
 // kube-scheduler decodes them strictly (an unknown field stops it at
 // start-up) and fills the defaults; the plugin validates them when it starts.
+// +kubebuilder:object:root=true
 type ResourceBrokerArgs struct {
 	metav1.TypeMeta `json:",inline"`
 
