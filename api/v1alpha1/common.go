@@ -33,6 +33,10 @@ const (
 	ConditionSynced = "Synced"
 	// ConditionEnforced is True when a provider has set aside namespace, quota and credentials.
 	ConditionEnforced = "Enforced"
+	// ConditionReady is True while the reservation can be used: reserved at
+	// the broker and granted by its provider (phase Active), so that
+	// kubectl wait --for=condition=Ready works.
+	ConditionReady = "Ready"
 	// ConditionPublished is True when the broker acknowledged the last advertisement.
 	ConditionPublished = "Published"
 )

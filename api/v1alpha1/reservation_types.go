@@ -91,9 +91,21 @@ type ReservationStatus struct {
 	// +optional
 	ReservedAt *metav1.Time `json:"reservedAt,omitempty"`
 
-	// ExpiresAt is when the broker releases the capacity unless renewed.
+	// ExpiresAt is when the broker releases the capacity unless renewed, in
+	// this cluster's clock (the broker's remaining time added to the time it
+	// was read). Not updated on each renewal of a lease.
 	// +optional
 	ExpiresAt *metav1.Time `json:"expiresAt,omitempty"`
+
+	// Lease is the lease length of a reservation renewed while its pod
+	// runs; empty for a fixed-duration reservation.
+	// +optional
+	Lease *metav1.Duration `json:"lease,omitempty"`
+
+	// Placement is how the provider holds the capacity (its grant): the
+	// pod's copy is pinned to Node and runs at PriorityClassName there.
+	// +optional
+	Placement *ReservationPlacement `json:"placement,omitempty"`
 
 	// Attempts counts the requests made to the broker for this reservation.
 	// +optional
@@ -108,6 +120,16 @@ type ReservationStatus struct {
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ReservationPlacement is where a provider holds a reservation's capacity.
+type ReservationPlacement struct {
+	// Node of the provider cluster whose placeholder pod holds the capacity.
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node"`
+	// PriorityClassName the copy runs at, one step above the placeholder.
+	// +kubebuilder:validation:MaxLength=253
+	PriorityClassName string `json:"priorityClassName"`
 }
 
 // Reservation asks the broker for capacity on another cluster. The scheduler

@@ -299,6 +299,12 @@ type ReservationRequest struct {
 	Selector  *LabelSelector `json:"selector,omitempty"`
 	Owner     string         `json:"owner,omitempty"` // namespace/name of the pod or Reservation object
 	Priority  int32          `json:"priority,omitempty"`
+	// Lease (a Go duration) makes the reservation a lease: it ends Duration
+	// after the decision (the hold time: how long it may wait for its pod)
+	// unless its requester renews it (POST /api/v2/renewals), and each
+	// renewal makes it end Lease after the renewal, on the broker's clock.
+	// Empty: a fixed Duration, never renewed (manual reservations, v1).
+	Lease string `json:"lease,omitempty"`
 }
 
 // ToStore validates the request of requester and converts it.
@@ -369,6 +375,14 @@ type Reservation struct {
 	// provider advertises no nodes). The provider's scheduler may still
 	// place the pod elsewhere; see docs/architecture.md, per-node fit.
 	Node string `json:"node,omitempty"`
+	// Lease is the lease length (a Go duration) of a renewable reservation;
+	// empty for a fixed-duration one.
+	Lease string `json:"lease,omitempty"`
+	// RemainingMs is how long the reservation still lives unless renewed,
+	// measured on the broker's clock when the answer was made (0 once
+	// ended). Agents act on it, never on ExpiresAt, which is for people:
+	// their clocks need not agree with the broker's.
+	RemainingMs int64 `json:"remainingMs"`
 }
 
 // ReservationFromStore renders a stored reservation; withGrant shows the
@@ -406,6 +420,18 @@ type Grant struct {
 	Token     string    `json:"token"`     // bearer token of the tenant ServiceAccount
 	Namespace string    `json:"namespace"` // tenant namespace, rb-<requester>
 	ExpiresAt time.Time `json:"expiresAt"` // when the token stops working
+	// Placement tells the requester how to place the reservation's pod so
+	// that it takes the capacity the provider holds for it (nil: the
+	// provider holds nothing; place the pod as any other).
+	Placement *Placement `json:"placement,omitempty"`
+}
+
+// Placement is where and how a provider holds a reservation's capacity: a
+// placeholder pod on Node, which a pod of PriorityClassName pinned to Node
+// preempts (docs/architecture.md, provider-side hold).
+type Placement struct {
+	Node              string `json:"node"`
+	PriorityClassName string `json:"priorityClassName"`
 }
 
 // Validate checks a grant.
@@ -441,7 +467,46 @@ type Event struct {
 	Resources   Quantities `json:"resources"`
 	ExpiresAt   time.Time  `json:"expiresAt"`
 	Node        string     `json:"node,omitempty"` // the provider's node it debits, if any
+	// RemainingMs: how long the reservation still lives unless renewed, on
+	// the broker's clock when the event was made (see Reservation).
+	RemainingMs int64 `json:"remainingMs,omitempty"`
 }
+
+// MaxRenewBatch is the most ids one renewal request may carry.
+const MaxRenewBatch = 5000
+
+// RenewRequest is the body of POST /api/v2/renewals: the caller's leases to
+// extend, by the ids it chose (ids are scoped per requester).
+type RenewRequest struct {
+	IDs []string `json:"ids"`
+}
+
+// RenewResponse answers a renewal: every id is either renewed or refused.
+// A refused id changed nothing.
+type RenewResponse struct {
+	Renewed []RenewedLease   `json:"renewed"`
+	Refused []RefusedRenewal `json:"refused,omitempty"`
+}
+
+// RenewedLease is a lease extended: it lives RemainingMs more (broker clock).
+type RenewedLease struct {
+	ID          string `json:"id"`
+	RemainingMs int64  `json:"remainingMs"`
+}
+
+// RefusedRenewal is an id that was not renewed, and why.
+type RefusedRenewal struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason"` // RenewNotFound, RenewEnded, RenewNotALease
+	Error  string `json:"error"`
+}
+
+// Reasons a renewal is refused.
+const (
+	RenewNotFound  = "NotFound"  // no reservation of the caller has this id
+	RenewEnded     = "Ended"     // it was released or expired: too late
+	RenewNotALease = "NotALease" // a fixed-duration reservation (v1, or no lease asked)
+)
 
 // EventCapacityAvailable tells a requester that capacity was freed while one
 // of its requests waits (Phase "Waiting", no Provider): retry it now. The

@@ -362,6 +362,42 @@ func (c *Client) Grant(ctx context.Context, id string, g api.Grant) (api.Reserva
 	return out, err
 }
 
+// ProvidedReservation reads, as its provider, the reservation id of
+// requester (ids are scoped per requester).
+func (c *Client) ProvidedReservation(ctx context.Context, requester, id string) (api.Reservation, error) {
+	var out api.Reservation
+	if err := requireID("reservation id", id); err != nil {
+		return out, err
+	}
+	err := c.call(ctx, http.MethodGet, "/api/v2/reservations/"+url.PathEscape(id), url.Values{"requester": {requester}}, nil, true, &out)
+	return out, err
+}
+
+// GrantTo hands requester its access to reservation id, as the provider
+// (Grant for a requester's reservation: the id is scoped by requester).
+// Not retried: each grant notifies the requester. A reservation that has
+// ended answers IsConflict.
+func (c *Client) GrantTo(ctx context.Context, requester, id string, g api.Grant) (api.Reservation, error) {
+	var out api.Reservation
+	if err := requireID("reservation id", id); err != nil {
+		return out, err
+	}
+	err := c.call(ctx, http.MethodPost, "/api/v2/reservations/"+url.PathEscape(id)+"/grant", url.Values{"requester": {requester}}, g, false, &out)
+	return out, err
+}
+
+// Renew extends the caller's leases (at most api.MaxRenewBatch ids per
+// call; the caller splits larger sets). Renewing is idempotent, so the call
+// is retried on transport errors and 5xx.
+func (c *Client) Renew(ctx context.Context, ids []string) (api.RenewResponse, error) {
+	var out api.RenewResponse
+	if len(ids) > api.MaxRenewBatch {
+		return out, fmt.Errorf("client: %d ids, at most %d per renewal", len(ids), api.MaxRenewBatch)
+	}
+	err := c.call(ctx, http.MethodPost, "/api/v2/renewals", nil, api.RenewRequest{IDs: ids}, true, &out)
+	return out, err
+}
+
 func requireID(what, id string) error {
 	if id == "" {
 		return fmt.Errorf("client: %s must not be empty", what)
