@@ -36,7 +36,7 @@ test: envtest-bin node-bin liqo-bin cert-manager-crds check-redis check-node-dep
 
 .PHONY: check-node-deps
 check-node-deps:
-	@for t in containerd runc ctr unshare ip; do command -v $$t >/dev/null || { echo "$$t not found: make node-deps (as root) installs containerd, runc and the CNI plugins" >&2; exit 1; }; done
+	@for t in containerd runc ctr unshare ip cc; do command -v $$t >/dev/null || { echo "$$t not found: make node-deps (as root) installs containerd, runc and the CNI plugins" >&2; exit 1; }; done
 	@test -x /usr/lib/cni/bridge || { echo "/usr/lib/cni/bridge not found: make node-deps (as root)" >&2; exit 1; }
 
 .PHONY: check-redis
@@ -167,10 +167,12 @@ $(LIQO_STAMP):
 	rm -f "$(LIQO_DIR)"/.built-liqo-*; \
 	touch "$@"
 
-NODE_PACKAGES := containerd runc containernetworking-plugins iproute2
+# gcc and libc6-dev build internal/clockskew's LD_PRELOAD library (the
+# lifetime tests run redis-server with its clock an hour off the agents').
+NODE_PACKAGES := containerd runc containernetworking-plugins iproute2 gcc libc6-dev
 
 .PHONY: node-deps
-node-deps: ## Install containerd, runc and the CNI plugins (Debian packages; needs root).
+node-deps: ## Install containerd, runc, the CNI plugins and a C compiler (Debian packages; needs root).
 	@missing=""; for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo ">> apt-get install$$missing"; \

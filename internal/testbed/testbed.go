@@ -41,6 +41,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/clockskew"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/realnode"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
@@ -80,6 +81,10 @@ type Options struct {
 	// must pass realnode.Check. Without it nodes are Node objects served by
 	// the in-process kubelet stand-in, which runs no container.
 	RealNodes bool
+	// BrokerClockOffset moves the broker's clock (redis-server's TIME: every
+	// broker replica's clock) this far from the agents' (internal/clockskew;
+	// needs a C compiler). Zero: one host clock.
+	BrokerClockOffset time.Duration
 	// NodeMonitorGracePeriod of kube-controller-manager with RealNodes
 	// (default 20s): how long a node may be silent before it is NotReady.
 	NodeMonitorGracePeriod time.Duration
@@ -345,6 +350,16 @@ func (b *Bed) startBrokers(ctx context.Context) error {
 	var err error
 	if b.Redis, err = newRedis(filepath.Join(b.Dir, "redis"), filepath.Join(b.LogDir, "redis.log")); err != nil {
 		return err
+	}
+	if b.opts.BrokerClockOffset != 0 {
+		if b.Redis.Embedded {
+			return errors.New("BrokerClockOffset needs redis-server, not the embedded Redis")
+		}
+		lib, err := clockskew.Build(filepath.Join(b.Dir, "clockskew"))
+		if err != nil {
+			return err
+		}
+		b.Redis.Env = append(b.Redis.Env, clockskew.Env(lib, b.opts.BrokerClockOffset)...)
 	}
 	if err := b.Redis.start(ctx); err != nil {
 		return err
