@@ -72,6 +72,24 @@ func (l Limits) duration(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// lease parses a request's lease: at least MinLease, at most the maximum duration.
+func (l Limits) lease(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, invalid("lease: %q is not a Go duration such as 2m", s)
+	}
+	if d < MinLease {
+		return 0, invalid("lease: %s is shorter than the minimum of %s", s, MinLease)
+	}
+	if l.MaxDuration > 0 && d > l.MaxDuration {
+		return 0, invalid("lease: %s exceeds the maximum duration of %s", s, l.MaxDuration)
+	}
+	return d, nil
+}
+
+// MinLease is the shortest lease a request may ask for.
+const MinLease = time.Second
+
 // ValidateClusterID checks a cluster identity: a DNS-1123 label, because it
 // names tenant namespaces (rb-<id>) and Redis keys.
 func ValidateClusterID(id string) error {
@@ -89,6 +107,22 @@ func ValidateReservationID(id string) error {
 	}
 	if errs := validation.IsDNS1123Subdomain(id); len(errs) > 0 {
 		return invalid("id %q: %s", id, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// ValidateQualifiedReservationID checks a reservation named with its
+// requester, "<requester>/<id>" (ids are scoped per requester).
+func ValidateQualifiedReservationID(qid string) error {
+	requester, id, ok := strings.Cut(qid, "/")
+	if !ok {
+		return invalid("%q: not <requester>/<id> (reservation ids are scoped per requester)", qid)
+	}
+	if err := ValidateClusterID(requester); err != nil {
+		return invalid("%q: requester: %v", qid, err)
+	}
+	if err := ValidateReservationID(id); err != nil {
+		return invalid("%q: %v", qid, err)
 	}
 	return nil
 }

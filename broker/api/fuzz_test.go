@@ -29,6 +29,9 @@ func checkRequest(t *testing.T, r store.ReserveRequest) {
 	if err := api.ValidateReservationID(r.ID); err != nil {
 		t.Fatalf("accepted id %q: %v", r.ID, err)
 	}
+	if r.Lease != 0 && (r.Lease < api.MinLease || r.Lease > limits.MaxDuration) {
+		t.Fatalf("accepted lease %s", r.Lease)
+	}
 }
 
 func FuzzReservationRequest(f *testing.F) {
@@ -38,6 +41,8 @@ func FuzzReservationRequest(f *testing.F) {
 		`{"id":"r1","resources":{"cpu":"1e3","memory":"1.5Gi"}}`,
 		`{"id":"r1","resources":{"cpu":"-1","memory":"1Gi"}}`,
 		`{"id":"r1","resources":{"cpu":"0.0001","memory":"1"}}`,
+		`{"id":"r1","resources":{"cpu":"1","memory":"1Gi"},"lease":"2m","duration":"2m"}`,
+		`{"id":"r1","resources":{"cpu":"1","memory":"1Gi"},"lease":"999ms"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -77,7 +82,7 @@ func FuzzAdvertisement(f *testing.F) {
 	f.Add([]byte(`{"resources":{"capacity":{},"allocatable":{},"allocated":{}}}`))
 	f.Add([]byte(`{"resources":{"capacity":{"cpu":"8"},"allocatable":{"cpu":"8"},"allocated":{},
 		"nodes":[{"name":"n1","allocatable":{"cpu":"4","memory":"8Gi","gpu":"1"},"allocated":{"cpu":"1","memory":"1Gi"}},
-		{"name":"n2.zone-a","allocatable":{"cpu":"4"},"allocated":{"cpu":"4"}}],"reservationsOnNodes":["r1","r2"]}}`))
+		{"name":"n2.zone-a","allocatable":{"cpu":"4"},"allocated":{"cpu":"4"}}],"reservationsOnNodes":["rome/r1","milan/r2"]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var body api.Advertisement
 		if api.Decode(bytes.NewReader(data), &body) != nil {
@@ -114,7 +119,7 @@ func FuzzAdvertisement(f *testing.F) {
 			}
 		}
 		for _, id := range ad.ReservationsOnNodes {
-			if api.ValidateReservationID(id) != nil {
+			if api.ValidateQualifiedReservationID(id) != nil {
 				t.Fatalf("accepted id %q", id)
 			}
 		}
@@ -136,6 +141,35 @@ func FuzzV1Advertisement(f *testing.F) {
 		}
 		if ad.Allocatable.CPU < 0 || ad.Allocated.Memory < 0 {
 			t.Fatalf("accepted negative amounts %+v", ad)
+		}
+	})
+}
+
+// FuzzRenewRequest: every renewal the decoder and Validate accept carries at
+// most api.MaxRenewBatch ids, each a valid reservation id.
+func FuzzRenewRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"ids":["a","b-1","pod.x"]}`,
+		`{"ids":[]}`,
+		`{"ids":["Not_An_Id"]}`,
+		`{"ids":[""]}`,
+		`{"ids":"a"}`,
+		`{"ids":["a"],"x":1}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var body api.RenewRequest
+		if api.Decode(bytes.NewReader(data), &body) != nil || body.Validate() != nil {
+			return
+		}
+		if len(body.IDs) > api.MaxRenewBatch {
+			t.Fatalf("accepted %d ids", len(body.IDs))
+		}
+		for _, id := range body.IDs {
+			if err := api.ValidateReservationID(id); err != nil {
+				t.Fatalf("accepted id %q: %v", id, err)
+			}
 		}
 	})
 }

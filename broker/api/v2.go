@@ -47,11 +47,13 @@ type ClusterResources struct {
 	// resource); a reservation then fits only if one of them holds it whole.
 	// None: the cluster is judged on its totals alone (v1, older agents).
 	Nodes []NodeResources `json:"nodes,omitempty"`
-	// ReservationsOnNodes are the ids of the reservations whose pods are
-	// bound to this cluster's nodes (tenant pods carry their id in the
-	// annotation broker.fluidos.eu/reservation-id): the nodes' allocated
-	// include them, so the broker stops debiting those reservations' nodes
-	// itself. At most MaxReservationsOnNodes.
+	// ReservationsOnNodes are the reservations whose pods are bound to
+	// this cluster's nodes, each as "<requester>/<id>" (ids are scoped per
+	// requester; tenant pods carry the id in the annotation
+	// broker.fluidos.eu/reservation-id, their namespace tells the
+	// requester): the nodes' allocated include them, so the broker stops
+	// debiting those reservations' nodes itself. At most
+	// MaxReservationsOnNodes.
 	ReservationsOnNodes []string `json:"reservationsOnNodes,omitempty"`
 }
 
@@ -123,8 +125,8 @@ func (a Advertisement) ToStore() (store.Advertisement, error) {
 	if len(a.Resources.ReservationsOnNodes) > MaxReservationsOnNodes {
 		return out, invalid("resources.reservationsOnNodes: %d ids, at most %d", len(a.Resources.ReservationsOnNodes), MaxReservationsOnNodes)
 	}
-	for i, id := range a.Resources.ReservationsOnNodes {
-		if err := ValidateReservationID(id); err != nil {
+	for i, qid := range a.Resources.ReservationsOnNodes {
+		if err := ValidateQualifiedReservationID(qid); err != nil {
 			return out, invalid("resources.reservationsOnNodes[%d]: %v", i, err)
 		}
 	}
@@ -317,7 +319,14 @@ func (r ReservationRequest) ToStore(requester string, lim Limits) (store.Reserve
 	if out.Resources, err = requestedResources(r.Resources, "resources"); err != nil {
 		return out, err
 	}
-	if out.Duration, err = lim.duration(r.Duration); err != nil {
+	if r.Lease != "" {
+		if out.Lease, err = lim.lease(r.Lease); err != nil {
+			return out, err
+		}
+	}
+	if r.Duration == "" && out.Lease > 0 {
+		out.Duration = out.Lease // the hold time is the lease
+	} else if out.Duration, err = lim.duration(r.Duration); err != nil {
 		return out, err
 	}
 	if r.Selector != nil {
@@ -392,6 +401,10 @@ func ReservationFromStore(r store.Reservation, withGrant bool) Reservation {
 		ID: r.ID, Requester: r.Requester, Provider: r.Target, Phase: r.Phase,
 		Resources: FromResources(r.Resources), Score: r.Score, Price: r.Price,
 		Owner: r.Owner, Priority: r.Priority, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, Node: r.Node,
+		RemainingMs: r.Remaining.Milliseconds(),
+	}
+	if r.Lease > 0 {
+		out.Lease = r.Lease.String()
 	}
 	if len(r.Selector) > 0 {
 		out.Selector = &LabelSelector{MatchLabels: r.Selector}
@@ -481,6 +494,24 @@ type RenewRequest struct {
 	IDs []string `json:"ids"`
 }
 
+// MaxRenewBodyBytes bounds the body of POST /api/v2/renewals: MaxRenewBatch
+// ids of the longest kind (a DNS subdomain, 253 characters), quoted and
+// separated, and the object around them.
+const MaxRenewBodyBytes = MaxRenewBatch*(253+3) + 1024
+
+// Validate checks a renewal: at most MaxRenewBatch ids, each a valid id.
+func (r RenewRequest) Validate() error {
+	if len(r.IDs) > MaxRenewBatch {
+		return invalid("ids: %d ids, at most %d per renewal (split the batch)", len(r.IDs), MaxRenewBatch)
+	}
+	for i, id := range r.IDs {
+		if err := ValidateReservationID(id); err != nil {
+			return invalid("ids[%d]: %v", i, err)
+		}
+	}
+	return nil
+}
+
 // RenewResponse answers a renewal: every id is either renewed or refused.
 // A refused id changed nothing.
 type RenewResponse struct {
@@ -516,5 +547,6 @@ const EventCapacityAvailable = "CapacityAvailable"
 // EventFromStore renders a stored event.
 func EventFromStore(e store.Event) Event {
 	return Event{Type: e.Type, Reservation: e.Reservation, Requester: e.Requester, Provider: e.Provider,
-		Phase: e.Phase, Resources: FromResources(e.Resources), ExpiresAt: e.ExpiresAt, Node: e.Node}
+		Phase: e.Phase, Resources: FromResources(e.Resources), ExpiresAt: e.ExpiresAt, Node: e.Node,
+		RemainingMs: e.Remaining.Milliseconds()}
 }

@@ -79,9 +79,13 @@ func TestRoundTrip(t *testing.T) {
 	require.Len(t, r.Candidates, 2)
 	again, err := rome.Reserve(ctx, request("r1", "2", "4Gi"))
 	require.NoError(t, err)
+	assert.LessOrEqual(t, again.RemainingMs, r.RemainingMs, "measured at each answer")
+	again.RemainingMs = r.RemainingMs
 	assert.Equal(t, r, again, "idempotent by id: the first decision again")
 
-	got, err := paris.Reservation(ctx, "r1")
+	_, err = paris.Reservation(ctx, "r1")
+	assert.True(t, client.IsNotFound(err), "ids are scoped per requester: paris has no r1: %v", err)
+	got, err := paris.ProvidedReservation(ctx, "rome", "r1")
 	require.NoError(t, err)
 	assert.Equal(t, r.ID, got.ID)
 	list, err := rome.Reservations(ctx, client.RoleRequester)
@@ -97,7 +101,7 @@ func TestRoundTrip(t *testing.T) {
 
 	grant := api.Grant{Endpoint: "https://paris.example:6443", CABundle: []byte("-----BEGIN CERTIFICATE-----"),
 		Token: "secret", Namespace: "rb-rome", ExpiresAt: time.Now().Add(time.Hour).UTC().Truncate(time.Second)}
-	granted, err := paris.Grant(ctx, "r1", grant)
+	granted, err := paris.GrantTo(ctx, "rome", "r1", grant)
 	require.NoError(t, err)
 	assert.Equal(t, "Active", granted.Phase)
 	assert.Nil(t, granted.Grant, "the provider's answer does not echo the token")
@@ -110,7 +114,7 @@ func TestRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "Released", released.Phase)
 	assert.NotNil(t, released.EndedAt)
-	released, err = paris.Release(ctx, "r1")
+	released, err = rome.Release(ctx, "r1")
 	require.NoError(t, err, "releasing twice is fine")
 	assert.Equal(t, "Released", released.Phase)
 	c, err = paris.Cluster(ctx, "paris")
@@ -142,15 +146,21 @@ func TestTypedErrors(t *testing.T) {
 
 	_, err = rome.Reserve(ctx, request("mine", "1", "1Gi"))
 	require.NoError(t, err)
-	_, err = milan.Reserve(ctx, request("mine", "1", "1Gi"))
-	assert.True(t, client.IsConflict(err), "%v", err)
+	_, err = rome.Reserve(ctx, request("mine", "2", "1Gi"))
+	assert.True(t, client.IsConflict(err), "same id, other amounts: %v", err)
 	assert.False(t, client.IsNoCapacity(err))
+	_, err = milan.Reserve(ctx, request("mine", "1", "1Gi"))
+	require.NoError(t, err, "ids are scoped per requester: milan's own mine")
+	_, err = milan.Release(ctx, "mine")
+	require.NoError(t, err)
 
 	_, err = rome.Advertise(ctx, "paris", advertisement("1", "1Gi", "0.01"))
 	assert.True(t, client.IsForbidden(err), "rome cannot advertise as paris: %v", err)
-	_, err = berlin.Reservation(ctx, "mine")
+	_, err = berlin.ProvidedReservation(ctx, "rome", "mine")
 	assert.True(t, client.IsForbidden(err), "%v", err)
-	_, err = berlin.Release(ctx, "mine")
+	_, err = berlin.Reservation(ctx, "mine")
+	assert.True(t, client.IsNotFound(err), "berlin has no mine of its own: %v", err)
+	_, err = berlin.GrantTo(ctx, "rome", "mine", api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-rome", ExpiresAt: time.Now().Add(time.Hour)})
 	assert.True(t, client.IsForbidden(err), "%v", err)
 	_, err = rome.Grant(ctx, "mine", api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-rome", ExpiresAt: time.Now().Add(time.Hour)})
 	assert.True(t, client.IsForbidden(err), "only the provider grants: %v", err)
@@ -180,7 +190,7 @@ func TestTypedErrors(t *testing.T) {
 	require.NoError(t, err)
 	paris := newClient(t, b, "paris") // the provider of "mine"
 
-	_, err = paris.Grant(ctx, "mine", api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-rome", ExpiresAt: time.Now().Add(time.Hour)})
+	_, err = paris.GrantTo(ctx, "rome", "mine", api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-rome", ExpiresAt: time.Now().Add(time.Hour)})
 	assert.True(t, client.IsConflict(err), "an ended reservation takes no grant: %v", err)
 }
 

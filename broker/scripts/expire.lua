@@ -12,16 +12,16 @@ local prefix = KEYS[1]
 local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', prefix .. 'expiry', '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 local clamped = 0
-for _, id in ipairs(due) do
-  local flat = redis.call('HGETALL', prefix .. 'resv:' .. id)
+for _, qid in ipairs(due) do
+  local flat = redis.call('HGETALL', prefix .. 'resv:' .. qid)
   if #flat == 0 then
-    redis.call('ZREM', prefix .. 'expiry', id)
+    redis.call('ZREM', prefix .. 'expiry', qid)
   else
     local r = to_map(flat)
     if is_live(r.phase) then
-      clamped = clamped + end_reservation(prefix, id, r, 'Expired', now, ARGV[2], ARGV[3])
+      clamped = clamped + end_reservation(prefix, qid, r, 'Expired', now, ARGV[2], ARGV[3])
     else
-      redis.call('ZREM', prefix .. 'expiry', id)
+      redis.call('ZREM', prefix .. 'expiry', qid)
     end
   end
 end

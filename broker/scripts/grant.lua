@@ -4,20 +4,22 @@
 -- requester reads it with the reservation (only the requester may).
 --
 -- KEYS[1]  prefix ("rb:{b}:")
--- ARGV[1]  reservation id
--- ARGV[2]  caller cluster id; it must be the target
--- ARGV[3]  grant as JSON
--- ARGV[4]  event stream max length
--- Reply: {status, reservation}
+-- ARGV[1]  requester cluster id (ids are scoped per requester, lib.lua)
+-- ARGV[2]  reservation id, as its requester chose it
+-- ARGV[3]  caller cluster id; it must be the target
+-- ARGV[4]  grant as JSON
+-- ARGV[5]  event stream max length
+-- Reply: {status, reservation, now_ms}
 --   status  "granted" | "ended" | "notfound" | "forbidden"
-local prefix, id, caller = KEYS[1], ARGV[1], ARGV[2]
-local rk = prefix .. 'resv:' .. id
+local prefix, id, caller = KEYS[1], ARGV[2], ARGV[3]
+local rk = prefix .. 'resv:' .. qualify(ARGV[1], id)
+local now = now_ms()
 local flat = redis.call('HGETALL', rk)
-if #flat == 0 then return {'notfound', {}} end
+if #flat == 0 then return {'notfound', {}, now} end
 local r = to_map(flat)
-if caller ~= r.target then return {'forbidden', {}} end
-if not is_live(r.phase) then return {'ended', flat} end
+if caller ~= r.target then return {'forbidden', {}, now} end
+if not is_live(r.phase) then return {'ended', flat, now} end
 r.phase = 'Active'
-redis.call('HSET', rk, 'phase', 'Active', 'grant', ARGV[3], 'granted_ms', now_ms())
-emit(prefix, r.requester, ARGV[4], event_fields('Granted', id, r))
-return {'granted', redis.call('HGETALL', rk)}
+redis.call('HSET', rk, 'phase', 'Active', 'grant', ARGV[4], 'granted_ms', now)
+emit(prefix, r.requester, ARGV[5], event_fields('Granted', id, r, now))
+return {'granted', redis.call('HGETALL', rk), now}

@@ -2,13 +2,23 @@
 -- script before SCRIPT LOAD, so each script is still one atomic operation and
 -- touches only keys derived from the hash-tagged prefix in KEYS[1].
 --
+-- Reservation ids are scoped per requester: two requesters may use the same
+-- id and get two reservations. Every key and member that names a reservation
+-- uses its qualified id, qid = requester.."/"..id (cluster ids are DNS labels
+-- and ids DNS subdomains, so the first "/" splits them); events and the API
+-- carry the bare id and the requester apart.
+--
 -- Key layout (prefix P = KEYS[1], e.g. "rb:{b}:"):
 --   P.."cluster:"..id       hash    advertised fields + broker-owned resv_*
 --   P.."clusters"           zset    cluster id -> seen_ms (liveness index)
---   P.."resv:"..id          hash    one reservation
---   P.."expiry"             zset    live reservation id -> expires_ms
---   P.."by-target:"..id     set     live reservation ids provided by a cluster
---   P.."by-requester:"..id  set     live reservation ids requested by a cluster
+--   P.."resv:"..qid         hash    one reservation: requester, target, phase, cpu, mem, gpu,
+--                                   sto, created_ms, expires_ms, duration_ms (the hold time),
+--                                   lease_ms (absent: a fixed duration, never renewed), score,
+--                                   price, owner, priority, selector, candidates, node,
+--                                   grant, granted_ms, ended_ms
+--   P.."expiry"             zset    live reservation qid -> expires_ms
+--   P.."by-target:"..id     set     live reservation qids provided by a cluster
+--   P.."by-requester:"..id  set     live reservation qids requested by a cluster
 --   P.."events:"..id        stream  notifications for one cluster
 --   P.."audit"              stream  every reserve decision
 --
@@ -19,7 +29,7 @@
 --   P.."node-resv:"..id     hash    node -> "cpu=.. mem=.. gpu=.. sto=..": the broker's debit, the
 --                                   live reservations placed on that node that the cluster's
 --                                   last advertisement did not list (field absent: none)
---   P.."node-listed:"..id   set     live reservations placed on a node of the cluster that its
+--   P.."node-listed:"..id   set     live reservation qids placed on a node of the cluster that its
 --                                   last advertisement listed: their pods are in its node figures,
 --                                   so the broker does not debit them
 --
@@ -58,15 +68,19 @@
 --   P.."idx:version"        string  INDEX_VERSION once the index has been built (reindex.lua)
 --
 -- The waiting list (requests nothing could take, served by priority):
---   P.."waiting"            zset    "<since_us, 18 digits>:<id>" -> -priority
+--   P.."waiting"            zset    "<since_us, 18 digits>:<qid>" -> -priority
 --                                   (ZRANGE order: highest priority, then oldest)
---   P.."wait:"..id          hash    requester, cpu, mem, gpu, sto, selector, priority,
+--   P.."wait:"..qid         hash    requester, cpu, mem, gpu, sto, selector, priority,
 --                                   since_ms, member; expires after the wait TTL (store
 --                                   WaitTTL, rb-broker --wait-ttl, default 5s) unless the
 --                                   requester retries the same id (each retry renews it); a
 --                                   waiting member whose hash is gone (or names another
 --                                   member) is forgotten: dropped from the zset when met.
 --                                   v1 requests never wait (reserve.lua's wait value)
+--
+-- Leases (renew.lua): a reservation with lease_ms ends at expires_ms unless its
+-- requester renews it; a renewal sets expires_ms (and its expiry score) to
+-- now + lease_ms when that is later. All times are the Redis server's (TIME).
 
 -- RESOURCES are the resource suffixes used in every hash: cpu in millicores,
 -- mem and sto in bytes, gpu as a count.
@@ -111,7 +125,9 @@ local function read_rec(s)
 end
 
 -- INDEX_VERSION names the index layout; a Redis holding another is reindexed at start-up.
-local INDEX_VERSION = '3'
+-- 4: reservation keys and members carry the requester (qualified ids, header);
+-- reindex.lua moves the live reservations of an older layout.
+local INDEX_VERSION = '4'
 
 -- RATIOS are the GiB-per-core ratios of the idx:pcm sets.
 local RATIOS = {0, 0.5, 1, 2, 4, 8, 16, 32, 64}
@@ -364,10 +380,31 @@ local function emit(prefix, cluster, maxlen, fields)
   redis.call('XADD', prefix .. 'events:' .. cluster, 'MAXLEN', '~', maxlen, '*', unpack(fields))
 end
 
-local function event_fields(kind, id, r)
+-- qualify and bare_id convert between a reservation's id and its qualified id (header).
+local function qualify(requester, id)
+  return requester .. '/' .. id
+end
+local function bare_id(qid)
+  return string.match(qid, '^[^/]*/(.*)$') or qid
+end
+
+local function is_live(phase)
+  return phase == 'Reserved' or phase == 'Active'
+end
+
+-- remaining_ms is how long reservation r still lives at now (ms, Redis clock;
+-- 0 once ended): what answers and events carry, so that no agent compares the
+-- broker's absolute times with its own clock.
+local function remaining_ms(r, now)
+  if not is_live(r.phase) then return 0 end
+  return math.max(0, tonumber(r.expires_ms or '0') - now)
+end
+
+-- event_fields are the fields of an event about reservation r (bare id id) at now.
+local function event_fields(kind, id, r, now)
   local f = {'type', kind, 'reservation', id, 'requester', r.requester, 'provider', r.target,
     'phase', r.phase, 'cpu', r.cpu, 'mem', r.mem, 'gpu', r.gpu, 'sto', r.sto,
-    'expires_ms', r.expires_ms}
+    'expires_ms', r.expires_ms, 'remaining_ms', string.format('%d', remaining_ms(r, now))}
   if r.node and r.node ~= '' then
     f[#f + 1] = 'node'
     f[#f + 1] = r.node
@@ -375,7 +412,7 @@ local function event_fields(kind, id, r)
   return f
 end
 
--- waiting_id is the reservation id of a waiting list member.
+-- waiting_id is the qualified reservation id of a waiting list member.
 local function waiting_id(member)
   return string.match(member, '^%d+:(.*)$')
 end
@@ -383,9 +420,9 @@ end
 -- WAITERS_NOTIFIED: how many waiting requests a capacity change notifies.
 local WAITERS_NOTIFIED = 8
 
--- tell_waiter sends CapacityAvailable for waiting request id to its requester.
-local function tell_waiter(prefix, maxlen, id, requester, cpu, mem, gpu, sto)
-  emit(prefix, requester, maxlen, {'type', 'CapacityAvailable', 'reservation', id, 'requester', requester,
+-- tell_waiter sends CapacityAvailable for waiting request qid to its requester.
+local function tell_waiter(prefix, maxlen, qid, requester, cpu, mem, gpu, sto)
+  emit(prefix, requester, maxlen, {'type', 'CapacityAvailable', 'reservation', bare_id(qid), 'requester', requester,
     'provider', '', 'phase', 'Waiting', 'cpu', cpu, 'mem', mem, 'gpu', gpu, 'sto', sto, 'expires_ms', '0'})
 end
 
@@ -396,19 +433,19 @@ end
 local function notify_waiters(prefix, maxlen)
   local members = redis.call('ZRANGE', prefix .. 'waiting', 0, WAITERS_NOTIFIED - 1)
   for _, m in ipairs(members) do
-    local id = waiting_id(m)
-    local w = redis.call('HMGET', prefix .. 'wait:' .. id, 'requester', 'cpu', 'mem', 'gpu', 'sto', 'member')
+    local qid = waiting_id(m)
+    local w = redis.call('HMGET', prefix .. 'wait:' .. qid, 'requester', 'cpu', 'mem', 'gpu', 'sto', 'member')
     if not w[1] or w[6] ~= m then
       redis.call('ZREM', prefix .. 'waiting', m)
     else
-      tell_waiter(prefix, maxlen, id, w[1], w[2], w[3], w[4], w[5])
+      tell_waiter(prefix, maxlen, qid, w[1], w[2], w[3], w[4], w[5])
     end
   end
 end
 
--- stop_waiting removes a request from the waiting list; returns true if it was there.
-local function stop_waiting(prefix, id)
-  local wk = prefix .. 'wait:' .. id
+-- stop_waiting removes a request (qualified id) from the waiting list; returns true if it was there.
+local function stop_waiting(prefix, qid)
+  local wk = prefix .. 'wait:' .. qid
   local member = redis.call('HGET', wk, 'member')
   if not member then return false end
   redis.call('ZREM', prefix .. 'waiting', member)
@@ -440,12 +477,12 @@ local function node_debit(prefix, cid, node, amounts, sign)
   return clamped
 end
 
--- end_reservation moves a live reservation (map r) to a final phase and gives
+-- end_reservation moves a live reservation (qualified id qid, map r) to a final phase and gives
 -- its capacity back to the target exactly once: the cluster's counters, and
 -- the debit of its node unless the target's last advertisement listed it
 -- (then the broker holds no debit for it). Returns 1 when a counter had
 -- to be clamped at zero (a broken invariant worth a metric), else 0.
-local function end_reservation(prefix, id, r, phase, now, maxlen, retention_ms)
+local function end_reservation(prefix, qid, r, phase, now, maxlen, retention_ms)
   local ck = prefix .. 'cluster:' .. r.target
   local clamped = 0
   if redis.call('EXISTS', ck) == 1 then
@@ -459,28 +496,24 @@ local function end_reservation(prefix, id, r, phase, now, maxlen, retention_ms)
         end
       end
     end
-    if r.node and r.node ~= '' and redis.call('SREM', prefix .. 'node-listed:' .. r.target, id) == 0 then
+    if r.node and r.node ~= '' and redis.call('SREM', prefix .. 'node-listed:' .. r.target, qid) == 0 then
       clamped = math.max(clamped, node_debit(prefix, r.target, r.node, r, -1))
     end
     index_free(prefix, r.target, RESOURCES)
   elseif r.node and r.node ~= '' then
-    redis.call('SREM', prefix .. 'node-listed:' .. r.target, id)
+    redis.call('SREM', prefix .. 'node-listed:' .. r.target, qid)
   end
-  local rk = prefix .. 'resv:' .. id
+  local rk = prefix .. 'resv:' .. qid
   r.phase = phase
   r.ended_ms = tostring(now)
   redis.call('HSET', rk, 'phase', phase, 'ended_ms', r.ended_ms)
   redis.call('PEXPIRE', rk, retention_ms)
-  redis.call('ZREM', prefix .. 'expiry', id)
-  redis.call('SREM', prefix .. 'by-target:' .. r.target, id)
-  redis.call('SREM', prefix .. 'by-requester:' .. r.requester, id)
-  local fields = event_fields(phase, id, r)
+  redis.call('ZREM', prefix .. 'expiry', qid)
+  redis.call('SREM', prefix .. 'by-target:' .. r.target, qid)
+  redis.call('SREM', prefix .. 'by-requester:' .. r.requester, qid)
+  local fields = event_fields(phase, bare_id(qid), r, now)
   emit(prefix, r.requester, maxlen, fields)
   emit(prefix, r.target, maxlen, fields)
   return clamped
-end
-
-local function is_live(phase)
-  return phase == 'Reserved' or phase == 'Active'
 end
 -- end of lib.lua

@@ -1,7 +1,16 @@
 -- reindex: build the candidate index (lib.lua) from the cluster hashes: live
 -- clusters are indexed, stale ones removed. The broker runs it at start-up
--- when the index is missing (a Redis written by an older broker); advertise,
--- reserve, release and expire keep it up to date afterwards.
+-- when the index is missing or of another INDEX_VERSION (a Redis written by
+-- an older broker); advertise, reserve, release and expire keep it up to
+-- date afterwards.
+--
+-- It also moves the live reservations of the layout before qualified ids
+-- (INDEX_VERSION 3 and older: keys and members named by the bare id) to
+-- the qualified ones (lib.lua header): their hash, expiry entry, by-target,
+-- by-requester and node-listed members. Waiting entries of that layout are
+-- dropped (they last seconds; a live requester's next retry comes back).
+-- Ended reservations of that layout keep their old keys until retention
+-- removes them: no longer readable through the API.
 --
 -- KEYS[1]  prefix ("rb:{b}:")
 -- ARGV[1]  stale threshold (ms)
@@ -9,6 +18,36 @@
 -- Reply: number of live clusters indexed, or -1 when the index already existed
 local prefix = KEYS[1]
 if ARGV[2] ~= 'force' and redis.call('GET', prefix .. 'idx:version') == INDEX_VERSION then return -1 end
+
+-- Live reservations of the older layout: a qualified id holds a '/', a bare one never does.
+local ek = prefix .. 'expiry'
+for _, old in ipairs(redis.call('ZRANGE', ek, 0, -1)) do
+  if not string.find(old, '/', 1, true) then
+    local rk = prefix .. 'resv:' .. old
+    local v = redis.call('HMGET', rk, 'requester', 'target')
+    if v[1] then
+      local qid = qualify(v[1], old)
+      local score = redis.call('ZSCORE', ek, old)
+      redis.call('RENAME', rk, prefix .. 'resv:' .. qid)
+      redis.call('ZADD', ek, score, qid)
+      for _, key in ipairs({'by-target:' .. v[2], 'by-requester:' .. v[1]}) do
+        if redis.call('SREM', prefix .. key, old) == 1 then redis.call('SADD', prefix .. key, qid) end
+      end
+      if redis.call('SREM', prefix .. 'node-listed:' .. v[2], old) == 1 then
+        redis.call('SADD', prefix .. 'node-listed:' .. v[2], qid)
+      end
+    end
+    redis.call('ZREM', ek, old)
+  end
+end
+for _, m in ipairs(redis.call('ZRANGE', prefix .. 'waiting', 0, -1)) do
+  local id = waiting_id(m)
+  if id and not string.find(id, '/', 1, true) then
+    redis.call('ZREM', prefix .. 'waiting', m)
+    redis.call('DEL', prefix .. 'wait:' .. id)
+  end
+end
+
 local cut = now_ms() - tonumber(ARGV[1])
 local indexed = 0
 local all = redis.call('ZRANGE', prefix .. 'clusters', 0, -1, 'WITHSCORES')

@@ -5,27 +5,31 @@
 -- the first waiting requests (lib.lua notify_waiters).
 --
 -- KEYS[1]  prefix ("rb:{b}:")
--- ARGV[1]  reservation id
--- ARGV[2]  caller cluster id; it must be the requester or the target
--- ARGV[3]  event stream max length
--- ARGV[4]  how long to keep an ended reservation (ms)
--- Reply: {status, reservation, clamped}
+-- ARGV[1]  requester cluster id (ids are scoped per requester, lib.lua)
+-- ARGV[2]  reservation id, as its requester chose it
+-- ARGV[3]  caller cluster id; it must be the requester or the target
+-- ARGV[4]  event stream max length
+-- ARGV[5]  how long to keep an ended reservation (ms)
+-- Reply: {status, reservation, clamped, now_ms}
 --   status       "released" | "ended" (was already over) | "notfound" | "forbidden"
---   reservation  flat field/value array of the reservation hash ({} if notfound)
+--   reservation  flat field/value array of the reservation hash ({} if notfound or forbidden)
 --   clamped      1 if a capacity counter had to be clamped at zero, else 0
-local prefix, id, caller = KEYS[1], ARGV[1], ARGV[2]
-local flat = redis.call('HGETALL', prefix .. 'resv:' .. id)
+--   now_ms       the Redis clock when answered (for the reservation's remaining time)
+local prefix, requester, caller = KEYS[1], ARGV[1], ARGV[3]
+local qid = qualify(requester, ARGV[2])
+local now = now_ms()
+local flat = redis.call('HGETALL', prefix .. 'resv:' .. qid)
 if #flat == 0 then
   -- A request still waiting for capacity: its requester withdraws it.
-  if redis.call('HGET', prefix .. 'wait:' .. id, 'requester') == caller then
-    stop_waiting(prefix, id)
-    notify_waiters(prefix, ARGV[3]) -- it may have held back lower priorities
+  if caller == requester and redis.call('EXISTS', prefix .. 'wait:' .. qid) == 1 then
+    stop_waiting(prefix, qid)
+    notify_waiters(prefix, ARGV[4]) -- it may have held back lower priorities
   end
-  return {'notfound', {}, 0}
+  return {'notfound', {}, 0, now}
 end
 local r = to_map(flat)
-if caller ~= r.requester and caller ~= r.target then return {'forbidden', {}, 0} end
-if not is_live(r.phase) then return {'ended', flat, 0} end
-local clamped = end_reservation(prefix, id, r, 'Released', now_ms(), ARGV[3], ARGV[4])
-notify_waiters(prefix, ARGV[3])
-return {'released', redis.call('HGETALL', prefix .. 'resv:' .. id), clamped}
+if caller ~= r.requester and caller ~= r.target then return {'forbidden', {}, 0, now} end
+if not is_live(r.phase) then return {'ended', flat, 0, now} end
+local clamped = end_reservation(prefix, qid, r, 'Released', now, ARGV[4], ARGV[5])
+notify_waiters(prefix, ARGV[4])
+return {'released', redis.call('HGETALL', prefix .. 'resv:' .. qid), clamped, now}

@@ -1,6 +1,7 @@
 -- reserve: decide a batch of reservation requests, in order, exactly as one
 -- call per request would: for each, choose the best live cluster, lock its
--- capacity and record the decision; idempotent by reservation id.
+-- capacity and record the decision; idempotent by reservation id, scoped
+-- per requester (the same id from two requesters is two reservations).
 --
 -- Candidates are live (seen within the stale threshold, broker clock), not the
 -- requester, match the label selector, and fit: for every requested resource
@@ -61,17 +62,20 @@
 -- ARGV[8]  how long a request nothing fits stays on the waiting list without
 --          a retry (ms; 0: no waiting list); each retry of the same request
 --          renews it
--- ARGV[9..] the requests, 11 values each: reservation id, requester cluster
+-- ARGV[9..] the requests, 12 values each: reservation id, requester cluster
 --          id, cpu (millicores), memory (bytes), gpu (count), ephemeral
 --          storage (bytes), duration (ms, > 0), label selector as a JSON
 --          object of required labels or "", owner (free text), priority
 --          (integer), wait ("1": refused, it takes or keeps a place on the
 --          waiting list; "0": it never does, e.g. v1 requests, whose seed
---          agents never retry an id; both pass the priority gate alike)
--- Reply: per request, in order, {outcome, reservation, candidates_json, rejections_json}
+--          agents never retry an id; both pass the priority gate alike),
+--          lease (ms; 0: a fixed duration. Otherwise the reservation is a
+--          lease: it ends duration after the decision -- its hold time --
+--          unless renewed, renew.lua)
+-- Reply: per request, in order, {outcome, reservation, candidates_json, rejections_json, now_ms}
 --   outcome     "reserved" (new), "replay" (id already decided: the first
---               answer), "conflict" (id belongs to another requester, or was
---               decided for other amounts),
+--               answer), "conflict" (the requester decided this id before
+--               for other amounts),
 --               "nofit" (no reservation written: the request waits, by
 --               priority, see lib.lua, if its wait value is "1"; rejections {waiting_higher_priority=1}
 --               when a waiting request of higher priority could be placed now),
@@ -83,6 +87,7 @@
 --   candidates  JSON array of the best candidates {cluster, score, resource_score, cost_score, price}
 --   rejections  JSON object: how many clusters were excluded, by reason
 --               (outcome "error": the error message instead)
+--   now_ms      the Redis clock of the call (for the reservation's remaining time)
 local prefix = KEYS[1]
 local stale_ms = tonumber(ARGV[1])
 local w_res, w_cost = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -90,7 +95,7 @@ local top_n = tonumber(ARGV[4])
 local events_max, audit_max = ARGV[5], ARGV[6]
 local scan_mode = ARGV[7] == 'scan'
 local wait_ttl = tonumber(ARGV[8])
-local FIRST, WIDTH = 9, 11 -- where the requests start in ARGV, and the values of each
+local FIRST, WIDTH = 9, 12 -- where the requests start in ARGV, and the values of each
 -- DIRECT_MAX: up to this many candidates are evaluated directly, without the threshold walk.
 local DIRECT_MAX = 128
 
@@ -373,16 +378,17 @@ local function decide(a, arrival_us)
   local req_str = {cpu = ARGV[a + 2], mem = ARGV[a + 3], gpu = ARGV[a + 4], sto = ARGV[a + 5]}
   local duration, selector_json, owner, priority_str = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]
   local may_wait = ARGV[a + 10] == '1'
-  local rk = prefix .. 'resv:' .. id
+  local lease = ARGV[a + 11]
+  local qid = qualify(requester, id)
+  local rk = prefix .. 'resv:' .. qid
 
   local existing = redis.call('HGETALL', rk)
   if #existing > 0 then
     local r = to_map(existing)
-    if r.requester ~= requester or r.cpu ~= req_str.cpu or r.mem ~= req_str.mem or r.gpu ~= req_str.gpu
-      or r.sto ~= req_str.sto then
-      return {'conflict', {}, '[]', '{}'}
+    if r.cpu ~= req_str.cpu or r.mem ~= req_str.mem or r.gpu ~= req_str.gpu or r.sto ~= req_str.sto then
+      return {'conflict', {}, '[]', '{}', now}
     end
-    return {'replay', existing, r.candidates or '[]', '{}'}
+    return {'replay', existing, r.candidates or '[]', '{}', now}
   end
 
   local req = {}
@@ -400,9 +406,9 @@ local function decide(a, arrival_us)
   -- not wait (v1).
   local function wait()
     if wait_ttl <= 0 or not may_wait then return end
-    local wk = prefix .. 'wait:' .. id
+    local wk = prefix .. 'wait:' .. qid
     if redis.call('EXISTS', wk) == 0 then
-      local member = string.format('%018d', arrival_us) .. ':' .. id
+      local member = string.format('%018d', arrival_us) .. ':' .. qid
       redis.call('HSET', wk, 'requester', requester, 'cpu', req_str.cpu, 'mem', req_str.mem,
         'gpu', req_str.gpu, 'sto', req_str.sto, 'selector', selector_json, 'priority', priority_str,
         'since_ms', now, 'member', member)
@@ -436,7 +442,7 @@ local function decide(a, arrival_us)
         else
           offset = offset + 1
           looked = looked + 1
-          if wid ~= id and fits_somewhere(w) then
+          if wid ~= qid and fits_somewhere(w) then
             tell_waiter(prefix, events_max, wid, w.requester, w.cpu, w.mem, w.gpu, w.sto)
             wait()
             local rejected_json = cjson.encode({waiting_higher_priority = 1})
@@ -444,7 +450,7 @@ local function decide(a, arrival_us)
               'reservation', id, 'requester', requester, 'outcome', 'deferred', 'winner', '', 'score', '',
               'blocked_by', wid, 'priority', priority_str, 'blocked_priority', w.priority,
               'rejected', rejected_json, 'ts_ms', now)
-            return {'nofit', {}, '[]', rejected_json}
+            return {'nofit', {}, '[]', rejected_json, now}
           end
           if looked >= WAITERS_NOTIFIED then break end
         end
@@ -867,7 +873,7 @@ local function decide(a, arrival_us)
   if #top == 0 then
     wait()
     record_audit('nofit', '', '', '[]', '')
-    return {'nofit', {}, '[]', cjson.encode(rejected)}
+    return {'nofit', {}, '[]', cjson.encode(rejected), now}
   end
 
   local function round2(x) return math.floor(x * 100 + 0.5) / 100 end
@@ -899,22 +905,26 @@ local function decide(a, arrival_us)
     'score', score, 'price', tostring(math.floor(win.price + 0.5)),
     'owner', owner, 'priority', priority_str, 'selector', selector_json,
     'candidates', candidates_json}
+  if tonumber(lease) > 0 then
+    hash[#hash + 1] = 'lease_ms'
+    hash[#hash + 1] = lease
+  end
   if node then
     hash[#hash + 1] = 'node'
     hash[#hash + 1] = node
   end
   redis.call('HSET', rk, unpack(hash))
   expiry_add[#expiry_add + 1] = expires
-  expiry_add[#expiry_add + 1] = id
-  add_to_set(prefix .. 'by-target:' .. win.cluster, id)
-  add_to_set(prefix .. 'by-requester:' .. requester, id)
-  local ev = event_fields('Reserved', id, r)
+  expiry_add[#expiry_add + 1] = qid
+  add_to_set(prefix .. 'by-target:' .. win.cluster, qid)
+  add_to_set(prefix .. 'by-requester:' .. requester, qid)
+  local ev = event_fields('Reserved', id, r, now)
   emit(prefix, requester, events_max, ev)
   emit(prefix, win.cluster, events_max, ev)
   record_audit('reserved', win.cluster, score, candidates_json, node or '')
   -- A waiting request placed at last: the next ones may now pass the priority gate.
-  if stop_waiting(prefix, id) then notify_waiters(prefix, events_max) end
-  return {'reserved', hash, candidates_json, cjson.encode(rejected)}
+  if stop_waiting(prefix, qid) then notify_waiters(prefix, events_max) end
+  return {'reserved', hash, candidates_json, cjson.encode(rejected), now}
 end
 
 -- A request that raises an error (bad input that got past the broker) gets
@@ -924,7 +934,7 @@ end
 local replies = {}
 for a = FIRST, #ARGV, WIDTH do
   local ok, reply = pcall(decide, a, started_us + #replies)
-  if not ok then reply = {'error', {}, '[]', tostring(reply)} end
+  if not ok then reply = {'error', {}, '[]', tostring(reply), now} end
   replies[#replies + 1] = reply
 end
 flush()

@@ -33,6 +33,7 @@ var (
 	Expire    = load("expire")
 	Grant     = load("grant")
 	Reindex   = load("reindex")
+	Renew     = load("renew")
 )
 
 // All lists every script, for loading at start-up and readiness checks.
@@ -43,4 +44,5 @@ var All = map[string]*redis.Script{
 	"expire":    Expire,
 	"grant":     Grant,
 	"reindex":   Reindex,
+	"renew":     Renew,
 }

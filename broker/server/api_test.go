@@ -37,11 +37,19 @@ func TestReserveReadRelease(t *testing.T) {
 	require.Len(t, r.Candidates, 2)
 	assert.Greater(t, r.Candidates[0].Score, r.Candidates[1].Score)
 
-	for cn, want := range map[string]int{"rome": 200, "paris": 200, "berlin": 403} {
-		code, data := b.Do(cn, http.MethodGet, "/api/v2/reservations/r1", nil)
-		assert.Equal(t, want, code, "GET as %s: %s", cn, data)
+	// Ids are scoped per requester: the provider names it with ?requester=.
+	for path, want := range map[string]map[string]int{
+		"/api/v2/reservations/r1":                {"rome": 200, "paris": 404, "berlin": 404},
+		"/api/v2/reservations/r1?requester=rome": {"rome": 200, "paris": 200, "berlin": 403},
+	} {
+		for cn, code := range want {
+			got, data := b.Do(cn, http.MethodGet, path, nil)
+			assert.Equal(t, code, got, "GET %s as %s: %s", path, cn, data)
+		}
 	}
-	code, data = b.Do("berlin", http.MethodDelete, "/api/v2/reservations/r1", nil)
+	code, data = b.Do("berlin", http.MethodGet, "/api/v2/reservations/r1?requester=Not_A_Cluster", nil)
+	assert.Equal(t, http.StatusBadRequest, code, "%s", data)
+	code, data = b.Do("berlin", http.MethodDelete, "/api/v2/reservations/r1?requester=rome", nil)
 	assert.Equal(t, http.StatusForbidden, code, "%s", data)
 	assert.Equal(t, api.ReasonForbidden, brokertest.Decode[api.Error](t, data).Reason)
 
@@ -52,7 +60,7 @@ func TestReserveReadRelease(t *testing.T) {
 	code, data = b.Do("rome", http.MethodDelete, "/api/v2/reservations/r1", nil)
 	require.Equal(t, http.StatusOK, code, "%s", data)
 	assert.Equal(t, "Released", brokertest.Decode[api.Reservation](t, data).Phase)
-	code, data = b.Do("paris", http.MethodDelete, "/api/v2/reservations/r1", nil)
+	code, data = b.Do("paris", http.MethodDelete, "/api/v2/reservations/r1?requester=rome", nil)
 	require.Equal(t, http.StatusOK, code, "release twice: same answer, %s", data)
 	code, _ = b.Do("rome", http.MethodDelete, "/api/v2/reservations/nope", nil)
 	assert.Equal(t, http.StatusNotFound, code)
@@ -70,9 +78,12 @@ func TestIdempotentReservation(t *testing.T) {
 	require.Equal(t, http.StatusCreated, code, "%s", first)
 	code, again := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("same-id", "3", "1Gi"))
 	require.Equal(t, http.StatusOK, code, "a retry is answered with the first decision, %s", again)
-	assert.Equal(t, brokertest.Decode[api.Reservation](t, first), brokertest.Decode[api.Reservation](t, again))
-	code, data := b.Do("milan", http.MethodPost, "/api/v2/reservations", reservation("same-id", "3", "1Gi"))
-	assert.Equal(t, http.StatusConflict, code, "%s", data)
+	r1, r2 := brokertest.Decode[api.Reservation](t, first), brokertest.Decode[api.Reservation](t, again)
+	assert.LessOrEqual(t, r2.RemainingMs, r1.RemainingMs, "measured at each answer")
+	r2.RemainingMs = r1.RemainingMs
+	assert.Equal(t, r1, r2)
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("same-id", "2", "1Gi"))
+	assert.Equal(t, http.StatusConflict, code, "same id, other amounts: %s", data)
 	assert.Equal(t, api.ReasonConflict, brokertest.Decode[api.Error](t, data).Reason)
 
 	c, err := b.Store.Cluster(context.Background(), "paris")
@@ -126,11 +137,13 @@ func TestIdentity(t *testing.T) {
 	code, _ = b.Do("rome", http.MethodPost, "/api/v1/advertisements",
 		api.V1Advertisement{ClusterID: "paris", Resources: api.V1Resources{Capacity: q, Allocatable: q, Allocated: q, Available: q}})
 	assert.Equal(t, http.StatusForbidden, code, "nor through v1")
-	code, _ = b.Do("rome", http.MethodGet, "/api/v2/reservations/paris-r", nil)
+	code, _ = b.Do("rome", http.MethodGet, "/api/v2/reservations/paris-r?requester=paris", nil)
 	assert.Equal(t, http.StatusForbidden, code, "rome cannot read paris's reservation")
-	code, _ = b.Do("rome", http.MethodDelete, "/api/v2/reservations/paris-r", nil)
+	code, _ = b.Do("rome", http.MethodGet, "/api/v2/reservations/paris-r", nil)
+	assert.Equal(t, http.StatusNotFound, code, "rome has no paris-r of its own")
+	code, _ = b.Do("rome", http.MethodDelete, "/api/v2/reservations/paris-r?requester=paris", nil)
 	assert.Equal(t, http.StatusForbidden, code, "nor release it")
-	code, _ = b.Do("rome", http.MethodPost, "/api/v2/reservations/paris-r/grant",
+	code, _ = b.Do("rome", http.MethodPost, "/api/v2/reservations/paris-r/grant?requester=paris",
 		api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-paris", ExpiresAt: time.Now().Add(time.Hour)})
 	assert.Equal(t, http.StatusForbidden, code, "nor grant it")
 	assert.Equal(t, before, b.Snapshot(), "refused calls changed nothing")
@@ -163,9 +176,11 @@ func TestGrant(t *testing.T) {
 	assert.Equal(t, http.StatusForbidden, code, "only the provider grants: %s", data)
 	bad := grant
 	bad.Namespace = "Not_A_Namespace"
-	code, data = b.Do("paris", http.MethodPost, "/api/v2/reservations/g1/grant", bad)
+	code, data = b.Do("paris", http.MethodPost, "/api/v2/reservations/g1/grant?requester=rome", bad)
 	assert.Equal(t, http.StatusBadRequest, code, "%s", data)
 	code, data = b.Do("paris", http.MethodPost, "/api/v2/reservations/g1/grant", grant)
+	assert.Equal(t, http.StatusNotFound, code, "paris has no g1 of its own: %s", data)
+	code, data = b.Do("paris", http.MethodPost, "/api/v2/reservations/g1/grant?requester=rome", grant)
 	require.Equal(t, http.StatusOK, code, "%s", data)
 	assert.Equal(t, "Active", brokertest.Decode[api.Reservation](t, data).Phase)
 	assert.Nil(t, brokertest.Decode[api.Reservation](t, data).Grant, "the provider's answer does not echo the token")
@@ -174,12 +189,12 @@ func TestGrant(t *testing.T) {
 	r := brokertest.Decode[api.Reservation](t, data)
 	require.NotNil(t, r.Grant, "the requester reads its grant")
 	assert.Equal(t, grant, *r.Grant)
-	_, data = b.Do("paris", http.MethodGet, "/api/v2/reservations/g1", nil)
+	_, data = b.Do("paris", http.MethodGet, "/api/v2/reservations/g1?requester=rome", nil)
 	assert.Nil(t, brokertest.Decode[api.Reservation](t, data).Grant)
 
 	code, _ = b.Do("rome", http.MethodDelete, "/api/v2/reservations/g1", nil)
 	require.Equal(t, http.StatusOK, code)
-	code, data = b.Do("paris", http.MethodPost, "/api/v2/reservations/g1/grant", grant)
+	code, data = b.Do("paris", http.MethodPost, "/api/v2/reservations/g1/grant?requester=rome", grant)
 	assert.Equal(t, http.StatusConflict, code, "an ended reservation takes no grant: %s", data)
 }
 

@@ -20,7 +20,7 @@ import (
 func TestBadInputChangesNothing(t *testing.T) {
 	b := brokertest.Start(t, brokertest.Options{Limits: api.Limits{DefaultDuration: time.Hour, MaxDuration: 24 * time.Hour}})
 	b.Advertise("paris", "8", "32Gi", "2", "0.03", nil)
-	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("existing", "1", "1Gi"))
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservationLease("existing", "1", "1Gi", "1m"))
 	require.Equal(t, http.StatusCreated, code, "%s", data)
 	before := b.Snapshot()
 
@@ -41,6 +41,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		return base[:len(base)-2] + `,"nodes":[` + nodes + `],"reservationsOnNodes":[` + ids + `]}}`
 	}
 	const v2r, v2a, v1r, v1a = "/api/v2/reservations", "/api/v2/clusters/paris/advertisement", "/api/v1/reservations", "/api/v1/advertisements"
+	const v2n = "/api/v2/renewals"
 	cases := []struct {
 		name, cn, method, path, body string
 		want                         int
@@ -60,6 +61,21 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"invalid duration", "rome", "POST", v2r, resv(`,"duration":"forever"`), 400},
 		{"negative duration", "rome", "POST", v2r, resv(`,"duration":"-1h"`), 400},
 		{"duration over the maximum", "rome", "POST", v2r, resv(`,"duration":"48h"`), 400},
+		{"invalid lease", "rome", "POST", v2r, resv(`,"lease":"a while"`), 400},
+		{"lease under a second", "rome", "POST", v2r, resv(`,"lease":"500ms"`), 400},
+		{"negative lease", "rome", "POST", v2r, resv(`,"lease":"-2m"`), 400},
+		{"lease over the maximum", "rome", "POST", v2r, resv(`,"lease":"25h"`), 400},
+		{"renewal malformed JSON", "rome", "POST", v2n, `{"ids":[`, 400},
+		{"renewal empty body", "rome", "POST", v2n, ``, 400},
+		{"renewal ids not a list", "rome", "POST", v2n, `{"ids":"existing"}`, 400},
+		{"renewal unknown field", "rome", "POST", v2n, `{"ids":["existing"],"lease":"1h"}`, 400},
+		{"renewal bad id", "rome", "POST", v2n, `{"ids":["existing","Not_An_Id"]}`, 400},
+		{"renewal empty id", "rome", "POST", v2n, `{"ids":[""]}`, 400},
+		{"renewal too many ids", "rome", "POST", v2n, renewJSON(api.MaxRenewBatch + 1), 400},
+		{"renewal huge body", "rome", "POST", v2n, `{"ids":["` + strings.Repeat("a", api.MaxRenewBodyBytes) + `"]}`, 413},
+		{"grant bad requester", "paris", "POST", "/api/v2/reservations/existing/grant?requester=Not_A_Cluster",
+			`{"endpoint":"https://x","token":"t","namespace":"rb-rome","expiresAt":"2030-01-01T00:00:00Z"}`, 400},
+		{"release bad requester", "paris", "DELETE", "/api/v2/reservations/existing?requester=a/b", ``, 400},
 		{"missing id", "rome", "POST", v2r, `{"resources":{"cpu":"1","memory":"1Gi"}}`, 400},
 		{"non-DNS id", "rome", "POST", v2r, `{"id":"Not_A_Name","resources":{"cpu":"1","memory":"1Gi"}}`, 400},
 		{"id too long", "rome", "POST", v2r, `{"id":"` + strings.Repeat("a", 300) + `","resources":{"cpu":"1","memory":"1Gi"}}`, 400},
@@ -84,7 +100,10 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"advertise node allocated over allocatable", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "5"), ""), 400},
 		{"advertise node half a GPU", "paris", "PUT", v2a, advNodes(`{"name":"n1","allocatable":{"cpu":"4","gpu":"500m"},"allocated":{}}`, ""), 400},
 		{"advertise node unknown field", "paris", "PUT", v2a, advNodes(`{"name":"n1","allocatable":{"cpu":"4"},"allocated":{},"pods":3}`, ""), 400},
-		{"advertise listed id not a DNS subdomain", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "1"), `"Bad_Id"`), 400},
+		{"advertise listed id not a DNS subdomain", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "1"), `"rome/Bad_Id"`), 400},
+		{"advertise listed id without its requester", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "1"), `"existing"`), 400},
+		{"advertise listed id with a bad requester", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "1"), `"Rome.x/existing"`), 400},
+		{"advertise listed id with an empty id", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "1"), `"rome/"`), 400},
 		{"advertise too many listed ids", "paris", "PUT", v2a, advNodes(nodeJSON("n1", "4", "1"), idsJSON(api.MaxReservationsOnNodes+1)), 400},
 		{"grant invalid endpoint", "paris", "POST", "/api/v2/reservations/existing/grant",
 			`{"endpoint":"ftp://x","token":"t","namespace":"rb-rome","expiresAt":"2030-01-01T00:00:00Z"}`, 400},
@@ -132,10 +151,20 @@ func nodesJSON(n int) string {
 	return strings.Join(out, ",")
 }
 
+// renewJSON is a renewal of n ids (existing first, so that a valid batch would renew it).
+func renewJSON(n int) string {
+	ids := make([]string, n)
+	ids[0] = `"existing"`
+	for i := 1; i < n; i++ {
+		ids[i] = fmt.Sprintf(`"r%d"`, i)
+	}
+	return `{"ids":[` + strings.Join(ids, ",") + `]}`
+}
+
 func idsJSON(n int) string {
 	out := make([]string, n)
 	for i := range out {
-		out[i] = fmt.Sprintf(`"r%d"`, i)
+		out[i] = fmt.Sprintf(`"rome/r%d"`, i)
 	}
 	return strings.Join(out, ",")
 }

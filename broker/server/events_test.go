@@ -86,7 +86,8 @@ func TestEventStreamResumes(t *testing.T) {
 		ev := next(t, ch)
 		assert.Equal(t, "Reserved", ev.kind, who)
 		assert.Equal(t, api.Event{Type: "Reserved", Reservation: "e1", Requester: "rome", Provider: "paris", Phase: "Reserved",
-			Resources: ev.data.Resources, ExpiresAt: ev.data.ExpiresAt}, ev.data)
+			Resources: ev.data.Resources, ExpiresAt: ev.data.ExpiresAt, RemainingMs: time.Hour.Milliseconds()}, ev.data,
+			"the bare id, and the time left on the broker's clock")
 		assert.Equal(t, "1", ev.data.Resources.CPU.String())
 	}
 	// berlin sees nothing of it: a stream carries only the caller's own events.

@@ -8,3 +8,10 @@ import (
 func reservation(id, cpu, memory string) api.ReservationRequest {
 	return api.ReservationRequest{ID: id, Resources: brokertest.Quantities(cpu, memory, "")}
 }
+
+// reservationLease is a lease: it ends hold-time (here the lease) after the decision unless renewed.
+func reservationLease(id, cpu, memory, lease string) api.ReservationRequest {
+	r := reservation(id, cpu, memory)
+	r.Lease = lease
+	return r
+}

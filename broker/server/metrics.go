@@ -22,6 +22,18 @@ const (
 	outcomeError    = "error"
 )
 
+// Renewal outcomes, the label of rb_broker_renewals_total (one per id).
+const (
+	renewRenewed   = "renewed"
+	renewNotFound  = "not_found"
+	renewEnded     = "ended"
+	renewNotALease = "not_a_lease"
+	renewError     = "error"
+)
+
+// renewOutcomes are the outcomes of postRenewals' counts, in their order.
+var renewOutcomes = [4]string{renewRenewed, renewNotFound, renewEnded, renewNotALease}
+
 type metrics struct {
 	registry     *prometheus.Registry
 	reservations *prometheus.CounterVec
@@ -31,8 +43,11 @@ type metrics struct {
 	clamps       prometheus.Counter
 	requests     *prometheus.CounterVec
 	streams      prometheus.Gauge
+	renewals     *prometheus.CounterVec
+	renewBatch   prometheus.Histogram
 
-	outcomes map[string]*lazyCounter // reservations' children by outcome; read-only once built
+	outcomes      map[string]*lazyCounter // reservations' children by outcome; read-only once built
+	renewOutcomes map[string]*lazyCounter // renewals' children by outcome; read-only once built
 }
 
 func newMetrics(st *store.Store) *metrics {
@@ -67,13 +82,27 @@ func newMetrics(st *store.Store) *metrics {
 			Name: "rb_broker_event_streams",
 			Help: "Open event streams.",
 		}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rb_broker_renewals_total",
+			Help: "Lease renewals, one per id, by outcome (renewed, not_found, ended, not_a_lease, error).",
+		}, []string{"outcome"}),
+		renewBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "rb_broker_renewal_batch_size",
+			Help:    "Ids per valid renewal request (POST /api/v2/renewals).",
+			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000},
+		}),
 	}
 	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.requests, m.streams,
+		m.renewals, m.renewBatch,
 		&clusterCollector{store: st},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.outcomes = map[string]*lazyCounter{}
 	for _, o := range []string{outcomeReserved, outcomeReplayed, outcomeNoFit, outcomeConflict, outcomeInvalid, outcomeError} {
 		m.outcomes[o] = &lazyCounter{vec: m.reservations, values: []string{o}}
+	}
+	m.renewOutcomes = map[string]*lazyCounter{}
+	for _, o := range []string{renewRenewed, renewNotFound, renewEnded, renewNotALease, renewError} {
+		m.renewOutcomes[o] = &lazyCounter{vec: m.renewals, values: []string{o}}
 	}
 	return m
 }
@@ -105,6 +134,14 @@ func (m *metrics) reservation(outcome string) prometheus.Counter {
 		return l.get()
 	}
 	return m.reservations.WithLabelValues(outcome)
+}
+
+// renewal returns the rb_broker_renewals_total counter of an outcome.
+func (m *metrics) renewal(outcome string) prometheus.Counter {
+	if l, ok := m.renewOutcomes[outcome]; ok {
+		return l.get()
+	}
+	return m.renewals.WithLabelValues(outcome)
 }
 
 // routeCounters are one route's rb_broker_http_requests_total counters, by status code.

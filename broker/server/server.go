@@ -56,7 +56,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	s.health(mux)
 	handle := func(pattern string, h func(http.ResponseWriter, *http.Request, string)) {
-		mux.Handle(pattern, s.authenticated(pattern, h))
+		mux.Handle(pattern, s.authenticated(pattern, api.MaxBodyBytes, h))
 	}
 	handle("PUT /api/v2/clusters/{id}/advertisement", s.putAdvertisement)
 	handle("GET /api/v2/clusters", s.listClusters)
@@ -66,6 +66,8 @@ func (s *Server) Handler() http.Handler {
 	handle("GET /api/v2/reservations/{id}", s.getReservation)
 	handle("DELETE /api/v2/reservations/{id}", s.deleteReservation)
 	handle("POST /api/v2/reservations/{id}/grant", s.postGrant)
+	// A renewal carries up to api.MaxRenewBatch ids: a larger body bound.
+	mux.Handle("POST /api/v2/renewals", s.authenticated("POST /api/v2/renewals", api.MaxRenewBodyBytes, s.postRenewals))
 	handle("GET /api/v2/events", s.streamEvents)
 
 	handle("POST /api/v1/advertisements", s.v1PostAdvertisement)
@@ -108,8 +110,8 @@ func (s *Server) health(mux *http.ServeMux) {
 }
 
 // authenticated resolves the caller's identity from its client certificate,
-// bounds the body, and counts the request.
-func (s *Server) authenticated(route string, h func(http.ResponseWriter, *http.Request, string)) http.Handler {
+// bounds the body to maxBody bytes, and counts the request.
+func (s *Server) authenticated(route string, maxBody int64, h func(http.ResponseWriter, *http.Request, string)) http.Handler {
 	requests := s.metrics.route(route)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := recorders.Get().(*statusRecorder)
@@ -132,7 +134,7 @@ func (s *Server) authenticated(route string, h func(http.ResponseWriter, *http.R
 			writeError(rec, http.StatusForbidden, api.ReasonForbidden, "client certificate: "+err.Error())
 			return
 		}
-		r.Body = http.MaxBytesReader(rec, r.Body, api.MaxBodyBytes)
+		r.Body = http.MaxBytesReader(rec, r.Body, maxBody)
 		h(rec, r, cn)
 	})
 }

@@ -99,7 +99,7 @@ func TestSeedProtocol(t *testing.T) {
 	assert.Equal(t, http.StatusConflict, code, "%s", data)
 
 	// The seed agent releases nothing over v1, but a v2 release of its id works and the instruction disappears.
-	code, _ = b.Do("paris", http.MethodDelete, "/api/v2/reservations/"+id, nil)
+	code, _ = b.Do("paris", http.MethodDelete, "/api/v2/reservations/"+id+"?requester=rome", nil)
 	require.Equal(t, http.StatusOK, code)
 	_, data = b.Do("paris", http.MethodGet, "/api/v1/instructions", nil)
 	assert.JSONEq(t, `[]`, string(data))

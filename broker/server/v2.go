@@ -48,7 +48,7 @@ func (s *Server) listClusters(w http.ResponseWriter, r *http.Request, _ string) 
 	}
 	out := make([]api.Cluster, 0, len(clusters))
 	for _, c := range clusters {
-		out = append(out, api.ClusterFromStore(c, s.live(c)))
+		out = append(out, api.ClusterFromStore(c, c.Live))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -59,12 +59,7 @@ func (s *Server) getCluster(w http.ResponseWriter, r *http.Request, _ string) {
 		s.writeStoreError(w, "", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, api.ClusterFromStore(c, s.live(c)))
-}
-
-// live judges liveness for display only; decisions use the Redis clock in the script.
-func (s *Server) live(c store.Cluster) bool {
-	return time.Since(c.SeenAt) <= s.store.Config().StaleThreshold
+	writeJSON(w, http.StatusOK, api.ClusterFromStore(c, c.Live)) // judged on the Redis clock
 }
 
 func (s *Server) postReservation(w http.ResponseWriter, r *http.Request, caller string) {
@@ -149,8 +144,27 @@ func (s *Server) listReservations(w http.ResponseWriter, r *http.Request, caller
 	writeJSON(w, http.StatusOK, out)
 }
 
+// requesterOf is whose reservation a call addresses: ids are scoped per
+// requester, so a provider names the requester with ?requester=<cluster>;
+// without it the id is the caller's own. false: answered (400).
+func requesterOf(w http.ResponseWriter, r *http.Request, caller string) (string, bool) {
+	requester := r.URL.Query().Get("requester")
+	if requester == "" {
+		return caller, true
+	}
+	if err := api.ValidateClusterID(requester); err != nil {
+		writeError(w, http.StatusBadRequest, api.ReasonBadRequest, "requester: "+err.Error())
+		return "", false
+	}
+	return requester, true
+}
+
 func (s *Server) getReservation(w http.ResponseWriter, r *http.Request, caller string) {
-	res, err := s.store.Reservation(r.Context(), r.PathValue("id"))
+	requester, ok := requesterOf(w, r, caller)
+	if !ok {
+		return
+	}
+	res, err := s.store.Reservation(r.Context(), requester, r.PathValue("id"))
 	if err != nil {
 		s.writeStoreError(w, "", err)
 		return
@@ -163,7 +177,11 @@ func (s *Server) getReservation(w http.ResponseWriter, r *http.Request, caller s
 }
 
 func (s *Server) deleteReservation(w http.ResponseWriter, r *http.Request, caller string) {
-	res, err := s.store.Release(r.Context(), r.PathValue("id"), caller)
+	requester, ok := requesterOf(w, r, caller)
+	if !ok {
+		return
+	}
+	res, err := s.store.Release(r.Context(), requester, r.PathValue("id"), caller)
 	if err != nil {
 		s.writeStoreError(w, "release", err)
 		return
@@ -178,6 +196,10 @@ func (s *Server) deleteReservation(w http.ResponseWriter, r *http.Request, calle
 }
 
 func (s *Server) postGrant(w http.ResponseWriter, r *http.Request, caller string) {
+	requester, ok := requesterOf(w, r, caller)
+	if !ok {
+		return
+	}
 	var g api.Grant
 	if err := api.Decode(r.Body, &g); err != nil {
 		writeDecodeError(w, err)
@@ -192,7 +214,7 @@ func (s *Server) postGrant(w http.ResponseWriter, r *http.Request, caller string
 		writeError(w, http.StatusInternalServerError, api.ReasonInternal, err.Error())
 		return
 	}
-	res, err := s.store.Grant(r.Context(), r.PathValue("id"), caller, raw)
+	res, err := s.store.Grant(r.Context(), requester, r.PathValue("id"), caller, raw)
 	if err != nil {
 		if res.ID != "" { // the reservation exists but has ended
 			writeError(w, http.StatusConflict, api.ReasonConflict, err.Error())
@@ -202,4 +224,64 @@ func (s *Server) postGrant(w http.ResponseWriter, r *http.Request, caller string
 		return
 	}
 	writeJSON(w, http.StatusOK, api.ReservationFromStore(res, false))
+}
+
+// postRenewals extends the caller's leases: one atomic call for the whole
+// batch, on the Redis clock. Each id is renewed or refused (and then left
+// as it was); the answer is 200 either way.
+func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller string) {
+	var body api.RenewRequest
+	if err := api.Decode(r.Body, &body); err != nil {
+		writeDecodeError(w, err) // counted by rb_broker_http_requests_total, code 400
+		return
+	}
+	if err := body.Validate(); err != nil {
+		writeDecodeError(w, err)
+		return
+	}
+	s.metrics.renewBatch.Observe(float64(len(body.IDs)))
+	out := api.RenewResponse{Renewed: make([]api.RenewedLease, 0, len(body.IDs))}
+	if len(body.IDs) == 0 {
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	renewals, err := s.store.Renew(r.Context(), caller, body.IDs)
+	if err != nil {
+		s.metrics.renewal(renewError).Add(float64(len(body.IDs)))
+		s.writeStoreError(w, "renew", err)
+		return
+	}
+	var counts [4]int // by renewOutcomes' order
+	for _, rn := range renewals {
+		switch rn.Outcome {
+		case store.Renewed:
+			counts[0]++
+			out.Renewed = append(out.Renewed, api.RenewedLease{ID: rn.ID, RemainingMs: rn.Remaining.Milliseconds()})
+			continue
+		case store.RenewNotFound:
+			counts[1]++
+			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewNotFound,
+				Error: "no reservation " + rn.ID + " of " + caller + " (ids are scoped per requester)"})
+		case store.RenewEnded:
+			counts[2]++
+			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewEnded,
+				Error: "reservation " + rn.ID + " has ended (released or expired): it cannot be renewed"})
+		case store.RenewNotALease:
+			counts[3]++
+			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewNotALease,
+				Error: "reservation " + rn.ID + " has a fixed duration (no lease): it is never renewed"})
+		default:
+			s.writeStoreError(w, "renew", errors.New("unexpected renewal outcome "+string(rn.Outcome)))
+			return
+		}
+	}
+	for i, n := range counts {
+		if n > 0 {
+			s.metrics.renewal(renewOutcomes[i]).Add(float64(n))
+		}
+	}
+	if log := s.log.V(2); log.Enabled() {
+		log.Info("renewed", "requester", caller, "renewed", counts[0], "refused", len(body.IDs)-counts[0])
+	}
+	writeJSON(w, http.StatusOK, out)
 }

@@ -67,7 +67,8 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 				case i > 0 && rng.IntN(12) == 0: // the same request again: a replay
 					reqs[i] = reqs[rng.IntN(i)]
 				case i > 0 && rng.IntN(12) == 0: // an id of this batch, other amounts: a conflict
-					reqs[i].ID = reqs[rng.IntN(i)].ID
+					j := rng.IntN(i) // of its requester: ids are scoped per requester
+					reqs[i].ID, reqs[i].Requester = reqs[j].ID, reqs[j].Requester
 				}
 			}
 			got, gotErrs := bat.ReserveBatch(ctx, reqs)
@@ -109,7 +110,7 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 				}
 				j := rng.IntN(len(kept))
 				for _, s := range []*store.Store{seq, bat} {
-					_, err := s.Release(ctx, kept[j].ID, kept[j].Requester)
+					_, err := s.Release(ctx, kept[j].Requester, kept[j].ID, kept[j].Requester)
 					require.NoError(t, err)
 				}
 				kept = append(kept[:j], kept[j+1:]...)
@@ -227,7 +228,7 @@ func TestBatchIsolatesABadRequest(t *testing.T) {
 	args := []any{cfg.StaleThreshold.Milliseconds(), cfg.WeightResources, cfg.WeightCost, cfg.TopCandidates,
 		cfg.EventsMaxLen, cfg.AuditMaxLen, "index", cfg.WaitTTL.Milliseconds()}
 	for i, selector := range []string{"", "{not json", ""} {
-		args = append(args, fmt.Sprintf("x%d", i), "rome", 1000, gi, 0, 0, 3_600_000, selector, "", 0, "1")
+		args = append(args, fmt.Sprintf("x%d", i), "rome", 1000, gi, 0, 0, 3_600_000, selector, "", 0, "1", 0)
 	}
 	replies, err := scripts.Reserve.Run(ctx, rdb, []string{cfg.Prefix}, args...).Slice()
 	require.NoError(t, err)
@@ -239,10 +240,10 @@ func TestBatchIsolatesABadRequest(t *testing.T) {
 	require.Equal(t, []string{"reserved", "error", "reserved"}, outcomes)
 	require.Contains(t, replies[1].([]any)[3], "Expected object key")
 	for _, id := range []string{"x0", "x2"} {
-		_, err := s.Reservation(ctx, id)
+		_, err := s.Reservation(ctx, "rome", id)
 		require.NoError(t, err)
 	}
-	_, err = s.Reservation(ctx, "x1")
+	_, err = s.Reservation(ctx, "rome", "x1")
 	require.Error(t, err)
 	require.NoError(t, s.CheckInvariant(ctx))
 	require.NoError(t, s.CheckIndex(ctx))

@@ -60,6 +60,7 @@ func eventFromMessage(m redis.XMessage) Event {
 		Phase:       str("phase"),
 		Resources:   Resources{CPU: atoi(str("cpu")), Memory: atoi(str("mem")), GPU: atoi(str("gpu")), Storage: atoi(str("sto"))},
 		ExpiresAt:   msTime(atoi(str("expires_ms"))),
+		Remaining:   time.Duration(atoi(str("remaining_ms"))) * time.Millisecond,
 		Node:        str("node"),
 	}
 }

@@ -164,6 +164,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 		heartbeat()
 
 		var kept []string
+		requesterOf := map[string]string{}
 		for i := range 150 {
 			if time.Since(lastBeat) > stale/6 {
 				heartbeat()
@@ -174,7 +175,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 			ref.ID += "-scan"
 			want, wantErr := scan.Reserve(ctx, ref)
 			if wantErr == nil {
-				_, err := scan.Release(ctx, ref.ID, requester)
+				_, err := scan.Release(ctx, requester, ref.ID, requester)
 				require.NoError(t, err)
 			}
 			got, gotErr := indexed.Reserve(ctx, req)
@@ -202,11 +203,12 @@ func TestIndexMatchesFullScan(t *testing.T) {
 
 			// Evolve the state: keep most decisions, release some, re-advertise some.
 			kept = append(kept, req.ID)
+			requesterOf[req.ID] = req.Requester
 			if rng.IntN(4) == 0 {
 				j := rng.IntN(len(kept))
-				r, err := indexed.Reservation(ctx, kept[j])
+				r, err := indexed.Reservation(ctx, requesterOf[kept[j]], kept[j])
 				require.NoError(t, err)
-				_, err = indexed.Release(ctx, kept[j], r.Requester)
+				_, err = indexed.Release(ctx, r.Requester, kept[j], r.Requester)
 				require.NoError(t, err)
 			}
 			if rng.IntN(5) == 0 {
@@ -265,7 +267,7 @@ func TestRebuildIndex(t *testing.T) {
 	}
 	before, err := s.Reserve(ctx, request("before", "c00", 500, 1, 0))
 	require.NoError(t, err)
-	_, err = s.Release(ctx, "before", "c00")
+	_, err = s.Release(ctx, "c00", "before", "c00")
 	require.NoError(t, err)
 
 	keys, err := rdb.Keys(ctx, s.Key("idx:*")).Result()

@@ -79,8 +79,8 @@ func (s *Store) checkNodes(ctx context.Context, c Cluster, live []Reservation) (
 		if r.Node == "" {
 			continue
 		}
-		if isListed[r.ID] {
-			delete(isListed, r.ID)
+		if isListed[r.QID()] {
+			delete(isListed, r.QID())
 			continue
 		}
 		want[r.Node] = want[r.Node].Add(r.Resources)

@@ -85,7 +85,7 @@ func TestNodeFitRefusesWhatNoNodeHolds(t *testing.T) {
 				require.Equal(t, "paris", d.Reservation.Target)
 				require.NotEmpty(t, d.Reservation.Node, "the reply names the node")
 				nodes = append(nodes, d.Reservation.Node)
-				stored, err := s.Reservation(ctx, d.Reservation.ID)
+				stored, err := s.Reservation(ctx, "rome", d.Reservation.ID)
 				require.NoError(t, err)
 				assert.Equal(t, d.Reservation.Node, stored.Node)
 				audit := lastAudit(t, s)
@@ -160,11 +160,11 @@ func TestNodeFitReleaseAndExpiry(t *testing.T) {
 	require.ErrorAs(t, err, &nf, "both nodes are full")
 	assert.Len(t, debits(), 2)
 
-	res, err := s.Release(ctx, "a", "rome")
+	res, err := s.Release(ctx, "rome", "a", "rome")
 	require.NoError(t, err)
 	require.True(t, res.Released)
 	assert.NotContains(t, debits(), "p1", "credited back")
-	res, err = s.Release(ctx, "a", "paris")
+	res, err = s.Release(ctx, "rome", "a", "paris")
 	require.NoError(t, err)
 	require.False(t, res.Released)
 	assert.NotContains(t, debits(), "p1", "not twice")
@@ -218,26 +218,26 @@ func TestNodeFitListedReservations(t *testing.T) {
 	p2a.Allocated.CPU += 2000
 	ad := withNodes(30_000, p1, p2a)
 	ad.Allocated = withNodes(30_000, p1, p2).Allocated
-	ad.ReservationsOnNodes = []string{"a", "unknown-id"}
+	ad.ReservationsOnNodes = []string{"rome/a", "rome/unknown-id"}
 	advertise(t, s, "paris", ad)
 	c, err := s.Cluster(ctx, "paris")
 	require.NoError(t, err)
 	nodes := c.StoredNodes()
 	assert.Equal(t, int64(2000), nodes[0].Free().CPU, "p1: a's debit dropped")
 	assert.Equal(t, int64(-2000), nodes[1].Free().CPU, "p2: a's pod and b's debit")
-	assert.Equal(t, []string{"a"}, s.Client().SMembers(ctx, s.Key("node-listed:", "paris")).Val())
+	assert.Equal(t, []string{"rome/a"}, s.Client().SMembers(ctx, s.Key("node-listed:", "paris")).Val())
 	assertInvariantExceptOverbooked(t, s, "p2")
 	// p1's 2000m are what b's pod will need (p2 is full): the totals, which
 	// count every live reservation, refuse c.
 	_, err = s.Reserve(ctx, request("c", "rome", 2000, 1, 0))
 	require.ErrorAs(t, err, &nf)
 	assert.Equal(t, int64(1), nf.Rejected["insufficient_cpu"])
-	_, err = s.Release(ctx, "b", "rome")
+	_, err = s.Release(ctx, "rome", "b", "rome")
 	require.NoError(t, err)
 	d, err := s.Reserve(ctx, request("c", "rome", 2000, 1, 0))
 	require.NoError(t, err)
 	assert.Equal(t, "p1", d.Reservation.Node)
-	_, err = s.Release(ctx, "c", "rome")
+	_, err = s.Release(ctx, "rome", "c", "rome")
 	require.NoError(t, err)
 	assertInvariant(t, s)
 
@@ -251,7 +251,7 @@ func TestNodeFitListedReservations(t *testing.T) {
 
 	// Listed again, then released: nothing to credit, the listing goes.
 	advertise(t, s, "paris", ad)
-	_, err = s.Release(ctx, "a", "rome")
+	_, err = s.Release(ctx, "rome", "a", "rome")
 	require.NoError(t, err)
 	c, err = s.Cluster(ctx, "paris")
 	require.NoError(t, err)
@@ -439,7 +439,7 @@ func TestNodeFitOnEmbeddedRedis(t *testing.T) {
 		nodes = append(nodes, d.Reservation.Node)
 	}
 	assert.Equal(t, []string{"p1", "p2", "p3"}, nodes, "best fit: the GPU node last")
-	_, err = s.Release(ctx, "small-1", "rome")
+	_, err = s.Release(ctx, "rome", "small-1", "rome")
 	require.NoError(t, err)
 	d, err := s.Reserve(ctx, request("again", "rome", 1000, 1, 0))
 	require.NoError(t, err)

@@ -48,8 +48,8 @@ func flatMap(flat []string) map[string]string {
 	return m
 }
 
-func parseReservation(id string, flat []string) (Reservation, error) {
-	return reservationFromMap(id, flatMap(flat))
+func parseReservation(id string, flat []string, nowMs int64) (Reservation, error) {
+	return reservationFromMap(id, flatMap(flat), nowMs)
 }
 
 func resourcesFrom(m map[string]string, prefix string) Resources {
@@ -61,7 +61,9 @@ func resourcesFrom(m map[string]string, prefix string) Resources {
 	}
 }
 
-func reservationFromMap(id string, m map[string]string) (Reservation, error) {
+// reservationFromMap reads a reservation hash; nowMs is the Redis clock of
+// the read, for Remaining.
+func reservationFromMap(id string, m map[string]string, nowMs int64) (Reservation, error) {
 	r := Reservation{
 		ID:        id,
 		Requester: m["requester"],
@@ -72,10 +74,14 @@ func reservationFromMap(id string, m map[string]string) (Reservation, error) {
 		ExpiresAt: msTime(atoi(m["expires_ms"])),
 		EndedAt:   msTime(atoi(m["ended_ms"])),
 		Duration:  time.Duration(atoi(m["duration_ms"])) * time.Millisecond,
+		Lease:     time.Duration(atoi(m["lease_ms"])) * time.Millisecond,
 		Price:     atoi(m["price"]),
 		Owner:     m["owner"],
 		Priority:  int32(atoi(m["priority"])),
 		Node:      m["node"],
+	}
+	if exp := atoi(m["expires_ms"]); r.Live() && exp > nowMs {
+		r.Remaining = time.Duration(exp-nowMs) * time.Millisecond
 	}
 	r.Score, _ = strconv.ParseFloat(m["score"], 64)
 	if sel := m["selector"]; sel != "" {

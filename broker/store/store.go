@@ -254,7 +254,7 @@ func newPendingReserve(ctx context.Context, req ReserveRequest) (*pendingReserve
 	return &pendingReserve{ctx: ctx, req: req, done: make(chan reserveResult, 1), args: []any{
 		req.ID, req.Requester,
 		req.Resources.CPU, req.Resources.Memory, req.Resources.GPU, req.Resources.Storage,
-		req.Duration.Milliseconds(), selector, req.Owner, req.Priority, waitArg(req.NoWait),
+		req.Duration.Milliseconds(), selector, req.Owner, req.Priority, waitArg(req.NoWait), req.Lease.Milliseconds(),
 	}}, nil
 }
 
@@ -269,7 +269,7 @@ func waitArg(noWait bool) string {
 // sendReserves decides a batch in one reserve.lua call and hands each
 // request its result.
 func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
-	args := make([]any, 0, 8+11*len(batch))
+	args := make([]any, 0, 8+12*len(batch))
 	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.WeightResources, s.cfg.WeightCost,
 		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen, s.searchMode(),
 		max(s.cfg.WaitTTL.Milliseconds(), 0))
@@ -286,7 +286,7 @@ func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
 			continue
 		}
 		reply, ok := replies[i].([]any)
-		if !ok || len(reply) != 4 {
+		if !ok || len(reply) != 5 {
 			p.done <- reserveResult{err: fmt.Errorf("unexpected reserve reply %v", replies[i])}
 			continue
 		}
@@ -295,13 +295,14 @@ func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
 	}
 }
 
-// parseReserveReply reads one request's {outcome, reservation, candidates, rejections}.
+// parseReserveReply reads one request's {outcome, reservation, candidates, rejections, now_ms}.
 func parseReserveReply(id string, reply []any) (Decision, error) {
 	outcome, _ := reply[0].(string)
 	switch outcome {
 	case "reserved", "replay":
 		flat, _ := reply[1].([]any)
-		r, err := parseReservation(id, toStrings(flat))
+		now, _ := reply[4].(int64)
+		r, err := parseReservation(id, toStrings(flat), now)
 		return Decision{Reservation: r, Replayed: outcome == "replay"}, err
 	case "conflict":
 		return Decision{}, ErrConflict
@@ -333,9 +334,10 @@ type ReleaseResult struct {
 	Clamped     bool // a counter went below zero and was clamped: an invariant was broken before
 }
 
-// Release ends a live reservation on behalf of caller (its requester or provider).
-func (s *Store) Release(ctx context.Context, id, caller string) (ReleaseResult, error) {
-	reply, err := s.run(ctx, scripts.Release, id, caller, s.cfg.EventsMaxLen, s.cfg.Retention.Milliseconds())
+// Release ends a live reservation, requester's id, on behalf of caller (its
+// requester or provider).
+func (s *Store) Release(ctx context.Context, requester, id, caller string) (ReleaseResult, error) {
+	reply, err := s.run(ctx, scripts.Release, requester, id, caller, s.cfg.EventsMaxLen, s.cfg.Retention.Milliseconds())
 	if err != nil {
 		return ReleaseResult{}, err
 	}
@@ -345,13 +347,15 @@ func (s *Store) Release(ctx context.Context, id, caller string) (ReleaseResult, 
 	case "forbidden":
 		return ReleaseResult{}, ErrForbidden
 	}
-	r, err := parseReservation(id, toStrings(reply[1].([]any)))
+	now, _ := reply[3].(int64)
+	r, err := parseReservation(id, toStrings(reply[1].([]any)), now)
 	return ReleaseResult{Reservation: r, Released: reply[0] == "released", Clamped: reply[2] == int64(1)}, err
 }
 
-// Grant attaches the provider's access grant to a live reservation (Active).
-func (s *Store) Grant(ctx context.Context, id, caller string, grant json.RawMessage) (Reservation, error) {
-	reply, err := s.run(ctx, scripts.Grant, id, caller, string(grant), s.cfg.EventsMaxLen)
+// Grant attaches the provider's access grant to a live reservation,
+// requester's id (Active); caller must be its provider.
+func (s *Store) Grant(ctx context.Context, requester, id, caller string, grant json.RawMessage) (Reservation, error) {
+	reply, err := s.run(ctx, scripts.Grant, requester, id, caller, string(grant), s.cfg.EventsMaxLen)
 	if err != nil {
 		return Reservation{}, err
 	}
@@ -361,7 +365,8 @@ func (s *Store) Grant(ctx context.Context, id, caller string, grant json.RawMess
 	case "forbidden":
 		return Reservation{}, ErrForbidden
 	}
-	r, err := parseReservation(id, toStrings(reply[1].([]any)))
+	now, _ := reply[2].(int64)
+	r, err := parseReservation(id, toStrings(reply[1].([]any)), now)
 	if err == nil && reply[0] == "ended" {
 		err = fmt.Errorf("reservation %s is %s", id, r.Phase)
 	}
@@ -385,43 +390,76 @@ func (s *Store) Expire(ctx context.Context) (expired, clamped int64, err error) 
 	}
 }
 
-// Reservation reads one reservation.
-func (s *Store) Reservation(ctx context.Context, id string) (Reservation, error) {
-	m, err := s.rdb.HGetAll(ctx, s.Key("resv:", id)).Result()
+// Renew extends leases of requester (ids as it chose them) in one atomic
+// call on the Redis clock; it returns one Renewal per id, in order. A
+// refused id (not found, ended, not a lease) changed nothing.
+func (s *Store) Renew(ctx context.Context, requester string, ids []string) ([]Renewal, error) {
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, requester)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	reply, err := s.run(ctx, scripts.Renew, args...)
+	if err != nil {
+		return nil, err
+	}
+	if len(reply) != 1+2*len(ids) {
+		return nil, fmt.Errorf("renew: %d reply values for %d ids", len(reply), len(ids))
+	}
+	out := make([]Renewal, len(ids))
+	for i, id := range ids {
+		outcome, _ := reply[1+2*i].(string)
+		ms, _ := reply[2+2*i].(int64)
+		out[i] = Renewal{ID: id, Outcome: RenewOutcome(outcome), Remaining: time.Duration(ms) * time.Millisecond}
+	}
+	return out, nil
+}
+
+// Reservation reads reservation id of requester (ids are scoped per requester).
+func (s *Store) Reservation(ctx context.Context, requester, id string) (Reservation, error) {
+	rs, err := s.reservations(ctx, []string{QualifiedID(requester, id)})
 	if err != nil {
 		return Reservation{}, err
 	}
-	if len(m) == 0 {
+	if len(rs) == 0 {
 		return Reservation{}, ErrNotFound
 	}
-	return reservationFromMap(id, m)
+	return rs[0], nil
 }
 
 // LiveReservations returns the live reservations whose target (role "by-target")
 // or requester (role "by-requester") is cluster.
 func (s *Store) LiveReservations(ctx context.Context, role, cluster string) ([]Reservation, error) {
-	ids, err := s.rdb.SMembers(ctx, s.Key(role, ":", cluster)).Result()
+	qids, err := s.rdb.SMembers(ctx, s.Key(role, ":", cluster)).Result()
 	if err != nil {
 		return nil, err
 	}
-	return s.reservations(ctx, ids)
+	return s.reservations(ctx, qids)
 }
 
-func (s *Store) reservations(ctx context.Context, ids []string) ([]Reservation, error) {
+// reservations reads reservations by qualified id, in one pipeline with the
+// Redis clock (TIME) for their remaining time; those gone are left out.
+func (s *Store) reservations(ctx context.Context, qids []string) ([]Reservation, error) {
 	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.MapStringStringCmd, len(ids))
-	for i, id := range ids {
-		cmds[i] = pipe.HGetAll(ctx, s.Key("resv:", id))
+	cmds := make([]*redis.MapStringStringCmd, len(qids))
+	for i, qid := range qids {
+		cmds[i] = pipe.HGetAll(ctx, s.Key("resv:", qid))
 	}
+	now := pipe.Time(ctx)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	out := make([]Reservation, 0, len(ids))
+	nowMs := now.Val().UnixMilli()
+	out := make([]Reservation, 0, len(qids))
 	for i, cmd := range cmds {
 		if len(cmd.Val()) == 0 {
 			continue // ended and gone between the two reads
 		}
-		r, err := reservationFromMap(ids[i], cmd.Val())
+		_, id, ok := SplitQualifiedID(qids[i])
+		if !ok {
+			return nil, fmt.Errorf("reservation key %q has no requester", qids[i])
+		}
+		r, err := reservationFromMap(id, cmd.Val(), nowMs)
 		if err != nil {
 			return nil, err
 		}
@@ -443,7 +481,8 @@ func (s *Store) Cluster(ctx context.Context, id string) (Cluster, error) {
 }
 
 // readClusters reads the keys of clusters (cluster, nodes, node debits and
-// listed reservations) in one pipeline; a cluster without a hash is left out.
+// listed reservations) in one pipeline with the Redis clock, which judges
+// Live; a cluster without a hash is left out.
 func (s *Store) readClusters(ctx context.Context, ids []string) ([]Cluster, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([][3]*redis.MapStringStringCmd, len(ids))
@@ -454,9 +493,11 @@ func (s *Store) readClusters(ctx context.Context, ids []string) ([]Cluster, erro
 		}
 		listed[i] = pipe.SMembers(ctx, s.Key("node-listed:", id))
 	}
+	now := pipe.Time(ctx)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
+	edge := now.Val().Add(-s.cfg.StaleThreshold)
 	out := make([]Cluster, 0, len(ids))
 	for i, cmd := range cmds {
 		if len(cmd[0].Val()) == 0 {
@@ -466,6 +507,7 @@ func (s *Store) readClusters(ctx context.Context, ids []string) ([]Cluster, erro
 		if err != nil {
 			return nil, err
 		}
+		c.Live = !c.SeenAt.Before(edge)
 		c = withNodes(c, cmd[1].Val(), cmd[2].Val())
 		if l := listed[i].Val(); len(l) > 0 {
 			c.ReservationsOnNodes = l

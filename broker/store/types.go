@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
 )
 
@@ -68,6 +69,9 @@ type Cluster struct {
 	Reserved  Resources // capacity locked by live reservations
 	SeenAt    time.Time // broker (Redis) clock
 	FirstSeen time.Time
+	// Live: seen within the stale threshold when read (Redis clock), as
+	// reserve.lua judges candidates.
+	Live bool
 	// NodesReserved are the broker's debits by node (Node.Reserved), for
 	// the advertised nodes and any node a live reservation still debits.
 	NodesReserved map[string]Resources
@@ -101,13 +105,20 @@ type Ack struct {
 
 // ReserveRequest asks for capacity on the best cluster other than the requester.
 type ReserveRequest struct {
-	ID        string // client-chosen, makes the request idempotent
+	ID        string // client-chosen, makes the request idempotent; scoped per requester
 	Requester string
 	Resources Resources
-	Duration  time.Duration
-	Selector  map[string]string // labels the provider must carry
-	Owner     string
-	Priority  int32
+	// Duration is how long the reservation lives from the decision: a
+	// fixed duration, or for a lease its hold time (how long it may wait
+	// for its pod before its requester renews it).
+	Duration time.Duration
+	// Lease, when positive, makes the reservation a lease: each renewal
+	// (Store.Renew) makes it end Lease after the renewal. Zero: a fixed
+	// Duration, never renewed.
+	Lease    time.Duration
+	Selector map[string]string // labels the provider must carry
+	Owner    string
+	Priority int32
 	// NoWait keeps a refused request off the priority waiting list (it is
 	// still deferred behind waiting requests of higher priority). For v1:
 	// seed agents never retry the same id, so its place would only hold
@@ -132,17 +143,31 @@ const (
 	PhaseExpired  = "Expired"
 )
 
+// QualifiedID is the key of reservation id of requester in Redis: ids are
+// scoped per requester (scripts/lib.lua).
+func QualifiedID(requester, id string) string { return requester + "/" + id }
+
+// SplitQualifiedID splits a qualified id into its requester and id.
+func SplitQualifiedID(qid string) (requester, id string, ok bool) {
+	return strings.Cut(qid, "/")
+}
+
 // Reservation is a stored reservation.
 type Reservation struct {
-	ID         string
-	Requester  string
-	Target     string
-	Phase      string
-	Resources  Resources
-	CreatedAt  time.Time
-	ExpiresAt  time.Time
-	EndedAt    time.Time // zero while live
-	Duration   time.Duration
+	ID        string // as its requester chose it: unique per requester only
+	Requester string
+	Target    string
+	Phase     string
+	Resources Resources
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	EndedAt   time.Time     // zero while live
+	Duration  time.Duration // fixed duration, or for a lease its hold time
+	Lease     time.Duration // zero: not a lease (never renewed)
+	// Remaining is how long it still lives unless renewed, on the Redis
+	// clock when it was read (zero once ended): what answers carry instead
+	// of comparing ExpiresAt with another clock.
+	Remaining  time.Duration
 	Score      float64
 	Price      int64
 	Owner      string
@@ -154,6 +179,9 @@ type Reservation struct {
 	// advertises no nodes.
 	Node string
 }
+
+// QID is the reservation's qualified id (QualifiedID).
+func (r Reservation) QID() string { return QualifiedID(r.Requester, r.ID) }
 
 // Live reports whether the reservation still holds capacity.
 func (r Reservation) Live() bool { return r.Phase == PhaseReserved || r.Phase == PhaseActive }
@@ -174,5 +202,24 @@ type Event struct {
 	Phase       string
 	Resources   Resources
 	ExpiresAt   time.Time
-	Node        string // the node the reservation debits, if any
+	Remaining   time.Duration // left when the event was made (Redis clock); 0 once ended
+	Node        string        // the node the reservation debits, if any
+}
+
+// RenewOutcome is what a renewal did to one id.
+type RenewOutcome string
+
+// Renewal outcomes (scripts/renew.lua).
+const (
+	Renewed        RenewOutcome = "renewed"
+	RenewNotFound  RenewOutcome = "notfound"
+	RenewEnded     RenewOutcome = "ended"
+	RenewNotALease RenewOutcome = "notalease"
+)
+
+// Renewal is the outcome of renewing one id.
+type Renewal struct {
+	ID        string
+	Outcome   RenewOutcome
+	Remaining time.Duration // after the call, when Renewed
 }

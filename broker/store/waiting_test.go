@@ -47,7 +47,7 @@ func TestNoWaitRequest(t *testing.T) {
 	_, err := s.Reserve(ctx, seed)
 	require.ErrorAs(t, err, &nf)
 	assert.Empty(t, waitingMembers(t, s), "a NoWait request does not wait")
-	_, err = s.Release(ctx, "hold", "lyon")
+	_, err = s.Release(ctx, "lyon", "hold", "lyon")
 	require.NoError(t, err)
 	for i, p := range []int32{0, 10} {
 		r := request(fmt.Sprintf("other-%d", i), "lyon", 500, 1, 0)
@@ -63,7 +63,7 @@ func TestNoWaitRequest(t *testing.T) {
 	big.Priority = 10
 	_, err = s.Reserve(ctx, big)
 	require.ErrorAs(t, err, &nf)
-	_, err = s.Release(ctx, "hold", "lyon")
+	_, err = s.Release(ctx, "lyon", "hold", "lyon")
 	require.NoError(t, err)
 	seed = request("seed-2", "lyon", 1000, 1, 0)
 	seed.NoWait = true
@@ -88,13 +88,13 @@ func TestWaitingTTL(t *testing.T) {
 	big.Priority = 10
 	_, err := s.Reserve(ctx, big)
 	require.ErrorAs(t, err, &nf)
-	_, err = s.Release(ctx, "hold", "lyon")
+	_, err = s.Release(ctx, "lyon", "hold", "lyon")
 	require.NoError(t, err)
 	_, err = s.Reserve(ctx, request("later", "lyon", 1000, 1, 0))
 	require.ErrorAs(t, err, &nf, "big fits now: later is deferred")
 	assert.Equal(t, map[string]int64{"waiting_higher_priority": 1}, nf.Rejected)
 	time.Sleep(ttl + 300*time.Millisecond)
-	n, err := s.Client().Exists(ctx, s.Key("wait:big")).Result()
+	n, err := s.Client().Exists(ctx, s.Key("wait:rome/big")).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "big's entry expired")
 	_, err = s.Reserve(ctx, request("later", "lyon", 1000, 1, 0))
@@ -116,7 +116,7 @@ func TestWaitingTTL(t *testing.T) {
 		require.ErrorAs(t, err, &nf)
 	}
 	assert.Equal(t, first, waitingMembers(t, s), "the same place, not a new one")
-	_, err = s.Release(ctx, "hold", "lyon")
+	_, err = s.Release(ctx, "lyon", "hold", "lyon")
 	require.NoError(t, err)
 	_, err = s.Reserve(ctx, request("later", "lyon", 1000, 1, 0))
 	require.ErrorAs(t, err, &nf, "big still waits: later is deferred")
@@ -125,7 +125,7 @@ func TestWaitingTTL(t *testing.T) {
 	assert.Equal(t, "paris", d.Reservation.Target)
 	m := waitingMembers(t, s)
 	require.Len(t, m, 1)
-	assert.Contains(t, m[0], ":later", "big left the list; later, deferred, waits")
+	assert.Contains(t, m[0], ":lyon/later", "big left the list; later, deferred, waits")
 	assertInvariant(t, s)
 }
 
@@ -140,13 +140,13 @@ func TestWaitingGateSkipsForgotten(t *testing.T) {
 		r.Priority = 20
 		_, err := s.Reserve(ctx, r)
 		require.ErrorAs(t, err, &nf)
-		require.NoError(t, s.Client().Del(ctx, s.Key(fmt.Sprintf("wait:gone-%d", i))).Err()) // as if expired
+		require.NoError(t, s.Client().Del(ctx, s.Key(fmt.Sprintf("wait:rome/gone-%d", i))).Err()) // as if expired
 	}
 	live := request("live", "rome", 2000, 1, 0)
 	live.Priority = 10
 	_, err := s.Reserve(ctx, live)
 	require.ErrorAs(t, err, &nf)
-	_, err = s.Release(ctx, "hold", "lyon")
+	_, err = s.Release(ctx, "lyon", "hold", "lyon")
 	require.NoError(t, err)
 	_, err = s.Reserve(ctx, request("later", "lyon", 1000, 1, 0))
 	require.ErrorAs(t, err, &nf)

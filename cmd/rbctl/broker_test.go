@@ -80,21 +80,25 @@ func TestReservationsCommand(t *testing.T) {
 	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
 	b.Advertise("berlin", "16", "64Gi", "", "0.05", nil)
 	r1 := reserve(t, b, "rome", "r1", "2", "4Gi")
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations",
+		api.ReservationRequest{ID: "pod-1", Resources: brokertest.Quantities("1", "1Gi", ""), Lease: "2m", Duration: "90s"})
+	require.Equal(t, http.StatusCreated, code, "%s", data)
 	reserve(t, b, "paris", "r2", "500m", "1536Mi") // paris as requester, on berlin
 
 	out, err := runRbctl(t, brokerArgs(b, "rome", "reservations")...)
 	require.NoError(t, err, out)
 	t.Logf("\n%s", out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 2, out)
-	assertRow(t, lines[0], `ID +PHASE +REQUESTER +PROVIDER +CPU +MEMORY +SCORE +EXPIRES`)
-	assertRow(t, lines[1], `r1 +Reserved +rome +paris +2 +4Gi +`+regexp.QuoteMeta(score(r1.Score))+` +in (59|60)m`)
+	require.Len(t, lines, 3, out)
+	assertRow(t, lines[0], `ID +PHASE +REQUESTER +PROVIDER +CPU +MEMORY +SCORE +LEASE +REMAINING`)
+	assertRow(t, out, `r1 +Reserved +rome +paris +2 +4Gi +`+regexp.QuoteMeta(score(r1.Score))+` +- +(59|60)m`)
+	assertRow(t, out, `pod-1 +Reserved +rome +paris +1 +1Gi +\d+\.\d\d +2m +(89|90)s`)
 
 	// paris provides r1 and requested r2.
 	out, err = runRbctl(t, brokerArgs(b, "paris", "reservations")...)
 	require.NoError(t, err, out)
-	assertRow(t, out, `r1 +Reserved +rome +paris +2 +4Gi +\d+\.\d\d +in \d+m`)
-	assertRow(t, out, `r2 +Reserved +paris +berlin +0\.5 +1\.5Gi +\d+\.\d\d +in \d+m`)
+	assertRow(t, out, `r1 +Reserved +rome +paris +2 +4Gi +\d+\.\d\d +- +\d+m`)
+	assertRow(t, out, `r2 +Reserved +paris +berlin +0\.5 +1\.5Gi +\d+\.\d\d +- +\d+m`)
 	out, err = runRbctl(t, brokerArgs(b, "paris", "reservations", "--role", "provider")...)
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "r1 ")
@@ -104,17 +108,18 @@ func TestReservationsCommand(t *testing.T) {
 	require.NoError(t, err, out)
 	var list []api.Reservation
 	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
-	require.Len(t, list, 1)
-	assert.Equal(t, "r1", list[0].ID)
+	require.Len(t, list, 2)
 
 	_, err = runRbctl(t, brokerArgs(b, "rome", "reservations", "--role", "owner")...)
 	assert.ErrorContains(t, err, "must be requester or provider")
 
-	code, data := b.Do("rome", http.MethodDelete, "/api/v2/reservations/r1", nil)
-	require.Equal(t, http.StatusOK, code, "%s", data)
+	for _, id := range []string{"r1", "pod-1"} {
+		code, data = b.Do("rome", http.MethodDelete, "/api/v2/reservations/"+id, nil)
+		require.Equal(t, http.StatusOK, code, "%s", data)
+	}
 	out, err = runRbctl(t, brokerArgs(b, "rome", "reservations")...)
 	require.NoError(t, err, out)
-	assert.Equal(t, 1, strings.Count(strings.TrimSpace(out), "\n")+1, "only the header once r1 is released:\n%s", out)
+	assert.Equal(t, 1, strings.Count(strings.TrimSpace(out), "\n")+1, "only the header once both are released:\n%s", out)
 }
 
 func TestExplainCommand(t *testing.T) {
@@ -154,13 +159,15 @@ func TestExplainCommand(t *testing.T) {
 	}
 
 	// The provider may explain too; as JSON it is the reservation.
-	out, err = runRbctl(t, brokerArgs(b, "paris", "explain", "r1", "-o", "json")...)
+	out, err = runRbctl(t, brokerArgs(b, "paris", "explain", "r1", "--requester", "rome", "-o", "json")...)
 	require.NoError(t, err, out)
 	got := brokertest.Decode[api.Reservation](t, []byte(out))
 	assert.Equal(t, r.Candidates, got.Candidates)
 
-	_, err = runRbctl(t, brokerArgs(b, "berlin", "explain", "r1")...)
+	_, err = runRbctl(t, brokerArgs(b, "berlin", "explain", "r1", "--requester", "rome")...)
 	assert.ErrorContains(t, err, "403 Forbidden", "not a party")
+	_, err = runRbctl(t, brokerArgs(b, "paris", "explain", "r1")...)
+	assert.ErrorContains(t, err, "404 NotFound", "ids are scoped per requester: paris has no r1")
 	_, err = runRbctl(t, brokerArgs(b, "rome", "explain", "nope")...)
 	assert.ErrorContains(t, err, "404 NotFound")
 	_, err = runRbctl(t, brokerArgs(b, "rome", "explain")...)

@@ -15,22 +15,29 @@ import (
 )
 
 func newExplainCommand(g *globalOptions) *cobra.Command {
-	return &cobra.Command{
+	var requester string
+	cmd := &cobra.Command{
 		Use:   "explain <reservation>",
 		Short: "Explain why the broker chose a reservation's provider",
 		Long: `explain shows a reservation's request and the broker's decision: the
 provider it chose, its score, and the best candidates it compared, with their
 resource score, cost score and the price of the request on each. Only the
-requester and the provider of a reservation may read it.`,
+requester and the provider of a reservation may read it. Reservation ids are
+scoped per requester: a provider names the requester with --requester.`,
 		Example: `  rbctl explain r1
-  rbctl explain r1 --cert-dir .certs/clusters/paris -o yaml`,
+  rbctl explain r1 --requester rome --cert-dir .certs/clusters/paris -o yaml`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			r, err := c.Reservation(cmd.Context(), args[0])
+			var r api.Reservation
+			if requester != "" && requester != c.Identity() {
+				r, err = c.ProvidedReservation(cmd.Context(), requester, args[0])
+			} else {
+				r, err = c.Reservation(cmd.Context(), args[0])
+			}
 			if err != nil {
 				return err
 			}
@@ -49,6 +56,8 @@ requester and the provider of a reservation may read it.`,
 			return printExplanation(cmd.OutOrStdout(), r, currency, time.Now())
 		},
 	}
+	cmd.Flags().StringVar(&requester, "requester", "", "the cluster that requested the reservation, for its provider (default: this cluster)")
+	return cmd
 }
 
 func printExplanation(out io.Writer, r api.Reservation, currency map[string]string, now time.Time) error {
@@ -71,7 +80,13 @@ func printExplanation(out io.Writer, r api.Reservation, currency map[string]stri
 	if r.EndedAt != nil {
 		field("Ended", timestamp(*r.EndedAt)+" ("+ago(now, *r.EndedAt)+" ago)")
 	} else {
-		field("Expires", timestamp(r.ExpiresAt)+" ("+until(now, r.ExpiresAt)+")")
+		// One clock: the time left as the broker measured it, shown as a
+		// local time, never the broker's expiresAt against this clock.
+		left := time.Duration(r.RemainingMs) * time.Millisecond
+		field("Expires", timestamp(now.Add(left))+" ("+until(now, now.Add(left))+")")
+	}
+	if r.Lease != "" {
+		field("Lease", r.Lease+" (renewed by its requester while its pod is bound)")
 	}
 	field("Provider", r.Provider)
 	field("Score", strconv.FormatFloat(r.Score, 'f', 2, 64)+" of 100")

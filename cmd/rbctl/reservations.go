@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/duration"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/client"
@@ -48,19 +49,31 @@ is in --cert-dir: those it asked for (--role requester), those it provides
 			if done, err := g.printStructured(cmd.OutOrStdout(), list); done {
 				return err
 			}
-			return printReservations(cmd.OutOrStdout(), list, time.Now())
+			return printReservations(cmd.OutOrStdout(), list)
 		},
 	}
 	cmd.Flags().StringVar(&role, "role", "", "only the reservations where this cluster is the requester or the provider")
 	return cmd
 }
 
-func printReservations(out io.Writer, list []api.Reservation, now time.Time) error {
+// printReservations shows each reservation's lease length ("-": a fixed
+// duration, never renewed) and the time it still lives unless renewed, as
+// the broker measured it on its own clock when it answered (remainingMs):
+// never the broker's expiresAt against this machine's clock.
+func printReservations(out io.Writer, list []api.Reservation) error {
 	w := newTabWriter(out)
-	row(w, "ID", "PHASE", "REQUESTER", "PROVIDER", "CPU", "MEMORY", "SCORE", "EXPIRES")
+	row(w, "ID", "PHASE", "REQUESTER", "PROVIDER", "CPU", "MEMORY", "SCORE", "LEASE", "REMAINING")
 	for _, r := range list {
+		lease := "-"
+		if d, err := time.ParseDuration(r.Lease); err == nil && r.Lease != "" {
+			lease = duration.HumanDuration(d)
+		}
+		remaining := "-"
+		if r.Phase == "Reserved" || r.Phase == "Active" {
+			remaining = duration.HumanDuration(time.Duration(r.RemainingMs) * time.Millisecond)
+		}
 		row(w, r.ID, r.Phase, r.Requester, r.Provider, cores(r.Resources.CPU), bytesHuman(r.Resources.Memory),
-			strconv.FormatFloat(r.Score, 'f', 2, 64), until(now, r.ExpiresAt))
+			strconv.FormatFloat(r.Score, 'f', 2, 64), lease, remaining)
 	}
 	return w.Flush()
 }

@@ -654,7 +654,7 @@ func (tl *timeline) candidates(ctx context.Context, r *rbv1.Reservation) string 
 	if id == "" {
 		id = string(r.UID)
 	}
-	rr, err := tl.bed.Store.Reservation(ctx, id)
+	rr, err := tl.bed.Store.Reservation(ctx, "rome", id) // rome is the demo's requester
 	if err != nil || len(rr.Candidates) == 0 {
 		return ""
 	}

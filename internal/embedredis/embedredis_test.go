@@ -121,9 +121,10 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	again, err := s.Reserve(ctx, request("r1", "rome", 3000, 2, 0))
 	require.NoError(t, err)
 	assert.True(t, again.Replayed)
+	again.Reservation.Remaining = r1.Remaining // measured at each answer
 	assert.Equal(t, r1, again.Reservation)
-	_, err = s.Reserve(ctx, request("r1", "milan", 3000, 2, 0))
-	require.ErrorIs(t, err, store.ErrConflict)
+	_, err = s.Reserve(ctx, request("r1", "rome", 3000, 4, 0))
+	require.ErrorIs(t, err, store.ErrConflict, "same id, other amounts")
 
 	// A label selector and a GPU: only berlin.
 	sel := request("r2", "rome", 1000, 1, 1)
@@ -139,7 +140,7 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	require.ErrorAs(t, err, &nf)
 	assert.Equal(t, int64(2), nf.Rejected["insufficient_cpu"], "paris and berlin")
 	assert.Equal(t, int64(1), nf.Rejected["requester"])
-	_, err = s.Reservation(ctx, "r3")
+	_, err = s.Reservation(ctx, "rome", "r3")
 	require.ErrorIs(t, err, store.ErrNotFound)
 
 	paris, err := s.Cluster(ctx, "paris")
@@ -148,9 +149,9 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	require.NoError(t, s.CheckInvariant(ctx))
 
 	// Grant: only the provider; the reservation becomes Active.
-	_, err = s.Grant(ctx, "r1", "berlin", json.RawMessage(`{"token":"t"}`))
+	_, err = s.Grant(ctx, "rome", "r1", "berlin", json.RawMessage(`{"token":"t"}`))
 	require.ErrorIs(t, err, store.ErrForbidden)
-	got, err := s.Grant(ctx, "r1", "paris", json.RawMessage(`{"endpoint":"https://paris","token":"t"}`))
+	got, err := s.Grant(ctx, "rome", "r1", "paris", json.RawMessage(`{"endpoint":"https://paris","token":"t"}`))
 	require.NoError(t, err)
 	assert.Equal(t, store.PhaseActive, got.Phase)
 	assert.JSONEq(t, `{"endpoint":"https://paris","token":"t"}`, string(got.Grant))
@@ -163,14 +164,14 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	assert.Len(t, byRequester, 2)
 
 	// Release: once.
-	_, err = s.Release(ctx, "r1", "milan")
+	_, err = s.Release(ctx, "rome", "r1", "milan")
 	require.ErrorIs(t, err, store.ErrForbidden)
-	rel, err := s.Release(ctx, "r1", "rome")
+	rel, err := s.Release(ctx, "rome", "r1", "rome")
 	require.NoError(t, err)
 	assert.True(t, rel.Released)
 	assert.False(t, rel.Clamped)
 	assert.Equal(t, store.PhaseReleased, rel.Reservation.Phase)
-	rel, err = s.Release(ctx, "r1", "paris")
+	rel, err = s.Release(ctx, "rome", "r1", "paris")
 	require.NoError(t, err)
 	assert.False(t, rel.Released, "the second release changes nothing")
 	paris, err = s.Cluster(ctx, "paris")
@@ -192,7 +193,7 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n)
 	assert.Zero(t, clamped)
-	r4, err := s.Reservation(ctx, "r4")
+	r4, err := s.Reservation(ctx, "rome", "r4")
 	require.NoError(t, err)
 	assert.Equal(t, store.PhaseExpired, r4.Phase)
 	paris, err = s.Cluster(ctx, "paris")
@@ -224,7 +225,7 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the blocking read did not wake up")
 	}
-	_, err = s.Release(ctx, "r5", "rome")
+	_, err = s.Release(ctx, "rome", "r5", "rome")
 	require.NoError(t, err)
 
 	// Concurrent requests never overbook: lyon has room for exactly 4.
@@ -258,10 +259,10 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	// Ended reservations stay readable for the retention only (PEXPIRE).
 	time.Sleep(retention + 200*time.Millisecond)
 	for _, id := range []string{"r1", "r4"} {
-		_, err = s.Reservation(ctx, id)
+		_, err = s.Reservation(ctx, "rome", id)
 		assert.ErrorIs(t, err, store.ErrNotFound, id)
 	}
-	_, err = s.Reservation(ctx, "r2")
+	_, err = s.Reservation(ctx, "rome", "r2")
 	require.NoError(t, err, "a live reservation does not expire with the retention")
 	require.NoError(t, s.CheckInvariant(ctx))
 }

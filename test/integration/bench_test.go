@@ -620,7 +620,7 @@ func (s *stages) finish(ctx context.Context, bed *testbed.Bed, rome *testbed.Clu
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for key, id := range s.rsvID {
-		if r, err := bed.Store.Reservation(ctx, id); err == nil && !r.CreatedAt.IsZero() {
+		if r, err := bed.Store.Reservation(ctx, "rome", id); err == nil && !r.CreatedAt.IsZero() {
 			s.mark(key, stDecided, r.CreatedAt)
 		}
 		for st, t := range s.pi[id] {

@@ -569,7 +569,8 @@ func testRedisRestarted(t *testing.T, bed *testbed.Bed) {
 	checkBurst(t, bed, ns, n)
 	all := time.Since(began)
 	for _, id := range before {
-		r, err := bed.Store.Reservation(ctx, id)
+		requester, rid, _ := strings.Cut(id, "/") // by-requester holds qualified ids
+		r, err := bed.Store.Reservation(ctx, requester, rid)
 		if assert.NoError(t, err, "reservation %s made before the crash", id) {
 			assert.True(t, r.Live(), "reservation %s made before the crash is %s", id, r.Phase)
 		}

@@ -1,0 +1,57 @@
+-- renew: extend leases of one requester, many ids in one atomic call, on the
+-- broker's clock (TIME): each lease renewed ends lease_ms after now, unless
+-- it already ended later (a renewal never shortens an expiry: the hold time
+-- of a lease may exceed its length). Every id is either renewed or refused,
+-- and a refused id changes nothing:
+--   "notfound"  no reservation of this requester has the id (ids are scoped
+--               per requester: another requester's reservation of the same
+--               id is not looked at), or its record is gone after retention
+--   "ended"     released or expired, or past its end on the broker's clock
+--               and not yet ended by expire.lua (which ends it on its next
+--               run): a renewal never brings a reservation back
+--   "notalease" a fixed-duration reservation (no lease_ms: v1, or no lease
+--               asked for), never renewed
+-- No event is emitted per renewal: renewals are frequent (every lease, every
+-- 30 s by default) and change nothing anyone acts on (the capacity, the
+-- provider and the phase stay as they are); the provider acts on ended
+-- reservations only, and Released/Expired events still tell it those.
+--
+-- KEYS[1]  prefix ("rb:{b}:")
+-- ARGV[1]  requester cluster id (the caller)
+-- ARGV[2..] reservation ids, as the requester chose them
+-- Reply: {now_ms, status_1, remaining_ms_1, status_2, remaining_ms_2, ...}
+--   one pair per id, in order: status "renewed" | "notfound" | "ended" |
+--   "notalease", and the reservation's remaining time after the call (ms,
+--   broker clock; 0 unless renewed)
+local prefix, requester = KEYS[1], ARGV[1]
+local now = now_ms()
+local reply = {now}
+for i = 2, #ARGV do
+  local qid = qualify(requester, ARGV[i])
+  local rk = prefix .. 'resv:' .. qid
+  local v = redis.call('HMGET', rk, 'phase', 'expires_ms', 'lease_ms')
+  local status, remaining = 'renewed', 0
+  if not v[1] then
+    status = 'notfound'
+  elseif not is_live(v[1]) then
+    status = 'ended'
+  else
+    local expires, lease = tonumber(v[2]), tonumber(v[3] or '0')
+    if expires <= now then
+      status = 'ended'
+    elseif lease <= 0 then
+      status = 'notalease'
+    else
+      local want = now + lease
+      if want > expires then
+        redis.call('HSET', rk, 'expires_ms', want)
+        redis.call('ZADD', prefix .. 'expiry', want, qid)
+        expires = want
+      end
+      remaining = expires - now
+    end
+  end
+  reply[#reply + 1] = status
+  reply[#reply + 1] = remaining
+end
+return reply
