@@ -223,7 +223,7 @@ func TestReservationAcrossClusters(t *testing.T) {
 		require.NoError(t, rome.client.List(ctx, &list))
 		return len(list.Items) == 0
 	}, 10*time.Second, 20*time.Millisecond, "the finalizer lets go once released")
-	released, err := b.Store.Reservation(ctx, string(rsv.UID))
+	released, err := b.Store.Reservation(ctx, "rome", string(rsv.UID))
 	require.NoError(t, err)
 	assert.Equal(t, "Released", released.Phase)
 	require.Eventually(t, func() bool {
@@ -310,7 +310,7 @@ func TestRestartDuplicatesNothing(t *testing.T) {
 	require.NoError(t, rome.client.Delete(ctx, rsv))
 	rome.startAgent()
 	require.Eventually(t, func() bool {
-		r, err := b.Store.Reservation(ctx, rsv.Status.ReservationID)
+		r, err := b.Store.Reservation(ctx, "rome", rsv.Status.ReservationID)
 		return err == nil && r.Phase == "Released"
 	}, 10*time.Second, 20*time.Millisecond)
 	require.NoError(t, b.Store.CheckInvariant(ctx))
@@ -432,7 +432,7 @@ func TestReservationBurstConcurrent(t *testing.T) {
 		return len(list.Items) == 0
 	}, 30*time.Second, 50*time.Millisecond, "every finalizer lets go once released")
 	for _, r := range live {
-		got, err := b.Store.Reservation(ctx, r.ID)
+		got, err := b.Store.Reservation(ctx, r.Requester, r.ID)
 		require.NoError(t, err)
 		assert.Equal(t, "Released", got.Phase, r.ID)
 	}
