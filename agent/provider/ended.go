@@ -43,10 +43,10 @@ func MarkEnded(ctx context.Context, c client.Client, rec record.EventRecorder, p
 	if IsEnded(pi) {
 		return nil
 	}
-	now := metav1.Now()
+	now := metav1.NowMicro()
 	pi.Status.EndedAt = &now
 	meta.SetStatusCondition(&pi.Status.Conditions, metav1.Condition{Type: rbv1.ConditionEnded, Status: metav1.ConditionTrue,
-		Reason: reason, Message: message, ObservedGeneration: pi.Generation, LastTransitionTime: now})
+		Reason: reason, Message: message, ObservedGeneration: pi.Generation, LastTransitionTime: metav1.NewTime(now.Time)})
 	if err := c.Status().Update(ctx, pi); err != nil {
 		return client.IgnoreNotFound(err)
 	}
@@ -82,6 +82,9 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 		}
 	}
 	r.forgetHoldStart(pi)
+	r.tokensMu.Lock()
+	delete(r.placedHere, pi.UID)
+	r.tokensMu.Unlock()
 	endedAt := pi.CreationTimestamp.Time
 	if pi.Status.EndedAt != nil {
 		endedAt = pi.Status.EndedAt.Time
@@ -93,6 +96,7 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 	if c := meta.FindStatusCondition(pi.Status.Conditions, rbv1.ConditionEnded); c != nil {
 		reason = c.Reason
 	}
+	evicted := 0
 	for _, p := range tenants {
 		if !p.DeletionTimestamp.IsZero() || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
@@ -113,7 +117,8 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 			id, pi.Spec.Requester, reason, r.EvictionGrace, p.Namespace, p.Name)
 		r.Recorder.Event(pi, corev1.EventTypeWarning, "Evicted", msg)
 		r.Recorder.Event(p, corev1.EventTypeWarning, "ReservationEnded", msg)
+		evicted++
 	}
-	log.FromContext(ctx).Info("ended reservation cleaned up", "reservation", id, "requester", pi.Spec.Requester, "reason", reason, "evicted", len(tenants))
+	log.FromContext(ctx).Info("ended reservation cleaned up", "reservation", id, "requester", pi.Spec.Requester, "reason", reason, "evicted", evicted)
 	return 0, client.IgnoreNotFound(r.Client.Delete(ctx, pi))
 }

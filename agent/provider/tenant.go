@@ -104,6 +104,9 @@ type TenantReconciler struct {
 	// holdStart: per instruction UID, when this process first saw its
 	// placeholder waiting for a node (HoldTimeout counts from there).
 	holdStart map[string]time.Time
+	// placedHere: per instruction UID, the placement node this process
+	// last granted (the cache may not show status.placementNode yet).
+	placedHere map[types.UID]string
 }
 
 // tenantToken is a token of a tenant's ServiceAccount.
@@ -267,7 +270,7 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 				"placeholder pod not bound within %s: granting without placement (a later grant carries it once the placeholder lands)", r.HoldTimeout)
 		}
 		// A placement the requester has not been told of yet is due now.
-		newPlacement := hs.placement != nil && hs.placement.Node != pi.Status.PlacementNode && !pi.Status.Superseded
+		newPlacement := hs.placement != nil && hs.placement.Node != r.placedNode(pi) && !pi.Status.Superseded
 		if at, ok := r.renewAt(pi, granted[pi.UID]); ok && !newPlacement {
 			soonest(at)
 			continue
@@ -293,7 +296,7 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 					mu.Lock()
 					soonest(renewAt)
 					mu.Unlock()
-					r.recordGrant(requester, d.pi.UID)
+					r.recordGrant(requester, d.pi.UID, d.placement)
 				}
 				return err
 			})
@@ -471,9 +474,26 @@ func (r *TenantReconciler) grantedOf(requester string, live []*rbv1.ProviderInst
 	return out
 }
 
-func (r *TenantReconciler) recordGrant(requester string, uid types.UID) {
+// placedNode is the placement node last granted for pi, by this process or
+// as its status says.
+func (r *TenantReconciler) placedNode(pi *rbv1.ProviderInstruction) string {
 	r.tokensMu.Lock()
 	defer r.tokensMu.Unlock()
+	if node, ok := r.placedHere[pi.UID]; ok {
+		return node
+	}
+	return pi.Status.PlacementNode
+}
+
+func (r *TenantReconciler) recordGrant(requester string, uid types.UID, placement *api.Placement) {
+	r.tokensMu.Lock()
+	defer r.tokensMu.Unlock()
+	if placement != nil {
+		if r.placedHere == nil {
+			r.placedHere = map[types.UID]string{}
+		}
+		r.placedHere[uid] = placement.Node
+	}
 	if r.granted == nil {
 		r.granted = map[string]map[types.UID]time.Time{}
 	}
@@ -516,6 +536,9 @@ func (r *TenantReconciler) forgetToken(requester string) {
 	r.tokensMu.Lock()
 	defer r.tokensMu.Unlock()
 	delete(r.tokens, requester)
+	for uid := range r.granted[requester] {
+		delete(r.placedHere, uid)
+	}
 	delete(r.granted, requester)
 }
 

@@ -70,9 +70,10 @@ type ProviderInstructionStatus struct {
 
 	// EndedAt is when this agent learnt that the reservation ended (its own
 	// clock); the tenant pods of the reservation are evicted a grace period
-	// later, then the instruction is deleted.
+	// later, then the instruction is deleted. Microseconds: the grace may be
+	// short.
 	// +optional
-	EndedAt *metav1.Time `json:"endedAt,omitempty"`
+	EndedAt *metav1.MicroTime `json:"endedAt,omitempty"`
 
 	// Conditions: Enforced, Held, Ended.
 	// +optional
