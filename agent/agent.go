@@ -11,6 +11,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -22,6 +24,7 @@ import (
 	"github.com/fluidos-project/resource-broker/agent/provider"
 	"github.com/fluidos-project/resource-broker/agent/publisher"
 	"github.com/fluidos-project/resource-broker/agent/reservation"
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
 )
@@ -59,6 +62,17 @@ type Options struct {
 	Bridge string
 	// BridgeOptions tune the bridge; Setup fills ClusterID and Grants.
 	BridgeOptions bridge.Options
+	// NoProviderHold turns the provider-side hold off (--provider-hold=false):
+	// no placeholder pods, grants without placement.
+	NoProviderHold bool
+	// HoldPriority is the value of the rb-placeholder PriorityClass
+	// (rb-tenant is one more; default provider.DefaultHoldPriority).
+	HoldPriority int32
+	// PlaceholderImage, HoldTimeout and EvictionGrace tune the provider side
+	// (defaults in package provider).
+	PlaceholderImage string
+	HoldTimeout      time.Duration
+	EvictionGrace    time.Duration
 }
 
 // DefaultReservationWorkers is the default of Options.ReservationWorkers. A
@@ -91,6 +105,12 @@ func (o *Options) Validate() error {
 	if o.ReservationWorkers < 0 {
 		errs = append(errs, fmt.Errorf("ReservationWorkers %d: want at least 1 (0: the default)", o.ReservationWorkers))
 	}
+	if o.HoldPriority < 0 || o.HoldPriority >= 1000000000 {
+		errs = append(errs, fmt.Errorf("--hold-priority %d: want 0 to 999999999 (user PriorityClasses stop below 1000000000)", o.HoldPriority))
+	}
+	if o.HoldTimeout < 0 || o.EvictionGrace < 0 {
+		errs = append(errs, errors.New("--hold-timeout and --eviction-grace must not be negative"))
+	}
 	if o.TokenTTL != 0 && o.TokenTTL < 10*time.Minute {
 		errs = append(errs, fmt.Errorf("--token-ttl %s is below the TokenRequest minimum of 10m", o.TokenTTL))
 	}
@@ -121,9 +141,20 @@ func CacheOptions() cache.Options {
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Node{}: {Transform: slimNode},
+			// Only the pods of reservations (placeholders and tenant pods,
+			// which carry the reservation label): the tenant reconciler's.
+			&corev1.Pod{}: {Label: reservationPods},
 		},
 	}
 }
+
+var reservationPods = func() labels.Selector {
+	req, err := labels.NewRequirement(rbv1.ReservationLabel, selection.Exists, nil)
+	if err != nil {
+		panic(err)
+	}
+	return labels.NewSelector().Add(*req)
+}()
 
 // slimNode is the manager cache's transform of Nodes (see CacheOptions).
 func slimNode(obj any) (any, error) {
@@ -167,12 +198,23 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	tenants := &provider.TenantReconciler{
 		Client: mgr.GetClient(), Broker: o.Broker, Recorder: mgr.GetEventRecorderFor("rb-agent"),
 		Namespace: o.Namespace, Endpoint: o.Endpoint, CABundle: o.CABundle, TokenTTL: o.TokenTTL,
+		Hold: !o.NoProviderHold, PlaceholderImage: o.PlaceholderImage, HoldTimeout: o.HoldTimeout, EvictionGrace: o.EvictionGrace,
 	}
 	if err := tenants.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("tenant reconciler: %w", err)
 	}
+	if !o.NoProviderHold {
+		hp := o.HoldPriority
+		if hp == 0 {
+			hp = provider.DefaultHoldPriority
+		}
+		if err := mgr.Add(&provider.ClusterObjects{Client: mgr.GetClient(), HoldPriority: hp}); err != nil {
+			return err
+		}
+	}
 	if err := mgr.Add(&follower.Follower{
 		Broker: o.Broker, Client: mgr.GetClient(), ClusterID: o.ClusterID, Namespace: o.Namespace, Reservations: rec,
+		Recorder: mgr.GetEventRecorderFor("rb-agent"),
 	}); err != nil {
 		return err
 	}

@@ -88,7 +88,9 @@ func (c *cluster) startAgent(mutate ...func(*agent.Options)) {
 	})
 	require.NoError(c.t, err)
 	o := agent.Options{ClusterID: c.id, Broker: c.brokerClient(brokerclient.WithRetries(1, 50*time.Millisecond)), Namespace: agentNamespace,
-		TokenTTL: 10 * time.Minute, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}
+		TokenTTL: 10 * time.Minute, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second,
+		// Nothing schedules here: placeholders stay unbound, grants go without placement.
+		HoldTimeout: 200 * time.Millisecond, EvictionGrace: 200 * time.Millisecond}
 	o.EndpointFrom(c.cfg)
 	for _, m := range mutate {
 		m(&o)
@@ -177,7 +179,7 @@ func TestReservationAcrossClusters(t *testing.T) {
 
 	// paris: instruction, tenant namespace, quota = the reservation.
 	var pi rbv1.ProviderInstruction
-	require.NoError(t, paris.client.Get(ctx, types.NamespacedName{Namespace: agentNamespace, Name: string(rsv.UID)}, &pi))
+	require.NoError(t, paris.client.Get(ctx, types.NamespacedName{Namespace: agentNamespace, Name: provider.InstructionName("rome", string(rsv.UID))}, &pi))
 	assert.True(t, pi.Status.Enforced)
 	assert.Equal(t, "rb-rome", pi.Status.TenantNamespace)
 	var quota corev1.ResourceQuota

@@ -26,11 +26,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -721,4 +723,34 @@ func TestTenantClusterRoleMatchesTheAgent(t *testing.T) {
 		return
 	}
 	t.Fatalf("manifests/agent has no ClusterRole %s", provider.TenantClusterRole)
+}
+
+// TestHoldObjectsMatchTheAgent keeps the shipped PriorityClasses and tenant
+// pod policy equal to what the agent ensures at start-up (default priority).
+func TestHoldObjectsMatchTheAgent(t *testing.T) {
+	objs := build(t, "agent")
+	find := func(kind, name string) *unstructured.Unstructured {
+		for _, u := range objs {
+			if u.GetKind() == kind && u.GetName() == name {
+				assert.Empty(t, u.GetNamespace(), "%s %s is cluster-scoped", kind, name)
+				return u
+			}
+		}
+		t.Fatalf("manifests/agent has no %s %s", kind, name)
+		return nil
+	}
+	for _, want := range provider.NewPriorityClasses(provider.DefaultHoldPriority) {
+		var pc schedulingv1.PriorityClass
+		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find("PriorityClass", want.Name).Object, &pc))
+		assert.Equal(t, want.Value, pc.Value, want.Name)
+		assert.Equal(t, want.PreemptionPolicy, pc.PreemptionPolicy, want.Name)
+		assert.Equal(t, want.Description, pc.Description, want.Name)
+	}
+	policy, binding := provider.NewTenantPodPolicy()
+	var p admissionregistrationv1.ValidatingAdmissionPolicy
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find("ValidatingAdmissionPolicy", policy.Name).Object, &p))
+	assert.Equal(t, policy.Spec, p.Spec)
+	var b admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find("ValidatingAdmissionPolicyBinding", binding.Name).Object, &b))
+	assert.Equal(t, binding.Spec, b.Spec)
 }

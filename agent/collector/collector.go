@@ -314,7 +314,7 @@ func (c *Collector) onNamespace(obj any, deleted bool) {
 		return
 	}
 	tenant := ns.Tenant && !deleted
-	c.update(func(t *tally) { t.setTenant(ns.Name, tenant) })
+	c.update(func(t *tally) { t.setTenant(ns.Name, tenant, ns.Requester) })
 }
 
 func typeName(obj any) string { return fmt.Sprintf("%T", obj) }

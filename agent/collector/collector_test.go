@@ -422,7 +422,8 @@ func TestCollectorNodeSummary(t *testing.T) {
 	require.Equal(t, []node{{"n1", "4", "4", "3Gi"}, {"n2", "2", "1500m", "2Gi"}}, summary(m))
 	require.Equal(t, "1", func() string { q := m.NodeSummary[1].Allocatable[collector.ResourceGPU]; return q.String() }())
 	require.True(t, m.NodeSummaryExact)
-	require.Equal(t, []string{"resv-a", "resv-b", "resv-d"}, m.ReservationsOnNodes, "tenant pods' ids, wherever they are bound")
+	require.Equal(t, []string{"rome/resv-a", "rome/resv-b", "rome/resv-d"}, m.ReservationsOnNodes,
+		"tenant pods' ids, scoped by the requester, wherever they are bound")
 	require.Zero(t, m.Allocated.Cpu().Cmp(resource.MustParse("1")), "the totals leave tenant pods out")
 
 	// A new tenant pod changes no total, but the node figures and the list.
@@ -439,4 +440,18 @@ func TestCollectorNodeSummary(t *testing.T) {
 	require.True(t, assertEventually(func() bool { m = coll.Measure(); return len(m.ReservationsOnNodes) == 4 }, 10*time.Second))
 	require.Equal(t, []node{{"n1", "4", "4", "3Gi"}, {"n2", "2", "1750m", "3Gi"}}, summary(m))
 	require.Zero(t, m.Allocated.Cpu().Cmp(resource.MustParse("1")))
+
+	// A placeholder and the tenant pod of one reservation on one node count
+	// once, the larger; the placeholder alone lists its reservation.
+	placeholder := map[string]string{rbv1.ReservationLabel: "resv-f", rbv1.RoleLabel: rbv1.RolePlaceholder}
+	f.pod("rb-rome", "rb-hold-resv-f", "n2", withCPU("200m", map[string]string{rbv1.ReservationIDAnnotation: "resv-f"}, placeholder), "")
+	require.True(t, assertEventually(func() bool { m = coll.Measure(); return len(m.ReservationsOnNodes) == 5 }, 10*time.Second))
+	require.Equal(t, []node{{"n1", "4", "4", "3Gi"}, {"n2", "2", "1950m", "4Gi"}}, summary(m))
+	f.pod("rb-rome", "guest-f", "n2", withCPU("100m", nil, map[string]string{rbv1.ReservationLabel: "resv-f"}), "")
+	time.Sleep(500 * time.Millisecond)
+	m = coll.Measure()
+	require.Equal(t, []node{{"n1", "4", "4", "3Gi"}, {"n2", "2", "1950m", "4Gi"}}, summary(m),
+		"the tenant pod (100m, 1Gi) counts within its placeholder (200m, 1Gi)")
+	require.Len(t, m.ReservationsOnNodes, 5)
+	require.Zero(t, m.Allocated.Cpu().Cmp(resource.MustParse("1")), "neither is local usage")
 }

@@ -41,6 +41,9 @@ type podUsage struct {
 	// reservation-id annotation (or the reservation label the bridge puts on
 	// its copies) says; it counts in a tenant namespace only.
 	Reservation string
+	// Placeholder: the provider's placeholder pod of Reservation, which its
+	// tenant pod replaces: the two count once.
+	Placeholder bool
 }
 
 // nodeCapacity is a node reduced to what it offers.
@@ -57,6 +60,10 @@ type nodeCapacity struct {
 type namespaceTenancy struct {
 	metav1.ObjectMeta
 	Tenant bool
+	// Requester is the cluster the tenant namespace is for ("" unknown): the
+	// reservations of its pods are listed as "<requester>/<id>" (ids are
+	// scoped per requester).
+	Requester string
 }
 
 func (p *podUsage) GetObjectKind() schema.ObjectKind         { return schema.EmptyObjectKind }
@@ -95,7 +102,8 @@ func (c *Collector) podRequestOptions() resourcehelper.PodResourcesOptions {
 
 // usageOf reduces a pod.
 func (c *Collector) usageOf(p *corev1.Pod) *podUsage {
-	u := &podUsage{ObjectMeta: slimMeta(&p.ObjectMeta), NodeName: p.Spec.NodeName, Reservation: reservationOf(p)}
+	u := &podUsage{ObjectMeta: slimMeta(&p.ObjectMeta), NodeName: p.Spec.NodeName, Reservation: reservationOf(p),
+		Placeholder: p.Labels[rbv1.RoleLabel] == rbv1.RolePlaceholder}
 	u.Active = p.Spec.NodeName != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 	if u.Active {
 		u.Requests = amountsOf(resourcehelper.PodRequests(p, c.podRequestOptions()))
@@ -149,11 +157,12 @@ func isReady(n *corev1.Node) bool {
 // in a federation run by the broker those pods run on a reservation (the
 // requester's ResourceSlice was made for one), which holds their capacity.
 func tenancyOf(ns *corev1.Namespace) *namespaceTenancy {
-	_, tenant := ns.Labels[rbv1.TenantLabel]
+	requester, tenant := ns.Labels[rbv1.TenantLabel]
 	if _, liqo := ns.Annotations[liqoconsts.RemoteNamespaceManagedByAnnotationKey]; liqo {
-		tenant = true
+		// Liqo's cluster ids are the broker's (the liqo bridge peers by them).
+		tenant, requester = true, ns.Labels[liqoconsts.RemoteClusterID]
 	}
-	return &namespaceTenancy{ObjectMeta: slimMeta(&ns.ObjectMeta), Tenant: tenant}
+	return &namespaceTenancy{ObjectMeta: slimMeta(&ns.ObjectMeta), Tenant: tenant, Requester: requester}
 }
 
 // The transforms leave anything else (tombstones, reduced objects) as it is.

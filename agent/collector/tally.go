@@ -22,7 +22,11 @@ import (
 //   - Per node (the broker's per-node fit, nodes.go), every active pod counts,
 //     tenant pods included: the broker debits a reservation's node only until
 //     the reservation is listed, and the reservations listed are those of the
-//     tenant pods bound to a node here (reservation-id annotation).
+//     tenant pods and placeholders bound to a node here (reservation-id
+//     annotation), as "<requester>/<id>" (ids are scoped per requester).
+//   - A reservation's placeholder and its tenant pods on one node count once:
+//     the larger of the two, resource by resource (the tenant pod preempts its
+//     placeholder, which may still be terminating).
 
 // totals are what the collector measures.
 type totals struct {
@@ -35,6 +39,25 @@ type podEntry struct {
 	requests        amounts
 	local           bool   // not in a tenant namespace: added to the node's use
 	reservation     string // the broker reservation it consumes, if a tenant pod says so
+	placeholder     bool   // the provider's placeholder of that reservation
+}
+
+// holdKey is one reservation's pods on one node.
+type holdKey struct{ node, namespace, reservation string }
+
+// holdUse sums them: placeholders and tenant pods apart; the node counts
+// the larger.
+type holdUse struct {
+	placeholder, tenant amounts
+	pods                int
+}
+
+func (h *holdUse) counted() amounts {
+	var out amounts
+	for i := range out {
+		out[i] = max(h.placeholder[i], h.tenant[i])
+	}
+	return out
 }
 
 type nodeEntry struct {
@@ -56,8 +79,12 @@ type tally struct {
 	use     map[string]*nodeUse
 	pods    map[types.UID]podEntry
 	tenants map[string]bool
-	totals  totals
-	// reservations counts the active tenant pods of each reservation id.
+	// requesters: the requester of each tenant namespace, when known.
+	requesters map[string]string
+	holds      map[holdKey]*holdUse
+	totals     totals
+	// reservations counts the active tenant pods and placeholders of each
+	// listed reservation, "<requester>/<id>".
 	reservations map[string]int
 	// nodesChanged: a counted node's figures or the reservations changed
 	// since the last look (the totals may not have).
@@ -70,6 +97,8 @@ func newTally() *tally {
 		use:          map[string]*nodeUse{},
 		pods:         map[types.UID]podEntry{},
 		tenants:      map[string]bool{},
+		requesters:   map[string]string{},
+		holds:        map[holdKey]*holdUse{},
 		reservations: map[string]int{},
 	}
 }
@@ -85,7 +114,7 @@ func (t *tally) setPod(u *podUsage) {
 		return
 	}
 	e := podEntry{node: u.NodeName, namespace: u.Namespace, requests: u.Requests, local: !t.tenants[u.Namespace],
-		reservation: u.Reservation}
+		reservation: u.Reservation, placeholder: u.Placeholder}
 	if had {
 		if old == e {
 			return
@@ -115,12 +144,8 @@ func (t *tally) apply(e podEntry) {
 		t.nodesChanged = true
 	}
 	if !e.local {
-		u.tenant.add(e.requests)
+		t.addTenant(u, e, 1)
 		u.tenantPods++
-		if e.reservation != "" {
-			t.reservations[e.reservation]++
-			t.nodesChanged = true
-		}
 		return
 	}
 	u.requests.add(e.requests)
@@ -141,14 +166,8 @@ func (t *tally) unapply(e podEntry) {
 		t.nodesChanged = true
 	}
 	if !e.local {
-		u.tenant.sub(e.requests)
+		t.addTenant(u, e, -1)
 		u.tenantPods--
-		if e.reservation != "" {
-			if t.reservations[e.reservation]--; t.reservations[e.reservation] <= 0 {
-				delete(t.reservations, e.reservation)
-			}
-			t.nodesChanged = true
-		}
 	} else {
 		u.requests.sub(e.requests)
 		u.pods--
@@ -160,6 +179,55 @@ func (t *tally) unapply(e podEntry) {
 	if u.pods <= 0 && u.tenantPods <= 0 {
 		delete(t.use, e.node)
 	}
+}
+
+// addTenant adds (sign 1) or takes away (-1) a tenant pod's use of its
+// node: a pod of a reservation through its holdUse, which counts the larger
+// of the reservation's placeholder and tenant pods there.
+func (t *tally) addTenant(u *nodeUse, e podEntry, sign int) {
+	if e.reservation == "" {
+		if sign > 0 {
+			u.tenant.add(e.requests)
+		} else {
+			u.tenant.sub(e.requests)
+		}
+		return
+	}
+	t.nodesChanged = true
+	key := holdKey{e.node, e.namespace, e.reservation}
+	h := t.holds[key]
+	if h == nil {
+		h = &holdUse{}
+		t.holds[key] = h
+	}
+	u.tenant.sub(h.counted())
+	part := &h.tenant
+	if e.placeholder {
+		part = &h.placeholder
+	}
+	if sign > 0 {
+		part.add(e.requests)
+	} else {
+		part.sub(e.requests)
+	}
+	h.pods += sign
+	u.tenant.add(h.counted())
+	if h.pods <= 0 {
+		delete(t.holds, key)
+	}
+	if listed, ok := t.listedID(e.namespace, e.reservation); ok {
+		if t.reservations[listed] += sign; t.reservations[listed] <= 0 {
+			delete(t.reservations, listed)
+		}
+	}
+}
+
+// listedID is how a reservation is listed: "<requester>/<id>"; not at all
+// when the namespace's requester is unknown (the broker then keeps debiting
+// its node, which is conservative).
+func (t *tally) listedID(namespace, id string) (string, bool) {
+	requester := t.requesters[namespace]
+	return requester + "/" + id, requester != ""
 }
 
 // setNode records a node's current state.
@@ -215,22 +283,35 @@ func (t *tally) uncount(name string, e nodeEntry) {
 
 // setTenant records whether a namespace is a tenant namespace. A change
 // moves that namespace's pods out of (or back into) local usage.
-func (t *tally) setTenant(namespace string, tenant bool) {
-	if t.tenants[namespace] == tenant {
+func (t *tally) setTenant(namespace string, tenant bool, requester string) {
+	if !tenant {
+		requester = ""
+	}
+	if t.tenants[namespace] == tenant && t.requesters[namespace] == requester {
 		return
+	}
+	// Out with the namespace's pods, as they were counted; in again as now.
+	var moved []types.UID
+	for uid, e := range t.pods {
+		if e.namespace == namespace {
+			t.unapply(e)
+			moved = append(moved, uid)
+		}
 	}
 	if tenant {
 		t.tenants[namespace] = true
 	} else {
 		delete(t.tenants, namespace)
 	}
-	for uid, e := range t.pods {
-		if e.namespace != namespace || e.local == !tenant {
-			continue
-		}
-		t.unapply(e)
+	if requester != "" {
+		t.requesters[namespace] = requester
+	} else {
+		delete(t.requesters, namespace)
+	}
+	for _, uid := range moved {
+		e := t.pods[uid]
 		e.local = !tenant
 		t.apply(e)
-		t.pods[uid] = e // updating an existing key while ranging is safe
+		t.pods[uid] = e
 	}
 }

@@ -85,9 +85,10 @@ func TestNodeRules(t *testing.T) {
 // world is the state the events describe, from which the expected totals
 // are recomputed by brute force.
 type world struct {
-	nodes   map[string]*nodeCapacity
-	pods    map[types.UID]*podUsage
-	tenants map[string]bool
+	nodes      map[string]*nodeCapacity
+	pods       map[types.UID]*podUsage
+	tenants    map[string]bool
+	requesters map[string]string
 }
 
 func (w *world) totals() totals {
@@ -117,9 +118,30 @@ func (w *world) nodeFigures() []nodeFree {
 			continue
 		}
 		f := nodeFree{name: name, alloc: n.Allocatable}
+		// A reservation's placeholders and tenant pods count the larger.
+		type parts struct{ placeholder, tenant amounts }
+		holds := map[[2]string]*parts{}
 		for _, p := range w.pods {
-			if p.Active && p.NodeName == name {
+			if !p.Active || p.NodeName != name {
+				continue
+			}
+			if !w.tenants[p.Namespace] || p.Reservation == "" {
 				f.used.add(p.Requests)
+				continue
+			}
+			key := [2]string{p.Namespace, p.Reservation}
+			if holds[key] == nil {
+				holds[key] = &parts{}
+			}
+			if p.Placeholder {
+				holds[key].placeholder.add(p.Requests)
+			} else {
+				holds[key].tenant.add(p.Requests)
+			}
+		}
+		for _, h := range holds {
+			for i := range f.used {
+				f.used[i] += max(h.placeholder[i], h.tenant[i])
 			}
 		}
 		for i := range f.used {
@@ -135,8 +157,8 @@ func (w *world) nodeFigures() []nodeFree {
 func (w *world) reservations() []string {
 	set := map[string]bool{}
 	for _, p := range w.pods {
-		if p.Active && w.tenants[p.Namespace] && p.Reservation != "" {
-			set[p.Reservation] = true
+		if p.Active && w.tenants[p.Namespace] && p.Reservation != "" && w.requesters[p.Namespace] != "" {
+			set[w.requesters[p.Namespace]+"/"+p.Reservation] = true
 		}
 	}
 	out := []string{}
@@ -157,7 +179,7 @@ func sortedByName(nodes []nodeFree) []nodeFree {
 // checks after each one that the running totals equal a recomputation.
 func TestTallyMatchesRecomputation(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	w := &world{nodes: map[string]*nodeCapacity{}, pods: map[types.UID]*podUsage{}, tenants: map[string]bool{}}
+	w := &world{nodes: map[string]*nodeCapacity{}, pods: map[types.UID]*podUsage{}, tenants: map[string]bool{}, requesters: map[string]string{}}
 	ty := newTally()
 	nodeNames := []string{"a", "b", "c", "d", ""}
 	namespaces := []string{"x", "y", "rb-z"}
@@ -177,14 +199,19 @@ func TestTallyMatchesRecomputation(t *testing.T) {
 		case op < 4: // namespace flips
 			ns := namespaces[rng.IntN(len(namespaces))]
 			tenant := rng.IntN(2) == 0
+			requester := []string{"", "rome", "oslo"}[rng.IntN(3)]
 			w.tenants[ns] = tenant
-			ty.setTenant(ns, tenant)
+			w.requesters[ns] = requester
+			if !tenant {
+				w.requesters[ns] = ""
+			}
+			ty.setTenant(ns, tenant, requester)
 		case op < 8: // pod added or changed
 			uid := types.UID(fmt.Sprint(rng.IntN(200)))
 			p := &podUsage{ObjectMeta: metav1.ObjectMeta{UID: uid, Namespace: namespaces[rng.IntN(len(namespaces))]},
 				NodeName: nodeNames[rng.IntN(len(nodeNames))], Active: rng.IntN(5) > 0,
 				Requests:    amounts{rng.Int64N(2000), rng.Int64N(1 << 30), rng.Int64N(2), rng.Int64N(1 << 30)},
-				Reservation: []string{"", "", "r1", "r2", "r3"}[rng.IntN(5)]}
+				Reservation: []string{"", "", "r1", "r2", "r3"}[rng.IntN(5)], Placeholder: rng.IntN(3) == 0}
 			if old := w.pods[uid]; old != nil {
 				p.Namespace = old.Namespace // a pod never changes namespace
 			}
@@ -212,6 +239,7 @@ func TestTallyMatchesRecomputation(t *testing.T) {
 	require.Equal(t, totals{}, ty.totals)
 	require.Empty(t, ty.use)
 	require.Empty(t, ty.reservations)
+	require.Empty(t, ty.holds)
 	require.Empty(t, ty.pods)
 	require.Empty(t, ty.nodes)
 }

@@ -11,6 +11,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -37,6 +38,8 @@ type Follower struct {
 	Namespace string
 	// Reservations is asked to look again at a Reservation the broker changed.
 	Reservations *reservation.Reconciler
+	// Recorder records the end of provided reservations on their instructions (optional).
+	Recorder record.EventRecorder
 	// MaxBackoff bounds the wait between reconnections (default 10s).
 	MaxBackoff time.Duration
 	// OnConnect, if set, is called after each successful resync (tests, metrics).
@@ -105,7 +108,7 @@ func (f *Follower) follow(ctx context.Context, since *string, backoff *time.Dura
 
 func (f *Follower) handle(ctx context.Context, e api.Event) error {
 	if e.Provider == f.ClusterID {
-		if err := f.provide(ctx, e.Reservation, e.Requester, e.Phase, e.Resources, e.ExpiresAt); err != nil {
+		if err := f.provide(ctx, e.Reservation, e.Requester, e.Phase, e.Resources, e.Node); err != nil {
 			return err
 		}
 	}
@@ -129,32 +132,44 @@ func (f *Follower) handle(ctx context.Context, e api.Event) error {
 	return nil
 }
 
-// provide records (or forgets) a reservation this cluster provides.
-func (f *Follower) provide(ctx context.Context, id, requester, phase string, res api.Quantities, expires time.Time) error {
-	pi := provider.InstructionFor(f.Namespace, id, requester, res, expires)
+// provide records a reservation this cluster provides, or marks its end
+// (the tenant reconciler evicts its pods after a grace): the provider learns
+// that a reservation ended from the broker only, never from a clock.
+func (f *Follower) provide(ctx context.Context, id, requester, phase string, res api.Quantities, node string) error {
+	pi := provider.InstructionFor(f.Namespace, id, requester, res, node)
 	if phase == string(rbv1.ReservationReserved) || phase == string(rbv1.ReservationActive) {
 		err := f.Client.Create(ctx, pi)
 		if apierrors.IsAlreadyExists(err) {
 			return nil
 		}
 		if err == nil {
-			log.FromContext(ctx).Info("providing capacity", "reservation", id, "requester", requester)
+			log.FromContext(ctx).Info("providing capacity", "reservation", id, "requester", requester, "node", node)
 		}
 		return err
 	}
-	return client.IgnoreNotFound(f.Client.Delete(ctx, pi))
+	if err := f.Client.Get(ctx, client.ObjectKeyFromObject(pi), pi); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	reason, msg := provider.EndedReleased, "the requester released the reservation"
+	if phase == string(rbv1.ReservationExpired) {
+		reason, msg = provider.EndedLeaseLapsed, "the reservation expired at the broker (its lease was not renewed, or its duration is over)"
+	}
+	return provider.MarkEnded(ctx, f.Client, f.Recorder, pi, reason, msg)
 }
 
-// resync makes the local objects match the broker's lists.
+// resync makes the local objects match the broker's lists: what it lists
+// live is provided, and an instruction it no longer lists has ended.
 func (f *Follower) resync(ctx context.Context) error {
 	provided, err := f.Broker.Reservations(ctx, brokerclient.RoleProvider)
 	if err != nil {
 		return err
 	}
-	live := map[string]bool{}
+	live := map[string]bool{} // instruction names
 	for _, r := range provided {
-		live[r.ID] = true
-		if err := f.provide(ctx, r.ID, r.Requester, r.Phase, r.Resources, r.ExpiresAt); err != nil {
+		if r.Phase == string(rbv1.ReservationReserved) || r.Phase == string(rbv1.ReservationActive) {
+			live[provider.InstructionName(r.Requester, r.ID)] = true
+		}
+		if err := f.provide(ctx, r.ID, r.Requester, r.Phase, r.Resources, r.Node); err != nil {
 			return err
 		}
 	}
@@ -163,8 +178,19 @@ func (f *Follower) resync(ctx context.Context) error {
 		return err
 	}
 	for i := range pis.Items {
-		if !live[pis.Items[i].Name] {
-			if err := client.IgnoreNotFound(f.Client.Delete(ctx, &pis.Items[i])); err != nil {
+		pi := &pis.Items[i]
+		canonical := provider.InstructionName(pi.Spec.Requester, pi.Spec.ReservationID)
+		switch {
+		case live[pi.Name]:
+		case pi.Name != canonical && live[canonical]:
+			// Named by an older agent (by the bare id): the instruction of
+			// the same reservation under its new name replaces it.
+			if err := client.IgnoreNotFound(f.Client.Delete(ctx, pi)); err != nil {
+				return err
+			}
+		default:
+			if err := provider.MarkEnded(ctx, f.Client, f.Recorder, pi, provider.EndedNotListed,
+				"the broker no longer lists the reservation as live"); err != nil {
 				return err
 			}
 		}

@@ -1,9 +1,12 @@
 // Package provider is the provider side of the agent: for every requester
 // that holds reservations on this cluster it keeps a tenant namespace
 // (rb-<requester>) with a ResourceQuota equal to the sum of those
-// reservations, a ServiceAccount with a namespaced Role, and hands the
-// requester a short-lived token through the broker. When the requester's last
-// reservation ends, all of it is removed.
+// reservations, a ServiceAccount with a namespaced Role, a placeholder pod
+// per reservation that holds its capacity (hold.go), and hands the requester
+// a short-lived token, with the placeholder's node, through the broker. A
+// reservation that ends is marked so; its tenant pods are evicted after a
+// grace (ended.go). When the requester's last reservation is gone, all of it
+// is removed.
 package provider
 
 import (
@@ -11,12 +14,14 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -51,9 +56,10 @@ const (
 	TenantClusterRole    = "rb-tenant"
 )
 
-// Granter hands a requester its access through the broker.
+// Granter hands a requester its access through the broker (ids are scoped
+// per requester).
 type Granter interface {
-	Grant(ctx context.Context, id string, g api.Grant) (api.Reservation, error)
+	GrantTo(ctx context.Context, requester, id string, g api.Grant) (api.Reservation, error)
 }
 
 // TenantReconciler reconciles the tenant of one requester; its requests are
@@ -74,6 +80,17 @@ type TenantReconciler struct {
 	// (default 8): a burst of reservations is granted in parallel, not one
 	// round trip after the other.
 	GrantWorkers int
+	// Hold turns the provider-side hold on: a placeholder pod per live
+	// reservation, and grants that carry its placement.
+	Hold bool
+	// PlaceholderImage is the placeholder's image (default DefaultPlaceholderImage).
+	PlaceholderImage string
+	// HoldTimeout is how long a first grant waits for the placeholder to be
+	// bound (default DefaultHoldTimeout); then it goes without placement.
+	HoldTimeout time.Duration
+	// EvictionGrace is how long the tenant pods of an ended reservation may
+	// still run (default DefaultEvictionGrace).
+	EvictionGrace time.Duration
 
 	// tokens: the last token requested per requester, handed to the
 	// reservations granted while it is young (see tokenFor).
@@ -84,6 +101,12 @@ type TenantReconciler struct {
 	// instruction's new status (the quota's and the instruction's own
 	// events): without it they would grant again.
 	granted map[string]map[types.UID]time.Time
+	// holdStart: per instruction UID, when this process first saw its
+	// placeholder waiting for a node (HoldTimeout counts from there).
+	holdStart map[string]time.Time
+	// placedHere: per instruction UID, the placement node this process
+	// last granted (the cache may not show status.placementNode yet).
+	placedHere map[types.UID]string
 }
 
 // tenantToken is a token of a tenant's ServiceAccount.
@@ -102,6 +125,15 @@ func (r *TenantReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.GrantWorkers == 0 {
 		r.GrantWorkers = 8
 	}
+	if r.PlaceholderImage == "" {
+		r.PlaceholderImage = DefaultPlaceholderImage
+	}
+	if r.HoldTimeout == 0 {
+		r.HoldTimeout = DefaultHoldTimeout
+	}
+	if r.EvictionGrace == 0 {
+		r.EvictionGrace = DefaultEvictionGrace
+	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &rbv1.ProviderInstruction{}, RequesterIndex,
 		func(o client.Object) []string { return []string{o.(*rbv1.ProviderInstruction).Spec.Requester} }); err != nil {
 		return err
@@ -113,6 +145,13 @@ func (r *TenantReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		if requester := o.GetLabels()[rbv1.TenantLabel]; requester != "" {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: requester}}}
 		}
+		// Pods of reservations (the manager caches those only, agent.CacheOptions)
+		// in a tenant namespace: placeholders bound, tenant pods come.
+		if _, ok := o.(*corev1.Pod); ok {
+			if requester, ok := strings.CutPrefix(o.GetNamespace(), rbv1.TenantNamespacePrefix); ok && requester != "" {
+				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: requester}}}
+			}
+		}
 		return nil
 	})
 	return ctrl.NewControllerManagedBy(mgr).
@@ -120,6 +159,7 @@ func (r *TenantReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&rbv1.ProviderInstruction{}, byRequester).
 		Watches(&corev1.Namespace{}, byRequester).
 		Watches(&corev1.ResourceQuota{}, byRequester).
+		Watches(&corev1.Pod{}, byRequester).
 		Complete(r)
 }
 
@@ -143,24 +183,50 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return ctrl.Result{}, err
 	}
 	now := time.Now()
-	var live []*rbv1.ProviderInstruction
+	next := now.Add(r.TokenTTL)
+	soonest := func(t time.Time) {
+		if t.Before(next) {
+			next = t
+		}
+	}
+	// The provider acts on what the broker said ended (events, lists), never
+	// on a clock: a live instruction stays until then.
+	var live, ended []*rbv1.ProviderInstruction
+	covered := map[string]bool{}
 	for i := range list.Items {
 		pi := &list.Items[i]
 		switch {
 		case !pi.DeletionTimestamp.IsZero():
-		case pi.Spec.ExpiresAt != nil && !pi.Spec.ExpiresAt.After(now):
-			// The broker expires it too and says so; don't wait for the event.
-			if err := r.Client.Delete(ctx, pi); client.IgnoreNotFound(err) != nil {
-				return ctrl.Result{}, err
-			}
+		case IsEnded(pi):
+			ended = append(ended, pi)
 		default:
 			live = append(live, pi)
+			covered[pi.Spec.ReservationID] = true
 		}
 	}
 	ns := TenantNamespace(requester)
-	if len(live) == 0 {
+	inGrace := 0
+	for _, pi := range ended {
+		wait, err := r.finish(ctx, ns, pi, covered)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if wait > 0 {
+			inGrace++
+			soonest(now.Add(wait))
+		}
+	}
+	if len(live) == 0 && inGrace == 0 {
 		r.forgetToken(requester)
 		return ctrl.Result{}, r.removeTenant(ctx, ns)
+	}
+	if len(live) == 0 {
+		// Only reservations in their grace: keep the namespace (their pods
+		// run on), at a quota of nothing more.
+		if err := r.shrinkQuota(ctx, ns); err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{RequeueAfter: max(time.Until(next), time.Second)}, nil
 	}
 	if err := r.ensureNamespace(ctx, ns, requester); err != nil {
 		if errors.Is(err, errTerminating) {
@@ -176,23 +242,43 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	next := now.Add(r.TokenTTL)
-	soonest := func(t time.Time) {
-		if t.Before(next) {
-			next = t
-		}
+	type dueGrant struct {
+		pi        *rbv1.ProviderInstruction
+		placement *api.Placement
 	}
-	var due []*rbv1.ProviderInstruction
+	var due []dueGrant
 	granted := r.grantedOf(requester, live)
 	for _, pi := range live {
-		if pi.Spec.ExpiresAt != nil {
-			soonest(pi.Spec.ExpiresAt.Time)
+		var hs holdState
+		if r.Hold {
+			if hs, err = r.hold(ctx, ns, pi); err != nil {
+				return ctrl.Result{}, err
+			}
+			if hs.changed {
+				if err := r.Client.Status().Update(ctx, pi); err != nil {
+					return ctrl.Result{}, client.IgnoreNotFound(err)
+				}
+			}
 		}
-		if at, ok := r.renewAt(pi, granted[pi.UID]); ok {
+		first := !pi.Status.Enforced && granted[pi.UID].IsZero()
+		if first && hs.waiting {
+			if time.Now().Before(hs.deadline) {
+				soonest(hs.deadline) // the placeholder's binding wakes us earlier
+				continue
+			}
+			r.Recorder.Eventf(pi, corev1.EventTypeWarning, "HoldUnplaced",
+				"placeholder pod not bound within %s: granting without placement (a later grant carries it once the placeholder lands)", r.HoldTimeout)
+		}
+		// A placement the requester has not been told of yet is due now.
+		newPlacement := hs.placement != nil && hs.placement.Node != r.placedNode(pi) && !pi.Status.Superseded
+		if at, ok := r.renewAt(pi, granted[pi.UID]); ok && !newPlacement {
 			soonest(at)
 			continue
 		}
-		due = append(due, pi)
+		if hs.waiting {
+			soonest(time.Now().Add(r.HoldTimeout)) // look at the placeholder again
+		}
+		due = append(due, dueGrant{pi, hs.placement})
 	}
 	if len(due) > 0 {
 		tok, err := r.tokenFor(ctx, requester, sa)
@@ -203,14 +289,14 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		var mu sync.Mutex
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(max(1, r.GrantWorkers))
-		for _, pi := range due {
+		for _, d := range due {
 			g.Go(func() error {
-				renewAt, err := r.grant(gctx, ns, pi, tok)
+				renewAt, err := r.grant(gctx, ns, d.pi, tok, d.placement)
 				if err == nil {
 					mu.Lock()
 					soonest(renewAt)
 					mu.Unlock()
-					r.recordGrant(requester, pi.UID)
+					r.recordGrant(requester, d.pi.UID, d.placement)
 				}
 				return err
 			})
@@ -244,9 +330,19 @@ func (r *TenantReconciler) ensureNamespace(ctx context.Context, name, requester 
 	return nil
 }
 
+// QuotaScope is the tenant quota's scope: every pod but the placeholders
+// (whose requests stand for the very capacity the quota grants: counted,
+// they would leave the tenant nothing). The priority class of a pod with
+// none is "", which NotIn matches.
+var QuotaScope = &corev1.ScopeSelector{MatchExpressions: []corev1.ScopedResourceSelectorRequirement{{
+	ScopeName: corev1.ResourceQuotaScopePriorityClass, Operator: corev1.ScopeSelectorOpNotIn,
+	Values: []string{rbv1.PlaceholderPriorityClass},
+}}}
+
 // ensureQuota caps the tenant at the sum of its live reservations.
 func (r *TenantReconciler) ensureQuota(ctx context.Context, ns, requester string, live []*rbv1.ProviderInstruction) error {
-	hard := corev1.ResourceList{}
+	// cpu and memory always: a quota without a resource does not limit it.
+	hard := corev1.ResourceList{"requests.cpu": resource.Quantity{}, "requests.memory": resource.Quantity{}}
 	for _, pi := range live {
 		for name, q := range pi.Spec.Resources {
 			key := corev1.ResourceName("requests." + string(name))
@@ -255,8 +351,40 @@ func (r *TenantReconciler) ensureQuota(ctx context.Context, ns, requester string
 			hard[key] = sum
 		}
 	}
+	return r.setQuota(ctx, ns, requester, hard)
+}
+
+// shrinkQuota lets a tenant whose reservations have all ended create
+// nothing more while their pods' grace runs.
+func (r *TenantReconciler) shrinkQuota(ctx context.Context, ns string) error {
+	requester := strings.TrimPrefix(ns, rbv1.TenantNamespacePrefix)
+	var have corev1.ResourceQuota
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: TenantQuota}, &have); err != nil {
+		return client.IgnoreNotFound(err) // no namespace: nothing to shrink
+	}
+	hard := corev1.ResourceList{}
+	for name := range have.Spec.Hard {
+		hard[name] = resource.Quantity{}
+	}
+	return r.setQuota(ctx, ns, requester, hard)
+}
+
+func (r *TenantReconciler) setQuota(ctx context.Context, ns, requester string, hard corev1.ResourceList) error {
+	// The scope is immutable: a quota of an older agent, without it, is replaced.
+	var have corev1.ResourceQuota
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: TenantQuota}, &have)
+	if err == nil && !equality.Semantic.DeepEqual(have.Spec.ScopeSelector, QuotaScope) {
+		if err := r.Client.Delete(ctx, &have); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	} else if client.IgnoreNotFound(err) != nil {
+		return err
+	}
 	quota := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: TenantQuota, Namespace: ns}}
-	_, err := controllerutil.CreateOrPatch(ctx, r.Client, quota, func() error {
+	_, err = controllerutil.CreateOrPatch(ctx, r.Client, quota, func() error {
+		if quota.CreationTimestamp.IsZero() {
+			quota.Spec.ScopeSelector = QuotaScope.DeepCopy()
+		}
 		quota.Labels = map[string]string{rbv1.TenantLabel: requester, rbv1.ManagedByLabel: rbv1.ManagedByValue}
 		if !equalResources(quota.Spec.Hard, hard) {
 			quota.Spec.Hard = hard
@@ -346,9 +474,26 @@ func (r *TenantReconciler) grantedOf(requester string, live []*rbv1.ProviderInst
 	return out
 }
 
-func (r *TenantReconciler) recordGrant(requester string, uid types.UID) {
+// placedNode is the placement node last granted for pi, by this process or
+// as its status says.
+func (r *TenantReconciler) placedNode(pi *rbv1.ProviderInstruction) string {
 	r.tokensMu.Lock()
 	defer r.tokensMu.Unlock()
+	if node, ok := r.placedHere[pi.UID]; ok {
+		return node
+	}
+	return pi.Status.PlacementNode
+}
+
+func (r *TenantReconciler) recordGrant(requester string, uid types.UID, placement *api.Placement) {
+	r.tokensMu.Lock()
+	defer r.tokensMu.Unlock()
+	if placement != nil {
+		if r.placedHere == nil {
+			r.placedHere = map[types.UID]string{}
+		}
+		r.placedHere[uid] = placement.Node
+	}
 	if r.granted == nil {
 		r.granted = map[string]map[types.UID]time.Time{}
 	}
@@ -391,20 +536,26 @@ func (r *TenantReconciler) forgetToken(requester string) {
 	r.tokensMu.Lock()
 	defer r.tokensMu.Unlock()
 	delete(r.tokens, requester)
+	for uid := range r.granted[requester] {
+		delete(r.placedHere, uid)
+	}
 	delete(r.granted, requester)
 }
 
 // grant sends tok for pi's reservation (which is due: see renewAt); it
 // returns when the grant should be renewed.
-func (r *TenantReconciler) grant(ctx context.Context, ns string, pi *rbv1.ProviderInstruction, tok tenantToken) (time.Time, error) {
+func (r *TenantReconciler) grant(ctx context.Context, ns string, pi *rbv1.ProviderInstruction, tok tenantToken, placement *api.Placement) (time.Time, error) {
 	renew := func(at time.Time) time.Time { return at.Add(r.TokenTTL * 2 / 3) }
-	_, err := r.Broker.Grant(ctx, pi.Spec.ReservationID, api.Grant{
+	_, err := r.Broker.GrantTo(ctx, pi.Spec.Requester, pi.Spec.ReservationID, api.Grant{
 		Endpoint: r.Endpoint, CABundle: r.CABundle, Token: tok.token, Namespace: ns, ExpiresAt: tok.expires,
+		Placement: placement,
 	})
 	metrics.BrokerCalls.WithLabelValues("grant", metrics.Outcome(err, brokerclient.IsNoCapacity, brokerclient.IsRetryable)).Inc()
 	if brokerclient.IsNotFound(err) || brokerclient.IsConflict(err) {
-		// The reservation has ended at the broker: this instruction is stale.
-		return time.Now().Add(r.TokenTTL), client.IgnoreNotFound(r.Client.Delete(ctx, pi))
+		// The reservation has ended at the broker: end this instruction
+		// (its pods get their grace, as after an event).
+		return time.Now().Add(r.TokenTTL), MarkEnded(ctx, r.Client, r.Recorder, pi, EndedNotListed,
+			"the broker refused the grant: the reservation has ended ("+err.Error()+")")
 	}
 	if err != nil {
 		meta.SetStatusCondition(&pi.Status.Conditions, metav1.Condition{Type: rbv1.ConditionEnforced, Status: metav1.ConditionFalse,
@@ -417,8 +568,18 @@ func (r *TenantReconciler) grant(ctx context.Context, ns string, pi *rbv1.Provid
 	pi.Status.Enforced = true
 	pi.Status.TenantNamespace = ns
 	pi.Status.GrantedAt = &now
+	msg := "namespace " + ns + ", quota and credentials in place"
+	if placement != nil {
+		newPlacement := pi.Status.PlacementNode != placement.Node
+		pi.Status.PlacementNode = placement.Node
+		msg += "; the tenant pod is pinned to node " + placement.Node + " at " + placement.PriorityClassName
+		if newPlacement {
+			r.Recorder.Eventf(pi, corev1.EventTypeNormal, "PlacementGranted", "requester %s told to pin the pod to node %s at PriorityClass %s",
+				pi.Spec.Requester, placement.Node, placement.PriorityClassName)
+		}
+	}
 	meta.SetStatusCondition(&pi.Status.Conditions, metav1.Condition{Type: rbv1.ConditionEnforced, Status: metav1.ConditionTrue,
-		Reason: "Granted", Message: "namespace " + ns + ", quota and credentials in place", ObservedGeneration: pi.Generation})
+		Reason: "Granted", Message: msg, ObservedGeneration: pi.Generation})
 	if err := r.Client.Status().Update(ctx, pi); err != nil {
 		return time.Time{}, err
 	}
@@ -445,8 +606,9 @@ func (r *TenantReconciler) removeTenant(ctx context.Context, name string) error 
 	return err
 }
 
-// InstructionFor builds the ProviderInstruction that records a reservation this cluster provides.
-func InstructionFor(namespace string, id, requester string, res api.Quantities, expires time.Time) *rbv1.ProviderInstruction {
+// InstructionFor builds the ProviderInstruction that records a reservation
+// this cluster provides; node is the node the broker debited ("" none).
+func InstructionFor(namespace string, id, requester string, res api.Quantities, node string) *rbv1.ProviderInstruction {
 	list := corev1.ResourceList{}
 	add := func(name corev1.ResourceName, q *resource.Quantity) {
 		if q != nil && !q.IsZero() {
@@ -458,12 +620,9 @@ func InstructionFor(namespace string, id, requester string, res api.Quantities, 
 	add("nvidia.com/gpu", res.GPU)
 	add(corev1.ResourceEphemeralStorage, res.Storage)
 	pi := &rbv1.ProviderInstruction{
-		ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: namespace, Labels: map[string]string{
+		ObjectMeta: metav1.ObjectMeta{Name: InstructionName(requester, id), Namespace: namespace, Labels: map[string]string{
 			rbv1.RequesterLabel: requester, rbv1.ManagedByLabel: rbv1.ManagedByValue}},
-		Spec: rbv1.ProviderInstructionSpec{ReservationID: id, Requester: requester, Resources: list},
-	}
-	if !expires.IsZero() {
-		pi.Spec.ExpiresAt = &metav1.Time{Time: expires}
+		Spec: rbv1.ProviderInstructionSpec{ReservationID: id, Requester: requester, Resources: list, Node: node},
 	}
 	return pi
 }

@@ -21,6 +21,20 @@ const (
 	TenantLabel = "broker.fluidos.eu/tenant"
 	// TenantNamespacePrefix prefixes the namespace a provider sets aside for a requester: rb-<requester>.
 	TenantNamespacePrefix = "rb-"
+	// RoleLabel, on pods in a tenant namespace that the provider's agent
+	// creates, tells what they are for (RolePlaceholder).
+	RoleLabel = "broker.fluidos.eu/role"
+	// RolePlaceholder is RoleLabel's value on the pod that holds a
+	// reservation's capacity until its tenant pod comes.
+	RolePlaceholder = "placeholder"
+	// PlaceholderPriorityClass is the PriorityClass of placeholder pods:
+	// above ordinary workloads, preemptionPolicy Never (it takes free
+	// capacity only; see agent/README.md, provider-side hold).
+	PlaceholderPriorityClass = "rb-placeholder"
+	// TenantPriorityClass is the PriorityClass of tenant pods pinned to
+	// their placeholder's node: one above PlaceholderPriorityClass, so that
+	// they preempt their placeholder; usable in tenant namespaces only.
+	TenantPriorityClass = "rb-tenant"
 	// ReleaseFinalizer holds a Reservation until the agent has released it at the broker.
 	ReleaseFinalizer = "broker.fluidos.eu/release"
 )
@@ -37,6 +51,12 @@ const (
 	// the broker and granted by its provider (phase Active), so that
 	// kubectl wait --for=condition=Ready works.
 	ConditionReady = "Ready"
+	// ConditionHeld is True while a ProviderInstruction's placeholder pod is
+	// bound to a node.
+	ConditionHeld = "Held"
+	// ConditionEnded is True once the broker says a provided reservation
+	// ended (reason LeaseLapsed for an expiry, Released for a release).
+	ConditionEnded = "Ended"
 	// ConditionPublished is True when the broker acknowledged the last advertisement.
 	ConditionPublished = "Published"
 )

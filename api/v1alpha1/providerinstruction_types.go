@@ -20,9 +20,18 @@ type ProviderInstructionSpec struct {
 	// Resources set aside.
 	Resources corev1.ResourceList `json:"resources"`
 
-	// ExpiresAt is when the broker ends the reservation.
+	// ExpiresAt is no longer set: it was the broker's end time, which the
+	// agent must not compare with its own clock (a lease moves it anyway).
+	// The provider learns that a reservation ended from the broker's events
+	// and lists (status.conditions Ended).
 	// +optional
 	ExpiresAt *metav1.Time `json:"expiresAt,omitempty"`
+
+	// Node is the provider's node the broker debited for the reservation
+	// (empty: none); the placeholder pod prefers it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node,omitempty"`
 }
 
 // ProviderInstructionStatus tells whether the capacity is set aside.
@@ -39,7 +48,34 @@ type ProviderInstructionStatus struct {
 	// +optional
 	GrantedAt *metav1.Time `json:"grantedAt,omitempty"`
 
-	// Conditions: Enforced.
+	// Held is true while the reservation's placeholder pod is bound to a
+	// node (HeldNode): the capacity is held by the provider's scheduler.
+	// +optional
+	Held bool `json:"held,omitempty"`
+
+	// HeldNode is the node of the placeholder pod (or, once it gave way, of
+	// the placement last granted).
+	// +optional
+	HeldNode string `json:"heldNode,omitempty"`
+
+	// PlacementNode is the node last sent to the requester in the grant's
+	// placement (empty: granted without placement).
+	// +optional
+	PlacementNode string `json:"placementNode,omitempty"`
+
+	// Superseded is true once a tenant pod of the reservation appeared: its
+	// placeholder gave way to it (or is not needed) and is never recreated.
+	// +optional
+	Superseded bool `json:"superseded,omitempty"`
+
+	// EndedAt is when this agent learnt that the reservation ended (its own
+	// clock); the tenant pods of the reservation are evicted a grace period
+	// later, then the instruction is deleted. Microseconds: the grace may be
+	// short.
+	// +optional
+	EndedAt *metav1.MicroTime `json:"endedAt,omitempty"`
+
+	// Conditions: Enforced, Held, Ended.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -47,7 +83,9 @@ type ProviderInstructionStatus struct {
 }
 
 // ProviderInstruction is the provider side of a reservation: this cluster
-// keeps capacity aside for a requester cluster.
+// keeps capacity aside for a requester cluster. One per (requester,
+// reservation id), named by provider.InstructionName: ids are scoped per
+// requester.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=pi,categories=broker
@@ -55,6 +93,9 @@ type ProviderInstructionStatus struct {
 // +kubebuilder:printcolumn:name="CPU",type=string,JSONPath=`.spec.resources.cpu`
 // +kubebuilder:printcolumn:name="Memory",type=string,JSONPath=`.spec.resources.memory`
 // +kubebuilder:printcolumn:name="Enforced",type=boolean,JSONPath=`.status.enforced`
+// +kubebuilder:printcolumn:name="Held",type=boolean,JSONPath=`.status.held`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.heldNode`
+// +kubebuilder:printcolumn:name="Ended",type=string,JSONPath=`.status.conditions[?(@.type=="Ended")].reason`
 // +kubebuilder:printcolumn:name="Namespace",type=string,JSONPath=`.status.tenantNamespace`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ProviderInstruction struct {

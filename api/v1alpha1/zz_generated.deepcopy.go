@@ -343,6 +343,10 @@ func (in *ProviderInstructionStatus) DeepCopyInto(out *ProviderInstructionStatus
 		in, out := &in.GrantedAt, &out.GrantedAt
 		*out = (*in).DeepCopy()
 	}
+	if in.EndedAt != nil {
+		in, out := &in.EndedAt, &out.EndedAt
+		*out = (*in).DeepCopy()
+	}
 	if in.Conditions != nil {
 		in, out := &in.Conditions, &out.Conditions
 		*out = make([]metav1.Condition, len(*in))

@@ -23,6 +23,7 @@ import (
 	"github.com/fluidos-project/resource-broker/agent"
 	"github.com/fluidos-project/resource-broker/agent/bridge"
 	"github.com/fluidos-project/resource-broker/agent/bridge/virtualkubelet"
+	"github.com/fluidos-project/resource-broker/agent/provider"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
@@ -57,6 +58,11 @@ type options struct {
 	probeAddr          string
 	pprofAddr          string
 	reserveWorkers     int
+	providerHold       bool
+	holdPriority       int32
+	placeholderImage   string
+	holdTimeout        time.Duration
+	evictionGrace      time.Duration
 }
 
 func main() {
@@ -110,6 +116,15 @@ func newCommand() *cobra.Command {
 	f.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints, e.g. 127.0.0.1:6060 (empty or 0: off)")
 	f.IntVar(&o.reserveWorkers, "reservation-workers", agent.DefaultReservationWorkers,
 		"Reservations reconciled at once (the controller's MaxConcurrentReconciles; each mostly waits for the broker and the API server)")
+	f.BoolVar(&o.providerHold, "provider-hold", true,
+		"hold each provided reservation's capacity with a placeholder pod (PriorityClass rb-placeholder) and pin its tenant pod to the placeholder's node at rb-tenant; false: no placeholders, grants without placement")
+	f.Int32Var(&o.holdPriority, "hold-priority", provider.DefaultHoldPriority,
+		"value of the rb-placeholder PriorityClass (preemptionPolicy Never; rb-tenant is one more): above this cluster's ordinary workloads, below 1000000000")
+	f.StringVar(&o.placeholderImage, "placeholder-image", provider.DefaultPlaceholderImage, "image of the placeholder pods (a pause image)")
+	f.DurationVar(&o.holdTimeout, "hold-timeout", provider.DefaultHoldTimeout,
+		"how long a reservation's first grant waits for its placeholder to be bound; then it is granted without placement (a later grant carries it)")
+	f.DurationVar(&o.evictionGrace, "eviction-grace", provider.DefaultEvictionGrace,
+		"how long the tenant pods of a provided reservation that ended (lease lapsed, released) may still run before they are evicted")
 	gf := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(gf)
 	f.AddGoFlagSet(gf)
@@ -165,6 +180,9 @@ func (o options) validate() error {
 	if o.kubeletCertWait <= 0 {
 		errs = append(errs, errors.New("--kubelet-serving-cert-timeout must be positive"))
 	}
+	if o.holdTimeout <= 0 || o.evictionGrace < 0 {
+		errs = append(errs, errors.New("--hold-timeout must be positive and --eviction-grace not negative"))
+	}
 	if o.reserveWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--reservation-workers %d: want at least 1", o.reserveWorkers))
 	}
@@ -189,6 +207,9 @@ func run(o options) error {
 		ClusterID: o.clusterID, Broker: bc, Namespace: o.namespace, Endpoint: o.endpoint,
 		Labels: o.labels, Prices: prices, TokenTTL: o.tokenTTL, Debounce: o.debounce, PublishPeriod: o.publishPeriod,
 		ReservationWorkers: o.reserveWorkers,
+		NoProviderHold:     !o.providerHold, HoldPriority: o.holdPriority, PlaceholderImage: o.placeholderImage,
+		// 0 means the default there: a nanosecond is "at once".
+		HoldTimeout: o.holdTimeout, EvictionGrace: max(o.evictionGrace, time.Nanosecond),
 	}
 	if o.bridge != "none" {
 		ao.Bridge = o.bridge

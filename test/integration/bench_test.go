@@ -583,10 +583,10 @@ func (s *stages) handler(provider string) func(any) {
 				s.mark(key, stNamed, now)
 			}
 		case *rbv1.ProviderInstruction:
-			m := s.pi[o.Name]
+			m := s.pi[o.Spec.ReservationID]
 			if m == nil {
 				m = map[string]time.Time{}
-				s.pi[o.Name] = m
+				s.pi[o.Spec.ReservationID] = m
 			}
 			if _, ok := m[stInstruction]; !ok {
 				m[stInstruction] = now

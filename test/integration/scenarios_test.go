@@ -444,7 +444,7 @@ func checkBurst(t *testing.T, bed *testbed.Bed, ns string, n int) []rbv1.Reserva
 		var names []string
 		for _, p := range []string{"paris", "berlin"} {
 			for _, pi := range providerInstructions(t, bed.Cluster(p)) {
-				names = append(names, pi.Name)
+				names = append(names, pi.Spec.ReservationID)
 			}
 		}
 		extra := 0

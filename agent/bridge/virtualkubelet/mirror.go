@@ -51,6 +51,10 @@ type mirrorParams struct {
 	// the copy carries it (rbv1.ReservationLabel), so the provider can tell
 	// which reservation each of its tenant pods consumes.
 	reservation string
+	// placement is how the provider holds the reservation (its grant,
+	// mirrored into the Reservation's status.placement; nil: it holds
+	// nothing): the copy runs at its PriorityClass, pinned to its node.
+	placement *rbv1.ReservationPlacement
 }
 
 // objectRefs are the ConfigMaps and Secrets (local names) a pod uses.
@@ -173,6 +177,7 @@ func remotePod(local *corev1.Pod, p mirrorParams) (*corev1.Pod, error) {
 		spec.Hostname = local.Name // what the pod would see as its host name here
 	}
 	dropNodeSelection(spec, p.node)
+	applyPlacement(spec, p.placement)
 
 	// Drop the token volume and its mounts.
 	dropped := map[string]bool{}
@@ -344,6 +349,34 @@ func dropNodeSelection(spec *corev1.PodSpec, node *corev1.Node) {
 	spec.Tolerations = slices.DeleteFunc(spec.Tolerations, func(t corev1.Toleration) bool { return t.Key != "" && taints[t.Key] })
 	if len(spec.Tolerations) == 0 {
 		spec.Tolerations = nil
+	}
+}
+
+// applyPlacement pins the copy to the node where the provider holds its
+// capacity (a placeholder pod) at the PriorityClass one above the
+// placeholder's: there the scheduler preempts the placeholder, and nothing
+// else, for it. Priority is cleared so that the provider's admission sets it
+// from the class. Every required nodeSelectorTerm (they are ORed) gains the
+// hostname expression, so none of them lets the copy elsewhere.
+func applyPlacement(spec *corev1.PodSpec, p *rbv1.ReservationPlacement) {
+	if p == nil || p.Node == "" {
+		return
+	}
+	spec.PriorityClassName, spec.Priority, spec.PreemptionPolicy = p.PriorityClassName, nil, nil
+	pin := corev1.NodeSelectorRequirement{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{p.Node}}
+	if spec.Affinity == nil {
+		spec.Affinity = &corev1.Affinity{}
+	}
+	if spec.Affinity.NodeAffinity == nil {
+		spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
+	}
+	na := spec.Affinity.NodeAffinity
+	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil || len(na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) == 0 {
+		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{}}}
+	}
+	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	for i := range terms {
+		terms[i].MatchExpressions = append(terms[i].MatchExpressions, pin)
 	}
 }
 

@@ -289,3 +289,50 @@ func TestObjectMirrorCountsUsers(t *testing.T) {
 	assert.Empty(t, m.users)
 	assert.Empty(t, m.byPod)
 }
+
+// TestCopyAppliesPlacement: a reservation the provider holds pins the copy to
+// the placeholder's node at rb-tenant; every required term gains the pin.
+func TestCopyAppliesPlacement(t *testing.T) {
+	placement := &rbv1.ReservationPlacement{Node: "paris-2", PriorityClassName: rbv1.TenantPriorityClass}
+	pin := corev1.NodeSelectorRequirement{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"paris-2"}}
+
+	local := testPod()
+	local.Spec.PriorityClassName, local.Spec.Priority = "business-critical", ptrTo(int32(5000))
+	remote, err := remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", reservation: "uid-r1", placement: placement})
+	require.NoError(t, err)
+	assert.Equal(t, rbv1.TenantPriorityClass, remote.Spec.PriorityClassName)
+	assert.Nil(t, remote.Spec.Priority, "the provider's admission sets it from the class")
+	assert.Nil(t, remote.Spec.PreemptionPolicy)
+	req := remote.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	require.NotNil(t, req)
+	assert.Equal(t, []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{pin}}}, req.NodeSelectorTerms)
+
+	// Two ORed terms of carried labels: both gain the pin.
+	local = testPod()
+	local.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{
+			{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelTopologyZone, Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}},
+			{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"arm64"}}}},
+		}},
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{Weight: 5, Preference: corev1.NodeSelectorTerm{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelArchStable, Operator: corev1.NodeSelectorOpIn, Values: []string{"amd64"}}}}}},
+	}}
+	remote, err = remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", placement: placement})
+	require.NoError(t, err)
+	terms := remote.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	require.Len(t, terms, 2)
+	for _, term := range terms {
+		require.Len(t, term.MatchExpressions, 2)
+		assert.Equal(t, pin, term.MatchExpressions[1])
+	}
+	assert.Len(t, remote.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution, 1, "preferences stay as they were")
+	assert.Equal(t, corev1.LabelTopologyZone, terms[0].MatchExpressions[0].Key, "the pod's own terms are not changed otherwise")
+	assert.Len(t, local.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions, 1,
+		"the local pod is not touched")
+
+	// No placement: the copy is as before.
+	remote, err = remotePod(testPod(), mirrorParams{clusterID: "rome", namespace: "rb-rome"})
+	require.NoError(t, err)
+	assert.Empty(t, remote.Spec.PriorityClassName)
+	assert.Nil(t, remote.Spec.Affinity)
+}

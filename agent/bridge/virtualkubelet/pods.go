@@ -72,7 +72,7 @@ func (h *podHandler) create(ctx context.Context, pod *corev1.Pod) error {
 	}
 	params := h.n.mirrorParams(rc)
 	if r := h.n.reservationOf(ctx, pod); r != nil {
-		params.reservation = string(r.UID)
+		params.reservation, params.placement = string(r.UID), r.Status.Placement
 	}
 	desired, err := remotePod(pod, params)
 	if err != nil {
@@ -115,7 +115,7 @@ func (h *podHandler) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	params := h.n.mirrorParams(rc)
 	if r := h.n.reservationOf(ctx, pod); r != nil {
-		params.reservation = string(r.UID)
+		params.reservation, params.placement = string(r.UID), r.Status.Placement
 	}
 	desired, err := remotePod(pod, params)
 	if err != nil {

@@ -1,0 +1,278 @@
+package provider
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
+)
+
+// The provider-side hold (agent/README.md): a placeholder pod per live
+// reservation, in the tenant namespace, requests = the reservation, at
+// PriorityClass rb-placeholder (above ordinary workloads, preemptionPolicy
+// Never). Once the scheduler binds it, the grant carries its node and
+// rb-tenant; the requester's bridge pins the copy there at rb-tenant, and
+// the scheduler preempts the placeholder for it.
+
+// Defaults of the hold.
+const (
+	DefaultPlaceholderImage = "registry.k8s.io/pause:3.10"
+	DefaultHoldTimeout      = 10 * time.Second
+	DefaultEvictionGrace    = 30 * time.Second
+)
+
+// InstructionName is the name of the ProviderInstruction of reservation id
+// of requester: "<requester>.<id>". Ids are scoped per requester, and a
+// requester (a DNS label) has no dots, so two requesters' identical ids
+// never collide; only a name longer than an object name allows (253) is
+// shortened with a hash of the pair.
+func InstructionName(requester, id string) string {
+	return scopedName(requester+"."+id, requester+"/"+id)
+}
+
+// PlaceholderName is the name of the placeholder pod of reservation id in
+// its requester's tenant namespace.
+func PlaceholderName(id string) string {
+	return scopedName("rb-hold-"+id, id)
+}
+
+// scopedName is full if it is a valid object name, else a prefix of it and
+// a hash of key.
+func scopedName(full, key string) string {
+	if len(validation.IsDNS1123Subdomain(full)) == 0 {
+		return full
+	}
+	sum := sha256.Sum256([]byte(key))
+	suffix := hex.EncodeToString(sum[:])[:16]
+	prefix := strings.TrimRight(full[:min(len(full), validation.DNS1123SubdomainMaxLength-len(suffix)-1)], "-.")
+	return prefix + "-" + suffix
+}
+
+// reservationLabels are the labels that name a reservation on a pod; the
+// label only when the id is a valid label value (the annotation always).
+func reservationSelector(id string) (client.MatchingLabels, bool) {
+	if len(validation.IsValidLabelValue(id)) > 0 {
+		return nil, false
+	}
+	return client.MatchingLabels{rbv1.ReservationLabel: id}, true
+}
+
+// NewPlaceholder is the placeholder pod of pi in namespace ns.
+func NewPlaceholder(pi *rbv1.ProviderInstruction, ns, image string) *corev1.Pod {
+	id := pi.Spec.ReservationID
+	labels := map[string]string{rbv1.RoleLabel: rbv1.RolePlaceholder, rbv1.RequesterLabel: pi.Spec.Requester,
+		rbv1.ManagedByLabel: rbv1.ManagedByValue}
+	if _, ok := reservationSelector(id); ok {
+		labels[rbv1.ReservationLabel] = id
+	}
+	requests := pi.Spec.Resources.DeepCopy()
+	limits := corev1.ResourceList{}
+	for name, q := range requests {
+		// Extended resources (nvidia.com/gpu) cannot be overcommitted: limits = requests.
+		if strings.Contains(string(name), "/") && !strings.HasPrefix(string(name), corev1.ResourceDefaultNamespacePrefix) {
+			limits[name] = q
+		}
+	}
+	if len(limits) == 0 {
+		limits = nil
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: PlaceholderName(id), Namespace: ns, Labels: labels,
+			Annotations: map[string]string{rbv1.ReservationIDAnnotation: id}},
+		Spec: corev1.PodSpec{
+			PriorityClassName:             rbv1.PlaceholderPriorityClass,
+			AutomountServiceAccountToken:  ptr.To(false),
+			EnableServiceLinks:            ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To(int64(0)),
+			Containers: []corev1.Container{{
+				Name:      "hold",
+				Image:     image,
+				Resources: corev1.ResourceRequirements{Requests: requests, Limits: limits},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false),
+					RunAsNonRoot:             ptr.To(true),
+					RunAsUser:                ptr.To(int64(65535)),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+			}},
+		},
+	}
+	if pi.Spec.Node != "" {
+		// Preferred, not required: the broker's debit is a hint; any node
+		// with room holds the capacity as well.
+		pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{
+				Weight: 100,
+				Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
+					Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{pi.Spec.Node}}}},
+			}},
+		}}
+	}
+	return pod
+}
+
+// reservationPods lists the pods of reservation id in ns: its placeholder
+// (nil if none) and its tenant pods.
+func (r *TenantReconciler) reservationPods(ctx context.Context, ns, id string) (*corev1.Pod, []*corev1.Pod, error) {
+	var list corev1.PodList
+	opts := []client.ListOption{client.InNamespace(ns)}
+	if sel, ok := reservationSelector(id); ok {
+		opts = append(opts, sel)
+	}
+	if err := r.Client.List(ctx, &list, opts...); err != nil {
+		return nil, nil, err
+	}
+	var placeholder *corev1.Pod
+	var tenants []*corev1.Pod
+	for i := range list.Items {
+		p := &list.Items[i]
+		if p.Labels[rbv1.ReservationLabel] != id && p.Annotations[rbv1.ReservationIDAnnotation] != id {
+			continue
+		}
+		if p.Labels[rbv1.RoleLabel] == rbv1.RolePlaceholder && p.Labels[rbv1.ManagedByLabel] == rbv1.ManagedByValue {
+			if p.Name == PlaceholderName(id) {
+				placeholder = p
+			}
+			continue
+		}
+		tenants = append(tenants, p)
+	}
+	return placeholder, tenants, nil
+}
+
+// holdState is what the hold of one live instruction found.
+type holdState struct {
+	// placement to grant (nil: none, yet).
+	placement *api.Placement
+	// waiting: the placeholder is not bound yet, and the first grant waits
+	// for it until deadline.
+	waiting  bool
+	deadline time.Time
+	// changed: pi's status changed (to be written).
+	changed bool
+}
+
+// hold keeps pi's placeholder and tells how to grant.
+func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.ProviderInstruction) (holdState, error) {
+	var st holdState
+	logger := log.FromContext(ctx).WithValues("reservation", pi.Spec.ReservationID, "requester", pi.Spec.Requester)
+	placeholder, tenants, err := r.reservationPods(ctx, ns, pi.Spec.ReservationID)
+	if err != nil {
+		return st, err
+	}
+	setHeld := func(held bool, node, reason, msg string) {
+		if pi.Status.Held != held || (held && pi.Status.HeldNode != node) {
+			st.changed = true
+			pi.Status.Held = held
+			if node != "" {
+				pi.Status.HeldNode = node
+			}
+		}
+		status := metav1.ConditionFalse
+		if held {
+			status = metav1.ConditionTrue
+		}
+		if meta.SetStatusCondition(&pi.Status.Conditions, metav1.Condition{Type: rbv1.ConditionHeld, Status: status,
+			Reason: reason, Message: msg, ObservedGeneration: pi.Generation}) {
+			st.changed = true
+		}
+	}
+	if len(tenants) > 0 && !pi.Status.Superseded {
+		// Its tenant pod has come: the placeholder gives way (the scheduler
+		// preempts it for a pinned copy) and is never made again.
+		pi.Status.Superseded = true
+		st.changed = true
+		r.Recorder.Eventf(pi, corev1.EventTypeNormal, "Superseded", "tenant pod %s/%s of the reservation appeared; the placeholder gives way to it",
+			ns, tenants[0].Name)
+	}
+	if pi.Status.Superseded {
+		bound := ""
+		for _, p := range tenants {
+			if p.Spec.NodeName != "" {
+				bound = p.Spec.NodeName
+			}
+		}
+		// A placeholder the scheduler has not preempted (the tenant pod runs
+		// elsewhere, unpinned) would hold the capacity twice: remove it.
+		if placeholder != nil && bound != "" && placeholder.DeletionTimestamp.IsZero() {
+			if err := r.Client.Delete(ctx, placeholder); client.IgnoreNotFound(err) != nil {
+				return st, err
+			}
+			logger.V(1).Info("placeholder removed: its tenant pod is bound", "node", bound)
+		}
+		if pi.Status.PlacementNode != "" {
+			st.placement = &api.Placement{Node: pi.Status.PlacementNode, PriorityClassName: rbv1.TenantPriorityClass}
+		}
+		if bound != "" {
+			setHeld(false, "", "TenantPodBound", "tenant pod bound to "+bound+"; the placeholder gave way")
+		}
+		return st, nil
+	}
+	if placeholder == nil || !placeholder.DeletionTimestamp.IsZero() {
+		if placeholder == nil {
+			want := NewPlaceholder(pi, ns, r.PlaceholderImage)
+			if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+				setHeld(false, "", "PlaceholderFailed", err.Error())
+				r.Recorder.Eventf(pi, corev1.EventTypeWarning, "PlaceholderFailed", "placeholder pod %s/%s: %v", ns, want.Name, err)
+				return st, err
+			}
+			logger.V(1).Info("placeholder created", "pod", ns+"/"+want.Name, "preferredNode", pi.Spec.Node)
+		}
+		if pi.Status.Held {
+			setHeld(false, "", "PlaceholderGone", "the placeholder pod was removed; a new one waits for a node")
+		}
+		st.waiting, st.deadline = true, r.holdDeadline(pi)
+		return st, nil
+	}
+	if placeholder.Spec.NodeName == "" {
+		if !pi.Status.Held && meta.FindStatusCondition(pi.Status.Conditions, rbv1.ConditionHeld) == nil {
+			setHeld(false, "", "Pending", "the placeholder pod waits for a node")
+		}
+		st.waiting, st.deadline = true, r.holdDeadline(pi)
+		return st, nil
+	}
+	node := placeholder.Spec.NodeName
+	if !pi.Status.Held || pi.Status.HeldNode != node {
+		r.Recorder.Eventf(pi, corev1.EventTypeNormal, "Held", "placeholder pod %s/%s holds the capacity on node %s", ns, placeholder.Name, node)
+	}
+	setHeld(true, node, "PlaceholderBound", "placeholder pod "+placeholder.Name+" bound to node "+node)
+	r.forgetHoldStart(pi)
+	st.placement = &api.Placement{Node: node, PriorityClassName: rbv1.TenantPriorityClass}
+	return st, nil
+}
+
+// holdDeadline is when the first grant of pi stops waiting for its
+// placeholder: HoldTimeout after this process first saw it waiting.
+func (r *TenantReconciler) holdDeadline(pi *rbv1.ProviderInstruction) time.Time {
+	r.tokensMu.Lock()
+	defer r.tokensMu.Unlock()
+	if r.holdStart == nil {
+		r.holdStart = map[string]time.Time{}
+	}
+	start, ok := r.holdStart[string(pi.UID)]
+	if !ok {
+		start = time.Now()
+		r.holdStart[string(pi.UID)] = start
+	}
+	return start.Add(r.HoldTimeout)
+}
+
+func (r *TenantReconciler) forgetHoldStart(pi *rbv1.ProviderInstruction) {
+	r.tokensMu.Lock()
+	defer r.tokensMu.Unlock()
+	delete(r.holdStart, string(pi.UID))
+}
