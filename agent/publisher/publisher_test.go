@@ -532,7 +532,7 @@ func TestNodesReachTheBroker(t *testing.T) {
 	}))
 	tb.waitStored(10*time.Second, "the pod in n1's figures, its reservation listed", func(c store.Cluster) bool {
 		return len(c.Nodes) == 1 && c.Nodes[0].Allocated.CPU == 1000 && len(c.NodesReserved) == 0 &&
-			slices.Equal(c.ReservationsOnNodes, []string{"resv-1"})
+			slices.Equal(c.ReservationsOnNodes, []string{"milan/resv-1"})
 	})
 	c, _ = tb.stored()
 	require.Zero(t, c.Allocated.CPU, "the totals leave tenant pods out, as before")
