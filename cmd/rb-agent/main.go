@@ -23,6 +23,7 @@ import (
 	"github.com/fluidos-project/resource-broker/agent"
 	"github.com/fluidos-project/resource-broker/agent/bridge"
 	"github.com/fluidos-project/resource-broker/agent/bridge/virtualkubelet"
+	"github.com/fluidos-project/resource-broker/agent/reservation"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
@@ -57,6 +58,9 @@ type options struct {
 	probeAddr          string
 	pprofAddr          string
 	reserveWorkers     int
+	leaseLength        time.Duration
+	holdTime           time.Duration
+	renewInterval      time.Duration
 }
 
 func main() {
@@ -110,6 +114,12 @@ func newCommand() *cobra.Command {
 	f.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints, e.g. 127.0.0.1:6060 (empty or 0: off)")
 	f.IntVar(&o.reserveWorkers, "reservation-workers", agent.DefaultReservationWorkers,
 		"Reservations reconciled at once (the controller's MaxConcurrentReconciles; each mostly waits for the broker and the API server)")
+	f.DurationVar(&o.leaseLength, "lease-length", reservation.DefaultLeaseLength,
+		"lease of a reservation opened for a pod: the broker ends it this long after its last renewal (renewed while the pod is bound and runs)")
+	f.DurationVar(&o.holdTime, "hold-time", reservation.DefaultHoldTime,
+		"how long a reservation opened for a pod is held, once decided, for the pod to be bound (a Reservation's spec.duration overrides it)")
+	f.DurationVar(&o.renewInterval, "lease-renew-interval", reservation.DefaultRenewInterval,
+		"how often the leases of bound, running pods are renewed, in batches (at most a third of --lease-length and of --hold-time)")
 	gf := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(gf)
 	f.AddGoFlagSet(gf)
@@ -168,6 +178,12 @@ func (o options) validate() error {
 	if o.reserveWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--reservation-workers %d: want at least 1", o.reserveWorkers))
 	}
+	if o.leaseLength <= 0 || o.holdTime <= 0 || o.renewInterval <= 0 {
+		errs = append(errs, errors.New("--lease-length, --hold-time and --lease-renew-interval must be positive"))
+	} else {
+		lo := agent.Options{LeaseLength: o.leaseLength, HoldTime: o.holdTime, RenewInterval: o.renewInterval}
+		errs = append(errs, lo.ValidateLease())
+	}
 	return errors.Join(errs...)
 }
 
@@ -188,7 +204,7 @@ func run(o options) error {
 	ao := agent.Options{
 		ClusterID: o.clusterID, Broker: bc, Namespace: o.namespace, Endpoint: o.endpoint,
 		Labels: o.labels, Prices: prices, TokenTTL: o.tokenTTL, Debounce: o.debounce, PublishPeriod: o.publishPeriod,
-		ReservationWorkers: o.reserveWorkers,
+		ReservationWorkers: o.reserveWorkers, LeaseLength: o.leaseLength, HoldTime: o.holdTime, RenewInterval: o.renewInterval,
 	}
 	if o.bridge != "none" {
 		ao.Bridge = o.bridge
