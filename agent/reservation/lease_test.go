@@ -329,8 +329,9 @@ func TestRenewalRound(t *testing.T) {
 	calls := b.calls["renew"]
 	assert.Zero(t, w2.Round(context.Background(), nil, time.Now().Add(time.Second)))
 	assert.Equal(t, calls+1, b.calls["renew"], "a 404 (a broker without renewals) is not retried")
-	b.renew = func([]string) (api.RenewResponse, error) { return api.RenewResponse{}, errors.New("connection refused") }
-	_ = brokerclient.IsRetryable // transport errors are retryable; the deadline stops them
+	b.renew = func([]string) (api.RenewResponse, error) {
+		return api.RenewResponse{}, errors.New("connection refused")
+	}
 	began := time.Now()
 	w2.Round(context.Background(), nil, time.Now().Add(100*time.Millisecond))
 	assert.Less(t, time.Since(began), time.Second)
