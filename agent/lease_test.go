@@ -76,6 +76,7 @@ func TestReleasedWhenPodEnds(t *testing.T) {
 	rome := newCluster(t, b, "rome")
 	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
 	rome.startAgent()
+	bc := rome.brokerClient() // the requester's view, by its own ids
 
 	var latencies []time.Duration
 	for _, end := range []string{"Succeeded", "Failed", "deleted", "Succeeded-2", "Failed-2", "deleted-2"} {
@@ -95,7 +96,7 @@ func TestReleasedWhenPodEnds(t *testing.T) {
 			require.NoError(t, rome.client.Delete(ctx, pod, client.GracePeriodSeconds(0)))
 		}
 		require.Eventually(t, func() bool {
-			r, err := b.Store.Reservation(ctx, id)
+			r, err := bc.Reservation(ctx, id)
 			return err == nil && r.Phase == "Released"
 		}, 10*time.Second, 5*time.Millisecond, "pod %s: released at the broker", end)
 		took := time.Since(began)
@@ -185,11 +186,15 @@ func TestLeaseRenewedWhileBound(t *testing.T) {
 	require.NoError(t, rome.client.Create(ctx, rsvLost))
 
 	got := rome.waitPhase(rsvBound.Name, rbv1.ReservationReserved, 10*time.Second)
+	bc := rome.brokerClient()
+	at, err := bc.Reservation(ctx, got.Status.ReservationID)
+	require.NoError(t, err)
+	if at.Lease == "" {
+		t.Skip("this broker does not keep leases (before the broker's side of issue 15)")
+	}
+	assert.Equal(t, "2s", at.Lease, "asked as a lease")
 	require.NotNil(t, got.Status.Lease, "status.lease shows the lease")
 	assert.Equal(t, lease, got.Status.Lease.Duration)
-	at, err := b.Store.Reservation(ctx, got.Status.ReservationID)
-	require.NoError(t, err)
-	t.Logf("broker: %+v", at)
 	idBound := got.Status.ReservationID
 	lostRsv := rome.waitPhase(rsvLost.Name, rbv1.ReservationReserved, 10*time.Second)
 	cr.mu.Lock()
@@ -203,9 +208,10 @@ func TestLeaseRenewedWhileBound(t *testing.T) {
 
 	// Ten lease lengths: still held, renewed about every interval.
 	time.Sleep(10 * lease)
-	r, err := b.Store.Reservation(ctx, idBound)
+	r, err := bc.Reservation(ctx, idBound)
 	require.NoError(t, err)
 	assert.Equal(t, "Reserved", r.Phase, "renewed while its pod runs")
+	assert.Positive(t, r.RemainingMs)
 	n := cr.count(idBound)
 	t.Logf("%d renewals of the bound pod's lease in %s (interval %s)", n, (10 * lease).String(), every)
 	assert.GreaterOrEqual(t, n, int(10*lease/every)/2)
@@ -218,7 +224,7 @@ func TestLeaseRenewedWhileBound(t *testing.T) {
 	// The pod ends: released at once.
 	rome.setPodPhase(bound, corev1.PodSucceeded)
 	require.Eventually(t, func() bool {
-		r, err := b.Store.Reservation(ctx, idBound)
+		r, err := bc.Reservation(ctx, idBound)
 		return err == nil && r.Phase == "Released"
 	}, 5*time.Second, 10*time.Millisecond)
 	require.NoError(t, rome.client.Get(ctx, types.NamespacedName{Namespace: "default", Name: rsvLost.Name}, &rbv1.Reservation{}),
