@@ -5,6 +5,7 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -57,6 +58,14 @@ type Options struct {
 	// (the controller's MaxConcurrentReconciles; default DefaultReservationWorkers).
 	// One object is never reconciled by two workers at the same time.
 	ReservationWorkers int
+	// LeaseLength, HoldTime and RenewInterval shape the lease of a
+	// Reservation opened for a pod (defaults reservation.DefaultLeaseLength,
+	// DefaultHoldTime and DefaultRenewInterval): the broker holds it
+	// HoldTime for its pod to be bound, then LeaseLength after each renewal;
+	// the agent renews every RenewInterval, at most a third of either.
+	LeaseLength, HoldTime, RenewInterval time.Duration
+	// RenewBroker, when set, replaces Broker for lease renewals (tests).
+	RenewBroker reservation.Renewing
 	// Bridge is how won reservations become nodes (bridge.ModeVirtualKubelet or
 	// bridge.ModeLiqo); empty: no bridge.
 	Bridge string
@@ -111,8 +120,31 @@ func (o *Options) Validate() error {
 	if o.HoldTimeout < 0 || o.EvictionGrace < 0 {
 		errs = append(errs, errors.New("--hold-timeout and --eviction-grace must not be negative"))
 	}
+	errs = append(errs, o.ValidateLease())
 	if o.TokenTTL != 0 && o.TokenTTL < 10*time.Minute {
 		errs = append(errs, fmt.Errorf("--token-ttl %s is below the TokenRequest minimum of 10m", o.TokenTTL))
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateLease checks the lease knobs, defaults in place of zeros: a
+// renewal interval well below the lease length and the hold time, so that
+// a lease outlives a few missed rounds.
+func (o *Options) ValidateLease() error {
+	lease, hold, every := cmp.Or(o.LeaseLength, reservation.DefaultLeaseLength), cmp.Or(o.HoldTime, reservation.DefaultHoldTime),
+		cmp.Or(o.RenewInterval, reservation.DefaultRenewInterval)
+	var errs []error
+	if lease < 0 || hold < 0 || every < 0 {
+		return errors.New("--lease-length, --hold-time and --lease-renew-interval must be positive")
+	}
+	if lease < time.Second {
+		errs = append(errs, fmt.Errorf("--lease-length %s: want at least 1s", lease))
+	}
+	if every > lease/3 {
+		errs = append(errs, fmt.Errorf("--lease-renew-interval %s: want at most a third of --lease-length %s, so that a lease survives two missed renewals", every, lease))
+	}
+	if every > hold/3 {
+		errs = append(errs, fmt.Errorf("--lease-renew-interval %s: want at most a third of --hold-time %s", every, hold))
 	}
 	return errors.Join(errs...)
 }
@@ -174,15 +206,30 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if o.ReserveBroker != nil {
 		rb = o.ReserveBroker
 	}
+	pods, err := reservation.NewPodTracker(mgr)
+	if err != nil {
+		return fmt.Errorf("pod tracker: %w", err)
+	}
 	rec := &reservation.Reconciler{
 		Client: mgr.GetClient(), Broker: rb, Recorder: mgr.GetEventRecorderFor("rb-agent"),
 		MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxConcurrentReconciles: o.ReservationWorkers,
+		LeaseLength: o.LeaseLength, HoldTime: o.HoldTime, Pods: pods,
 	}
 	if rec.MaxConcurrentReconciles == 0 {
 		rec.MaxConcurrentReconciles = DefaultReservationWorkers
 	}
 	if err := rec.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("reservation reconciler: %w", err)
+	}
+	var renew reservation.Renewing = o.Broker
+	if o.RenewBroker != nil {
+		renew = o.RenewBroker
+	}
+	renewer := &reservation.Renewer{Client: mgr.GetClient(), Broker: renew, Pods: pods, Enqueue: rec.Enqueue,
+		Interval: o.RenewInterval, Log: mgr.GetLogger().WithName("renewer")}
+	pods.OnEnded, pods.OnBound = rec.EnqueueAll, renewer.Bound
+	if err := mgr.Add(renewer); err != nil {
+		return fmt.Errorf("renewer: %w", err)
 	}
 	if o.Bridge != "" {
 		bo := o.BridgeOptions

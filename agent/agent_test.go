@@ -176,6 +176,8 @@ func TestReservationAcrossClusters(t *testing.T) {
 	assert.Equal(t, string(rsv.UID), rsv.Status.ReservationID, "idempotency id = UID")
 	assert.Contains(t, rsv.Finalizers, rbv1.ReleaseFinalizer)
 	assert.Equal(t, metav1.ConditionTrue, condition(rsv, rbv1.ConditionReserved).Status)
+	assert.Equal(t, metav1.ConditionTrue, condition(rsv, rbv1.ConditionReady).Status, "Ready exactly while Active")
+	assert.Nil(t, rsv.Status.Lease, "a manual reservation is no lease")
 
 	// paris: instruction, tenant namespace, quota = the reservation.
 	var pi rbv1.ProviderInstruction
@@ -243,8 +245,9 @@ func TestReservationAcrossClusters(t *testing.T) {
 	require.NoError(t, b.Store.CheckInvariant(ctx))
 }
 
-// TestQueuedUntilCapacity: a refused reservation shows the broker's reason and
-// is retried with back-off until a provider can take it.
+// TestQueuedUntilCapacity: a reservation refused for lack of capacity stays
+// Pending (Failed is final) with Reserved=False and the broker's reason,
+// and is retried until a provider can take it.
 func TestQueuedUntilCapacity(t *testing.T) {
 	ctx := context.Background()
 	b := brokertest.Start(t, brokertest.Options{})
@@ -253,12 +256,18 @@ func TestQueuedUntilCapacity(t *testing.T) {
 	rome.startAgent()
 
 	require.NoError(t, rome.client.Create(ctx, reservationObj("big", "4", "4Gi")))
-	rsv := rome.waitPhase("big", rbv1.ReservationFailed, 10*time.Second)
-	assert.Equal(t, "NoCapacity", rsv.Status.Reason)
+	rsv := &rbv1.Reservation{}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		require.NoError(c, rome.client.Get(ctx, types.NamespacedName{Namespace: "default", Name: "big"}, rsv))
+		assert.Equal(c, rbv1.ReservationPending, rsv.Status.Phase)
+		assert.Equal(c, "NoCapacity", rsv.Status.Reason)
+	}, 10*time.Second, 20*time.Millisecond)
 	assert.Contains(t, rsv.Status.Message, "insufficient_cpu=1")
 	cond := condition(rsv, rbv1.ConditionReserved)
 	assert.Equal(t, metav1.ConditionFalse, cond.Status)
 	assert.Equal(t, "NoCapacity", cond.Reason)
+	assert.Contains(t, cond.Message, "insufficient_cpu=1", "the broker's reason")
+	assert.Equal(t, metav1.ConditionFalse, condition(rsv, rbv1.ConditionReady).Status)
 
 	b.Advertise("berlin", "16", "64Gi", "", "0.05", nil) // capacity appears
 	rsv = rome.waitPhase("big", rbv1.ReservationReserved, 10*time.Second)

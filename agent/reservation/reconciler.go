@@ -4,6 +4,11 @@
 // reservations with back-off until capacity appears, and releases at the
 // broker before the object goes away (finalizer).
 //
+// A Reservation opened for a pod (spec.podName) is a lease: it is asked for
+// with LeaseLength and a hold time, the Renewer renews it while its pod is
+// bound and running, and it is deleted (so released) as soon as its pod is
+// deleted, Succeeded or Failed (see pods.go).
+//
 // Several Reservations are reconciled at once (MaxConcurrentReconciles); the
 // controller's work queue never hands the same object to two workers at the
 // same time, and the reconciler keeps no state of its own between calls: all
@@ -16,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +57,20 @@ import (
 // UIDIndex indexes Reservations by UID, the id they carry at the broker.
 const UIDIndex = "metadata.uid"
 
+// PodIndex indexes Reservations by the pod they were opened for,
+// <namespace>/<spec.podName>.
+const PodIndex = "spec.podName"
+
+// Defaults of the lease of a Reservation opened for a pod.
+const (
+	// DefaultLeaseLength: how long a lease lives after each renewal. Long
+	// enough to outlast a broker failover and a few missed renewals.
+	DefaultLeaseLength = 2 * time.Minute
+	// DefaultHoldTime: how long a granted lease waits for its pod to be
+	// bound before the broker ends it.
+	DefaultHoldTime = 2 * time.Minute
+)
+
 // Broker is what the reconciler needs of the broker client.
 type Broker interface {
 	Reserve(ctx context.Context, r api.ReservationRequest) (api.Reservation, error)
@@ -79,6 +99,20 @@ type Reconciler struct {
 	// once (default 1). Everything the reconciler shares between objects is
 	// safe for concurrent use: the clients, the recorder, the metrics.
 	MaxConcurrentReconciles int
+	// LeaseLength and HoldTime are asked of the broker for a Reservation
+	// opened for a pod (spec.podName), a lease (defaults DefaultLeaseLength
+	// and DefaultHoldTime; spec.duration, when set, is the hold time).
+	LeaseLength, HoldTime time.Duration
+	// Pods tells the state of the pods Reservations were opened for; nil:
+	// a Reservation is not deleted when its pod ends (the garbage collector
+	// deletes it with its pod).
+	Pods PodLookup
+	// APIReader confirms, with a read from the API server, that a pod the
+	// cache does not show is gone before its Reservation is deleted.
+	APIReader client.Reader
+	// Now is the agent's clock (default time.Now): status.expiresAt is
+	// Now + the broker's remaining time when read.
+	Now func() time.Time
 
 	// written: the resourceVersion of this reconciler's last write of each
 	// Reservation. A reconcile that finds an older one in the cache (the
@@ -124,8 +158,8 @@ func (r *Reconciler) updateStatus(ctx context.Context, rsv *rbv1.Reservation) er
 	return nil
 }
 
-// SetupWithManager registers the reconciler and the UID index.
-func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+// defaults fills the unset knobs.
+func (r *Reconciler) defaults() {
 	if r.MinBackoff == 0 {
 		r.MinBackoff = time.Second
 	}
@@ -135,11 +169,38 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.WaitingRetry == 0 {
 		r.WaitingRetry = DefaultWaitingRetry
 	}
+	if r.LeaseLength == 0 {
+		r.LeaseLength = DefaultLeaseLength
+	}
+	if r.HoldTime == 0 {
+		r.HoldTime = DefaultHoldTime
+	}
+	if r.Now == nil {
+		r.Now = time.Now
+	}
 	if r.Notify == nil {
 		r.Notify = make(chan event.GenericEvent, 1024)
 	}
+}
+
+func indexPod(o client.Object) []string {
+	if name := o.(*rbv1.Reservation).Spec.PodName; name != "" {
+		return []string{o.GetNamespace() + "/" + name}
+	}
+	return nil
+}
+
+// SetupWithManager registers the reconciler and its indexes.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.defaults()
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &rbv1.Reservation{}, UIDIndex,
 		func(o client.Object) []string { return []string{string(o.GetUID())} }); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &rbv1.Reservation{}, PodIndex, indexPod); err != nil {
 		return err
 	}
 	if err := metrics.RegisterReservationCollector(mgr.GetCache()); err != nil {
@@ -188,16 +249,29 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !rsv.DeletionTimestamp.IsZero() {
 		return r.release(ctx, &rsv)
 	}
+	if gone, why, err := r.podGone(ctx, &rsv); err != nil {
+		return ctrl.Result{}, err
+	} else if gone {
+		return ctrl.Result{}, r.deleteForPod(ctx, &rsv, why)
+	}
+	r.defaults()
 	finalizer := r.addFinalizer(ctx, &rsv)
 	switch rsv.Status.Phase {
 	case rbv1.ReservationReleased, rbv1.ReservationExpired:
 		return ctrl.Result{}, finalizer() // over; deleting the object is the owner's business
+	case rbv1.ReservationFailed:
+		if rsv.Status.Reason != api.ReasonNoCapacity {
+			return ctrl.Result{}, finalizer() // refused for good
+		}
+		// Failed for lack of capacity: written by an agent before issue
+		// 15, for which Failed was not final. Waiting, as now.
+		return r.reserve(ctx, &rsv, finalizer)
 	case rbv1.ReservationReserved, rbv1.ReservationActive:
 		if err := finalizer(); err != nil {
 			return ctrl.Result{}, err
 		}
 		return r.refresh(ctx, &rsv)
-	default: // new, Pending, or Failed and waiting for capacity
+	default: // new, or Pending (waiting for capacity, or for the broker)
 		return r.reserve(ctx, &rsv, finalizer)
 	}
 }
@@ -242,12 +316,12 @@ func (r *Reconciler) addFinalizer(ctx context.Context, rsv *rbv1.Reservation) fu
 // release it; the next attempt asks again.
 func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation, finalizer func() error) (ctrl.Result, error) {
 	logger := log.FromContext(ctx)
-	req, err := requestFor(rsv)
+	req, err := r.requestFor(rsv)
 	if err != nil {
 		if err := finalizer(); err != nil {
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
-		return r.fail(ctx, rsv, "Invalid", err.Error(), false)
+		return r.fail(ctx, rsv, "Invalid", err.Error())
 	}
 	rsv.Status.Attempts++
 	decision, err := r.Broker.Reserve(ctx, req)
@@ -260,27 +334,33 @@ func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation, finaliz
 	}
 	switch {
 	case err == nil:
+		before := rsv.Status.Phase
 		r.mirror(rsv, decision)
 		meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
 			Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
 		if err := r.updateStatus(ctx, rsv); err != nil {
 			return ctrl.Result{}, err
 		}
-		logger.Info("reserved", "provider", decision.Provider, "score", decision.Score, "attempts", rsv.Status.Attempts)
-		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "Reserved", "reserved on %s (score %.2f) until %s",
-			decision.Provider, decision.Score, decision.ExpiresAt.Format(time.RFC3339))
-		return r.untilExpiry(rsv), nil
+		logger.Info("reserved", "provider", decision.Provider, "score", decision.Score, "attempts", rsv.Status.Attempts,
+			"phase", decision.Phase, "lease", decision.Lease, "remainingMs", decision.RemainingMs)
+		if isLive(rsv.Status.Phase) {
+			r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "Reserved", "reserved on %s (score %.2f), %s",
+				decision.Provider, decision.Score, lifetime(decision))
+		}
+		r.transitionEvent(rsv, before)
+		return r.untilExpiry(decision), nil
 	case brokerclient.IsNoCapacity(err):
-		return r.fail(ctx, rsv, "NoCapacity", err.Error(), true)
+		return r.wait(ctx, rsv, err)
 	case brokerclient.IsRetryable(err):
 		rsv.Status.Phase = rbv1.ReservationPending
+		setReady(rsv)
 		r.unsynced(rsv, err)
 		if uerr := r.updateStatus(ctx, rsv); uerr != nil {
 			return ctrl.Result{}, uerr
 		}
 		return ctrl.Result{RequeueAfter: r.backoff(rsv.Status.Attempts)}, nil
 	default: // refused for good (400, 403, conflict)
-		return r.fail(ctx, rsv, reasonOf(err), err.Error(), false)
+		return r.fail(ctx, rsv, reasonOf(err), err.Error())
 	}
 }
 
@@ -306,6 +386,7 @@ func (r *Reconciler) refresh(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 		r.mirror(rsv, at)
 	} else {
 		rsv.Status.Phase = rbv1.ReservationExpired
+		setReady(rsv)
 	}
 	if !isLive(rsv.Status.Phase) {
 		meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionFalse,
@@ -321,13 +402,33 @@ func (r *Reconciler) refresh(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 			return ctrl.Result{}, err
 		}
 	}
-	if before != rsv.Status.Phase {
-		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, string(rsv.Status.Phase), "reservation is %s at the broker", rsv.Status.Phase)
-	}
+	r.transitionEvent(rsv, before)
 	if isLive(rsv.Status.Phase) {
-		return r.untilExpiry(rsv), nil
+		return r.untilExpiry(at), nil
 	}
 	return ctrl.Result{}, nil
+}
+
+// transitionEvent records the change of phase from before, if any.
+func (r *Reconciler) transitionEvent(rsv *rbv1.Reservation, before rbv1.ReservationPhase) {
+	switch now := rsv.Status.Phase; {
+	case now == before || now == rbv1.ReservationReserved: // Reserved has its own event, with the decision
+	case now == rbv1.ReservationActive:
+		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "Active", "granted by %s: the reservation is Ready", rsv.Status.Provider)
+	case now == rbv1.ReservationExpired:
+		r.Recorder.Eventf(rsv, corev1.EventTypeWarning, "Expired", "the broker ended the reservation: its time ran out")
+	default:
+		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, string(now), "reservation is %s at the broker", now)
+	}
+}
+
+// lifetime says how long a decision lives, for its event.
+func lifetime(at api.Reservation) string {
+	left := (time.Duration(at.RemainingMs) * time.Millisecond).Round(time.Second)
+	if at.Lease != "" {
+		return fmt.Sprintf("a lease of %s renewed while its pod runs; %s to bind the pod", at.Lease, left)
+	}
+	return fmt.Sprintf("for %s", left)
 }
 
 // release gives the capacity back before the object may go.
@@ -355,7 +456,36 @@ func (r *Reconciler) release(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Patch(ctx, rsv, client.MergeFrom(before)))
 }
 
-func (r *Reconciler) fail(ctx context.Context, rsv *rbv1.Reservation, reason, msg string, retry bool) (ctrl.Result, error) {
+// wait keeps a reservation the broker refused for lack of capacity Pending,
+// with Reserved=False and the broker's reason, and asks again: within
+// WaitingRetry, to keep its place on the broker's waiting list, and at once
+// on a CapacityAvailable event.
+func (r *Reconciler) wait(ctx context.Context, rsv *rbv1.Reservation, err error) (ctrl.Result, error) {
+	reason, msg := api.ReasonNoCapacity, err.Error()
+	var apiErr *brokerclient.APIError
+	if errors.As(err, &apiErr) && apiErr.Message != "" {
+		msg = apiErr.Message
+	}
+	changed := rsv.Status.Phase != rbv1.ReservationPending || rsv.Status.Reason != reason
+	rsv.Status.Phase = rbv1.ReservationPending
+	rsv.Status.Reason, rsv.Status.Message = reason, msg
+	rsv.Status.ObservedGeneration = rsv.Generation
+	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionFalse,
+		Reason: reason, Message: msg, ObservedGeneration: rsv.Generation})
+	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
+		Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
+	setReady(rsv)
+	if err := r.updateStatus(ctx, rsv); err != nil {
+		return ctrl.Result{}, err
+	}
+	if changed {
+		r.Recorder.Event(rsv, corev1.EventTypeWarning, reason, "waiting for capacity: "+msg)
+	}
+	return ctrl.Result{RequeueAfter: min(r.backoff(rsv.Status.Attempts), r.WaitingRetry)}, nil
+}
+
+// fail marks a reservation refused for good: Failed is final.
+func (r *Reconciler) fail(ctx context.Context, rsv *rbv1.Reservation, reason, msg string) (ctrl.Result, error) {
 	changed := rsv.Status.Phase != rbv1.ReservationFailed || rsv.Status.Reason != reason
 	rsv.Status.Phase = rbv1.ReservationFailed
 	rsv.Status.Reason = reason
@@ -365,24 +495,27 @@ func (r *Reconciler) fail(ctx context.Context, rsv *rbv1.Reservation, reason, ms
 		Reason: reason, Message: msg, ObservedGeneration: rsv.Generation})
 	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
 		Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
+	setReady(rsv)
 	if err := r.updateStatus(ctx, rsv); err != nil {
 		return ctrl.Result{}, err
 	}
 	if changed {
 		r.Recorder.Event(rsv, corev1.EventTypeWarning, reason, msg)
 	}
-	if !retry {
-		return ctrl.Result{}, nil
-	}
-	after := r.backoff(rsv.Status.Attempts)
-	if reason == "NoCapacity" && r.WaitingRetry > 0 {
-		// Waiting on the broker's list: keep its place (see WaitingRetry).
-		after = min(after, r.WaitingRetry)
-	}
-	return ctrl.Result{RequeueAfter: after}, nil
+	return ctrl.Result{}, nil
 }
 
-// mirror copies the broker's reservation into status.
+// expiresAtSlack: a status.expiresAt that differs from a new reading by at
+// most this much is kept (each reading is local now + the broker's
+// remaining time, so two readings of an unchanged reservation differ by
+// the time between them and the second the API server rounds to): looking
+// again at an unchanged reservation writes nothing.
+const expiresAtSlack = 2 * time.Second
+
+// mirror copies the broker's reservation into status. Times that the
+// agent acts on come from the broker's remaining time, on this cluster's
+// clock: status.expiresAt is now + RemainingMs (never the broker's
+// ExpiresAt, whose clock need not agree with ours).
 func (r *Reconciler) mirror(rsv *rbv1.Reservation, at api.Reservation) {
 	rsv.Status.Phase = rbv1.ReservationPhase(at.Phase)
 	rsv.Status.ReservationID = at.ID
@@ -390,14 +523,54 @@ func (r *Reconciler) mirror(rsv *rbv1.Reservation, at api.Reservation) {
 	rsv.Status.Score = strconv.FormatFloat(at.Score, 'f', 2, 64)
 	rsv.Status.Reason, rsv.Status.Message = "", fmt.Sprintf("reserved on %s", at.Provider)
 	// At the precision the API server keeps (seconds), so that a status
-	// read back compares equal to the broker's view of it.
+	// read back compares equal to the broker's view of it. (For display
+	// only: nothing compares it with this cluster's clock.)
 	rsv.Status.ReservedAt = ptr.To(metav1.NewTime(at.CreatedAt).Rfc3339Copy())
-	rsv.Status.ExpiresAt = ptr.To(metav1.NewTime(at.ExpiresAt).Rfc3339Copy())
+	if isLive(rsv.Status.Phase) && at.RemainingMs > 0 {
+		exp := metav1.NewTime(r.Now().Add(time.Duration(at.RemainingMs) * time.Millisecond)).Rfc3339Copy()
+		if old := rsv.Status.ExpiresAt; old == nil || old.Sub(exp.Time).Abs() > expiresAtSlack {
+			rsv.Status.ExpiresAt = &exp
+		}
+	}
+	rsv.Status.Lease = nil
+	if at.Lease != "" {
+		if d, err := time.ParseDuration(at.Lease); err == nil {
+			rsv.Status.Lease = &metav1.Duration{Duration: d}
+		}
+	}
+	// The provider's grant says how it holds the capacity (the bridge
+	// pins the pod's copy accordingly); an answer without the grant (the
+	// decision, before any grant) keeps what was mirrored.
+	if at.Grant != nil && at.Grant.Placement != nil {
+		rsv.Status.Placement = &rbv1.ReservationPlacement{Node: at.Grant.Placement.Node, PriorityClassName: at.Grant.Placement.PriorityClassName}
+	}
 	rsv.Status.ObservedGeneration = rsv.Generation
 	if isLive(rsv.Status.Phase) {
 		meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionTrue,
 			Reason: at.Phase, Message: "capacity held on " + at.Provider, ObservedGeneration: rsv.Generation})
 	}
+	setReady(rsv)
+}
+
+// setReady sets the Ready condition from the phase: True exactly while
+// Active (reserved and granted by the provider), so that
+// kubectl wait --for=condition=Ready works.
+func setReady(rsv *rbv1.Reservation) {
+	c := metav1.Condition{Type: rbv1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: rsv.Generation}
+	switch rsv.Status.Phase {
+	case rbv1.ReservationActive:
+		c.Status, c.Reason, c.Message = metav1.ConditionTrue, "Granted", "granted by "+rsv.Status.Provider
+	case rbv1.ReservationReserved:
+		c.Reason, c.Message = "WaitingForGrant", "reserved on "+rsv.Status.Provider+"; waiting for its grant"
+	case rbv1.ReservationPending, "":
+		c.Reason, c.Message = "Pending", "waiting for the broker's decision"
+		if rsv.Status.Reason != "" {
+			c.Reason, c.Message = rsv.Status.Reason, rsv.Status.Message
+		}
+	default:
+		c.Reason, c.Message = string(rsv.Status.Phase), "the reservation is "+strings.ToLower(string(rsv.Status.Phase))
+	}
+	meta.SetStatusCondition(&rsv.Status.Conditions, c)
 }
 
 func (r *Reconciler) unsynced(rsv *rbv1.Reservation, err error) {
@@ -405,13 +578,16 @@ func (r *Reconciler) unsynced(rsv *rbv1.Reservation, err error) {
 		Reason: "BrokerUnavailable", Message: err.Error(), ObservedGeneration: rsv.Generation})
 }
 
-// untilExpiry looks again shortly after the broker should have expired it, in
-// case the event stream missed it.
-func (r *Reconciler) untilExpiry(rsv *rbv1.Reservation) ctrl.Result {
-	if rsv.Status.ExpiresAt == nil {
+// untilExpiry looks again at a fixed-duration reservation shortly after the
+// broker should have expired it (from the remaining time the broker
+// measured, never from its ExpiresAt), in case the event stream missed it.
+// A lease gets no timer: its end comes with the broker's events, and with
+// the renewals' answers while its pod runs.
+func (r *Reconciler) untilExpiry(at api.Reservation) ctrl.Result {
+	if at.Lease != "" || at.RemainingMs <= 0 {
 		return ctrl.Result{}
 	}
-	return ctrl.Result{RequeueAfter: time.Until(rsv.Status.ExpiresAt.Time) + 2*time.Second}
+	return ctrl.Result{RequeueAfter: time.Duration(at.RemainingMs)*time.Millisecond + 2*time.Second}
 }
 
 func (r *Reconciler) backoff(attempts int32) time.Duration {
@@ -438,8 +614,10 @@ func reasonOf(err error) string {
 	return "BrokerError"
 }
 
-// requestFor builds the broker request of a Reservation.
-func requestFor(rsv *rbv1.Reservation) (api.ReservationRequest, error) {
+// requestFor builds the broker request of a Reservation: a lease of
+// LeaseLength held HoldTime (or spec.duration) for its pod when opened for
+// one (spec.podName), else the fixed spec.duration.
+func (r *Reconciler) requestFor(rsv *rbv1.Reservation) (api.ReservationRequest, error) {
 	q := func(name corev1.ResourceName) *resource.Quantity {
 		v, ok := rsv.Spec.Resources[name]
 		if !ok {
@@ -459,6 +637,12 @@ func requestFor(rsv *rbv1.Reservation) (api.ReservationRequest, error) {
 	if rsv.Spec.Duration != nil {
 		req.Duration = rsv.Spec.Duration.Duration.String()
 	}
+	if rsv.Spec.PodName != "" {
+		req.Lease = r.LeaseLength.String()
+		if rsv.Spec.Duration == nil {
+			req.Duration = r.HoldTime.String()
+		}
+	}
 	if len(rsv.Spec.ProviderSelector) > 0 {
 		req.Selector = &api.LabelSelector{MatchLabels: rsv.Spec.ProviderSelector}
 	}
@@ -475,6 +659,14 @@ func Lookup(ctx context.Context, c client.Client, id string) (*rbv1.Reservation,
 		return nil, nil
 	}
 	return &list.Items[0], nil
+}
+
+// EnqueueAll asks the reconciler to look at Reservations again, ahead of
+// the others (a pod ended: its reservation is to be released).
+func (r *Reconciler) EnqueueAll(keys []types.NamespacedName) {
+	for _, k := range keys {
+		r.Enqueue(k)
+	}
 }
 
 // Enqueue asks the reconciler to look at a Reservation again.

@@ -111,7 +111,7 @@ func TestRefreshWritesOnChangesOnly(t *testing.T) {
 		}}).Build()
 	now := time.Now()
 	b := &fakeBroker{at: api.Reservation{ID: "u-1", Provider: "paris", Phase: string(rbv1.ReservationReserved), Score: 71.5,
-		CreatedAt: now, ExpiresAt: now.Add(30 * time.Minute)}}
+		CreatedAt: now, ExpiresAt: now.Add(30 * time.Minute), RemainingMs: (30 * time.Minute).Milliseconds()}}
 	events := record.NewFakeRecorder(10)
 	r := &Reconciler{Client: c, Broker: b, Recorder: events, MinBackoff: time.Second, MaxBackoff: time.Minute}
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rsv)}
@@ -130,6 +130,11 @@ func TestRefreshWritesOnChangesOnly(t *testing.T) {
 	reconcile("reconnection")
 	if n := statusWrites.Load(); n != 1 {
 		t.Errorf("looking again at an unchanged reservation: %d status writes, want 1", n)
+	}
+	b.at.RemainingMs -= 1500 // read again 1.5s later: the same end
+	reconcile("reconnection, later")
+	if n := statusWrites.Load(); n != 1 {
+		t.Errorf("looking again later at an unchanged reservation: %d status writes, want 1", n)
 	}
 	b.at.Phase = string(rbv1.ReservationActive)
 	reconcile("granted")

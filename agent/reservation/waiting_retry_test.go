@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,7 +46,12 @@ func TestWaitingRetry(t *testing.T) {
 	if err := c.Get(context.Background(), client.ObjectKeyFromObject(rsv), &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.Status.Phase != rbv1.ReservationFailed || got.Status.Reason != "NoCapacity" {
-		t.Errorf("status %+v", got.Status)
+	if got.Status.Phase != rbv1.ReservationPending || got.Status.Reason != "NoCapacity" {
+		t.Errorf("waiting for capacity is Pending, not Failed: status %+v", got.Status)
+	}
+	for typ, want := range map[string]metav1.ConditionStatus{rbv1.ConditionReserved: metav1.ConditionFalse, rbv1.ConditionReady: metav1.ConditionFalse} {
+		if c := meta.FindStatusCondition(got.Status.Conditions, typ); c == nil || c.Status != want || c.Reason != "NoCapacity" || c.Message != "no capacity" {
+			t.Errorf("condition %s: %+v, want %s, NoCapacity, the broker's message", typ, c, want)
+		}
 	}
 }

@@ -11,17 +11,22 @@ type ReservationPhase string
 
 // Reservation phases.
 const (
-	// ReservationPending: not yet decided by the broker (or waiting for capacity).
+	// ReservationPending: not yet decided by the broker, or waiting for
+	// capacity (condition Reserved=False, reason NoCapacity, with the
+	// broker's message): the agent keeps asking.
 	ReservationPending ReservationPhase = "Pending"
 	// ReservationReserved: capacity locked on a provider.
 	ReservationReserved ReservationPhase = "Reserved"
-	// ReservationActive: the provider set the capacity aside and granted access.
+	// ReservationActive: the provider set the capacity aside and granted
+	// access (condition Ready=True).
 	ReservationActive ReservationPhase = "Active"
-	// ReservationReleased: given back.
+	// ReservationReleased: given back (final).
 	ReservationReleased ReservationPhase = "Released"
-	// ReservationFailed: the broker refused it; Reason says why.
+	// ReservationFailed: refused for good (invalid, forbidden, conflict);
+	// Reason says why. Final: nothing will happen any more.
 	ReservationFailed ReservationPhase = "Failed"
-	// ReservationExpired: its duration passed.
+	// ReservationExpired: its duration (or, for a lease, its hold time or
+	// last renewal) passed at the broker (final).
 	ReservationExpired ReservationPhase = "Expired"
 )
 
@@ -37,7 +42,11 @@ type ReservationSpec struct {
 	// +kubebuilder:validation:XValidation:rule="!('cpu' in self) || !('memory' in self) || (quantity(string(self['cpu'])).isGreaterThan(quantity('0')) && quantity(string(self['memory'])).isGreaterThan(quantity('0')))",message="cpu and memory must be positive"
 	Resources corev1.ResourceList `json:"resources"`
 
-	// Duration of the reservation at the broker; the broker's default when unset.
+	// Duration of the reservation at the broker; the broker's default when
+	// unset. For a reservation opened for a pod (podName set), a lease, it
+	// is the hold time instead: how long the granted capacity waits for the
+	// pod to be bound (the agent's --hold-time when unset); from then on
+	// the agent renews the lease while the pod runs.
 	// +optional
 	Duration *metav1.Duration `json:"duration,omitempty"`
 
@@ -115,7 +124,9 @@ type ReservationStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions: Reserved, Synced.
+	// Conditions: Reserved (the broker holds capacity; False with the
+	// broker's reason while waiting), Ready (True exactly while Active),
+	// Synced (False while the broker cannot be reached).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -138,9 +149,11 @@ type ReservationPlacement struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=rsv;rsvs,categories=broker
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.status.provider`
 // +kubebuilder:printcolumn:name="CPU",type=string,JSONPath=`.spec.resources.cpu`
 // +kubebuilder:printcolumn:name="Memory",type=string,JSONPath=`.spec.resources.memory`
+// +kubebuilder:printcolumn:name="Lease",type=string,JSONPath=`.status.lease`,priority=1
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Reservation struct {

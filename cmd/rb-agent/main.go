@@ -24,6 +24,7 @@ import (
 	"github.com/fluidos-project/resource-broker/agent/bridge"
 	"github.com/fluidos-project/resource-broker/agent/bridge/virtualkubelet"
 	"github.com/fluidos-project/resource-broker/agent/provider"
+	"github.com/fluidos-project/resource-broker/agent/reservation"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
@@ -63,6 +64,9 @@ type options struct {
 	placeholderImage   string
 	holdTimeout        time.Duration
 	evictionGrace      time.Duration
+	leaseLength        time.Duration
+	holdTime           time.Duration
+	renewInterval      time.Duration
 }
 
 func main() {
@@ -125,6 +129,12 @@ func newCommand() *cobra.Command {
 		"how long a reservation's first grant waits for its placeholder to be bound; then it is granted without placement (a later grant carries it)")
 	f.DurationVar(&o.evictionGrace, "eviction-grace", provider.DefaultEvictionGrace,
 		"how long the tenant pods of a provided reservation that ended (lease lapsed, released) may still run before they are evicted")
+	f.DurationVar(&o.leaseLength, "lease-length", reservation.DefaultLeaseLength,
+		"lease of a reservation opened for a pod: the broker ends it this long after its last renewal (renewed while the pod is bound and runs)")
+	f.DurationVar(&o.holdTime, "hold-time", reservation.DefaultHoldTime,
+		"how long a reservation opened for a pod is held, once decided, for the pod to be bound (a Reservation's spec.duration overrides it)")
+	f.DurationVar(&o.renewInterval, "lease-renew-interval", reservation.DefaultRenewInterval,
+		"how often the leases of bound, running pods are renewed, in batches (at most a third of --lease-length and of --hold-time)")
 	gf := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(gf)
 	f.AddGoFlagSet(gf)
@@ -186,6 +196,12 @@ func (o options) validate() error {
 	if o.reserveWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--reservation-workers %d: want at least 1", o.reserveWorkers))
 	}
+	if o.leaseLength <= 0 || o.holdTime <= 0 || o.renewInterval <= 0 {
+		errs = append(errs, errors.New("--lease-length, --hold-time and --lease-renew-interval must be positive"))
+	} else {
+		lo := agent.Options{LeaseLength: o.leaseLength, HoldTime: o.holdTime, RenewInterval: o.renewInterval}
+		errs = append(errs, lo.ValidateLease())
+	}
 	return errors.Join(errs...)
 }
 
@@ -206,8 +222,8 @@ func run(o options) error {
 	ao := agent.Options{
 		ClusterID: o.clusterID, Broker: bc, Namespace: o.namespace, Endpoint: o.endpoint,
 		Labels: o.labels, Prices: prices, TokenTTL: o.tokenTTL, Debounce: o.debounce, PublishPeriod: o.publishPeriod,
-		ReservationWorkers: o.reserveWorkers,
-		NoProviderHold:     !o.providerHold, HoldPriority: o.holdPriority, PlaceholderImage: o.placeholderImage,
+		ReservationWorkers: o.reserveWorkers, LeaseLength: o.leaseLength, HoldTime: o.holdTime, RenewInterval: o.renewInterval,
+		NoProviderHold: !o.providerHold, HoldPriority: o.holdPriority, PlaceholderImage: o.placeholderImage,
 		// 0 means the default there: a nanosecond is "at once".
 		HoldTimeout: o.holdTimeout, EvictionGrace: max(o.evictionGrace, time.Nanosecond),
 	}

@@ -26,7 +26,7 @@ func TestDecodeArgsDefaults(t *testing.T) {
 			args, err := DecodeArgs(obj)
 			require.NoError(t, err)
 			assert.Nil(t, args.Selector, "nil selector: every pod of the profile")
-			assert.Equal(t, configv1.DefaultReservationDuration, args.ReservationDuration.Duration)
+			assert.Nil(t, args.ReservationDuration, "deprecated: no default")
 			assert.Equal(t, configv1.DefaultMaxOutstandingReservationsPerNamespace, args.MaxOutstandingReservationsPerNamespace)
 			assert.Equal(t, configv1.DefaultExcludedNamespaces, args.ExcludedNamespaces)
 			assert.Empty(t, args.Namespaces, "every namespace")
@@ -63,13 +63,13 @@ namespaces: [batch, render]
 		})
 	}
 	// The internal type, as kube-scheduler hands it over, is taken as it is (and checked).
-	in := &config.ResourceBrokerArgs{ReservationDuration: metav1.Duration{Duration: time.Minute}, MaxOutstandingReservationsPerNamespace: 3}
+	in := &config.ResourceBrokerArgs{ReservationDuration: &metav1.Duration{Duration: time.Minute}, MaxOutstandingReservationsPerNamespace: 3}
 	args, err := DecodeArgs(in)
 	require.NoError(t, err)
 	assert.Equal(t, in, args)
 	assert.NotSame(t, in, args)
 	_, err = DecodeArgs(&config.ResourceBrokerArgs{})
-	assert.ErrorContains(t, err, "pluginConfig[ResourceBroker].args.reservationDuration")
+	assert.ErrorContains(t, err, "pluginConfig[ResourceBroker].args.maxOutstandingReservationsPerNamespace")
 }
 
 func TestDecodeArgsErrors(t *testing.T) {

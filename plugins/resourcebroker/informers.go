@@ -191,20 +191,36 @@ func (pl *ResourceBroker) activateBlocked(ns string) {
 // reservationChangeMatters: a change after which the pod must be tried
 // again: its reservation can now be placed (it is usable and names its
 // virtual node, see placeable), or will never be (it failed, expired, was
-// released or is being deleted). Reserved or Active without a virtual node
+// released or is being deleted), or it waits for a new reason (Pending with
+// Reserved=False, see waitingReasonChanged: the pod's condition then says
+// why). Reserved or Active without a virtual node
 // is no news for the scheduler: an attempt then could only fail again, and
 // in a burst each such attempt costs a status update and an event of the
 // pod; the bridge names the node once it can take the pod.
 func reservationChangeMatters(old, r *brokerv1alpha1.Reservation) bool {
 	switch {
 	case old == nil:
-		return placeable(r) || ended(r)
+		return placeable(r) || ended(r) || waitingCondition(r) != nil
 	case ended(r):
 		return !ended(old) || old.Status.Phase != r.Status.Phase
 	case placeable(r):
 		return !placeable(old) || old.Status.VirtualNode != r.Status.VirtualNode || old.Status.Provider != r.Status.Provider
 	}
-	return false
+	return waitingReasonChanged(old, r)
+}
+
+// waitingReasonChanged: r is Pending with Reserved=False and its reason is
+// new (the broker refused it for now, or for another reason): one more
+// attempt reports it in the pod's condition. The agent rewrites status on
+// every retry (every 2s while the broker lacks capacity): an unchanged
+// reason, or only a new message, requeues nothing.
+func waitingReasonChanged(old, r *brokerv1alpha1.Reservation) bool {
+	c := waitingCondition(r)
+	if c == nil {
+		return false
+	}
+	before := waitingCondition(old)
+	return before == nil || before.Reason != c.Reason
 }
 
 // placeable: r is usable and names the virtual node its pods go to.

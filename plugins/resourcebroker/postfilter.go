@@ -72,6 +72,7 @@ func (pl *ResourceBroker) describe(ctx context.Context, pod *v1.Pod, rsv *broker
 	case rsv.DeletionTimestamp != nil:
 		return fmt.Sprintf("waiting for broker reservation %s to be deleted", rsv.Name)
 	case rsv.Status.Phase == brokerv1alpha1.ReservationFailed:
+		// Final: the agent will not ask again (invalid, forbidden, conflict).
 		msg := fmt.Sprintf("broker reservation %s failed", rsv.Name)
 		if rsv.Status.Reason != "" {
 			msg += " (" + rsv.Status.Reason + ")"
@@ -94,6 +95,15 @@ func (pl *ResourceBroker) describe(ctx context.Context, pod *v1.Pod, rsv *broker
 		return fmt.Sprintf("waiting for broker reservation %s: %s on provider %s, virtual node %s does not admit the pod yet",
 			rsv.Name, rsv.Status.Phase, rsv.Status.Provider, vn)
 	default:
+		if c := waitingCondition(rsv); c != nil {
+			// Pending with Reserved=False: the broker refused it for now
+			// (NoCapacity) and the agent keeps asking; say why.
+			msg := fmt.Sprintf("waiting for broker reservation %s (%s)", rsv.Name, c.Reason)
+			if c.Message != "" {
+				msg += ": " + c.Message
+			}
+			return msg
+		}
 		return "waiting for broker reservation " + rsv.Name
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -260,6 +261,20 @@ func ended(r *brokerv1alpha1.Reservation) bool {
 	return false
 }
 
+// waitingCondition is the Reserved=False condition of a reservation that
+// is still Pending: the broker refused it for now (its reason, e.g.
+// NoCapacity, and message) and the agent keeps asking. Nil otherwise.
+func waitingCondition(r *brokerv1alpha1.Reservation) *metav1.Condition {
+	if r == nil || r.DeletionTimestamp != nil || (r.Status.Phase != brokerv1alpha1.ReservationPending && r.Status.Phase != "") {
+		return nil
+	}
+	c := meta.FindStatusCondition(r.Status.Conditions, brokerv1alpha1.ConditionReserved)
+	if c == nil || c.Status != metav1.ConditionFalse {
+		return nil
+	}
+	return c
+}
+
 func ownerPodUID(r *brokerv1alpha1.Reservation) types.UID {
 	if ref := metav1.GetControllerOfNoCopy(r); ref != nil && ref.Kind == "Pod" && ref.APIVersion == "v1" {
 		return ref.UID
@@ -346,7 +361,9 @@ func ReservationResources(requests v1.ResourceList) v1.ResourceList {
 }
 
 // newReservation is the Reservation the plugin asks for on behalf of pod,
-// from providers whose labels match selector.
+// from providers whose labels match selector. It names no duration: a
+// reservation opened for a pod is a lease, asked for with the agent's lease
+// length and hold time and renewed while the pod runs.
 func newReservation(pod *v1.Pod, args *config.ResourceBrokerArgs, selector map[string]string) *brokerv1alpha1.Reservation {
 	var priority int32
 	if pod.Spec.Priority != nil {
@@ -369,7 +386,6 @@ func newReservation(pod *v1.Pod, args *config.ResourceBrokerArgs, selector map[s
 		},
 		Spec: brokerv1alpha1.ReservationSpec{
 			Resources:        ReservationResources(PodRequests(pod)),
-			Duration:         &metav1.Duration{Duration: args.ReservationDuration.Duration},
 			ProviderSelector: selector,
 			Priority:         priority,
 			PodName:          pod.Name,

@@ -197,7 +197,12 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		return nil, fmt.Errorf("%s: %w", Name, err)
 	}
 	pl.worker.run(klog.NewContext(ctx, logger))
-	logger.V(2).Info("Plugin started", "selector", selector.String(), "reservationDuration", args.ReservationDuration.Duration,
+	if args.ReservationDuration != nil {
+		logger.Info("Warning: the reservationDuration arg is deprecated and ignored: reservations opened for pods are leases, "+
+			"asked for with rb-agent's --lease-length and --hold-time and renewed while their pod runs; remove it from the scheduler's configuration",
+			"reservationDuration", args.ReservationDuration.Duration)
+	}
+	logger.V(2).Info("Plugin started", "selector", selector.String(),
 		"maxOutstandingReservationsPerNamespace", args.MaxOutstandingReservationsPerNamespace, "excludedNamespaces", args.ExcludedNamespaces, "namespaces", args.Namespaces)
 	return pl, nil
 }

@@ -94,8 +94,8 @@ func TestNoFitReservationThenVirtualNode(t *testing.T) {
 		t.Errorf("reservation name %q, want %q", rsv.Name, want)
 	}
 	checkSize(t, rsv, "3600m", "2368Mi", "1")
-	if rsv.Spec.Duration == nil || rsv.Spec.Duration.Duration != 30*time.Minute {
-		t.Errorf("duration %v, want 30m from the args", rsv.Spec.Duration)
+	if rsv.Spec.Duration != nil {
+		t.Errorf("duration %v, want none: a lease (the args' reservationDuration is deprecated and ignored)", rsv.Spec.Duration)
 	}
 	if rsv.Labels[brokerv1alpha1.PodLabel] != pod.Name || rsv.Spec.PodName != pod.Name {
 		t.Errorf("label %s=%q, spec.podName %q; want %q", brokerv1alpha1.PodLabel, rsv.Labels[brokerv1alpha1.PodLabel], rsv.Spec.PodName, pod.Name)
@@ -197,6 +197,45 @@ func TestFailedReservationReasonInCondition(t *testing.T) {
 	}
 	if rs := reservations(t, ns); len(rs) != 1 {
 		t.Errorf("a failed reservation must not be replaced on its own: %v", names(rs))
+	}
+}
+
+// TestWaitingReservationReasonInCondition: a reservation the broker refused
+// for lack of capacity stays Pending with Reserved=False while the agent
+// keeps asking: the pod says why it waits, the reservation is not
+// replaced, the agent's retries do not retry the pod, and once capacity is
+// found the pod is bound.
+func TestWaitingReservationReasonInCondition(t *testing.T) {
+	localNodes(t)
+	ns := newNamespace(t)
+	pod := createPod(t, newPod(ns, "patient", "64", "1Gi"))
+	rsv := waitReservation(t, pod, bindTimeout)
+	waiting := func(attempts int32, msg string) brokerv1alpha1.ReservationStatus {
+		return brokerv1alpha1.ReservationStatus{Phase: brokerv1alpha1.ReservationPending, Reason: "NoCapacity", Message: msg, Attempts: attempts,
+			Conditions: []metav1.Condition{{Type: brokerv1alpha1.ConditionReserved, Status: metav1.ConditionFalse, Reason: "NoCapacity",
+				Message: msg, LastTransitionTime: metav1.Now()}}}
+	}
+	setStatus(t, rsv, waiting(1, "no provider has 64 CPUs free"))
+	want := fmt.Sprintf("waiting for broker reservation %s (NoCapacity): no provider has 64 CPUs free", rsv.Name)
+	c := waitCondition(t, ns, pod.Name, want, bindTimeout)
+	if c.Reason != v1.PodReasonUnschedulable {
+		t.Errorf("condition reason %q, want %q", c.Reason, v1.PodReasonUnschedulable)
+	}
+	setStatus(t, rsv, waiting(2, "no provider has 64 CPUs free (again)"))
+	time.Sleep(300 * time.Millisecond)
+	if got := getPod(t, ns, pod.Name); got.Spec.NodeName != "" {
+		t.Fatalf("waiting pod bound to %s", got.Spec.NodeName)
+	}
+	if rs := reservations(t, ns); len(rs) != 1 || rs[0].UID != rsv.UID {
+		t.Fatalf("a waiting reservation must be kept, not replaced: %v", names(rs))
+	}
+	setStatus(t, rsv, brokerv1alpha1.ReservationStatus{Phase: brokerv1alpha1.ReservationActive, Provider: "lyon", VirtualNode: "rb-lyon",
+		Conditions: []metav1.Condition{{Type: brokerv1alpha1.ConditionReserved, Status: metav1.ConditionTrue, Reason: "Active", LastTransitionTime: metav1.Now()}}})
+	createNode(t, nodeSpec{name: "rb-lyon", cpu: "100", memory: "64Gi",
+		labels: map[string]string{brokerv1alpha1.ProviderLabel: "lyon"},
+		taints: []v1.Taint{{Key: brokerv1alpha1.VirtualNodeTaint, Effect: v1.TaintEffectNoSchedule}}})
+	if node := waitBound(t, ns, pod.Name, bindTimeout); node != "rb-lyon" {
+		t.Errorf("bound to %s, want rb-lyon", node)
 	}
 }
 

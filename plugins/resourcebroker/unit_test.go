@@ -24,7 +24,6 @@ import (
 
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/plugins/apis/config"
-	configv1 "github.com/fluidos-project/resource-broker/plugins/apis/config/v1"
 )
 
 func rl(pairs ...string) v1.ResourceList {
@@ -93,7 +92,7 @@ func TestNewReservation(t *testing.T) {
 	assert.Equal(t, "p", r.Labels[brokerv1alpha1.PodLabel])
 	assert.Equal(t, "p", r.Spec.PodName)
 	assert.Equal(t, int32(1000), r.Spec.Priority)
-	assert.Equal(t, configv1.DefaultReservationDuration, r.Spec.Duration.Duration)
+	assert.Nil(t, r.Spec.Duration, "a lease: the agent asks with its hold time and lease length")
 	require.Len(t, r.OwnerReferences, 1)
 	o := r.OwnerReferences[0]
 	assert.Equal(t, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "p", UID: "uid-1", Controller: ptrTo(true), BlockOwnerDeletion: ptrTo(true)}, o)
@@ -185,6 +184,25 @@ func TestReservationQueueingHint(t *testing.T) {
 	assert.Equal(t, fwk.QueueSkip, hint(pod, unstructuredOf(t, named), unstructuredOf(t, reserved)), "no news once named")
 	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, failed)), "turned Failed: the condition must say why")
 	assert.Equal(t, fwk.QueueSkip, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, pendingAgain)), "a retry count is no news")
+
+	// Pending with Reserved=False (the broker lacks capacity; the agent keeps
+	// asking): the first refusal, and a new reason, are reported in the
+	// pod's condition; the agent's retries every 2s are not news.
+	noCapacity := pending.DeepCopy()
+	noCapacity.Status.Reason, noCapacity.Status.Attempts = "NoCapacity", 1
+	noCapacity.Status.Conditions = []metav1.Condition{{Type: brokerv1alpha1.ConditionReserved, Status: metav1.ConditionFalse,
+		Reason: "NoCapacity", Message: "insufficient_cpu=1"}}
+	retried := noCapacity.DeepCopy()
+	retried.Status.Attempts = 2
+	retried.Status.Conditions[0].Message = "insufficient_cpu=2"
+	otherReason := retried.DeepCopy()
+	otherReason.Status.Conditions[0].Reason = "SelectorMismatch"
+	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, pending), unstructuredOf(t, noCapacity)), "waiting for capacity: say why")
+	assert.Equal(t, fwk.QueueSkip, hint(pod, unstructuredOf(t, noCapacity), unstructuredOf(t, retried)), "another attempt, same reason")
+	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, retried), unstructuredOf(t, otherReason)), "a new reason")
+	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, noCapacity), unstructuredOf(t, reserved)), "capacity found")
+	assert.False(t, ended(noCapacity), "waiting is not the end: the pod keeps its reservation")
+	assert.Contains(t, pl.describe(context.Background(), pod, noCapacity), "(NoCapacity): insufficient_cpu=1")
 	assert.Equal(t, fwk.Queue, hint(pod, unstructuredOf(t, reserved), nil), "deleted: the pod may ask again")
 	assert.Equal(t, fwk.Queue, hint(pod, cache.DeletedFinalStateUnknown{Obj: unstructuredOf(t, reserved)}, nil))
 	assert.Equal(t, fwk.QueueSkip, hint(other, unstructuredOf(t, pending), unstructuredOf(t, reserved)), "another pod's reservation")

@@ -13,8 +13,9 @@ type ResourceBrokerArgs struct {
 	// Selector picks the pods of the profile that may be offloaded; nil
 	// selects every pod.
 	Selector *metav1.LabelSelector
-	// ReservationDuration is spec.duration of the reservations made.
-	ReservationDuration metav1.Duration
+	// ReservationDuration is deprecated and ignored (nil when unset): see
+	// the v1 type.
+	ReservationDuration *metav1.Duration
 	// MaxOutstandingReservationsPerNamespace bounds how many pods of one
 	// namespace wait for a reservation at once.
 	MaxOutstandingReservationsPerNamespace int32

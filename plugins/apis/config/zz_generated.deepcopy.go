@@ -18,7 +18,11 @@ func (in *ResourceBrokerArgs) DeepCopyInto(out *ResourceBrokerArgs) {
 		*out = new(v1.LabelSelector)
 		(*in).DeepCopyInto(*out)
 	}
-	out.ReservationDuration = in.ReservationDuration
+	if in.ReservationDuration != nil {
+		in, out := &in.ReservationDuration, &out.ReservationDuration
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.ExcludedNamespaces != nil {
 		in, out := &in.ExcludedNamespaces, &out.ExcludedNamespaces
 		*out = make([]string, len(*in))

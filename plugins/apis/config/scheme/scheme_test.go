@@ -66,13 +66,12 @@ func TestKubeSchedulerLoadsArgs(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, *got, 2)
 	assert.Equal(t, &config.ResourceBrokerArgs{
-		ReservationDuration:                    metav1.Duration{Duration: 2 * time.Hour},
+		ReservationDuration:                    &metav1.Duration{Duration: 2 * time.Hour},
 		MaxOutstandingReservationsPerNamespace: configv1.DefaultMaxOutstandingReservationsPerNamespace,
 		ExcludedNamespaces:                     []string{},
 		Namespaces:                             []string{"apps"},
 	}, (*got)["resource-broker"])
 	assert.Equal(t, &config.ResourceBrokerArgs{
-		ReservationDuration:                    metav1.Duration{Duration: configv1.DefaultReservationDuration},
 		MaxOutstandingReservationsPerNamespace: configv1.DefaultMaxOutstandingReservationsPerNamespace,
 		ExcludedNamespaces:                     configv1.DefaultExcludedNamespaces,
 	}, (*got)["resource-broker-defaults"])
@@ -104,7 +103,7 @@ profiles:
 func TestArgsRoundTrip(t *testing.T) {
 	in := &config.ResourceBrokerArgs{
 		Selector:                               &metav1.LabelSelector{MatchLabels: map[string]string{"a": "b"}},
-		ReservationDuration:                    metav1.Duration{Duration: 90 * time.Second},
+		ReservationDuration:                    &metav1.Duration{Duration: 90 * time.Second},
 		MaxOutstandingReservationsPerNamespace: 4,
 		ExcludedNamespaces:                     []string{},
 		Namespaces:                             []string{"x", "y"},

@@ -25,9 +25,9 @@ func RegisterConversions(s *runtime.Scheme) error {
 // validation refuses) to the internal type.
 func Convert_v1_ResourceBrokerArgs_To_config_ResourceBrokerArgs(in *ResourceBrokerArgs, out *config.ResourceBrokerArgs, _ conversion.Scope) error { //nolint:revive // the conversion naming convention
 	out.Selector = in.Selector.DeepCopy()
-	out.ReservationDuration = metav1.Duration{}
+	out.ReservationDuration = nil
 	if in.ReservationDuration != nil {
-		out.ReservationDuration = *in.ReservationDuration
+		out.ReservationDuration = &metav1.Duration{Duration: in.ReservationDuration.Duration}
 	}
 	out.MaxOutstandingReservationsPerNamespace = 0
 	if in.MaxOutstandingReservationsPerNamespace != nil {
@@ -42,8 +42,10 @@ func Convert_v1_ResourceBrokerArgs_To_config_ResourceBrokerArgs(in *ResourceBrok
 // internal args to the versioned type (for --write-config-to).
 func Convert_config_ResourceBrokerArgs_To_v1_ResourceBrokerArgs(in *config.ResourceBrokerArgs, out *ResourceBrokerArgs, _ conversion.Scope) error { //nolint:revive // the conversion naming convention
 	out.Selector = in.Selector.DeepCopy()
-	d := in.ReservationDuration
-	out.ReservationDuration = &d
+	out.ReservationDuration = nil
+	if in.ReservationDuration != nil {
+		out.ReservationDuration = &metav1.Duration{Duration: in.ReservationDuration.Duration}
+	}
 	n := in.MaxOutstandingReservationsPerNamespace
 	out.MaxOutstandingReservationsPerNamespace = &n
 	out.ExcludedNamespaces = cloneStrings(in.ExcludedNamespaces)

@@ -1,17 +1,11 @@
 package v1
 
 import (
-	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // Defaults of ResourceBrokerArgs.
 const (
-	// DefaultReservationDuration is asked of the broker when the args name
-	// none (the broker's own default duration).
-	DefaultReservationDuration = time.Hour
 	// DefaultMaxOutstandingReservationsPerNamespace bounds how many pods of
 	// one namespace may wait for a reservation at once.
 	DefaultMaxOutstandingReservationsPerNamespace int32 = 50
@@ -23,9 +17,6 @@ var DefaultExcludedNamespaces = []string{"kube-system", "kube-public", "kube-nod
 
 // SetDefaults_ResourceBrokerArgs fills the unset fields of args.
 func SetDefaults_ResourceBrokerArgs(args *ResourceBrokerArgs) { //nolint:revive // the defaulter naming convention
-	if args.ReservationDuration == nil {
-		args.ReservationDuration = &metav1.Duration{Duration: DefaultReservationDuration}
-	}
 	if args.MaxOutstandingReservationsPerNamespace == nil {
 		n := DefaultMaxOutstandingReservationsPerNamespace
 		args.MaxOutstandingReservationsPerNamespace = &n

@@ -11,7 +11,7 @@ import (
 func TestSetDefaults(t *testing.T) {
 	args := &ResourceBrokerArgs{}
 	SetObjectDefaults_ResourceBrokerArgs(args)
-	assert.Equal(t, DefaultReservationDuration, args.ReservationDuration.Duration)
+	assert.Nil(t, args.ReservationDuration, "deprecated: no default")
 	assert.Equal(t, DefaultMaxOutstandingReservationsPerNamespace, *args.MaxOutstandingReservationsPerNamespace)
 	assert.Equal(t, DefaultExcludedNamespaces, args.ExcludedNamespaces)
 	assert.Nil(t, args.Namespaces)

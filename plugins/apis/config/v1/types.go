@@ -13,7 +13,6 @@ import (
 //	    selector:
 //	      matchExpressions:
 //	      - {key: broker.fluidos.eu/offload, operator: NotIn, values: ["false"]}
-//	    reservationDuration: 2h
 //	    maxOutstandingReservationsPerNamespace: 20
 //	    excludedNamespaces: [kube-system, monitoring]
 //	    namespaces: [batch, render]
@@ -29,8 +28,13 @@ type ResourceBrokerArgs struct {
 	// (the default) or empty selects every pod.
 	Selector *metav1.LabelSelector `json:"selector,omitempty"`
 
-	// ReservationDuration is spec.duration of the reservations the plugin
-	// creates (default 1h, between 1s and 24h).
+	// ReservationDuration is deprecated and ignored (a warning is logged
+	// when it is set; it must still be between 1s and 24h, so that a
+	// configuration valid before stays valid and a broken one still fails).
+	// The plugin's reservations are leases (issue 15): the requester's agent
+	// asks for them with its --lease-length and --hold-time and renews them
+	// while their pod runs, so a fixed duration no longer applies. The hold
+	// time lives next to the renewal interval it is validated against.
 	ReservationDuration *metav1.Duration `json:"reservationDuration,omitempty"`
 
 	// MaxOutstandingReservationsPerNamespace bounds how many pods of one

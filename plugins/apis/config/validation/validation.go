@@ -16,7 +16,9 @@ import (
 	"github.com/fluidos-project/resource-broker/plugins/apis/config"
 )
 
-// Bounds of ResourceBrokerArgs.ReservationDuration.
+// Bounds of ResourceBrokerArgs.ReservationDuration (deprecated and ignored,
+// still checked when set: a configuration valid before stays valid, a
+// broken one still fails).
 const (
 	MinReservationDuration = time.Second
 	// MaxReservationDuration is the longest duration the plugin asks for
@@ -37,8 +39,8 @@ func ValidateResourceBrokerArgs(path *field.Path, args *config.ResourceBrokerArg
 		}
 		errs = append(errs, sel...)
 	}
-	if d := args.ReservationDuration.Duration; d < MinReservationDuration || d > MaxReservationDuration {
-		errs = append(errs, field.Invalid(path.Child("reservationDuration"), d.String(),
+	if d := args.ReservationDuration; d != nil && (d.Duration < MinReservationDuration || d.Duration > MaxReservationDuration) {
+		errs = append(errs, field.Invalid(path.Child("reservationDuration"), d.Duration.String(),
 			fmt.Sprintf("must be between %s and %s", MinReservationDuration, MaxReservationDuration)))
 	}
 	if n := args.MaxOutstandingReservationsPerNamespace; n < 1 {

@@ -14,7 +14,7 @@ import (
 func TestValidateResourceBrokerArgs(t *testing.T) {
 	valid := func() *config.ResourceBrokerArgs {
 		return &config.ResourceBrokerArgs{
-			ReservationDuration:                    metav1.Duration{Duration: time.Hour},
+			ReservationDuration:                    &metav1.Duration{Duration: time.Hour},
 			MaxOutstandingReservationsPerNamespace: 1,
 			ExcludedNamespaces:                     []string{"kube-system"},
 		}
@@ -29,7 +29,8 @@ func TestValidateResourceBrokerArgs(t *testing.T) {
 		{"bounds", func(a *config.ResourceBrokerArgs) { a.ReservationDuration.Duration = MaxReservationDuration }, nil},
 		{"too short", func(a *config.ResourceBrokerArgs) { a.ReservationDuration.Duration = 999 * time.Millisecond },
 			[]string{`args.reservationDuration: Invalid value: "999ms": must be between 1s and 24h0m0s`}},
-		{"unset duration", func(a *config.ResourceBrokerArgs) { a.ReservationDuration.Duration = 0 }, []string{"args.reservationDuration"}},
+		{"zero duration", func(a *config.ResourceBrokerArgs) { a.ReservationDuration.Duration = 0 }, []string{"args.reservationDuration"}},
+		{"unset duration (deprecated)", func(a *config.ResourceBrokerArgs) { a.ReservationDuration = nil }, nil},
 		{"limit", func(a *config.ResourceBrokerArgs) { a.MaxOutstandingReservationsPerNamespace = 0 },
 			[]string{"args.maxOutstandingReservationsPerNamespace: Invalid value: 0: must be at least 1"}},
 		{"excluded", func(a *config.ResourceBrokerArgs) { a.ExcludedNamespaces = []string{"a", "B", "a"} },
