@@ -36,6 +36,7 @@ import (
 	"github.com/fluidos-project/resource-broker/internal/kubelet"
 	"github.com/fluidos-project/resource-broker/internal/realnode"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
+	"github.com/fluidos-project/resource-broker/internal/testimages"
 )
 
 // AgentNamespace is where the agents keep their objects (as in manifests/agent).
@@ -360,6 +361,11 @@ func (c *Cluster) agentArgs(probe string) []string {
 			args = append(args, "--kubelet-address=127.0.0.1:"+strconv.Itoa(ports[0]), "--node-ip=127.0.0.1")
 		}
 	}
+	if o.RealNodes && c.bed.agentHasFlag("placeholder-image") {
+		// The placeholders of the provider-side hold run the bed's pause
+		// image (imported on every node, never pulled).
+		args = append(args, "--placeholder-image="+testimages.Pause)
+	}
 	if o.AgentArgs != nil {
 		args = append(args, o.AgentArgs(c.Name)...)
 	}
@@ -470,12 +476,6 @@ func (c *Cluster) schedulerConfig(moduleRoot string) ([]byte, error) {
 	def := map[string]any{"schedulerName": corev1.DefaultSchedulerName}
 	if c.Spec.Requester {
 		profiles, _ := cfg["profiles"].([]any)
-		for _, p := range profiles {
-			pm, _ := p.(map[string]any)
-			if args := resourceBrokerArgs(pm); args != nil && c.bed.opts.ReservationDuration > 0 {
-				args["reservationDuration"] = c.bed.opts.ReservationDuration.String()
-			}
-		}
 		cfg["profiles"] = append(profiles, def)
 	} else {
 		cfg["profiles"] = []any{def}
@@ -503,18 +503,6 @@ func schedulerFeatureGates(moduleRoot string) ([]string, error) {
 		}
 	}
 	return gates, nil
-}
-
-func resourceBrokerArgs(profile map[string]any) map[string]any {
-	pcs, _ := profile["pluginConfig"].([]any)
-	for _, pc := range pcs {
-		m, _ := pc.(map[string]any)
-		if m["name"] == "ResourceBroker" {
-			args, _ := m["args"].(map[string]any)
-			return args
-		}
-	}
-	return nil
 }
 
 // startScheduler runs rb-scheduler (kube-scheduler with the plugin built in)

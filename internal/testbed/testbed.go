@@ -68,8 +68,6 @@ type Options struct {
 	PublishPeriod, Debounce time.Duration
 	// TokenTTL of the agents' grants (default 1h).
 	TokenTTL time.Duration
-	// ReservationDuration of the scheduler plugin (default: manifests/scheduler's).
-	ReservationDuration time.Duration
 	// Verbosity (-v) of the subprocesses (default 0; schedulers at least 2).
 	Verbosity int
 	// AgentArgs adds flags to a cluster's rb-agent.

@@ -51,7 +51,6 @@ func lifetimeAgentArgs(string) []string {
 		"--lease-renew-interval=" + lifeRenew.String(),
 		"--hold-time=" + lifeHold.String(),
 		"--eviction-grace=" + lifeGrace.String(),
-		"--placeholder-image=" + testimages.Pause,
 	}
 }
 
