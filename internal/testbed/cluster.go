@@ -397,7 +397,10 @@ func (c *Cluster) StartAgent(ctx context.Context) error {
 				LogPath: filepath.Join(c.bed.LogDir, "agent-"+c.Name+".log"), Env: []string{"POD_IP=127.0.0.1"}}
 		}
 		c.Agent.Args = c.agentArgs(c.agentProbe)
-		began := time.Now()
+		began, err := c.bed.BrokerNow(ctx) // SeenAt is on the broker's clock
+		if err != nil {
+			return err
+		}
 		if err := c.Agent.Start(); err != nil {
 			return err
 		}
@@ -412,6 +415,8 @@ func (c *Cluster) StartAgent(ctx context.Context) error {
 	return last
 }
 
+// waitAgent waits until the agent is ready and the broker saw an
+// advertisement of it after since (on the broker's clock: BrokerNow).
 func (c *Cluster) waitAgent(ctx context.Context, since time.Time) error {
 	return c.bed.poll(ctx, c.Agent, 90*time.Second, "agent "+c.Name+" ready and advertised", func() (bool, error) {
 		if !HTTPOK("http://" + c.agentProbe + "/readyz") {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -36,6 +37,13 @@ func (b *Bed) Capacity(ctx context.Context) (Capacity, error) {
 		out[strings.TrimPrefix(k, b.Store.Key("cluster:"))] = m
 	}
 	return out, nil
+}
+
+// BrokerNow is the brokers' clock: redis-server's TIME (Options.BrokerClockOffset
+// moves it). Compare the times the broker stores (SeenAt, CreatedAt, ...) with
+// it, never with this process's clock.
+func (b *Bed) BrokerNow(ctx context.Context) (time.Time, error) {
+	return b.RDB.Time(ctx).Result()
 }
 
 // Diff describes how c differs from want ("" when equal).
