@@ -373,6 +373,15 @@ func testLifetimeRequesterLost(t *testing.T, bed *testbed.Bed) {
 	require.Len(t, copies.Items, 1)
 	cp := copies.Items[0]
 
+	// A renewal never shortens a lease's end, so the hold time covers the
+	// first seconds of a pod: wait until only renewals keep it.
+	bc, err := rome.BrokerClient()
+	require.NoError(t, err)
+	eventually(t, lifeHold+10*time.Second, "the lease past its hold time", func() (bool, string) {
+		at, err := bc.Reservation(ctx, string(rsv.UID))
+		require.NoError(t, err)
+		return at.RemainingMs <= lifeLease.Milliseconds(), fmt.Sprintf("%dms left", at.RemainingMs)
+	})
 	killed := time.Now()
 	require.NoError(t, rome.Agent.Kill())
 	// Until the lease lapses the copy runs untouched.
