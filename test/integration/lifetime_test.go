@@ -241,6 +241,7 @@ func testLifetimePlaceholder(t *testing.T, bed *testbed.Bed) {
 
 	require.NoError(t, paris.Client.Delete(ctx, greedy))
 	require.NoError(t, rome.Client.Delete(ctx, late))
+	require.NoError(t, rome.Client.Delete(ctx, rsv)) // made by hand: its owner deletes it
 	eventually(t, 60*time.Second, "no Reservation left in "+ns, func() (bool, string) {
 		n := len(reservations(t, rome, ns))
 		return n == 0, fmt.Sprintf("%d reservations", n)
