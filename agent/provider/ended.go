@@ -62,8 +62,9 @@ func MarkEnded(ctx context.Context, c client.Client, rec record.EventRecorder, p
 }
 
 // finish handles an ended instruction: its placeholder goes at once (the
-// capacity is the broker's again), its tenant pods are evicted once the
-// grace is over, then the instruction is deleted. It returns when to look
+// capacity is the broker's again), its tenant pods still running are
+// evicted once the grace is over, then the instruction is deleted (at once
+// when no pod of it runs any more). It returns when to look
 // again (zero: done). coveredIDs are the ids of the requester's live
 // instructions: pods of one of them are never evicted (an instruction of an
 // older agent, named otherwise, for the same reservation).
@@ -85,6 +86,19 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 	r.tokensMu.Lock()
 	delete(r.placedHere, pi.UID)
 	r.tokensMu.Unlock()
+	running := 0
+	for _, p := range tenants {
+		if p.DeletionTimestamp.IsZero() && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			running++
+		}
+	}
+	if running == 0 {
+		// Nothing left to evict (the requester's bridge deleted its copies,
+		// or none came): the instruction goes now, not after the grace. A
+		// copy's deletion brings this reconciler back (pod events).
+		log.FromContext(ctx).V(1).Info("ended reservation has no running pod left", "reservation", id, "requester", pi.Spec.Requester)
+		return 0, client.IgnoreNotFound(r.Client.Delete(ctx, pi))
+	}
 	endedAt := pi.CreationTimestamp.Time
 	if pi.Status.EndedAt != nil {
 		endedAt = pi.Status.EndedAt.Time

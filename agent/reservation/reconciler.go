@@ -466,8 +466,23 @@ func (r *Reconciler) wait(ctx context.Context, rsv *rbv1.Reservation, err error)
 	if errors.As(err, &apiErr) && apiErr.Message != "" {
 		msg = apiErr.Message
 	}
-	changed := rsv.Status.Phase != rbv1.ReservationPending || rsv.Status.Reason != reason
-	rsv.Status.Phase = rbv1.ReservationPending
+	if err := r.refused(ctx, rsv, rbv1.ReservationPending, reason, msg, "waiting for capacity: "+msg); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{RequeueAfter: min(r.backoff(rsv.Status.Attempts), r.WaitingRetry)}, nil
+}
+
+// fail marks a reservation refused for good: Failed is final.
+func (r *Reconciler) fail(ctx context.Context, rsv *rbv1.Reservation, reason, msg string) (ctrl.Result, error) {
+	return ctrl.Result{}, r.refused(ctx, rsv, rbv1.ReservationFailed, reason, msg, msg)
+}
+
+// refused writes a refusal into status (phase, reason, Reserved=False,
+// Synced=True, Ready) and, when the phase or reason changed, a Warning Event
+// saying event.
+func (r *Reconciler) refused(ctx context.Context, rsv *rbv1.Reservation, phase rbv1.ReservationPhase, reason, msg, event string) error {
+	changed := rsv.Status.Phase != phase || rsv.Status.Reason != reason
+	rsv.Status.Phase = phase
 	rsv.Status.Reason, rsv.Status.Message = reason, msg
 	rsv.Status.ObservedGeneration = rsv.Generation
 	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionFalse,
@@ -476,33 +491,12 @@ func (r *Reconciler) wait(ctx context.Context, rsv *rbv1.Reservation, err error)
 		Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
 	setReady(rsv)
 	if err := r.updateStatus(ctx, rsv); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	if changed {
-		r.Recorder.Event(rsv, corev1.EventTypeWarning, reason, "waiting for capacity: "+msg)
+		r.Recorder.Event(rsv, corev1.EventTypeWarning, reason, event)
 	}
-	return ctrl.Result{RequeueAfter: min(r.backoff(rsv.Status.Attempts), r.WaitingRetry)}, nil
-}
-
-// fail marks a reservation refused for good: Failed is final.
-func (r *Reconciler) fail(ctx context.Context, rsv *rbv1.Reservation, reason, msg string) (ctrl.Result, error) {
-	changed := rsv.Status.Phase != rbv1.ReservationFailed || rsv.Status.Reason != reason
-	rsv.Status.Phase = rbv1.ReservationFailed
-	rsv.Status.Reason = reason
-	rsv.Status.Message = msg
-	rsv.Status.ObservedGeneration = rsv.Generation
-	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionFalse,
-		Reason: reason, Message: msg, ObservedGeneration: rsv.Generation})
-	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
-		Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
-	setReady(rsv)
-	if err := r.updateStatus(ctx, rsv); err != nil {
-		return ctrl.Result{}, err
-	}
-	if changed {
-		r.Recorder.Event(rsv, corev1.EventTypeWarning, reason, msg)
-	}
-	return ctrl.Result{}, nil
+	return nil
 }
 
 // expiresAtSlack: a status.expiresAt that differs from a new reading by at

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -142,6 +143,15 @@ func requests(cpu, memory string, gpus ...string) corev1.ResourceList {
 		l[testbed.GPU] = resource.MustParse(gpus[0])
 	}
 	return l
+}
+
+// waiting tells whether the broker refused a reservation for lack of
+// capacity and the agent keeps asking: Pending with Reserved=False, reason
+// NoCapacity (Failed is final, and not what a waiting reservation is).
+func waiting(r *rbv1.Reservation) bool {
+	c := meta.FindStatusCondition(r.Status.Conditions, rbv1.ConditionReserved)
+	return r.Status.Phase == rbv1.ReservationPending && r.Status.Reason == "NoCapacity" &&
+		c != nil && c.Status == metav1.ConditionFalse && c.Reason == "NoCapacity"
 }
 
 func live(p rbv1.ReservationPhase) bool {

@@ -97,14 +97,24 @@ func testPlacementCleanMirror(t *testing.T, bed *testbed.Bed) {
 	assert.Contains(t, paris.Nodes(), cp.Spec.NodeName, "placed by paris's scheduler on a paris node")
 	assert.Equal(t, corev1.DefaultSchedulerName, cp.Spec.SchedulerName, "paris's own scheduler")
 	assert.Equal(t, map[string]string{corev1.LabelArchStable: "amd64"}, cp.Spec.NodeSelector)
-	assert.Nil(t, cp.Spec.Affinity, "rome's node names mean nothing in paris")
+	// rome's node names mean nothing in paris: rome's preference is gone;
+	// the only node term is paris's own hold (the placeholder's node).
+	rsvs := reservations(t, rome, ns)
+	require.Len(t, rsvs, 1)
+	require.NotNil(t, rsvs[0].Status.Placement, "paris held the capacity and said where")
+	require.NotNil(t, cp.Spec.Affinity)
+	require.NotNil(t, cp.Spec.Affinity.NodeAffinity)
+	assert.Empty(t, cp.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution, "rome's preference dropped")
+	assert.Equal(t, &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{rsvs[0].Status.Placement.Node}}}}}},
+		cp.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution, "pinned to the placeholder's node")
+	assert.Equal(t, rsvs[0].Status.Placement.Node, cp.Spec.NodeName)
+	assert.Equal(t, rbv1.TenantPriorityClass, cp.Spec.PriorityClassName)
 	for _, tol := range cp.Spec.Tolerations {
 		assert.NotEqual(t, rbv1.VirtualNodeTaint, tol.Key, "no toleration of the virtual node's taint")
 	}
 	assert.True(t, cp.Spec.Containers[0].Resources.Requests.Cpu().Equal(*pod.Spec.Containers[0].Resources.Requests.Cpu()), "requests kept")
 	assert.True(t, cp.Spec.Containers[0].Resources.Limits.Memory().Equal(*pod.Spec.Containers[0].Resources.Limits.Memory()), "limits kept")
-	rsvs := reservations(t, rome, ns)
-	require.Len(t, rsvs, 1)
 	assert.Equal(t, string(rsvs[0].UID), cp.Labels[rbv1.ReservationLabel], "the copy names the reservation it consumes")
 
 	require.NoError(t, rome.Client.Delete(ctx, pod))
