@@ -521,9 +521,16 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {
 		return err
 	}
-	gates, err := schedulerFeatureGates(c.bed.moduleRoot)
-	if err != nil {
-		return fmt.Errorf("%s: scheduler feature gates: %w", c.Name, err)
+	// A requester runs rb-scheduler as shipped (its feature gates); a
+	// provider's scheduler is a plain kube-scheduler (default profile,
+	// default gates), as a member cluster has: its preemption is what the
+	// provider-side hold relies on.
+	var gates []string
+	if c.Spec.Requester {
+		var err error
+		if gates, err = schedulerFeatureGates(c.bed.moduleRoot); err != nil {
+			return fmt.Errorf("%s: scheduler feature gates: %w", c.Name, err)
+		}
 	}
 	var last error
 	for range 3 {
