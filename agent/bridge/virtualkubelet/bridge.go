@@ -371,6 +371,9 @@ func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			b.log.V(1).Info("no live reservation, waiting for the pods to leave", "node", name)
 			return ctrl.Result{}, nil
 		}
+		if err := n.deleteLeftCopies(ctx); err != nil {
+			return ctrl.Result{}, err
+		}
 		b.mu.Lock()
 		delete(b.nodes, provider)
 		b.mu.Unlock()

@@ -326,6 +326,33 @@ func (h *podHandler) deleteOrphan(remote *corev1.Pod) {
 	}
 }
 
+// deleteLeftCopies deletes the copies still at the provider once no pod is
+// bound to the node any more, before the node stops: a pod deleted while its
+// copy was being made, or whose copy's deletion the node's end cut short,
+// would otherwise leave its copy running until the provider evicts it after
+// its grace.
+func (n *providerNode) deleteLeftCopies(ctx context.Context) error {
+	rc := n.currentRemote()
+	if rc == nil || !rc.synced() {
+		return nil
+	}
+	copies, err := rc.pods.List(labels.Everything())
+	if err != nil {
+		return err
+	}
+	for _, cp := range copies {
+		if _, _, ok := originOf(cp); !ok || cp.DeletionTimestamp != nil {
+			continue
+		}
+		n.log.Info("deleting a copy left behind by its pod", "copy", cp.Name)
+		err := rc.client.CoreV1().Pods(cp.Namespace).Delete(ctx, cp.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(cp.UID))})
+		if client404(err) != nil && !apierrors.IsConflict(err) {
+			return fmt.Errorf("delete copy %s/%s: %w", cp.Namespace, cp.Name, err)
+		}
+	}
+	return nil
+}
+
 // remoteGone: the copy is deleted at the provider. A local pod being deleted
 // is let go; one that was not is recreated at the provider, or marked Failed
 // when its restart policy is Never (a kubelet does not restart such a pod).
