@@ -243,7 +243,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		}
 	}
 	tenants := &provider.TenantReconciler{
-		Client: mgr.GetClient(), Broker: o.Broker, Recorder: mgr.GetEventRecorderFor("rb-agent"),
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Broker: o.Broker, Recorder: mgr.GetEventRecorderFor("rb-agent"),
 		Namespace: o.Namespace, Endpoint: o.Endpoint, CABundle: o.CABundle, TokenTTL: o.TokenTTL,
 		Hold: !o.NoProviderHold, PlaceholderImage: o.PlaceholderImage, HoldTimeout: o.HoldTimeout, EvictionGrace: o.EvictionGrace,
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	resourcehelper "k8s.io/component-helpers/resource"
 	"strings"
 	"time"
 
@@ -164,6 +165,94 @@ type holdState struct {
 	deadline time.Time
 	// changed: pi's status changed (to be written).
 	changed bool
+	// recheck: look again this soon (a pending copy may be stuck; zero: no need).
+	recheck time.Duration
+}
+
+// StuckCopyAfter is how long a tenant pod may stay unschedulable on a node
+// that has room for it before requeueStuckCopies makes it anew.
+const StuckCopyAfter = 5 * time.Second
+
+// requeueStuckCopies works around kube-scheduler's async preemption losing a
+// preemptor (kubernetes/kubernetes#141694, open in 1.35): when two tenant
+// pods pinned to one node arrive together, both preempt the node's
+// placeholders, the second finds its victims already deleted, and it waits
+// in the unschedulable pool for the 5-minute flush although the node has
+// room. A tenant pod unschedulable for StuckCopyAfter, its placeholder gone,
+// on a node whose free capacity holds it, is deleted (Warning Event
+// CopyRequeued): the requester's bridge makes the copy again at once, and
+// a new pod is scheduled at once. Returns when to look again.
+func (r *TenantReconciler) requeueStuckCopies(ctx context.Context, pi *rbv1.ProviderInstruction, tenants []*corev1.Pod) (time.Duration, error) {
+	if r.APIReader == nil || pi.Status.PlacementNode == "" {
+		return 0, nil
+	}
+	var recheck time.Duration
+	for _, p := range tenants {
+		if p.Spec.NodeName != "" || !p.DeletionTimestamp.IsZero() {
+			continue
+		}
+		var since time.Time
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+				since = c.LastTransitionTime.Time
+			}
+		}
+		if since.IsZero() {
+			continue
+		}
+		if wait := time.Until(since.Add(StuckCopyAfter)); wait > 0 {
+			recheck = max(recheck, wait)
+			continue
+		}
+		fits, err := r.nodeHolds(ctx, pi.Status.PlacementNode, p)
+		if err != nil || !fits {
+			recheck = StuckCopyAfter // the node is full for now: the scheduler's own events will tell
+			if err != nil {
+				return recheck, err
+			}
+			continue
+		}
+		err = r.Client.Delete(ctx, p, client.Preconditions{UID: &p.UID})
+		if client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+			return 0, err
+		}
+		r.Recorder.Eventf(pi, corev1.EventTypeWarning, "CopyRequeued",
+			"tenant pod %s/%s unschedulable for %s although node %s has room (kube-scheduler lost it after a preemption, kubernetes/kubernetes#141694): deleted so that the requester makes it anew",
+			p.Namespace, p.Name, time.Since(since).Round(time.Second), pi.Status.PlacementNode)
+	}
+	return recheck, nil
+}
+
+// nodeHolds tells whether node's allocatable, less the requests of the
+// pods bound to it, holds pod's requests (read from the API server: the
+// manager's cache holds only the pods of reservations).
+func (r *TenantReconciler) nodeHolds(ctx context.Context, node string, pod *corev1.Pod) (bool, error) {
+	var n corev1.Node
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	var pods corev1.PodList
+	if err := r.APIReader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node}); err != nil {
+		return false, err
+	}
+	free := n.Status.Allocatable.DeepCopy()
+	for i := range pods.Items {
+		q := &pods.Items[i]
+		if q.Status.Phase == corev1.PodSucceeded || q.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for name, v := range resourcehelper.PodRequests(q, resourcehelper.PodResourcesOptions{}) {
+			left := free[name]
+			left.Sub(v)
+			free[name] = left
+		}
+	}
+	for name, want := range resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{}) {
+		if left, ok := free[name]; !ok || left.Cmp(want) < 0 {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // hold keeps pi's placeholder and tells how to grant.
@@ -219,6 +308,13 @@ func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.Provide
 		}
 		if bound != "" {
 			setHeld(false, "", "TenantPodBound", "tenant pod bound to "+bound+"; the placeholder gave way")
+		}
+		if placeholder == nil {
+			recheck, err := r.requeueStuckCopies(ctx, pi, tenants)
+			if err != nil {
+				return st, err
+			}
+			st.recheck = recheck
 		}
 		return st, nil
 	}

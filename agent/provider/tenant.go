@@ -65,9 +65,12 @@ type Granter interface {
 // TenantReconciler reconciles the tenant of one requester; its requests are
 // keyed by the requester's cluster id (Name), whatever object changed.
 type TenantReconciler struct {
-	Client   client.Client
-	Broker   Granter
-	Recorder record.EventRecorder
+	Client client.Client
+	// APIReader reads what the manager's cache does not hold (every pod of
+	// a node, for requeueStuckCopies); nil turns that work-around off.
+	APIReader client.Reader
+	Broker    Granter
+	Recorder  record.EventRecorder
 	// Namespace holds this agent's ProviderInstructions.
 	Namespace string
 	// Endpoint and CABundle are this cluster's API server as requesters reach it.
@@ -258,6 +261,9 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 				if err := r.Client.Status().Update(ctx, pi); err != nil {
 					return ctrl.Result{}, client.IgnoreNotFound(err)
 				}
+			}
+			if hs.recheck > 0 {
+				soonest(time.Now().Add(hs.recheck))
 			}
 		}
 		first := !pi.Status.Enforced && granted[pi.UID].IsZero()
