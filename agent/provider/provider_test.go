@@ -338,3 +338,53 @@ var rbacBinding = rbacv1.RoleBinding{
 	RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: provider.TenantClusterRole},
 	Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: provider.TenantServiceAccount, Namespace: "rb-rome"}},
 }
+
+// TestStuckCopyRequeued: a tenant pod unschedulable for a while, its
+// placeholder gone and its node with room (kube-scheduler lost it after a
+// preemption, kubernetes/kubernetes#141694) is deleted so that its requester
+// makes it anew, with an Event; one its node cannot hold is left alone.
+func TestStuckCopyRequeued(t *testing.T) {
+	e := newEnv(t)
+	_, err := kubelet.ReadyNode(e.ctx, e.cs, "n1", corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"),
+		corev1.ResourceMemory: resource.MustParse("16Gi"), "nvidia.com/gpu": resource.MustParse("2")}, nil)
+	require.NoError(t, err)
+	g := &grants{}
+	e.start(&provider.TenantReconciler{Broker: g, Hold: true, APIReader: e.c, PlaceholderImage: "rb.test/pause:3.10",
+		HoldTimeout: time.Minute, EvictionGrace: time.Minute})
+	r1 := e.instruction("rome", "r1", "2", "n1")
+	require.Eventually(t, func() bool {
+		var ph corev1.Pod
+		return e.c.Get(e.ctx, types.NamespacedName{Namespace: "rb-rome", Name: provider.PlaceholderName("r1")}, &ph) == nil
+	}, 10*time.Second, 20*time.Millisecond)
+	e.bind("rb-rome", provider.PlaceholderName("r1"), "n1")
+	require.Eventually(t, func() bool { return e.get(r1).Status.PlacementNode == "n1" }, 5*time.Second, 20*time.Millisecond)
+
+	unschedulable := func(name string, since time.Time) {
+		p, err := e.cs.CoreV1().Pods("rb-rome").Get(e.ctx, name, metav1.GetOptions{})
+		require.NoError(t, err)
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse,
+			Reason: corev1.PodReasonUnschedulable, LastTransitionTime: metav1.NewTime(since)}}
+		_, err = e.cs.CoreV1().Pods("rb-rome").UpdateStatus(e.ctx, p, metav1.UpdateOptions{})
+		require.NoError(t, err)
+	}
+	big := tenantPod("big", "r1")
+	big.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU] = resource.MustParse("64")
+	require.NoError(t, e.c.Create(e.ctx, big))
+	require.Eventually(t, func() bool { return e.get(r1).Status.Superseded }, 5*time.Second, 20*time.Millisecond)
+	require.NoError(t, e.c.Delete(e.ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "rb-rome", Name: provider.PlaceholderName("r1")}}))
+	unschedulable("big", time.Now().Add(-time.Minute))
+	stuck := tenantPod("stuck", "r1")
+	require.NoError(t, e.c.Create(e.ctx, stuck))
+	unschedulable("stuck", time.Now().Add(-time.Minute))
+
+	require.Eventually(t, func() bool {
+		var p corev1.Pod
+		return apierrors.IsNotFound(e.c.Get(e.ctx, types.NamespacedName{Namespace: "rb-rome", Name: "stuck"}, &p))
+	}, 10*time.Second, 20*time.Millisecond, "the lost pod is deleted to be made anew")
+	require.Eventually(t, func() bool { return len(e.events(r1.Name, "CopyRequeued")) == 1 }, 5*time.Second, 20*time.Millisecond)
+	assert.Contains(t, e.events(r1.Name, "CopyRequeued")[0].Message, "kubernetes/kubernetes#141694")
+	time.Sleep(time.Second)
+	var p corev1.Pod
+	require.NoError(t, e.c.Get(e.ctx, types.NamespacedName{Namespace: "rb-rome", Name: "big"}, &p), "a pod its node cannot hold stays")
+	assert.True(t, p.DeletionTimestamp.IsZero())
+}
