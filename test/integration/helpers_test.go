@@ -70,6 +70,23 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() (b
 	}
 }
 
+// scenario is one subtest of a test that shares one bed among several.
+type scenario struct {
+	name string
+	run  func(*testing.T, *testbed.Bed)
+}
+
+// runScenarios runs each scenario on bed as a subtest, in order. A scenario
+// that failed may have left the bed in any state: the next ones run on
+// whatever it left.
+func runScenarios(t *testing.T, bed *testbed.Bed, scenarios []scenario) {
+	for _, sc := range scenarios {
+		if !t.Run(sc.name, func(t *testing.T) { sc.run(t, bed) }) {
+			t.Logf("scenario %s failed; the next ones run on whatever it left", sc.name)
+		}
+	}
+}
+
 // baseline reads the brokers' capacity accounting once the bed is quiet.
 func baseline(t *testing.T, bed *testbed.Bed) testbed.Capacity {
 	t.Helper()

@@ -65,20 +65,13 @@ func TestLifetime(t *testing.T) {
 		BrokerClockOffset: lifeClockOffset,
 	})
 	t.Logf("lifetime bed up in %s", bed.Timings["total"].Round(time.Millisecond))
-	for _, sc := range []struct {
-		name string
-		run  func(*testing.T, *testbed.Bed)
-	}{
+	runScenarios(t, bed, []scenario{
 		{"clock-skew", testLifetimeClockSkew},
 		{"placeholder", testLifetimePlaceholder},
 		{"renewed", testLifetimeRenewed},
 		{"requester-lost", testLifetimeRequesterLost},
 		{"v1-refusal", testLifetimeV1Refusal},
-	} {
-		if !t.Run(sc.name, func(t *testing.T) { sc.run(t, bed) }) {
-			t.Logf("scenario %s failed; the next ones run on whatever it left", sc.name)
-		}
-	}
+	})
 }
 
 // testLifetimeClockSkew: the broker's clock really is an hour behind (Redis

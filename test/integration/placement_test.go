@@ -32,19 +32,12 @@ func TestPlacement(t *testing.T) {
 		AgentArgs: func(cluster string) []string {
 			return []string{"--provider-unschedulable-after=3s"}
 		}})
-	for _, sc := range []struct {
-		name string
-		run  func(*testing.T, *testbed.Bed)
-	}{
+	runScenarios(t, bed, []scenario{
 		{"clean-mirror", testPlacementCleanMirror},
 		{"provider-unschedulable", testPlacementProviderUnschedulable},
 		{"per-node-fit", testPlacementPerNodeFit},
 		{"not-offloaded", testPlacementNotOffloaded},
-	} {
-		if !t.Run(sc.name, func(t *testing.T) { sc.run(t, bed) }) {
-			t.Logf("scenario %s failed; the next ones run on whatever it left", sc.name)
-		}
-	}
+	})
 }
 
 // runningPod creates pod in rome and waits until it is Running there.

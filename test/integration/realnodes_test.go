@@ -34,19 +34,12 @@ func TestRealNodes(t *testing.T) {
 	bed := testbed.Start(t, testbed.Options{RealNodes: true, Clusters: []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin}})
 	t.Logf("real-node bed up in %s (%s)", bed.Timings["total"].Round(time.Millisecond), timingsAll(bed))
 	newNamespace(t, bed.Cluster("rome"), realWebNamespace) // lives across transparent, kubectl, release
-	for _, sc := range []struct {
-		name string
-		run  func(*testing.T, *testbed.Bed)
-	}{
+	runScenarios(t, bed, []scenario{
 		{"transparent", testRealTransparent},
 		{"kubectl", testRealKubectl},
 		{"release", testRealRelease},
 		{"node-lost", testRealNodeLost},
-	} {
-		if !t.Run(sc.name, func(t *testing.T) { sc.run(t, bed) }) {
-			t.Logf("scenario %s failed; the next ones run on whatever it left", sc.name)
-		}
-	}
+	})
 }
 
 func timingsAll(bed *testbed.Bed) string {

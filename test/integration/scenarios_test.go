@@ -39,10 +39,7 @@ func TestScenarios(t *testing.T) {
 	figures.Unlock()
 	figureLine(t, "testbed", "up in %s (%s)", bed.Timings["total"].Round(time.Millisecond), timings(bed))
 
-	for _, sc := range []struct {
-		name string
-		run  func(*testing.T, *testbed.Bed)
-	}{
+	runScenarios(t, bed, []scenario{
 		{"testbed", testTestbed},
 		{"transparent", testTransparent},
 		{"release", testRelease},
@@ -52,12 +49,7 @@ func TestScenarios(t *testing.T) {
 		{"broker-killed", testBrokerKilled},
 		{"redis-restarted", testRedisRestarted},
 		{"stale-provider", testStaleProvider},
-	} {
-		if !t.Run(sc.name, func(t *testing.T) { sc.run(t, bed) }) {
-			// A scenario that failed may have left the bed in any state.
-			t.Logf("scenario %s failed; the next ones run on whatever it left", sc.name)
-		}
-	}
+	})
 	figures.Lock()
 	t.Logf("figures (total %s):\n%s", time.Since(began).Round(time.Second), strings.Join(figures.lines, "\n"))
 	figures.Unlock()
