@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -247,6 +248,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Namespace: o.Namespace, Endpoint: o.Endpoint, CABundle: o.CABundle, TokenTTL: o.TokenTTL,
 		Hold: !o.NoProviderHold, PlaceholderImage: o.PlaceholderImage, HoldTimeout: o.HoldTimeout, EvictionGrace: o.EvictionGrace,
 	}
+	if o.Broker != nil {
+		tenants.Clusters = o.Broker // which requesters pin their pods (Liqo's do not)
+	}
 	if err := tenants.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("tenant reconciler: %w", err)
 	}
@@ -269,8 +273,18 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := coll.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("collector: %w", err)
 	}
+	labels := o.Labels
+	if o.Bridge == bridge.ModeLiqo {
+		// Liqo places the offloaded pods itself, unpinned: providers hold
+		// nothing for this cluster (a placeholder would hold twice).
+		labels = maps.Clone(o.Labels)
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		labels[rbv1.BridgeLabel] = bridge.ModeLiqo
+	}
 	pub, err := publisher.New(publisher.Config{
-		ClusterID: o.ClusterID, Endpoint: o.Endpoint, Labels: o.Labels, Prices: publisher.PricesFromWire(o.Prices),
+		ClusterID: o.ClusterID, Endpoint: o.Endpoint, Labels: labels, Prices: publisher.PricesFromWire(o.Prices),
 		Debounce: o.Debounce, Period: o.PublishPeriod, Source: coll, Broker: o.Broker,
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("rb-agent"),
 	})

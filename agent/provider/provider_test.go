@@ -388,3 +388,37 @@ func TestStuckCopyRequeued(t *testing.T) {
 	require.NoError(t, e.c.Get(e.ctx, types.NamespacedName{Namespace: "rb-rome", Name: "big"}, &p), "a pod its node cannot hold stays")
 	assert.True(t, p.DeletionTimestamp.IsZero())
 }
+
+// advertised answers Cluster with fixed labels per cluster.
+type advertised map[string]map[string]string
+
+func (a advertised) Cluster(_ context.Context, id string) (api.Cluster, error) {
+	return api.Cluster{ClusterID: id, Labels: a[id]}, nil
+}
+
+// TestNoHoldForLiqoRequester: a requester that advertises it offloads with
+// Liqo (which cannot pin its pods to a held node) gets no placeholder, and
+// its grant goes at once, without placement; another requester is held.
+func TestNoHoldForLiqoRequester(t *testing.T) {
+	e := newEnv(t)
+	_, err := kubelet.ReadyNode(e.ctx, e.cs, "n1", corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"),
+		corev1.ResourceMemory: resource.MustParse("16Gi"), "nvidia.com/gpu": resource.MustParse("2")}, nil)
+	require.NoError(t, err)
+	g := &grants{}
+	e.start(&provider.TenantReconciler{Broker: g, Hold: true, PlaceholderImage: "rb.test/pause:3.10",
+		HoldTimeout: time.Minute, EvictionGrace: time.Minute,
+		Clusters: advertised{"milan": {rbv1.BridgeLabel: "liqo"}, "rome": {"region": "it"}}})
+	e.instruction("milan", "m1", "1", "n1")
+	e.instruction("rome", "r1", "1", "n1")
+	require.Eventually(t, func() bool { return len(g.of("milan/m1")) > 0 }, 5*time.Second, 20*time.Millisecond,
+		"granted at once: nothing to wait for")
+	assert.Nil(t, g.of("milan/m1")[0].Placement)
+	require.Eventually(t, func() bool {
+		var ph corev1.Pod
+		return e.c.Get(e.ctx, types.NamespacedName{Namespace: "rb-rome", Name: provider.PlaceholderName("r1")}, &ph) == nil
+	}, 5*time.Second, 20*time.Millisecond, "rome pins its pods: held")
+	var pods corev1.PodList
+	require.NoError(t, e.c.List(e.ctx, &pods, client.InNamespace("rb-milan")))
+	assert.Empty(t, pods.Items, "no placeholder for milan")
+	assert.Empty(t, g.of("rome/r1"), "rome's first grant waits for its placeholder")
+}

@@ -62,6 +62,11 @@ type Granter interface {
 	GrantTo(ctx context.Context, requester, id string, g api.Grant) (api.Reservation, error)
 }
 
+// ClusterReader reads a cluster's advertisement at the broker.
+type ClusterReader interface {
+	Cluster(ctx context.Context, id string) (api.Cluster, error)
+}
+
 // TenantReconciler reconciles the tenant of one requester; its requests are
 // keyed by the requester's cluster id (Name), whatever object changed.
 type TenantReconciler struct {
@@ -69,8 +74,12 @@ type TenantReconciler struct {
 	// APIReader reads what the manager's cache does not hold (every pod of
 	// a node, for requeueStuckCopies); nil turns that work-around off.
 	APIReader client.Reader
-	Broker    Granter
-	Recorder  record.EventRecorder
+	// Clusters reads requesters' advertisements: a requester that
+	// advertises rbv1.BridgeLabel=liqo cannot pin its pods to a held node,
+	// so its reservations are not held (nil: every requester pins).
+	Clusters ClusterReader
+	Broker   Granter
+	Recorder record.EventRecorder
 	// Namespace holds this agent's ProviderInstructions.
 	Namespace string
 	// Endpoint and CABundle are this cluster's API server as requesters reach it.
@@ -94,6 +103,11 @@ type TenantReconciler struct {
 	// EvictionGrace is how long the tenant pods of an ended reservation may
 	// still run (default DefaultEvictionGrace).
 	EvictionGrace time.Duration
+
+	// pins: per requester, whether its bridge pins pods to held nodes, and
+	// when that was read (requesterPins).
+	pinsMu sync.Mutex
+	pins   map[string]requesterBridge
 
 	// tokens: the last token requested per requester, handed to the
 	// reservations granted while it is young (see tokenFor).
@@ -251,9 +265,10 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	var due []dueGrant
 	granted := r.grantedOf(requester, live)
+	hold := r.Hold && r.requesterPins(ctx, requester)
 	for _, pi := range live {
 		var hs holdState
-		if r.Hold {
+		if hold {
 			if hs, err = r.hold(ctx, ns, pi); err != nil {
 				return ctrl.Result{}, err
 			}
@@ -632,3 +647,50 @@ func InstructionFor(namespace string, id, requester string, res api.Quantities, 
 	}
 	return pi
 }
+
+// requesterBridge is what a provider knows of a requester's bridge.
+type requesterBridge struct {
+	pins bool
+	read time.Time
+}
+
+// requesterPinsTTL is how long a requester's advertised bridge is trusted
+// before it is read again.
+const requesterPinsTTL = time.Minute
+
+// requesterPins tells whether requester's bridge pins its pods to the node
+// a placeholder holds (our virtual-kubelet bridge does; Liqo's offloading
+// does not, and says so with rbv1.BridgeLabel in its advertisement). Held
+// for a requester that does not pin, the capacity would be taken twice: by
+// the placeholder, which nothing preempts, and by the offloaded pod. When
+// the broker cannot say, the last answer stands (pinning if none).
+func (r *TenantReconciler) requesterPins(ctx context.Context, requester string) bool {
+	if r.Clusters == nil {
+		return true
+	}
+	r.pinsMu.Lock()
+	known, ok := r.pins[requester]
+	r.pinsMu.Unlock()
+	if ok && time.Since(known.read) < requesterPinsTTL {
+		return known.pins
+	}
+	c, err := r.Clusters.Cluster(ctx, requester)
+	if err != nil {
+		log.FromContext(ctx).V(1).Info("requester's advertisement unreadable; keeping what was known", "requester", requester, "error", err.Error())
+		return !ok || known.pins
+	}
+	pins := c.Labels[rbv1.BridgeLabel] != bridgeLiqo
+	r.pinsMu.Lock()
+	if r.pins == nil {
+		r.pins = map[string]requesterBridge{}
+	}
+	r.pins[requester] = requesterBridge{pins: pins, read: time.Now()}
+	r.pinsMu.Unlock()
+	if !pins && (!ok || known.pins) {
+		log.FromContext(ctx).Info("requester offloads with Liqo: its reservations are not held by placeholders", "requester", requester)
+	}
+	return pins
+}
+
+// bridgeLiqo is rbv1.BridgeLabel's value for a requester offloading with Liqo.
+const bridgeLiqo = "liqo"

@@ -12,6 +12,10 @@ const (
 	RequesterLabel = "broker.fluidos.eu/requester"
 	// ReservationLabel, on provider-side objects, names the broker reservation id.
 	ReservationLabel = "broker.fluidos.eu/reservation"
+	// BridgeLabel, advertised by a requester whose bridge cannot pin its pods
+	// to a provider's held node (value "liqo": Liqo places offloaded pods
+	// itself), tells providers not to hold its reservations with placeholders.
+	BridgeLabel = "broker.fluidos.eu/bridge"
 	// ManagedByLabel marks objects the agent manages.
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	// ManagedByValue is ManagedByLabel's value on our objects.

@@ -193,6 +193,11 @@ func TestRealLiqo(t *testing.T) {
 	assert.Contains(t, parisNodes, a["hostIP"], "answered from a paris node: %v", a)
 	step(fmt.Sprintf("GET http://%s:8080/ answered by %s on paris node %s (ShadowPod %s/%s)", pod.Status.PodIP, a["pod"], parisNodes[a["hostIP"]], remoteNS, shadows.Items[0].Name))
 	figure(t, "Deployment created -> pod Running on paris via Liqo: %s", running.Round(time.Millisecond))
+	// rome offloads with Liqo (it advertises broker.fluidos.eu/bridge=liqo):
+	// paris holds nothing for it, or the capacity would be taken twice.
+	var held corev1.PodList
+	require.NoError(t, paris.Client.List(ctx, &held, client.MatchingLabels{rbv1.RoleLabel: rbv1.RolePlaceholder}))
+	assert.Empty(t, held.Items, "no placeholder for a requester that offloads with Liqo")
 
 	// Liqo's virtual kubelet serves the pod's log and exec (its serving
 	// certificate approved by Liqo, signed by rome's kube-controller-manager).
