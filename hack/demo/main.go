@@ -759,7 +759,12 @@ func printCommands(bed *testbed.Bed, kubeconfigs map[string]string, real bool) {
 	rc := fmt.Sprintf("%s --broker-url %s --cert-dir %s", rbctl, bed.BrokerURL, rel(bed.Cluster("rome").CertDir))
 	fmt.Fprintf(w, "  %s clusters\n", rc)
 	fmt.Fprintf(w, "  %s reservations\n", rc)
-	fmt.Fprintf(w, "  %s explain %s\n", rc, strings.TrimPrefix(rsv, prefix+"resv:"))
+	// Keys name <requester>/<id>; rome, the requester, addresses its ids bare.
+	id := strings.TrimPrefix(rsv, prefix+"resv:")
+	if _, bare, ok := strings.Cut(id, "/"); ok {
+		id = bare
+	}
+	fmt.Fprintf(w, "  %s explain %s\n", rc, id)
 	fmt.Fprintln(w, "  logs:", rel(bed.LogDir)+"/")
 	fmt.Fprintln(w)
 }
