@@ -86,13 +86,13 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 	r.tokensMu.Lock()
 	delete(r.placedHere, pi.UID)
 	r.tokensMu.Unlock()
-	running := 0
+	var running []*corev1.Pod
 	for _, p := range tenants {
 		if p.DeletionTimestamp.IsZero() && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			running++
+			running = append(running, p)
 		}
 	}
-	if running == 0 {
+	if len(running) == 0 {
 		// Nothing left to evict (the requester's bridge deleted its copies,
 		// or none came): the instruction goes now, not after the grace. A
 		// copy's deletion brings this reconciler back (pod events).
@@ -111,10 +111,7 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 		reason = c.Reason
 	}
 	evicted := 0
-	for _, p := range tenants {
-		if !p.DeletionTimestamp.IsZero() || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
+	for _, p := range running {
 		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}}
 		err := r.Client.SubResource("eviction").Create(ctx, p, ev)
 		switch {

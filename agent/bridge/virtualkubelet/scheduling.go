@@ -27,23 +27,12 @@ const (
 )
 
 // reservationOf is the live reservation at this node's provider that the pod
-// was opened with, by the plugin (label) or by hand (spec.podName); nil if
-// none is known.
+// was opened with: the one naming it in spec.podName (set by the plugin and
+// by hand alike); nil if none is known.
 func (n *providerNode) reservationOf(ctx context.Context, pod *corev1.Pod) *rbv1.Reservation {
 	var list rbv1.ReservationList
-	if err := n.b.client.List(ctx, &list, client.InNamespace(pod.Namespace), client.MatchingLabels{rbv1.PodLabel: pod.Name}); err != nil {
-		n.log.V(1).Info("reservations of a pod", "pod", pod.Namespace+"/"+pod.Name, "error", err.Error())
-		return nil
-	}
-	for i := range list.Items {
-		if r := &list.Items[i]; r.Status.Provider == n.provider && rsvstatus.Live(r) {
-			return r
-		}
-	}
-	// A Reservation made by hand names its pod in spec.podName and need
-	// not carry the plugin's label.
 	if err := n.b.client.List(ctx, &list, client.InNamespace(pod.Namespace)); err != nil {
-		n.log.V(1).Info("reservations of a namespace", "namespace", pod.Namespace, "error", err.Error())
+		n.log.V(1).Info("reservations of a pod", "pod", pod.Namespace+"/"+pod.Name, "error", err.Error())
 		return nil
 	}
 	for i := range list.Items {
