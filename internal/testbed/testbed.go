@@ -86,6 +86,15 @@ type Options struct {
 	// NodeMonitorGracePeriod of kube-controller-manager with RealNodes
 	// (default 20s): how long a node may be silent before it is NotReady.
 	NodeMonitorGracePeriod time.Duration
+	// MetricsServer runs metrics-server (bin/metrics-server, `make
+	// metrics-server-bin`) in every cluster with RealNodes, as a host process
+	// behind the APIService v1beta1.metrics.k8s.io, scraping every node's
+	// kubelet (the virtual nodes' too) at MetricResolution (default 15s, its
+	// minimum); kube-controller-manager then runs the HPA controller with a
+	// short sync period (5s) and no downscale stabilization.
+	MetricsServer bool
+	// MetricResolution of metrics-server with MetricsServer (default 15s).
+	MetricResolution time.Duration
 }
 
 func (o *Options) defaults() {
