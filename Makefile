@@ -20,7 +20,7 @@ help: ## Show this help.
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
 .PHONY: demo
-demo: envtest-bin node-bin build ## Run the three-cluster demo on real nodes where the machine allows it (Redis, brokers, rome/paris/berlin, a workload, a live timeline; Ctrl-C tears down; DEMO_FLAGS=--exit-after=30s, --nodes=stand-in).
+demo: envtest-bin node-bin metrics-server-bin build ## Run the three-cluster demo on real nodes where the machine allows it (Redis, brokers, rome/paris/berlin, a workload, a live timeline; Ctrl-C tears down; DEMO_FLAGS=--exit-after=30s, --nodes=stand-in).
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		$(MAKE) --no-print-directory node-deps || echo "demo: containerd, runc or the CNI plugins could not be installed: the demo falls back to stand-in nodes"; fi
 	go build -o bin/demo ./hack/demo
@@ -31,7 +31,7 @@ demo-broker: build check-redis ## Run the broker-only demo: Redis, one broker, t
 	hack/demo-broker.sh
 
 .PHONY: test
-test: envtest-bin node-bin liqo-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane, nodes and Liqo on first use).
+test: envtest-bin node-bin metrics-server-bin liqo-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane, nodes, metrics-server and Liqo on first use).
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: check-node-deps
@@ -131,6 +131,35 @@ $(NODE_STAMP):
 	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 	@rm -f $(ENVTEST_DIR)/.node-*
 	@touch $@
+
+# metrics-server for the real-node clusters of the test bed and of the demo
+# (kubectl top, HorizontalPodAutoscalers): a pinned release built with `go
+# install` from the Go module proxy, outside this module (it is not one of our
+# dependencies). Its RBAC manifest (manifests/base/rbac.yaml of the same
+# module) is copied beside it: the bed applies it as upstream wrote it. Into
+# bin/metrics-server, cached by a stamp per version.
+METRICS_SERVER_VERSION := v0.8.0
+METRICS_SERVER_DIR     := $(CURDIR)/bin/metrics-server
+METRICS_SERVER_STAMP   := $(METRICS_SERVER_DIR)/.built-metrics-server-$(METRICS_SERVER_VERSION)
+
+.PHONY: metrics-server-bin
+metrics-server-bin: $(METRICS_SERVER_STAMP) ## Build metrics-server (METRICS_SERVER_VERSION) from the Go module proxy into bin/metrics-server, with its RBAC manifest (real-node test bed and demo: kubectl top, HPA).
+
+$(METRICS_SERVER_STAMP):
+	@echo ">> building metrics-server $(METRICS_SERVER_VERSION) into $(METRICS_SERVER_DIR) (first time: about 2 minutes)"
+	@set -euo pipefail; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	mkdir -p "$(METRICS_SERVER_DIR)"; \
+	cd "$$tmp"; \
+	export GOWORK=off GOFLAGS=-buildvcs=false; \
+	GOBIN="$(METRICS_SERVER_DIR)" go install -ldflags "-s -w -X k8s.io/client-go/pkg/version.gitVersion=$(METRICS_SERVER_VERSION)" \
+		sigs.k8s.io/metrics-server/cmd/metrics-server@$(METRICS_SERVER_VERSION); \
+	GOFLAGS=-mod=mod go mod download -json sigs.k8s.io/metrics-server@$(METRICS_SERVER_VERSION) > download.json; \
+	dir=$$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p' download.json); \
+	if [ -z "$$dir" ] || [ ! -f "$$dir/manifests/base/rbac.yaml" ]; then echo "no manifests/base/rbac.yaml in metrics-server $(METRICS_SERVER_VERSION) ($$dir)" >&2; exit 1; fi; \
+	install -m 0644 "$$dir/manifests/base/rbac.yaml" "$(METRICS_SERVER_DIR)/rbac.yaml"; \
+	rm -f "$(METRICS_SERVER_DIR)"/.built-metrics-server-*; \
+	touch "$@"
 
 # Liqo's own components for the Liqo test bed (internal/liqobed), at go.mod's
 # Liqo version: liqo-controller-manager, virtual-kubelet, crd-replicator,

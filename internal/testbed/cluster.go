@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
@@ -42,13 +43,16 @@ import (
 // AgentNamespace is where the agents keep their objects (as in manifests/agent).
 const AgentNamespace = "resource-broker"
 
-// Scheme knows the built-in types and resource-broker's CRDs.
+// Scheme knows the built-in types, resource-broker's CRDs and APIServices.
 var Scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		panic(err)
 	}
 	if err := rbv1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := apiregistrationv1.AddToScheme(s); err != nil {
 		panic(err)
 	}
 	return s
@@ -126,8 +130,11 @@ type Cluster struct {
 	// CertDir holds the cluster's broker client certificate (CN = Name).
 	CertDir string
 	// Agent is rb-agent; Scheduler is rb-scheduler; ControllerManager is
-	// kube-controller-manager (with Options.RealNodes only).
-	Agent, Scheduler, ControllerManager *Process
+	// kube-controller-manager (with Options.RealNodes only); MetricsServer
+	// is metrics-server (with Options.MetricsServer only), serving at
+	// MetricsServerAddr (an address of its own on the host bridge).
+	Agent, Scheduler, ControllerManager, MetricsServer *Process
+	MetricsServerAddr                                  string
 	// CA is the cluster's CA (with Options.RealNodes only): the API
 	// server's client CA, issuer of the kubelets' serving certificates and
 	// kube-controller-manager's CSR signer.

@@ -247,6 +247,12 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 				"--node-monitor-grace-period=" + grace.String(), "--node-monitor-period=2s",
 				"--concurrent-namespace-syncs=5",
 				"--v=" + strconv.Itoa(max(c.bed.opts.Verbosity, 1))}}
+		if c.bed.opts.MetricsServer {
+			// HorizontalPodAutoscalers act within seconds of a change in
+			// the metrics (defaults: every 15 s, and 5 min before scaling in).
+			c.ControllerManager.Args = append(c.ControllerManager.Args,
+				"--horizontal-pod-autoscaler-sync-period=5s", "--horizontal-pod-autoscaler-downscale-stabilization=0s")
+		}
 		if err := c.ControllerManager.Start(); err != nil {
 			return err
 		}

@@ -125,6 +125,20 @@ func (o *Options) defaults() {
 	if o.NodeMonitorGracePeriod == 0 {
 		o.NodeMonitorGracePeriod = 20 * time.Second
 	}
+	if o.MetricResolution == 0 {
+		o.MetricResolution = minMetricResolution
+	}
+}
+
+func (o *Options) validate() error {
+	if o.MetricsServer && !o.RealNodes {
+		return errors.New("Options.MetricsServer needs RealNodes: metrics-server scrapes kubelets, and stand-in nodes have none")
+	}
+	if o.MetricResolution < minMetricResolution {
+		return fmt.Errorf("Options.MetricResolution %s: metrics-server needs at least %s (above its 10s kubelet request timeout)",
+			o.MetricResolution, minMetricResolution)
+	}
+	return nil
 }
 
 // Bed is a running test bed.
@@ -217,6 +231,9 @@ func New(ctx context.Context, o Options) (*Bed, error) {
 	if o.Dir == "" {
 		return nil, errors.New("Options.Dir is required")
 	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
 	root, err := testenv.ModuleRoot()
 	if err != nil {
 		return nil, err
@@ -308,6 +325,9 @@ func (b *Bed) start(ctx context.Context) error {
 		for _, c := range b.Clusters {
 			g.Go(timed("kube-controller-manager "+c.Name, func() error { return c.startControllerManager(gctx) }))
 			g.Go(timed("nodes "+c.Name, func() error { return c.addSpecNodes(gctx) }))
+			if o.MetricsServer {
+				g.Go(timed("metrics-server "+c.Name, func() error { return c.startMetricsServer(gctx) }))
+			}
 		}
 	}
 	if err := g.Wait(); err != nil {
@@ -509,7 +529,7 @@ func (b *Bed) Processes() []*Process {
 		ps = append(ps, br.Process)
 	}
 	for _, c := range b.Clusters {
-		for _, p := range []*Process{c.ControllerManager, c.Agent, c.Scheduler} {
+		for _, p := range []*Process{c.ControllerManager, c.MetricsServer, c.Agent, c.Scheduler} {
 			if p != nil {
 				ps = append(ps, p)
 			}
@@ -537,7 +557,8 @@ func (b *Bed) DumpLogs(logf func(string, ...any), lines int) {
 }
 
 // Close stops everything, in order: schedulers, agents, in-process
-// controllers, brokers, the proxy, Redis, the control planes.
+// controllers, kube-controller-manager and metrics-server, the real nodes,
+// brokers, the proxy, Redis, the control planes.
 func (b *Bed) Close() error {
 	var errs []error
 	b.closeOnce.Do(func() {
@@ -572,9 +593,9 @@ func (b *Bed) Close() error {
 		}
 		var kcms []*Process
 		for _, c := range b.Clusters {
-			kcms = append(kcms, c.ControllerManager)
+			kcms = append(kcms, c.ControllerManager, c.MetricsServer)
 		}
-		stopAll(kcms)
+		stopAll(kcms) // before the host goes: metrics-server listens on a host bridge address
 		if b.real != nil {
 			if err := b.real.host.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("real nodes: %w", err))
