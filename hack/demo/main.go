@@ -7,8 +7,10 @@
 // internal/testbed. Where the machine allows it (root, cgroups, containerd,
 // runc and the CNI plugins: realnode.Check) every node is a real kubelet
 // with containerd and every cluster runs kube-controller-manager, so the
-// borrowed pods are real containers at the provider; elsewhere the nodes are
-// Node objects served by a kubelet stand-in, and nothing runs (the demo says
+// borrowed pods are real containers at the provider, and metrics-server runs
+// in every cluster (`kubectl top pod` in rome shows the borrowed pods' real
+// usage; the demo prints it); elsewhere the nodes are Node objects served by
+// a kubelet stand-in, nothing runs and nothing is measured (the demo says
 // which at the top). It creates a Deployment in rome that fits nowhere in rome,
 // prints a live timeline of what follows (pod created, reservation opened,
 // the broker's decision with the candidates' scores, virtual node Ready, pod
@@ -177,6 +179,17 @@ func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool, nodesM
 	default:
 		say("%s", bold("nodes: STAND-IN, as asked (--nodes=stand-in) — Node objects and a kubelet stand-in; no container runs"))
 	}
+	metrics := false
+	switch err := testbed.CheckMetricsServer(root); {
+	case !real:
+		say("metrics-server: none — stand-in nodes run nothing, so there is no usage to measure (kubectl top answers \"Metrics API not available\")")
+	case err != nil:
+		say("%s", bold("metrics-server: NOT BUILT ("+err.Error()+"): kubectl top and HorizontalPodAutoscalers will not work"))
+	default:
+		metrics = true
+		say("metrics-server: in every cluster (built from the Go module proxy, %s), scraping every node, virtual ones too: kubectl top, HPAs",
+			rel(testbed.MetricsServerDir(root)))
+	}
 
 	dir, err := filepath.Abs(dirFlag)
 	if err != nil {
@@ -216,6 +229,7 @@ func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool, nodesM
 	if real {
 		opts.RealNodes = true
 		opts.Clusters = []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin}
+		opts.MetricsServer = metrics
 	}
 	bed, err := testbed.New(ctx, opts)
 	close(progressDone)
@@ -258,8 +272,11 @@ func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool, nodesM
 	}
 
 	code := demo(ctx, bed, timeout, real)
+	if code == 0 && metrics {
+		showTop(ctx, bed, assets, kubeconfigs["rome"])
+	}
 	if code == 0 {
-		printCommands(bed, kubeconfigs, real)
+		printCommands(bed, kubeconfigs, real, metrics)
 	}
 	if ctx.Err() == nil {
 		switch {
@@ -549,6 +566,56 @@ func askTheContainer(ctx context.Context, bed *testbed.Bed) {
 	}
 }
 
+// showTop prints what `kubectl top pod` says in rome about the borrowed pods,
+// one of which burns a quarter of a CPU at the provider meanwhile. The
+// numbers come from the provider's kubelet through its metrics-server, rome's
+// virtual node and rome's metrics-server, each at a 15 s resolution: they
+// show up within a minute or so.
+func showTop(ctx context.Context, bed *testbed.Bed, assets, kubeconfig string) {
+	var pods corev1.PodList
+	if err := bed.Cluster("rome").Client.List(ctx, &pods, client.InNamespace(namespace)); err != nil || len(pods.Items) == 0 {
+		say("kubectl top: no pod to show (%v)", err)
+		return
+	}
+	burner := pods.Items[0]
+	resp, err := (&http.Client{Timeout: 3 * time.Second}).Post("http://"+burner.Status.PodIP+":8080/burn?cpu=0.25&seconds=120", "", nil)
+	if err == nil {
+		resp.Body.Close()
+	}
+	fmt.Println()
+	say("%s", bold(fmt.Sprintf("kubectl top pod -n %s in rome (%s burns 0.25 CPU at the provider for 2 min; metrics take up to a minute to come through %s)…",
+		namespace, burner.Name, burner.Spec.NodeName)))
+	args := []string{"--kubeconfig", kubeconfig, "top", "pod", "-n", namespace}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		out, err := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), args...).CombinedOutput()
+		if err == nil && burningIn(string(out), burner.Name) || time.Now().After(deadline) {
+			for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+				say("  %s", l)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(3 * time.Second):
+		}
+	}
+}
+
+// burningIn tells whether kubectl top's output shows pod using 100m or more.
+func burningIn(out, pod string) bool {
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 || f[0] != pod {
+			continue
+		}
+		q, err := resource.ParseQuantity(f[1])
+		return err == nil && q.MilliValue() >= 100
+	}
+	return false
+}
+
 // timeline prints each pod's steps once, with the time since the pod was created.
 type timeline struct {
 	bed        *testbed.Bed
@@ -706,7 +773,7 @@ func (tl *timeline) summary() string {
 		time.Since(tl.firstPod).Round(time.Millisecond))
 }
 
-func printCommands(bed *testbed.Bed, kubeconfigs map[string]string, real bool) {
+func printCommands(bed *testbed.Bed, kubeconfigs map[string]string, real, metrics bool) {
 	w := os.Stdout
 	kubectl := rel(filepath.Join(mustRoot(), "bin", "k8s", "kubectl"))
 	k := func(c string) string { return kubectl + " --kubeconfig " + rel(kubeconfigs[c]) }
@@ -725,7 +792,18 @@ func printCommands(bed *testbed.Bed, kubeconfigs map[string]string, real bool) {
 			fmt.Fprintf(w, "  %s exec -n %s %s -- /testapp get http://127.0.0.1:8080/   # runs in the container at the provider\n", k("rome"), namespace, p.Name)
 			fmt.Fprintf(w, "  %s logs -n %s %s\n", k("rome"), namespace, p.Name)
 			fmt.Fprintf(w, "  curl http://%s:8080/                # the pod IP rome shows is the container's at the provider\n", p.Status.PodIP)
+			if metrics {
+				fmt.Fprintf(w, "  %s top pod -n %s                      # the borrowed pods' real usage at the provider\n", k("rome"), namespace)
+				fmt.Fprintf(w, "  %s top node                           # %s: what rome's pods use there, not the provider's total\n", k("rome"), p.Spec.NodeName)
+				fmt.Fprintf(w, "  %s get --raw /api/v1/nodes/%s/proxy/stats/summary\n", k("rome"), p.Spec.NodeName)
+			}
 		}
+	}
+	switch {
+	case !real:
+		fmt.Fprintln(w, "  # kubectl top: no metrics-server with stand-in nodes (they run nothing to measure)")
+	case !metrics:
+		fmt.Fprintln(w, "  # kubectl top: metrics-server is not built (make metrics-server-bin)")
 	}
 	_, port, _ := strings.Cut(bed.Redis.Addr, ":")
 	cli := "redis-cli -p " + port
