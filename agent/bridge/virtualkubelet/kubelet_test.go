@@ -1,8 +1,12 @@
 package virtualkubelet
 
 import (
+	"context"
+	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -262,4 +266,59 @@ func TestKubeletEndpointAccess(t *testing.T) {
 			assert.True(t, strings.Contains(body, `"kind":"PodList"`), body)
 		}
 	})
+}
+
+// TestKubeletPorts: each virtual node's endpoint takes the lowest free port
+// of the range, skipping one that something else listens on; none is left
+// when all are taken; a stopped node frees its port.
+func TestKubeletPorts(t *testing.T) {
+	// Three consecutive ports, the middle one held by another listener.
+	var first int
+	var other net.Listener
+	for range 20 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		first = ln.Addr().(*net.TCPAddr).Port
+		require.NoError(t, ln.Close())
+		if first+2 > 65535 {
+			continue
+		}
+		if other, err = net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", first+1)); err == nil {
+			break
+		}
+	}
+	require.NotNil(t, other, "no three free consecutive ports")
+	defer other.Close()
+
+	cert := &servingCert{address: "127.0.0.1"}
+	require.NoError(t, cert.useSelfSigned())
+	b := &Bridge{cfg: Config{ClusterID: "rome"}, log: logr.Discard()}
+	k := &kubeletServer{b: b, log: b.log, cert: cert, host: "127.0.0.1", first: first, count: 3, taken: map[int]bool{}, started: make(chan struct{})}
+	close(k.started)
+	node := func(name string) *providerNode { return &providerNode{b: b, name: name, localPods: podLister(t)} }
+
+	paris, err := k.listen(node("rb-paris"))
+	require.NoError(t, err)
+	assert.Equal(t, int32(first), paris.port)
+	berlin, err := k.listen(node("rb-berlin"))
+	require.NoError(t, err)
+	assert.Equal(t, int32(first+2), berlin.port, "the next port is in use by something else")
+	_, err = k.listen(node("rb-madrid"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no free port among 3")
+	assert.Contains(t, err.Error(), "raise --kubelet-ports")
+
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { paris.serve(ctx); close(done) }()
+	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", first), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // a self-signed test certificate
+	require.NoError(t, err, "rb-paris serves TLS on its port")
+	require.NoError(t, conn.Close())
+	stop()
+	<-done
+	madrid, err := k.listen(node("rb-madrid"))
+	require.NoError(t, err)
+	assert.Equal(t, int32(first), madrid.port, "rb-paris stopped: its port is free again")
+	require.NoError(t, madrid.ln.Close())
+	require.NoError(t, berlin.ln.Close())
 }
