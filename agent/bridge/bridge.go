@@ -74,10 +74,17 @@ type Options struct {
 	// PodsPerReservation is the pod capacity each active reservation adds to its
 	// virtual node (default 110, the kubelet's default).
 	PodsPerReservation int64
-	// KubeletAddress is where the virtual nodes' kubelet endpoint listens, for
-	// `kubectl logs`, `exec`, `attach` and `port-forward` (default ":10250";
-	// "off" disables it).
+	// KubeletAddress is where the virtual nodes' kubelet endpoints listen,
+	// for `kubectl logs`, `exec`, `attach`, `port-forward` and metrics-server
+	// (default ":10250"; "off" disables them): host:port is the first port,
+	// each virtual node takes the lowest free one of KubeletPorts from there
+	// (port 0: any free port).
 	KubeletAddress string
+	// KubeletPorts is the size of that port range (default 100).
+	KubeletPorts int
+	// MetricsPeriod is how often each virtual node lists its pods' usage
+	// from the provider's metrics.k8s.io API (default 10s, at least 1s).
+	MetricsPeriod time.Duration
 	// NodeIP is the address the API server uses to reach that endpoint: the
 	// agent pod's IP (default $POD_IP).
 	NodeIP string
@@ -117,7 +124,8 @@ func New(mode string, o Options) (Bridge, error) {
 			ClusterID: o.ClusterID, Grants: o.Grants, Log: o.Log,
 			LeaseDuration: o.LeaseDuration, StatusSyncPeriod: o.StatusSyncPeriod, ProbePeriod: o.ProbePeriod,
 			PodsPerReservation: o.PodsPerReservation, UnschedulableAfter: o.UnschedulableAfter,
-			KubeletAddress: o.KubeletAddress, NodeIP: o.NodeIP, KubeletClientCA: o.KubeletClientCA,
+			KubeletAddress: o.KubeletAddress, KubeletPorts: o.KubeletPorts, MetricsPeriod: o.MetricsPeriod,
+			NodeIP: o.NodeIP, KubeletClientCA: o.KubeletClientCA,
 			KubeletServingCert: o.KubeletServingCert, KubeletServingCertTimeout: o.KubeletServingCertTimeout,
 		})
 	case ModeLiqo:

@@ -439,6 +439,11 @@ var TenantRules = []rbacv1.PolicyRule{
 	// reach the copy through these (create over WebSockets, get over SPDY).
 	{APIGroups: []string{""}, Resources: []string{"pods/exec", "pods/attach", "pods/portforward"},
 		Verbs: []string{"get", "create"}},
+	// The copies' usage as the provider's metrics-server measures it, for
+	// the virtual node's /stats/summary and /metrics/resource (kubectl top,
+	// HorizontalPodAutoscalers): in this namespace only, so never another
+	// tenant's pods or the provider's own.
+	{APIGroups: []string{"metrics.k8s.io"}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}},
 }
 
 // ensureAccess keeps the tenant's ServiceAccount and RoleBinding, and

@@ -48,6 +48,8 @@ type options struct {
 	bridge             string
 	nodeIP             string
 	kubeletAddress     string
+	kubeletPorts       int
+	metricsPeriod      time.Duration
 	kubeletCert        string
 	kubeletCertWait    time.Duration
 	kubeletClientCA    string
@@ -103,7 +105,11 @@ func newCommand() *cobra.Command {
 	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect one active agent among replicas")
 	f.StringVar(&o.bridge, "bridge", bridge.ModeVirtualKubelet, "how won reservations become nodes: virtual-kubelet, liqo, or none")
 	f.StringVar(&o.nodeIP, "node-ip", os.Getenv("POD_IP"), "address the API server uses to reach the virtual nodes' kubelet endpoint (this pod's IP)")
-	f.StringVar(&o.kubeletAddress, "kubelet-address", ":10250", "listen address of the virtual nodes' kubelet endpoint (kubectl logs, exec, attach, port-forward); off to disable")
+	f.StringVar(&o.kubeletAddress, "kubelet-address", ":10250",
+		"first listen address of the virtual nodes' kubelet endpoints (kubectl logs, exec, attach, port-forward, metrics-server): each node takes the lowest free port of --kubelet-ports from there; off to disable")
+	f.IntVar(&o.kubeletPorts, "kubelet-ports", 100, "how many ports from --kubelet-address the virtual nodes' kubelet endpoints may take, one per node")
+	f.DurationVar(&o.metricsPeriod, "provider-metrics-period", 10*time.Second,
+		"how often each virtual node lists its pods' usage from the provider's metrics.k8s.io API (kubectl top, HorizontalPodAutoscalers; at least 1s)")
 	f.StringVar(&o.kubeletCert, "kubelet-serving-cert", virtualkubelet.ServingCertCSR,
 		"serving certificate of the kubelet endpoint: csr (a CertificateSigningRequest to the kubernetes.io/kubelet-serving signer, approved by the agent; self-signed until issued) or self-signed")
 	f.DurationVar(&o.kubeletCertWait, "kubelet-serving-cert-timeout", time.Minute,
@@ -190,6 +196,12 @@ func (o options) validate() error {
 	if o.kubeletCertWait <= 0 {
 		errs = append(errs, errors.New("--kubelet-serving-cert-timeout must be positive"))
 	}
+	if o.kubeletPorts < 1 {
+		errs = append(errs, fmt.Errorf("--kubelet-ports %d: want at least 1", o.kubeletPorts))
+	}
+	if o.metricsPeriod < time.Second {
+		errs = append(errs, fmt.Errorf("--provider-metrics-period %s: want at least 1s", o.metricsPeriod))
+	}
 	if o.holdTimeout <= 0 || o.evictionGrace < 0 {
 		errs = append(errs, errors.New("--hold-timeout must be positive and --eviction-grace not negative"))
 	}
@@ -230,7 +242,7 @@ func run(o options) error {
 	if o.bridge != "none" {
 		ao.Bridge = o.bridge
 		ao.BridgeOptions = bridge.Options{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod, UnschedulableAfter: o.unschedulableAfter, StatusSyncPeriod: o.nodeStatusPeriod,
-			KubeletAddress: o.kubeletAddress, NodeIP: o.nodeIP, KubeletServingCert: o.kubeletCert, KubeletServingCertTimeout: o.kubeletCertWait}
+			KubeletAddress: o.kubeletAddress, KubeletPorts: o.kubeletPorts, MetricsPeriod: o.metricsPeriod, NodeIP: o.nodeIP, KubeletServingCert: o.kubeletCert, KubeletServingCertTimeout: o.kubeletCertWait}
 		if o.kubeletClientCA != "" {
 			if ao.BridgeOptions.KubeletClientCA, err = os.ReadFile(o.kubeletClientCA); err != nil {
 				return fmt.Errorf("--kubelet-client-ca: %w", err)

@@ -68,9 +68,14 @@ type Config struct {
 	StatusSyncPeriod   time.Duration
 	ProbePeriod        time.Duration
 	PodsPerReservation int64
-	KubeletAddress     string
-	NodeIP             string
-	KubeletClientCA    []byte
+	// KubeletAddress host:port is the first port of the nodes' kubelet
+	// endpoints (default ":10250"; port 0: any free port; "off": none).
+	KubeletAddress string
+	// KubeletPorts is how many ports from there the nodes may take, one
+	// each (default 100).
+	KubeletPorts    int
+	NodeIP          string
+	KubeletClientCA []byte
 	// KubeletServingCert is where the kubelet endpoint's serving certificate
 	// comes from: ServingCertCSR (default) or ServingCertSelfSigned.
 	KubeletServingCert string
@@ -85,6 +90,9 @@ type Config struct {
 	// UnschedulableAfter is how long a copy may stay unplaced by the
 	// provider's scheduler before it is reported (default 30s).
 	UnschedulableAfter time.Duration
+	// MetricsPeriod is how often each node lists its pods' usage from the
+	// provider's metrics.k8s.io (default 10s, at least 1s).
+	MetricsPeriod time.Duration
 }
 
 // Bridge runs the virtual nodes of this cluster.
@@ -138,6 +146,18 @@ func New(cfg Config) (*Bridge, error) {
 	if cfg.KubeletAddress == "" {
 		cfg.KubeletAddress = ":10250"
 	}
+	if cfg.KubeletPorts == 0 {
+		cfg.KubeletPorts = 100
+	}
+	if cfg.KubeletPorts < 0 {
+		return nil, fmt.Errorf("kubelet ports %d: want at least 1", cfg.KubeletPorts)
+	}
+	if cfg.MetricsPeriod == 0 {
+		cfg.MetricsPeriod = 10 * time.Second
+	}
+	if cfg.MetricsPeriod < time.Second {
+		return nil, fmt.Errorf("provider metrics period %s: at least 1s", cfg.MetricsPeriod)
+	}
 	switch cfg.KubeletServingCert {
 	case "":
 		cfg.KubeletServingCert = ServingCertCSR
@@ -183,7 +203,7 @@ func (b *Bridge) SetupWithManager(mgr ctrl.Manager) error {
 	b.recorder = mgr.GetEventRecorderFor("rb-virtual-kubelet") //nolint:staticcheck // virtual-kubelet takes a record.EventRecorder
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	if b.cfg.KubeletAddress != "off" {
-		if b.kubelet, err = newKubeletServer(b, b.cfg.KubeletAddress); err != nil {
+		if b.kubelet, err = newKubeletServer(b, b.cfg.KubeletAddress, b.cfg.KubeletPorts); err != nil {
 			return err
 		}
 	}
@@ -237,21 +257,15 @@ func (b *Bridge) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(b)
 }
 
-// Start serves the kubelet endpoint until ctx ends, then stops the virtual
-// nodes (their Node objects stay: the pods run on; the next leader takes over).
+// Start runs the kubelet endpoint's shared parts (client CA, serving
+// certificate; each node serves its own port) until ctx ends, then stops the
+// virtual nodes (their Node objects stay: the pods run on; the next leader
+// takes over).
 func (b *Bridge) Start(ctx context.Context) error {
-	errc := make(chan error, 1)
 	if b.kubelet != nil {
-		go func() { errc <- b.kubelet.serve(ctx) }()
+		b.kubelet.run(ctx)
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		if err != nil {
-			b.log.Error(err, "kubelet endpoint stopped")
-		}
-		<-ctx.Done()
-	}
+	<-ctx.Done()
 	b.cancel()
 	b.mu.Lock()
 	nodes := b.nodes

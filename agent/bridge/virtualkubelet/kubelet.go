@@ -9,15 +9,19 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	vkapi "github.com/virtual-kubelet/virtual-kubelet/node/api"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream/wsstream"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 )
 
 // Streaming timeouts of the kubelet endpoint, the kubelet's defaults: a
@@ -30,13 +34,24 @@ const (
 	streamCreationTimeout = 30 * time.Second
 )
 
-// kubeletServer is the virtual nodes' kubelet endpoint: one listener, the
-// status.daemonEndpoints of every virtual node of the agent. The API server
-// calls it for `kubectl logs`, `exec`, `attach` and `port-forward` on a pod
-// bound to a virtual node; virtual-kubelet's kubelet API (node/api) serves
+// kubeletServer is the virtual nodes' kubelet endpoint: one listener per
+// virtual node (nodeEndpoint), each on its own port, published as that node's
+// status.daemonEndpoints.kubeletEndpoint.Port at the node address
+// (Config.NodeIP). The API server calls a kubelet's port without naming the
+// node: with one listener per node, a request about the node (/pods,
+// /stats/summary, /metrics/resource) is about the node whose port it reached,
+// and metrics-server, which scrapes every node, counts each borrowed pod once.
+// The listeners share what is the agent's: the serving certificate (its IP
+// SAN is the node address, the same for every node), the client CA, the
+// port range.
+//
+// The API server calls it for `kubectl logs`, `exec`, `attach` and
+// `port-forward` on a pod bound to a virtual node, and metrics-server for
+// the node's resource usage; virtual-kubelet's kubelet API (node/api) serves
 // them, and the request reaches the pod's copy at the provider through the
 // provider's API (pods/log, pods/exec, pods/attach, pods/portforward) with the
-// granted tenant token (kubelet_stream.go).
+// granted tenant token (kubelet_stream.go), or is answered from the usage the
+// node polls from the provider's metrics.k8s.io (metrics.go).
 //
 // Routes, as a kubelet's:
 //
@@ -44,78 +59,80 @@ const (
 //	GET|POST /exec/{namespace}/{pod}/{container}?command=...&input=1&output=1&error=1&tty=1
 //	GET|POST /attach/{namespace}/{pod}/{container}?input=1&output=1&error=1&tty=1
 //	GET|POST /portForward/{namespace}/{pod}
-//	GET      /pods, /healthz
+//	GET      /pods, /healthz, /stats/summary, /metrics/resource
 //
 // Every request is authenticated and authorized as a kubelet does it
-// (kubelet_auth.go): 401 without valid credentials, 403 when the caller may
-// not use the node's API; then 404 for a pod that is not on one of our
-// virtual nodes (or has no copy at the provider), 503 before the provider's
-// grant is known.
+// (kubelet_auth.go), on the node whose port it reached: 401 without valid
+// credentials, 403 when the caller may not use that node's API; then 404 for
+// a pod that is not bound to that node (or has no copy at the provider), 503
+// before the provider's grant is known (and for the metrics routes when the
+// provider serves no metrics.k8s.io).
 type kubeletServer struct {
 	b       *Bridge
 	log     logr.Logger
-	ln      net.Listener
-	port    int32
 	roots   atomic.Pointer[x509.CertPool]
 	cert    *servingCert
 	timeout time.Duration // of a TokenReview or SubjectAccessReview
 	// of the streaming sessions; streamIdleTimeout and streamCreationTimeout
 	// unless a test says otherwise
 	idleTimeout, creationTimeout time.Duration
+
+	// The nodes' ports: host:first .. first+count-1 (first 0: any port the
+	// kernel gives).
+	host         string
+	first, count int
+	mu           sync.Mutex
+	taken        map[int]bool
+	// started is closed once the client CA is known (run): the nodes'
+	// listeners accept connections from then on.
+	started chan struct{}
 }
 
-func newKubeletServer(b *Bridge, addr string) (*kubeletServer, error) {
+func newKubeletServer(b *Bridge, addr string, ports int) (*kubeletServer, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet endpoint %q: %w", addr, err)
+	}
+	first, err := strconv.Atoi(portStr)
+	if err != nil || first < 0 || first > 65535 {
+		return nil, fmt.Errorf("kubelet endpoint %q: the port must be a number from 0 to 65535", addr)
+	}
+	if ports < 1 || first+ports-1 > 65535 {
+		return nil, fmt.Errorf("kubelet ports %d from %d: want at least 1, up to port 65535", ports, first)
+	}
 	cert, err := newServingCert(b.local, b.recorder, b.log.WithName("kubelet"), b.cfg.ClusterID, b.cfg.NodeIP, b.cfg.KubeletServingCertTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("kubelet endpoint: %w", err)
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("kubelet endpoint: %w", err)
-	}
-	return &kubeletServer{b: b, log: b.log.WithName("kubelet"), ln: ln, port: int32(ln.Addr().(*net.TCPAddr).Port), cert: cert,
-		timeout: 10 * time.Second, idleTimeout: streamIdleTimeout, creationTimeout: streamCreationTimeout}, nil
+	return &kubeletServer{b: b, log: b.log.WithName("kubelet"), cert: cert,
+		timeout: 10 * time.Second, idleTimeout: streamIdleTimeout, creationTimeout: streamCreationTimeout,
+		host: host, first: first, count: ports, taken: map[int]bool{}, started: make(chan struct{})}, nil
 }
 
-// serve runs until ctx ends.
-func (k *kubeletServer) serve(ctx context.Context) error {
+// run loads the client CA, opens the nodes' listeners (started) and keeps
+// the serving certificate until ctx ends.
+func (k *kubeletServer) run(ctx context.Context) {
 	if err := k.loadClientCA(ctx); err != nil {
 		k.log.Info("kubelet endpoint: no client CA, only bearer tokens are accepted", "error", err.Error())
 	}
+	if ip := net.ParseIP(k.b.cfg.NodeIP); ip == nil || !ip.IsGlobalUnicast() {
+		// Pod logs, exec, attach and port-forward work (the API server
+		// dials the node address as it is), and so does metrics-server;
+		// the API server's node proxy (kubectl get --raw
+		// /api/v1/nodes/<node>/proxy/...) answers "address not allowed".
+		k.log.Info("WARNING: the node address is not a global unicast IP: the API server's node proxy refuses it; set --node-ip to the agent pod's IP",
+			"nodeIP", k.b.cfg.NodeIP)
+	}
+	close(k.started)
+	k.log.Info("kubelet endpoint serving", "address", net.JoinHostPort(k.host, strconv.Itoa(k.first)), "ports", k.count,
+		"nodeIP", k.b.cfg.NodeIP, "servingCert", k.b.cfg.KubeletServingCert, "kubeletVersion", kubeletVersion())
 	// The endpoint serves at once, with a self-signed certificate until the
 	// signer issues one: an API server that does not verify kubelets can use
 	// it meanwhile, one that does could not use either.
 	if k.b.cfg.KubeletServingCert == ServingCertCSR {
-		go k.cert.run(ctx)
+		k.cert.run(ctx)
 	}
-	srv := &http.Server{
-		Handler:           k.handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig: &tls.Config{
-			GetCertificate: k.cert.getCertificate,
-			// Verified in authenticate: a request without a certificate
-			// may still bring a bearer token.
-			ClientAuth: tls.RequestClientCert,
-			MinVersion: tls.VersionTLS12,
-		},
-		// HTTP/1.1 only: exec, attach and port-forward upgrade the
-		// connection (SPDY, websockets), which HTTP/2 cannot.
-		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
-		// virtual-kubelet's handlers log with log.G(request context).
-		BaseContext: func(net.Listener) context.Context { return withVKLogger(context.Background(), k.log) },
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.ServeTLS(k.ln, "", "") }()
-	k.log.Info("kubelet endpoint serving", "address", k.ln.Addr().String(), "servingCert", k.b.cfg.KubeletServingCert, "kubeletVersion", kubeletVersion())
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx) // upgraded (hijacked) connections end with their sessions
-	return nil
+	<-ctx.Done()
 }
 
 // loadClientCA takes the configured CA, else the cluster's client CA as the
@@ -137,28 +154,127 @@ func (k *kubeletServer) loadClientCA(ctx context.Context) error {
 	return nil
 }
 
-// handler is the endpoint: virtual-kubelet's kubelet API handlers
+// nodeEndpoint is the kubelet endpoint of one virtual node: its listener.
+type nodeEndpoint struct {
+	k    *kubeletServer
+	n    *providerNode
+	ln   net.Listener
+	port int32
+}
+
+// listen takes the lowest free port of the range for node n: one that no
+// other node of ours has and that nothing else listens on.
+func (k *kubeletServer) listen(n *providerNode) (*nodeEndpoint, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.first == 0 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(k.host, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("kubelet endpoint of %s: %w", n.name, err)
+		}
+		return &nodeEndpoint{k: k, n: n, ln: ln, port: int32(ln.Addr().(*net.TCPAddr).Port)}, nil
+	}
+	var last error
+	for p := k.first; p < k.first+k.count; p++ {
+		if k.taken[p] {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(k.host, strconv.Itoa(p)))
+		if err != nil {
+			last = err // in use by something else
+			continue
+		}
+		k.taken[p] = true
+		return &nodeEndpoint{k: k, n: n, ln: ln, port: int32(p)}, nil
+	}
+	return nil, fmt.Errorf("kubelet endpoint of %s: no free port among %d from %s:%d (raise --kubelet-ports): %v",
+		n.name, k.count, k.host, k.first, last)
+}
+
+// serve answers the node's requests until ctx ends, then frees its port.
+func (e *nodeEndpoint) serve(ctx context.Context) {
+	k := e.k
+	defer func() {
+		k.mu.Lock()
+		delete(k.taken, int(e.port))
+		k.mu.Unlock()
+	}()
+	select {
+	case <-k.started:
+	case <-ctx.Done():
+		_ = e.ln.Close()
+		return
+	}
+	log := k.log.WithValues("node", e.n.name)
+	srv := &http.Server{
+		Handler:           k.handler(e.n),
+		ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: &tls.Config{
+			GetCertificate: k.cert.getCertificate,
+			// Verified in authenticate: a request without a certificate
+			// may still bring a bearer token.
+			ClientAuth: tls.RequestClientCert,
+			MinVersion: tls.VersionTLS12,
+		},
+		// HTTP/1.1 only: exec, attach and port-forward upgrade the
+		// connection (SPDY, websockets), which HTTP/2 cannot.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		// virtual-kubelet's handlers log with log.G(request context).
+		BaseContext: func(net.Listener) context.Context { return withVKLogger(context.Background(), log) },
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.ServeTLS(e.ln, "", "") }()
+	log.Info("kubelet endpoint of the virtual node serving", "address", e.ln.Addr().String())
+	select {
+	case err := <-done:
+		if !errors.Is(err, http.ErrServerClosed) {
+			log.Error(err, "kubelet endpoint of the virtual node stopped")
+		}
+		return
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx) // upgraded (hijacked) connections end with their sessions
+	<-done
+}
+
+// handler is node n's endpoint: virtual-kubelet's kubelet API handlers
 // (node/api: request parsing, the streaming protocols) on top of the
-// provider's API (kubelet_stream.go), with authentication in front of every
-// route and authorization in front of each (podRoute, nodeRoute).
-func (k *kubeletServer) handler() http.Handler {
+// provider's API (kubelet_stream.go) and the usage polled from it
+// (metrics.go), with authentication in front of every route and
+// authorization on n in front of each.
+func (k *kubeletServer) handler(n *providerNode) http.Handler {
 	vk := kubeletAPI(vkapi.PodHandlerConfig{
-		GetContainerLogs:      k.containerLogs,
-		RunInContainer:        k.runInContainer,
-		AttachToContainer:     k.attachToContainer,
-		PortForward:           k.portForward,
-		GetPodsFromKubernetes: k.pods,
+		GetContainerLogs: func(ctx context.Context, namespace, pod, container string, opts vkapi.ContainerLogOpts) (io.ReadCloser, error) {
+			return k.containerLogs(ctx, n, namespace, pod, container, opts)
+		},
+		RunInContainer: func(ctx context.Context, namespace, pod, container string, cmd []string, attach vkapi.AttachIO) error {
+			return k.runInContainer(ctx, n, namespace, pod, container, cmd, attach)
+		},
+		AttachToContainer: func(ctx context.Context, namespace, pod, container string, attach vkapi.AttachIO) error {
+			return k.attachToContainer(ctx, n, namespace, pod, container, attach)
+		},
+		PortForward: func(ctx context.Context, namespace, pod string, port int32, stream io.ReadWriteCloser) error {
+			return k.portForward(ctx, n, namespace, pod, port, stream)
+		},
+		GetPodsFromKubernetes: func(context.Context) ([]*corev1.Pod, error) { return n.boundPods() },
+		GetStatsSummary:       func(context.Context) (*statsv1alpha1.Summary, error) { return n.statsSummary(), nil },
+		GetMetricsResource:    func(context.Context) ([]*dto.MetricFamily, error) { return n.resourceMetrics(), nil },
 		StreamIdleTimeout:     k.idleTimeout,
 		StreamCreationTimeout: k.creationTimeout,
 	})
 	mux := http.NewServeMux()
 	// Any method: vk's router answers a wrong one (405) once authorized.
-	mux.Handle("/containerLogs/{namespace}/{pod}/{container}", k.podRoute(vk))
-	mux.Handle("/exec/{namespace}/{pod}/{container}", k.podRoute(vk))
-	mux.Handle("/attach/{namespace}/{pod}/{container}", k.podRoute(vk))
-	mux.Handle("/portForward/{namespace}/{pod}", k.podRoute(portForwardOverSPDY(vk)))
-	mux.Handle("GET /healthz", k.nodeRoute(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })))
-	mux.Handle("/", k.nodeRoute(vk)) // GET /pods; anything else is vk's 404, authorized first as a kubelet does
+	mux.Handle("/containerLogs/{namespace}/{pod}/{container}", k.podRoute(n, vk))
+	mux.Handle("/exec/{namespace}/{pod}/{container}", k.podRoute(n, vk))
+	mux.Handle("/attach/{namespace}/{pod}/{container}", k.podRoute(n, vk))
+	mux.Handle("/portForward/{namespace}/{pod}", k.podRoute(n, portForwardOverSPDY(vk)))
+	mux.Handle("GET /healthz", k.nodeRoute(n, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })))
+	for _, route := range []string{"/stats/summary", "/stats/summary/{$}", vkapi.MetricsResourceRouteSuffix, vkapi.MetricsResourceRouteSuffix + "/{$}"} {
+		mux.Handle(route, k.nodeRoute(n, usageRoute(n, vk)))
+	}
+	mux.Handle("/", k.nodeRoute(n, vk)) // GET /pods; anything else is vk's 404, authorized first as a kubelet does
 	return k.authenticated(mux)
 }
 
@@ -215,20 +331,20 @@ type errNoGrant struct{ provider string }
 
 func (e errNoGrant) Error() string { return fmt.Sprintf("no access to provider %s yet", e.provider) }
 
-// target finds local pod namespace/name: on one of our virtual nodes (else
-// a vk NotFound error), with the provider's grant (else errNoGrant) and a
-// copy there (NotFound). t.node is set whenever the pod is on our node.
-func (k *kubeletServer) target(namespace, name string) (t podTarget, err error) {
-	t = podTarget{namespace: namespace, name: name, node: k.nodeOf(namespace, name)}
-	if t.node == nil {
-		return t, errdefs.NotFoundf("pod %s is not on a virtual node of this agent", t)
+// target finds local pod namespace/name on node n (else a vk NotFound
+// error), with the provider's grant (else errNoGrant) and a copy there
+// (NotFound).
+func target(n *providerNode, namespace, name string) (t podTarget, err error) {
+	t = podTarget{namespace: namespace, name: name, node: n}
+	if p, err := n.localPods.Pods(namespace).Get(name); err != nil || p.Spec.NodeName != n.name {
+		return t, errdefs.NotFoundf("pod %s is not on virtual node %s", t, n.name)
 	}
-	if t.remote = t.node.currentRemote(); t.remote == nil {
-		return t, errNoGrant{t.node.provider}
+	if t.remote = n.currentRemote(); t.remote == nil {
+		return t, errNoGrant{n.provider}
 	}
 	if t.remote.synced() {
 		if _, ok := t.remote.pod(namespace, name); !ok {
-			return t, errdefs.NotFoundf("pod %s has no copy at provider %s", t, t.node.provider)
+			return t, errdefs.NotFoundf("pod %s has no copy at provider %s", t, n.provider)
 		}
 	}
 	return t, nil
@@ -237,20 +353,16 @@ func (k *kubeletServer) target(namespace, name string) (t podTarget, err error) 
 // queryKey: the request's query, in the context vk's handlers pass on (podRoute).
 type queryKey struct{}
 
-// podRoute serves a route about one pod ({namespace}/{pod}): authorized on
-// the pod's node, which must be one of ours; the provider's grant must be
-// known, and the copy exist there. The handlers find the pod again
-// (target): vk gives them the names only.
-func (k *kubeletServer) podRoute(h http.Handler) http.Handler {
+// podRoute serves a route about one pod ({namespace}/{pod}) of node n:
+// authorized on n, as a kubelet authorizes on its own node; the pod must be
+// bound to n, the provider's grant known, and the copy exist there. The
+// handlers find the pod again (target): vk gives them the names only.
+func (k *kubeletServer) podRoute(n *providerNode, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		t, err := k.target(r.PathValue("namespace"), r.PathValue("pod"))
-		node := "" // not one of ours: authorized on every node, so that only who may use any node learns that
-		if t.node != nil {
-			node = t.node.name
-		}
-		if !k.authorized(w, r, node) {
+		if !k.authorized(w, r, n.name) {
 			return
 		}
+		_, err := target(n, r.PathValue("namespace"), r.PathValue("pod"))
 		var noGrant errNoGrant
 		switch {
 		case errors.As(err, &noGrant):
@@ -265,37 +377,17 @@ func (k *kubeletServer) podRoute(h http.Handler) http.Handler {
 	})
 }
 
-// nodeRoute serves a route about the node itself. One endpoint serves all our
-// virtual nodes and the API server dials it by IP, without naming the node:
-// the caller must be allowed on every node.
-func (k *kubeletServer) nodeRoute(h http.Handler) http.Handler {
+// nodeRoute serves a route about node n itself, authorized on n.
+func (k *kubeletServer) nodeRoute(n *providerNode, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if k.authorized(w, r, "") {
+		if k.authorized(w, r, n.name) {
 			h.ServeHTTP(w, r)
 		}
 	})
 }
 
-// nodeOf is the virtual node of ours that local pod namespace/name is bound to.
-func (k *kubeletServer) nodeOf(namespace, name string) *providerNode {
-	for _, n := range k.b.runningNodes() {
-		if p, err := n.localPods.Pods(namespace).Get(name); err == nil && p.Spec.NodeName == n.name {
-			return n
-		}
-	}
-	return nil
-}
-
-// pods answers GET /pods: the pods bound to our virtual nodes, as a kubelet
+// boundPods answers GET /pods: the pods bound to the node, as a kubelet
 // lists the pods bound to it.
-func (k *kubeletServer) pods(context.Context) ([]*corev1.Pod, error) {
-	var all []*corev1.Pod
-	for _, n := range k.b.runningNodes() {
-		pods, err := n.localPods.List(everything)
-		if err != nil {
-			return nil, err
-		}
-		all = append(all, pods...)
-	}
-	return all, nil
+func (n *providerNode) boundPods() ([]*corev1.Pod, error) {
+	return n.localPods.List(everything)
 }

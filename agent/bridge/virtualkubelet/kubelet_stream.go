@@ -34,8 +34,8 @@ import (
 // the upgrade.
 
 // containerLogs streams the copy's pods/log (vk's GetContainerLogs).
-func (k *kubeletServer) containerLogs(ctx context.Context, namespace, pod, container string, opts vkapi.ContainerLogOpts) (io.ReadCloser, error) {
-	t, err := k.target(namespace, pod)
+func (k *kubeletServer) containerLogs(ctx context.Context, n *providerNode, namespace, pod, container string, opts vkapi.ContainerLogOpts) (io.ReadCloser, error) {
+	t, err := target(n, namespace, pod)
 	if err != nil {
 		return nil, err
 	}
@@ -85,8 +85,8 @@ func logOptions(container string, opts vkapi.ContainerLogOpts, query url.Values)
 
 // runInContainer runs a command in the copy's container (pods/exec at the
 // provider; vk's RunInContainer).
-func (k *kubeletServer) runInContainer(ctx context.Context, namespace, pod, container string, cmd []string, attach vkapi.AttachIO) error {
-	t, err := k.target(namespace, pod)
+func (k *kubeletServer) runInContainer(ctx context.Context, n *providerNode, namespace, pod, container string, cmd []string, attach vkapi.AttachIO) error {
+	t, err := target(n, namespace, pod)
 	if err != nil {
 		return err
 	}
@@ -96,8 +96,8 @@ func (k *kubeletServer) runInContainer(ctx context.Context, namespace, pod, cont
 
 // attachToContainer attaches to the copy's container (pods/attach at the
 // provider; vk's AttachToContainer).
-func (k *kubeletServer) attachToContainer(ctx context.Context, namespace, pod, container string, attach vkapi.AttachIO) error {
-	t, err := k.target(namespace, pod)
+func (k *kubeletServer) attachToContainer(ctx context.Context, n *providerNode, namespace, pod, container string, attach vkapi.AttachIO) error {
+	t, err := target(n, namespace, pod)
 	if err != nil {
 		return err
 	}
@@ -202,8 +202,8 @@ func (q sizeQueue) Next() *remotecommand.TerminalSize {
 // port-forward opens for each connection it accepts. The provider's error,
 // if any, is returned, and vk's server writes it to the caller's error
 // stream.
-func (k *kubeletServer) portForward(_ context.Context, namespace, pod string, port int32, stream io.ReadWriteCloser) error {
-	t, err := k.target(namespace, pod)
+func (k *kubeletServer) portForward(_ context.Context, n *providerNode, namespace, pod string, port int32, stream io.ReadWriteCloser) error {
+	t, err := target(n, namespace, pod)
 	if err != nil {
 		return err
 	}

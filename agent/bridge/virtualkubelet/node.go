@@ -73,6 +73,9 @@ type providerNode struct {
 	localSynced cache.InformerSynced
 	pods        *podHandler
 	objects     *objectMirror
+	endpoint    *nodeEndpoint // its kubelet endpoint; nil when off
+	usage       nodeUsage     // its pods' resource usage at the provider
+	started     time.Time
 
 	refresh  chan struct{} // fetch the grant again now
 	probeNow chan struct{}
@@ -101,8 +104,8 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 		b: b, provider: provider, name: NodeName(provider), log: b.log.WithValues("provider", provider, "node", NodeName(provider)),
 		ctx: ctx, cancel: cancel,
 		refresh: make(chan struct{}, 1), probeNow: make(chan struct{}, 1), pushNow: make(chan struct{}, 1),
-		capacity: corev1.ResourceList{},
-		ready:    readiness{reason: ReasonWaitingCredentials, message: "no grant from " + provider + " yet", since: metav1.Now()},
+		capacity: corev1.ResourceList{}, started: time.Now(),
+		ready: readiness{reason: ReasonWaitingCredentials, message: "no grant from " + provider + " yet", since: metav1.Now()},
 	}
 	n.pods = &podHandler{n: n, deleting: map[string]bool{}, unscheduled: map[types.UID]bool{}}
 	n.objects = newObjectMirror(n)
@@ -139,8 +142,20 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 		return nil, err
 	}
 
+	if b.kubelet != nil {
+		// Before the node is registered: its port is in the Node. Without a
+		// free port the node still runs pods; logs, exec and metrics fail.
+		if n.endpoint, err = b.kubelet.listen(n); err != nil {
+			n.log.Error(err, "the virtual node has no kubelet endpoint")
+		}
+	}
+
 	vkctx := withVKLogger(ctx, n.log.WithName("virtual-kubelet"))
 	factory.Start(ctx.Done())
+	if n.endpoint != nil {
+		n.goRun(func() { n.endpoint.serve(ctx) })
+	}
+	n.goRun(func() { n.usageLoop(ctx) })
 	n.goRun(func() {
 		if err := pc.Run(vkctx, b.cfg.PodSyncWorkers); err != nil && ctx.Err() == nil {
 			n.log.Error(err, "pod controller stopped")
@@ -362,11 +377,13 @@ func (n *providerNode) nodeObject() *corev1.Node {
 	for k, v := range n.providerLabels {
 		nodeObj.Labels[k] = v
 	}
-	// The API server reaches the kubelet endpoint (logs, exec, attach,
-	// port-forward) at the agent's IP, which its serving certificate names; no
-	// host name address, which it would try first and could not resolve.
-	if k := n.b.kubelet; k != nil && n.b.cfg.NodeIP != "" {
-		nodeObj.Status.DaemonEndpoints.KubeletEndpoint.Port = k.port
+	// The API server (logs, exec, attach, port-forward, node proxy) and
+	// metrics-server reach the node's kubelet endpoint at the agent's IP,
+	// which its serving certificate names, and the node's own port; no host
+	// name address, which the API server would try first and could not
+	// resolve.
+	if e := n.endpoint; e != nil && n.b.cfg.NodeIP != "" {
+		nodeObj.Status.DaemonEndpoints.KubeletEndpoint.Port = e.port
 		nodeObj.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.b.cfg.NodeIP}}
 	}
 	return nodeObj

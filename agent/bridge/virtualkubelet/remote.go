@@ -17,6 +17,7 @@ import (
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	metricsclient "k8s.io/metrics/pkg/client/clientset/versioned"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -64,7 +65,8 @@ type remoteCluster struct {
 	namespace string
 	token     *token
 	client    kubernetes.Interface
-	config    *rest.Config // of client: the kubelet endpoint's streams (exec, attach, port-forward) dial with it
+	metrics   metricsclient.Interface // the provider's metrics.k8s.io
+	config    *rest.Config            // of client: the kubelet endpoint's streams (exec, attach, port-forward) dial with it
 	pods      corev1listers.PodNamespaceLister
 	synced    cache.InformerSynced
 	stop      context.CancelFunc
@@ -119,6 +121,10 @@ func connect(ctx context.Context, endpoint string, caBundle []byte, namespace st
 	if err != nil {
 		return nil, err
 	}
+	mc, err := metricsclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.SelectorFromSet(labels.Set{rbv1.RequesterLabel: clusterID}).String()
@@ -133,7 +139,7 @@ func connect(ctx context.Context, endpoint string, caBundle []byte, namespace st
 	ctx, cancel := context.WithCancel(ctx)
 	factory.Start(ctx.Done())
 	return &remoteCluster{
-		endpoint: endpoint, caBundle: caBundle, namespace: namespace, token: tok, client: cs, config: cfg,
+		endpoint: endpoint, caBundle: caBundle, namespace: namespace, token: tok, client: cs, metrics: mc, config: cfg,
 		pods: inf.Lister().Pods(namespace), synced: inf.Informer().HasSynced,
 		stop: func() { cancel(); factory.Shutdown() },
 	}, nil

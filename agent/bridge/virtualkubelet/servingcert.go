@@ -49,11 +49,12 @@ const (
 // new one is requested (the kubelet's certificate manager renews at 70-90%).
 const servingCertRenewal = 0.7
 
-// servingCert is the kubelet endpoint's serving certificate. One listener
-// serves every virtual node of the agent, and the API server verifies a
-// kubelet's certificate (with --kubelet-certificate-authority) against the
-// node address it dials, the IP SAN, never against the CN or the node's name,
-// with no SNI: so one certificate, for the agent's IP, serves them all. It is
+// servingCert is the kubelet endpoint's serving certificate, served by the
+// listener of every virtual node of the agent (each on its own port of the
+// same address). The API server verifies a kubelet's certificate (with
+// --kubelet-certificate-authority) against the node address it dials, the IP
+// SAN, never against the CN or the node's name, with no SNI: so one
+// certificate, for the agent's IP, serves them all. It is
 // named after the agent, system:node:rb-<cluster>-vk, because the
 // kubelet-serving signer only signs CNs "system:node:*" of organization
 // system:nodes.
