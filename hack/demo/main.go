@@ -589,7 +589,7 @@ func showTop(ctx context.Context, bed *testbed.Bed, assets, kubeconfig string) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		out, err := exec.CommandContext(ctx, filepath.Join(assets, "kubectl"), args...).CombinedOutput()
-		if err == nil && burningIn(string(out), burner.Name) || time.Now().After(deadline) {
+		if err == nil && topShows(string(out), pods.Items, burner.Name) || time.Now().After(deadline) {
 			for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 				say("  %s", l)
 			}
@@ -603,17 +603,22 @@ func showTop(ctx context.Context, bed *testbed.Bed, assets, kubeconfig string) {
 	}
 }
 
-// burningIn tells whether kubectl top's output shows pod using 100m or more.
-func burningIn(out, pod string) bool {
+// topShows tells whether kubectl top's output lists every pod, burner
+// using 100m or more.
+func topShows(out string, pods []corev1.Pod, burner string) bool {
+	cpu := map[string]string{}
 	for _, l := range strings.Split(out, "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 || f[0] != pod {
-			continue
+		if f := strings.Fields(l); len(f) >= 2 {
+			cpu[f[0]] = f[1]
 		}
-		q, err := resource.ParseQuantity(f[1])
-		return err == nil && q.MilliValue() >= 100
 	}
-	return false
+	for _, p := range pods {
+		if _, ok := cpu[p.Name]; !ok {
+			return false
+		}
+	}
+	q, err := resource.ParseQuantity(cpu[burner])
+	return err == nil && q.MilliValue() >= 100
 }
 
 // timeline prints each pod's steps once, with the time since the pod was created.
