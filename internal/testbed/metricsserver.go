@@ -50,8 +50,8 @@ const (
 	// metricsServerName is upstream's name of its ServiceAccount and Service
 	// (kube-system) and of the ClusterRoleBinding's subject.
 	metricsServerName = "metrics-server"
-	// MetricsAPIService is the APIService of the resource metrics API.
-	MetricsAPIService = "v1beta1.metrics.k8s.io"
+	// metricsAPIService is the APIService of the resource metrics API.
+	metricsAPIService = "v1beta1.metrics.k8s.io"
 	// metricsServerPort is upstream's --secure-port, on an address of its own.
 	metricsServerPort = 10250
 	// metricsServerTokenTTL outlives any bed or demo: a host process has
@@ -140,9 +140,9 @@ func (c *Cluster) startMetricsServer(ctx context.Context) error {
 	if err := c.registerMetricsAPI(ctx, ip); err != nil {
 		return fmt.Errorf("%s: registering metrics-server: %w", c.Name, err)
 	}
-	return c.bed.poll(ctx, c.MetricsServer, 60*time.Second, "APIService "+MetricsAPIService+" of "+c.Name+" Available", func() (bool, error) {
+	return c.bed.poll(ctx, c.MetricsServer, 60*time.Second, "APIService "+metricsAPIService+" of "+c.Name+" Available", func() (bool, error) {
 		var as apiregistrationv1.APIService
-		if err := c.Client.Get(ctx, client.ObjectKey{Name: MetricsAPIService}, &as); err != nil {
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: metricsAPIService}, &as); err != nil {
 			return false, err
 		}
 		for _, cond := range as.Status.Conditions {
@@ -177,7 +177,7 @@ func (c *Cluster) registerMetricsAPI(ctx context.Context, ip string) error {
 				Protocol: ptr.To(corev1.ProtocolTCP)}},
 		},
 		&apiregistrationv1.APIService{
-			ObjectMeta: metav1.ObjectMeta{Name: MetricsAPIService, Labels: labels},
+			ObjectMeta: metav1.ObjectMeta{Name: metricsAPIService, Labels: labels},
 			Spec: apiregistrationv1.APIServiceSpec{
 				Service: &apiregistrationv1.ServiceReference{Namespace: ns, Name: metricsServerName, Port: ptr.To[int32](443)},
 				Group:   "metrics.k8s.io", Version: "v1beta1", CABundle: c.CA.CertPEM,
