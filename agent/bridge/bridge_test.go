@@ -3,6 +3,7 @@ package bridge_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,4 +34,8 @@ func TestNew(t *testing.T) {
 	assert.ErrorContains(t, err, "probe period")
 	_, err = bridge.New(bridge.ModeVirtualKubelet, bridge.Options{ClusterID: "rome", Grants: noGrants{}, KubeletServingCert: "acme"})
 	assert.ErrorContains(t, err, `kubelet serving certificate "acme"`)
+	_, err = bridge.New(bridge.ModeVirtualKubelet, bridge.Options{ClusterID: "rome", Grants: noGrants{}, KubeletPorts: -1})
+	assert.ErrorContains(t, err, "kubelet ports -1: want at least 1")
+	_, err = bridge.New(bridge.ModeVirtualKubelet, bridge.Options{ClusterID: "rome", Grants: noGrants{}, MetricsPeriod: 500 * time.Millisecond})
+	assert.ErrorContains(t, err, "provider metrics period 500ms: at least 1s")
 }

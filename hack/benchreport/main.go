@@ -102,6 +102,19 @@ var suites = []Suite{
 		},
 	},
 	{
+		Name: "kubelet", Pkg: "./agent/bridge/virtualkubelet/",
+		About: "a virtual node's kubelet endpoint with 1,000 borrowed pods: /stats/summary and /metrics/resource answered from the node's cache " +
+			"vs listing the provider's PodMetrics at scrape time; one poll of the provider's metrics.k8s.io (CPU, allocations, cache size)",
+		Runs: []Run{
+			{Bench: `^BenchmarkKubeletMetrics$/^pods=1000$/^poll$`, Benchtime: "100x"},
+			{Bench: `^BenchmarkKubeletMetrics$/^pods=1000$/^route=`, Benchtime: "300x"},
+		},
+		Baselines: []Baseline{
+			{Label: "list at scrape", Match: `/source=cache$`, Replace: `/source=list-at-scrape`,
+				Units: map[string]string{"p50-ms": "p50-ms", "p99-ms": "p99-ms"}},
+		},
+	},
+	{
 		Name: "e2e", Pkg: "./test/integration/",
 		About: "pod created -> Running for 100 pods on the whole test bed: remote-paced (created at a steady rate, " +
 			"created-pods/s; the target's figure), remote (all 100 at once: the stress figure), local scheduling (all at once)",
@@ -157,6 +170,16 @@ var targets = []Target{
 		Name: `^BenchmarkEndToEnd/remote$`, Unit: "p99-ms", Baseline: "local scheduling", Info: "stress figure, no target (target: paced run)"},
 	{Suite: "scheduler", Figure: "scheduling throughput, resource-broker / default profile",
 		Name: `^BenchmarkSchedulingThroughput`, Unit: "rb-pods/s", Baseline: "default profile", OnRatio: true, Op: ">=", Limit: 0.95},
+	// The virtual node's kubelet endpoint (issue 23): metrics-server's scrape
+	// (10 s timeout) must never time out.
+	{Suite: "kubelet", Figure: "/stats/summary p99 ms, 1,000 borrowed pods on one virtual node",
+		Name: `^BenchmarkKubeletMetrics/pods=1000/route=stats-summary/source=cache$`, Unit: "p99-ms", Baseline: "list at scrape", Op: "<", Limit: 1000},
+	{Suite: "kubelet", Figure: "/metrics/resource p99 ms, 1,000 borrowed pods on one virtual node",
+		Name: `^BenchmarkKubeletMetrics/pods=1000/route=metrics-resource/source=cache$`, Unit: "p99-ms", Baseline: "list at scrape", Op: "<", Limit: 1000},
+	{Suite: "kubelet", Figure: "one poll of 1,000 PodMetrics: % of a core at the default 10 s period",
+		Name: `^BenchmarkKubeletMetrics/pods=1000/poll$`, Unit: "cpu-%-at-10s", Info: "the agent's added CPU, besides the scrapes"},
+	{Suite: "kubelet", Figure: "the node's usage cache for 1,000 pods, KiB of live heap",
+		Name: `^BenchmarkKubeletMetrics/pods=1000/poll$`, Unit: "cache-KiB", Info: "the agent's added memory"},
 	{Suite: "agent", Figure: "rb-agent RSS MiB",
 		Name: `^BenchmarkAgentFootprint$`, Unit: "agent-MiB", Baseline: "plain informer", Op: "<", Limit: 150},
 	{Suite: "agent", Figure: "rb-agent CPU % of a core, quiet",

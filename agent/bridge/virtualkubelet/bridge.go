@@ -14,10 +14,11 @@
 //     API answers with the granted token), its credentials and probe;
 //   - podHandler: the PodLifecycleHandler and PodNotifier of one node;
 //   - objectMirror: the ConfigMaps and Secrets its pods use;
-//   - kubeletServer: the nodes' kubelet endpoint (kubectl logs, exec, attach,
-//     port-forward reach the copies through the provider's API), with a
-//     serving certificate from the cluster's kubelet-serving signer
-//     (servingCert).
+//   - kubeletServer: the nodes' kubelet endpoints, one port each (kubectl
+//     logs, exec, attach, port-forward reach the copies through the
+//     provider's API; metrics-server reads the usage each node polls from
+//     the provider's metrics.k8s.io, nodeUsage), with a serving certificate
+//     from the cluster's kubelet-serving signer (servingCert).
 package virtualkubelet
 
 import (

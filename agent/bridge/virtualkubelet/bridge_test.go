@@ -58,6 +58,7 @@ type member struct {
 	t      *testing.T
 	id     string
 	broker *brokertest.Broker
+	labels map[string]string // the agent advertises
 	stop   context.CancelFunc
 	done   chan error
 }
@@ -91,7 +92,7 @@ func (m *member) startAgent(o *bridge.Options) {
 	})
 	require.NoError(m.t, err)
 	bc := m.brokerClient(brokerclient.WithRetries(1, 50*time.Millisecond))
-	ao := agent.Options{ClusterID: m.id, Broker: bc, Namespace: agentNamespace,
+	ao := agent.Options{ClusterID: m.id, Broker: bc, Namespace: agentNamespace, Labels: m.labels,
 		TokenTTL: 10 * time.Minute, MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second,
 		HoldTimeout: 200 * time.Millisecond} // nothing schedules placeholders here
 	ao.EndpointFrom(m.Config)

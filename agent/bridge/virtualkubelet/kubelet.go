@@ -115,13 +115,8 @@ func (k *kubeletServer) run(ctx context.Context) {
 	if err := k.loadClientCA(ctx); err != nil {
 		k.log.Info("kubelet endpoint: no client CA, only bearer tokens are accepted", "error", err.Error())
 	}
-	if ip := net.ParseIP(k.b.cfg.NodeIP); ip == nil || !ip.IsGlobalUnicast() {
-		// Pod logs, exec, attach and port-forward work (the API server
-		// dials the node address as it is), and so does metrics-server;
-		// the API server's node proxy (kubectl get --raw
-		// /api/v1/nodes/<node>/proxy/...) answers "address not allowed".
-		k.log.Info("WARNING: the node address is not a global unicast IP: the API server's node proxy refuses it; set --node-ip to the agent pod's IP",
-			"nodeIP", k.b.cfg.NodeIP)
+	if problem := nodeIPProblem(k.b.cfg.NodeIP); problem != "" {
+		k.log.Info("WARNING: "+problem, "nodeIP", k.b.cfg.NodeIP)
 	}
 	close(k.started)
 	k.log.Info("kubelet endpoint serving", "address", net.JoinHostPort(k.host, strconv.Itoa(k.first)), "ports", k.count,
@@ -133,6 +128,25 @@ func (k *kubeletServer) run(ctx context.Context) {
 		k.cert.run(ctx)
 	}
 	<-ctx.Done()
+}
+
+// nodeIPProblem says what is wrong with the node address for the API
+// server's node proxy (kubectl get --raw /api/v1/nodes/<node>/proxy/...),
+// which accepts global unicast IPs only ("address not allowed"), or "". A
+// warning, not an error: pod logs, exec, attach, port-forward and
+// metrics-server dial the address as it is and work (the envtest tests and
+// the test bed without real nodes run on 127.0.0.1).
+func nodeIPProblem(nodeIP string) string {
+	ip := net.ParseIP(nodeIP)
+	switch {
+	case nodeIP == "":
+		return "no node address (--node-ip, $POD_IP): the virtual nodes publish no kubelet endpoint"
+	case ip == nil:
+		return fmt.Sprintf("node address %q is not an IP: set --node-ip to the agent pod's IP", nodeIP)
+	case !ip.IsGlobalUnicast():
+		return fmt.Sprintf("node address %s is not a global unicast IP: the API server's node proxy refuses it (\"address not allowed\"); logs, exec and metrics-server work; set --node-ip to the agent pod's IP", nodeIP)
+	}
+	return ""
 }
 
 // loadClientCA takes the configured CA, else the cluster's client CA as the

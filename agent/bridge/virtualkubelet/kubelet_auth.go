@@ -76,9 +76,9 @@ func (k *kubeletServer) authenticate(r *http.Request) (*caller, error) {
 }
 
 // authorized asks the API server (SubjectAccessReview) whether the caller may
-// make the request on node ("" for every node), with the attributes a
-// kubelet asks for (requestAttributes); it answers the request itself when
-// not: 403, or 500 when the review fails, as a kubelet does.
+// make the request on node (the one whose endpoint was called), with the
+// attributes a kubelet asks for (requestAttributes); it answers the request
+// itself when not: 403, or 500 when the review fails, as a kubelet does.
 func (k *kubeletServer) authorized(w http.ResponseWriter, r *http.Request, node string) bool {
 	c, _ := r.Context().Value(callerKey{}).(*caller)
 	if c == nil {
@@ -102,11 +102,7 @@ func (k *kubeletServer) authorized(w http.ResponseWriter, r *http.Request, node 
 		}
 	}
 	k.log.V(1).Info("kubelet endpoint: forbidden", "user", c.name, "verb", verb, "subresources", subresources, "node", node, "path", r.URL.Path)
-	on := "every node"
-	if node != "" {
-		on = "node " + node
-	}
-	http.Error(w, fmt.Sprintf("Forbidden (user=%s, verb=%s, resource=nodes, subresource(s)=%v) on %s", c.name, verb, subresources, on), http.StatusForbidden)
+	http.Error(w, fmt.Sprintf("Forbidden (user=%s, verb=%s, resource=nodes, subresource(s)=%v) on node %s", c.name, verb, subresources, node), http.StatusForbidden)
 	return false
 }
 

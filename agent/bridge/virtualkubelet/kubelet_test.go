@@ -322,3 +322,26 @@ func TestKubeletPorts(t *testing.T) {
 	require.NoError(t, madrid.ln.Close())
 	require.NoError(t, berlin.ln.Close())
 }
+
+// TestNodeIPProblem: the node addresses the API server's node proxy refuses
+// are named at start.
+func TestNodeIPProblem(t *testing.T) {
+	for ip, want := range map[string]string{
+		"10.244.0.7":  "",
+		"198.18.0.5":  "",
+		"2001:db8::7": "",
+		"127.0.0.1":   "node address 127.0.0.1 is not a global unicast IP: the API server's node proxy refuses it",
+		"::1":         "not a global unicast IP",
+		"169.254.3.4": "not a global unicast IP",
+		"0.0.0.0":     "not a global unicast IP",
+		"agent.local": `node address "agent.local" is not an IP`,
+		"":            "no node address",
+	} {
+		got := nodeIPProblem(ip)
+		if want == "" {
+			assert.Empty(t, got, ip)
+		} else {
+			assert.Contains(t, got, want, ip)
+		}
+	}
+}
