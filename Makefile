@@ -15,6 +15,12 @@ CONTROLLER_GEN_VERSION ?= v0.20.1
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 
+# The version our binaries report (--version) and the images are tagged with.
+VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+COMMIT       ?= $(shell git rev-parse HEAD 2>/dev/null)
+RB_VERSION_PKG := github.com/fluidos-project/resource-broker/internal/version
+LDFLAGS      := -X $(RB_VERSION_PKG).version=$(VERSION) -X $(RB_VERSION_PKG).commit=$(COMMIT)
+
 .PHONY: help
 help: ## Show this help.
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -84,7 +90,11 @@ bin/controller-gen:
 build: $(addprefix bin/,$(BINARIES)) ## Build our binaries into bin/.
 
 bin/%: FORCE
-	go build -o $@ ./cmd/$*
+	go build -ldflags "$(LDFLAGS)" -o $@ ./cmd/$*
+
+# rb-scheduler is kube-scheduler: component-base's version is the Kubernetes
+# release it is built from (its metrics and feature gates go by it).
+bin/rb-scheduler: LDFLAGS += -X $(VERSION_PKG).gitVersion=$(K8S_VERSION) -X $(VERSION_PKG).gitMajor=1 -X $(VERSION_PKG).gitMinor=$(K8S_MINOR)
 
 .PHONY: FORCE
 FORCE:

@@ -28,6 +28,7 @@ import (
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
 type options struct {
@@ -145,6 +146,7 @@ func newCommand() *cobra.Command {
 	klog.InitFlags(gf)
 	f.AddGoFlagSet(gf)
 	f.AddGoFlagSet(flag.CommandLine) // controller-runtime's --kubeconfig
+	version.AddFlag(cmd)
 	return cmd
 }
 
@@ -282,6 +284,6 @@ func run(o options) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	klog.InfoS("starting rb-agent", "cluster", o.clusterID, "broker", o.brokerURL, "endpoint", ao.Endpoint)
+	klog.InfoS("starting rb-agent", "version", version.Get().Version, "cluster", o.clusterID, "broker", o.brokerURL, "endpoint", ao.Endpoint)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

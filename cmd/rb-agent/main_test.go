@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
 func TestStartupRefusesBadConfiguration(t *testing.T) {
@@ -60,4 +62,13 @@ current-context: c
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	cmd := newCommand()
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"--version"}) // and nothing else: it quits before checking the flags
+	require.NoError(t, cmd.Execute())
+	assert.Equal(t, "rb-agent "+version.Get().String()+"\n", out.String())
 }
