@@ -196,6 +196,21 @@ node-deps: ## Install containerd, runc, the CNI plugins and a C compiler (Debian
 test-images: ## Build the test images (pause, testapp) as OCI tarballs into bin/images.
 	go run ./hack/testimages --out $(CURDIR)/bin/images
 
+# The release images (hack/images): rb-broker, rb-agent and rb-scheduler, each
+# an OCI image index for IMAGE_PLATFORMS, static binaries run as 65532:65532
+# with no shell, tagged $(VERSION), written as OCI archives into IMAGES_OUT
+# and, with REGISTRY=<registry>/<path>, pushed there (credentials from docker
+# or podman login). It prints the `kustomize edit set image` lines that point
+# the manifests at them. No Docker, no registry needed to build.
+IMAGES_OUT      ?= $(CURDIR)/bin/images
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+IMAGE_REPO      := $(if $(REGISTRY),$(REGISTRY),ghcr.io/fluidos-project)
+
+.PHONY: images
+images: ## Build the images of rb-broker, rb-agent, rb-scheduler (linux/amd64, linux/arm64) as OCI archives into bin/images; REGISTRY=ghcr.io/me pushes them, VERSION= sets the tag.
+	go run ./hack/images --out $(IMAGES_OUT) --version $(VERSION) --commit $(COMMIT) \
+		--repository $(IMAGE_REPO) --platforms $(IMAGE_PLATFORMS) $(if $(REGISTRY),--push)
+
 # cert-manager's real CRDs, for the envtest control plane of the manifests
 # test (manifests/manifests_test.go). Taken from deploy/crds/ of cert-manager's
 # Go module, fetched (checksum-verified) with `go mod download` outside this
