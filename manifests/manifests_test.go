@@ -19,6 +19,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -899,5 +900,41 @@ func TestImagesArePinned(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestAgentArgsResolve: every $(VAR) in the agent's args is defined (its
+// env or the config it takes from rb-agent-config), and the API server
+// requesters are handed comes from that config, where it ships empty: an
+// agent nobody configured refuses to start (the in-cluster address) rather
+// than advertise an address no other cluster reaches.
+func TestAgentArgsResolve(t *testing.T) {
+	objs := build(t, "agent")
+	dep := as[appsv1.Deployment](t, find(t, objs, "Deployment", "rb-agent"))
+	ctr := dep.Spec.Template.Spec.Containers[0]
+	defined := map[string]string{}
+	for _, e := range ctr.Env {
+		defined[e.Name] = e.Value
+	}
+	for _, from := range ctr.EnvFrom {
+		require.NotNil(t, from.ConfigMapRef, "envFrom other than a ConfigMap")
+		cm := as[corev1.ConfigMap](t, find(t, objs, "ConfigMap", from.ConfigMapRef.Name))
+		maps.Copy(defined, cm.Data)
+	}
+	ref := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+	for _, arg := range append(slices.Clone(ctr.Command), ctr.Args...) {
+		for _, m := range ref.FindAllStringSubmatch(arg, -1) {
+			if _, ok := defined[m[1]]; !ok {
+				t.Errorf("rb-agent arg %q: $(%s) is defined by neither its env nor its ConfigMap: the kubelet would pass it as is", arg, m[1])
+			}
+		}
+	}
+	for _, want := range []string{"--api-server-address=$(API_SERVER_ADDRESS)", "--api-server-ca-file=$(API_SERVER_CA_FILE)"} {
+		if !slices.Contains(ctr.Args, want) {
+			t.Errorf("rb-agent args %q lack %s", ctr.Args, want)
+		}
+	}
+	if v, ok := defined["API_SERVER_ADDRESS"]; !ok || v != "" {
+		t.Errorf("config.env: API_SERVER_ADDRESS %q (set: %v), want it present and empty, to be set per cluster", v, ok)
 	}
 }
