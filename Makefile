@@ -15,6 +15,12 @@ CONTROLLER_GEN_VERSION ?= v0.20.1
 
 export KUBEBUILDER_ASSETS := $(ENVTEST_DIR)
 
+# The version our binaries report (--version) and the images are tagged with.
+VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+COMMIT       ?= $(shell git rev-parse HEAD 2>/dev/null)
+RB_VERSION_PKG := github.com/fluidos-project/resource-broker/internal/version
+LDFLAGS      := -X $(RB_VERSION_PKG).version=$(VERSION) -X $(RB_VERSION_PKG).commit=$(COMMIT)
+
 .PHONY: help
 help: ## Show this help.
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -84,7 +90,11 @@ bin/controller-gen:
 build: $(addprefix bin/,$(BINARIES)) ## Build our binaries into bin/.
 
 bin/%: FORCE
-	go build -o $@ ./cmd/$*
+	go build -ldflags "$(LDFLAGS)" -o $@ ./cmd/$*
+
+# rb-scheduler is kube-scheduler: component-base's version is the Kubernetes
+# release it is built from (its metrics and feature gates go by it).
+bin/rb-scheduler: LDFLAGS += -X $(VERSION_PKG).gitVersion=$(K8S_VERSION) -X $(VERSION_PKG).gitMajor=1 -X $(VERSION_PKG).gitMinor=$(K8S_MINOR)
 
 .PHONY: FORCE
 FORCE:
@@ -214,6 +224,21 @@ node-deps: ## Install containerd, runc, the CNI plugins and a C compiler (Debian
 .PHONY: test-images
 test-images: ## Build the test images (pause, testapp) as OCI tarballs into bin/images.
 	go run ./hack/testimages --out $(CURDIR)/bin/images
+
+# The release images (hack/images): rb-broker, rb-agent and rb-scheduler, each
+# an OCI image index for IMAGE_PLATFORMS, static binaries run as 65532:65532
+# with no shell, tagged $(VERSION), written as OCI archives into IMAGES_OUT
+# and, with REGISTRY=<registry>/<path>, pushed there (credentials from docker
+# or podman login). It prints the `kustomize edit set image` lines that point
+# the manifests at them. No Docker, no registry needed to build.
+IMAGES_OUT      ?= $(CURDIR)/bin/images
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+IMAGE_REPO      := $(if $(REGISTRY),$(REGISTRY),ghcr.io/fluidos-project)
+
+.PHONY: images
+images: ## Build the images of rb-broker, rb-agent, rb-scheduler (linux/amd64, linux/arm64) as OCI archives into bin/images; REGISTRY=ghcr.io/me pushes them, VERSION= sets the tag.
+	go run ./hack/images --out $(IMAGES_OUT) --version $(VERSION) --commit $(COMMIT) \
+		--repository $(IMAGE_REPO) --platforms $(IMAGE_PLATFORMS) $(if $(REGISTRY),--push)
 
 # cert-manager's real CRDs, for the envtest control plane of the manifests
 # test (manifests/manifests_test.go). Taken from deploy/crds/ of cert-manager's

@@ -107,7 +107,7 @@ func (o *Options) Validate() error {
 		errs = append(errs, errors.New("--namespace is required"))
 	}
 	if o.Endpoint == "" {
-		errs = append(errs, errors.New("the API server endpoint is unknown: set --endpoint"))
+		errs = append(errs, errors.New("the API server address is unknown: set --api-server-address"))
 	}
 	if o.Bridge != "" && !slices.Contains(bridge.Modes, o.Bridge) {
 		errs = append(errs, fmt.Errorf("--bridge %q: want virtual-kubelet, liqo or none", o.Bridge))
@@ -150,7 +150,9 @@ func (o *Options) ValidateLease() error {
 	return errors.Join(errs...)
 }
 
-// EndpointFrom fills Endpoint and CABundle from a rest config when unset.
+// EndpointFrom fills Endpoint and CABundle from a rest config when unset
+// (an agent run in process, by tests). rb-agent uses APIServerFrom and
+// CheckAPIServerAddress: flags, the CA file, and no cluster-local address.
 func (o *Options) EndpointFrom(cfg *rest.Config) {
 	if o.Endpoint == "" {
 		o.Endpoint = cfg.Host

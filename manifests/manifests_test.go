@@ -16,14 +16,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -330,8 +333,8 @@ func TestManifestsFitTogether(t *testing.T) {
 		t.Fatalf("Deployment rb-broker: %d containers, want 1", len(pod.Spec.Containers))
 	}
 	ctr := pod.Spec.Containers[0]
-	if ctr.Image != "ghcr.io/fluidos-project/rb-broker:latest" {
-		t.Errorf("rb-broker image %q", ctr.Image)
+	if want := "ghcr.io/fluidos-project/rb-broker:" + releaseTag(t); ctr.Image != want {
+		t.Errorf("rb-broker image %q, want %q", ctr.Image, want)
 	}
 	for _, flag := range []string{
 		"--listen-address=:8443", "--health-address=:8081", "--cert-dir=/etc/rb-broker/tls",
@@ -753,4 +756,185 @@ func TestHoldObjectsMatchTheAgent(t *testing.T) {
 	var b admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find("ValidatingAdmissionPolicyBinding", binding.Name).Object, &b))
 	assert.Equal(t, binding.Spec, b.Spec)
+}
+
+// ourImages are the images this repository builds (make images), by base.
+var ourImages = map[string]string{
+	"broker":    "ghcr.io/fluidos-project/rb-broker",
+	"agent":     "ghcr.io/fluidos-project/rb-agent",
+	"scheduler": "ghcr.io/fluidos-project/rb-scheduler",
+}
+
+// releaseTag is the tag the bases' kustomize images: entries give our
+// images; they must agree (one release).
+func releaseTag(t testing.TB) string {
+	t.Helper()
+	tags := map[string]bool{}
+	for base, image := range ourImages {
+		var k struct {
+			Images []struct {
+				Name    string `json:"name"`
+				NewName string `json:"newName"`
+				NewTag  string `json:"newTag"`
+				Digest  string `json:"digest"`
+			} `json:"images"`
+		}
+		b, err := os.ReadFile(filepath.Join(base, "kustomization.yaml"))
+		require.NoError(t, err)
+		require.NoError(t, yaml.Unmarshal(b, &k))
+		var found bool
+		for _, im := range k.Images {
+			if im.Name != image {
+				continue
+			}
+			found = true
+			if im.NewTag == "" || im.NewTag == "latest" || im.NewName != "" || im.Digest != "" {
+				t.Errorf("%s/kustomization.yaml: images: %s: newTag %q (newName %q, digest %q): want a release tag, not latest", base, image, im.NewTag, im.NewName, im.Digest)
+			}
+			tags[im.NewTag] = true
+		}
+		if !found {
+			t.Errorf("%s/kustomization.yaml: no images: entry for %s (the way to point the base at another tag or registry)", base, image)
+		}
+	}
+	if len(tags) != 1 {
+		t.Fatalf("the bases' images: entries give our images different tags: %v", slices.Sorted(maps.Keys(tags)))
+	}
+	for tag := range tags {
+		return tag
+	}
+	return ""
+}
+
+// pinned says what is wrong with an image reference that a manifest
+// names: it must carry a tag or a digest (no implicit latest), and the tag
+// must not be latest.
+func pinned(image string) error {
+	ref, err := name.ParseReference(image)
+	if err != nil {
+		return fmt.Errorf("image %q is no image reference: %w", image, err)
+	}
+	tag, ok := ref.(name.Tag)
+	switch {
+	case !ok: // a digest
+	case !strings.HasSuffix(image, ":"+tag.TagStr()):
+		return fmt.Errorf("image %q has no tag or digest: it means latest", image)
+	case tag.TagStr() == "latest":
+		return fmt.Errorf("image %q: latest is not a version", image)
+	}
+	return nil
+}
+
+// images returns every "image" string under obj (the containers of pod
+// templates, whatever the kind).
+func images(obj any) []string {
+	var out []string
+	switch v := obj.(type) {
+	case map[string]any:
+		for k, e := range v {
+			if s, ok := e.(string); ok && k == "image" {
+				out = append(out, s)
+				continue
+			}
+			out = append(out, images(e)...)
+		}
+	case []any:
+		for _, e := range v {
+			out = append(out, images(e)...)
+		}
+	}
+	return out
+}
+
+// TestImagesArePinned: every image a base deploys has a tag (or digest)
+// that is not latest, in what kustomize builds and in the YAML files
+// themselves; ours carry the release tag of the images: entries.
+func TestImagesArePinned(t *testing.T) {
+	t.Run("pinned refuses latest and untagged images", func(t *testing.T) {
+		for _, bad := range []string{"ghcr.io/fluidos-project/rb-agent", "ghcr.io/fluidos-project/rb-agent:latest", "redis", "localhost:5000/redis", "Not An Image"} {
+			assert.Error(t, pinned(bad), bad)
+		}
+		for _, good := range []string{"redis:7.2", "ghcr.io/fluidos-project/rb-agent:v0.1.0",
+			"registry.k8s.io/pause@sha256:ee6521f290b2168b6e0935a181d4cff9be1ac3f505666ef0e3c98fae8199917a"} {
+			assert.NoError(t, pinned(good), good)
+		}
+	})
+
+	tag := releaseTag(t)
+	var seen int
+	for _, b := range bases {
+		for _, u := range build(t, b) {
+			for _, image := range images(u.Object) {
+				seen++
+				if err := pinned(image); err != nil {
+					t.Errorf("%s: %s: %v", b, id(u), err)
+				}
+				repo, _, _ := strings.Cut(image, ":")
+				if repo == ourImages[b] && image != repo+":"+tag {
+					t.Errorf("%s: %s: image %q, want the release tag %q", b, id(u), image, tag)
+				}
+			}
+		}
+	}
+	if seen < 4 { // rb-broker, rb-agent, rb-scheduler, Redis
+		t.Errorf("found only %d images in the bases' builds", seen)
+	}
+
+	// The files too: a base applied without kustomize must not pull latest.
+	files, err := filepath.Glob("*/*.yaml")
+	require.NoError(t, err)
+	more, err := filepath.Glob("*/*/*.yaml")
+	require.NoError(t, err)
+	for _, f := range append(files, more...) {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for i, doc := range strings.Split(string(b), "\n---") {
+			var obj any
+			if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+				t.Errorf("%s: document %d: %v", f, i, err)
+				continue
+			}
+			for _, image := range images(obj) {
+				if err := pinned(image); err != nil {
+					t.Errorf("%s: %v", f, err)
+				}
+			}
+		}
+	}
+}
+
+// TestAgentArgsResolve: every $(VAR) in the agent's args is defined (its
+// env or the config it takes from rb-agent-config), and the API server
+// requesters are handed comes from that config, where it ships empty: an
+// agent nobody configured refuses to start (the in-cluster address) rather
+// than advertise an address no other cluster reaches.
+func TestAgentArgsResolve(t *testing.T) {
+	objs := build(t, "agent")
+	dep := as[appsv1.Deployment](t, find(t, objs, "Deployment", "rb-agent"))
+	ctr := dep.Spec.Template.Spec.Containers[0]
+	defined := map[string]string{}
+	for _, e := range ctr.Env {
+		defined[e.Name] = e.Value
+	}
+	for _, from := range ctr.EnvFrom {
+		require.NotNil(t, from.ConfigMapRef, "envFrom other than a ConfigMap")
+		cm := as[corev1.ConfigMap](t, find(t, objs, "ConfigMap", from.ConfigMapRef.Name))
+		maps.Copy(defined, cm.Data)
+	}
+	ref := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+	for _, arg := range append(slices.Clone(ctr.Command), ctr.Args...) {
+		for _, m := range ref.FindAllStringSubmatch(arg, -1) {
+			if _, ok := defined[m[1]]; !ok {
+				t.Errorf("rb-agent arg %q: $(%s) is defined by neither its env nor its ConfigMap: the kubelet would pass it as is", arg, m[1])
+			}
+		}
+	}
+	for _, want := range []string{"--api-server-address=$(API_SERVER_ADDRESS)", "--api-server-ca-file=$(API_SERVER_CA_FILE)"} {
+		if !slices.Contains(ctr.Args, want) {
+			t.Errorf("rb-agent args %q lack %s", ctr.Args, want)
+		}
+	}
+	if v, ok := defined["API_SERVER_ADDRESS"]; !ok || v != "" {
+		t.Errorf("config.env: API_SERVER_ADDRESS %q (set: %v), want it present and empty, to be set per cluster", v, ok)
+	}
 }

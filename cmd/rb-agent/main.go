@@ -28,13 +28,16 @@ import (
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
 type options struct {
 	clusterID          string
 	brokerURL          string
 	brokerCertDir      string
-	endpoint           string
+	apiServerAddress   string
+	apiServerCAFile    string
+	allowLocalAPI      bool
 	namespace          string
 	labels             map[string]string
 	currency           string
@@ -92,7 +95,14 @@ func newCommand() *cobra.Command {
 	f.StringVar(&o.clusterID, "cluster-id", "", "this cluster's id (a DNS label such as rome); must equal the CN of the broker client certificate")
 	f.StringVar(&o.brokerURL, "broker-url", "", "the broker's API, e.g. https://rb-broker.example:443")
 	f.StringVar(&o.brokerCertDir, "broker-cert-dir", "/etc/rb-agent/tls", "directory with tls.crt, tls.key and ca.crt for the broker")
-	f.StringVar(&o.endpoint, "endpoint", "", "this cluster's API server URL as requesters reach it (default: from the kubeconfig)")
+	f.StringVar(&o.apiServerAddress, "api-server-address", "",
+		"https:// URL of this cluster's API server as requesters in other clusters reach it, advertised and handed to them in grants (default: the kubeconfig's, which in a pod is only reachable inside this cluster: the agent refuses to start with it)")
+	f.StringVar(&o.apiServerCAFile, "api-server-ca-file", "",
+		"PEM file of the CA requesters verify the API server at --api-server-address with (default: the kubeconfig's CA, in a pod the service account's ca.crt)")
+	f.BoolVar(&o.allowLocalAPI, "allow-local-api-server-address", false,
+		"advertise an API server address only this cluster reaches (the ClusterIP of Service kubernetes, a .svc name, a pod's loopback): for test beds whose requesters share this cluster's network")
+	f.StringVar(&o.apiServerAddress, "endpoint", "", "")
+	_ = f.MarkDeprecated("endpoint", "use --api-server-address")
 	f.StringVar(&o.namespace, "namespace", envOr("POD_NAMESPACE", "resource-broker"), "namespace of the agent's ProviderInstructions")
 	f.StringToStringVar(&o.labels, "labels", nil, "labels to advertise; pods that require node labels are matched on kubernetes.io/arch, kubernetes.io/os, topology.kubernetes.io/region, topology.kubernetes.io/zone and nvidia.com/gpu.product, e.g. topology.kubernetes.io/region=eu-west,kubernetes.io/arch=amd64")
 	f.StringVar(&o.currency, "currency", "EUR", "ISO 4217 currency of the prices")
@@ -145,6 +155,7 @@ func newCommand() *cobra.Command {
 	klog.InitFlags(gf)
 	f.AddGoFlagSet(gf)
 	f.AddGoFlagSet(flag.CommandLine) // controller-runtime's --kubeconfig
+	version.AddFlag(cmd)
 	return cmd
 }
 
@@ -232,7 +243,7 @@ func run(o options) error {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	ao := agent.Options{
-		ClusterID: o.clusterID, Broker: bc, Namespace: o.namespace, Endpoint: o.endpoint,
+		ClusterID: o.clusterID, Broker: bc, Namespace: o.namespace,
 		Labels: o.labels, Prices: prices, TokenTTL: o.tokenTTL, Debounce: o.debounce, PublishPeriod: o.publishPeriod,
 		ReservationWorkers: o.reserveWorkers, LeaseLength: o.leaseLength, HoldTime: o.holdTime, RenewInterval: o.renewInterval,
 		NoProviderHold: !o.providerHold, HoldPriority: o.holdPriority, PlaceholderImage: o.placeholderImage,
@@ -249,7 +260,19 @@ func run(o options) error {
 			}
 		}
 	}
-	ao.EndpointFrom(cfg)
+	// What requesters are handed: an address they can reach, or no start.
+	apiServer, err := agent.APIServerFrom(cfg, o.apiServerAddress, o.apiServerCAFile)
+	if err != nil {
+		return err
+	}
+	warning, err := agent.CheckAPIServerAddress(apiServer.Address, agent.LocalityOf(cfg, os.Getenv), o.allowLocalAPI)
+	if err != nil {
+		return err
+	}
+	if warning != "" {
+		klog.InfoS("Warning: the API server address handed to requesters may not reach this cluster from theirs", "address", apiServer.Address, "reason", warning)
+	}
+	ao.Endpoint, ao.CABundle = apiServer.Address, apiServer.CABundle
 	if err := ao.Validate(); err != nil { // before the manager: a wrong identity must fail fast
 		return err
 	}
@@ -282,6 +305,6 @@ func run(o options) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	klog.InfoS("starting rb-agent", "cluster", o.clusterID, "broker", o.brokerURL, "endpoint", ao.Endpoint)
+	klog.InfoS("starting rb-agent", "version", version.Get().Version, "cluster", o.clusterID, "broker", o.brokerURL, "endpoint", ao.Endpoint)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/server"
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
 type options struct {
@@ -96,6 +97,7 @@ func newCommand() *cobra.Command {
 	gf := flag.NewFlagSet("klog", flag.ExitOnError)
 	klog.InitFlags(gf)
 	f.AddGoFlagSet(gf)
+	version.AddFlag(cmd)
 	return cmd
 }
 
@@ -249,7 +251,7 @@ func run(ctx context.Context, o options) error {
 		defer pprofSrv.Close()
 		log.Info("pprof", "address", pprofLn.Addr().String())
 	}
-	log.Info("serving", "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", o.redisURL,
+	log.Info("serving", "version", version.Get().Version, "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", o.redisURL,
 		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold)
 	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, TLSConfig: tlsConfig, HealthListener: healthLn, ExpiryInterval: o.expiryInterval})
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
 func TestInvalidFlagsRefuseToStart(t *testing.T) {
@@ -62,4 +65,13 @@ func TestTuneGC(t *testing.T) {
 	gogc, limit = tuneGC(400)
 	assert.Empty(t, gogc)
 	assert.Zero(t, limit)
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	cmd := newCommand()
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"--version"}) // and nothing else: it quits before checking the flags
+	require.NoError(t, cmd.Execute())
+	assert.Equal(t, "rb-broker "+version.Get().String()+"\n", out.String())
 }

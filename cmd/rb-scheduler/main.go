@@ -7,6 +7,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -16,6 +17,7 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version" // for version metric registration
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 
+	"github.com/fluidos-project/resource-broker/internal/version"
 	"github.com/fluidos-project/resource-broker/plugins/resourcebroker"
 )
 
@@ -23,6 +25,18 @@ import (
 func newCommand() *cobra.Command {
 	cmd := app.NewSchedulerCommand(app.WithPlugin(resourcebroker.Name, resourcebroker.New))
 	cmd.Use = "rb-scheduler"
+	// kube-scheduler's --version (component-base's verflag) prints
+	// component-base's version, which the build stamps with the Kubernetes
+	// release it is (metrics and feature gates go by it): plain --version
+	// prints ours and that release; --version=raw is kube-scheduler's own.
+	run := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if f := c.Flags().Lookup("version"); f != nil && f.Value.String() == "true" {
+			_, err := fmt.Fprintf(c.OutOrStdout(), "rb-scheduler %s, kube-scheduler %s\n", version.Get(), version.Module("k8s.io/kubernetes"))
+			return err
+		}
+		return run(c, args)
+	}
 	return cmd
 }
 

@@ -50,6 +50,7 @@ import (
 
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
+	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
 const execEnv = "RB_SCHEDULER_EXEC"
@@ -424,4 +425,16 @@ func firstLine(s string, subs ...string) string {
 		}
 	}
 	return ""
+}
+
+func TestVersion(t *testing.T) {
+	s := startScheduler(t, "--version")
+	select {
+	case <-s.exited:
+	case <-time.After(time.Minute):
+		t.Fatal("rb-scheduler --version did not quit")
+	}
+	require.NoError(t, s.err, s.out.String())
+	assert.Equal(t, "rb-scheduler "+version.Get().String()+", kube-scheduler "+version.Module("k8s.io/kubernetes")+"\n", s.out.String())
+	assert.Regexp(t, `kube-scheduler v1\.\d+\.\d+`, s.out.String())
 }

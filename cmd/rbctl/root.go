@@ -4,6 +4,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
 // newRootCommand builds the rbctl command tree. Each subcommand lives in its
@@ -30,6 +32,7 @@ func newRootCommand() *cobra.Command {
 		newReservationsCommand(g),
 		newExplainCommand(g),
 	)
+	version.AddFlag(root)
 	return root
 }
 

@@ -2,7 +2,8 @@
 // module's Go sources, as tarballs that `ctr -n k8s.io images import` loads
 // into a node's containerd: the test bed has no registry to pull from.
 //
-// Each image is one static binary in one layer (no base image, no shell).
+// Each image is one static binary in one layer (no base image, no shell,
+// run as 65532:65532; internal/goimage).
 // The references name a registry host that does not exist (rb.test), so
 // nothing can pull them by mistake: pods use imagePullPolicy IfNotPresent or
 // Never, and the kubelet finds the imported image.
@@ -13,17 +14,14 @@
 package testimages
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"runtime"
@@ -33,9 +31,9 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/fluidos-project/resource-broker/internal/goimage"
 )
 
 // The images' references. rb.test is not a registry: see the package comment.
@@ -66,9 +64,6 @@ var images = []Image{
 }
 
 const (
-	// nonRoot owns the binary and runs it (distroless's "nonroot"): neither
-	// image needs any privilege.
-	nonRoot = 65532
 	// recipe is part of every cache key: change it when the way an image is
 	// put together changes, so that old tarballs are not taken as current.
 	recipe = "testimages/v1"
@@ -95,7 +90,7 @@ func Build(ctx context.Context, moduleRoot, outDir string) ([]Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("testimages: read go.mod: %w", err)
 	}
-	goVersion, err := goEnv(ctx, moduleRoot, "GOVERSION")
+	goVersion, err := goimage.GoEnv(ctx, moduleRoot, "GOVERSION")
 	if err != nil {
 		return nil, fmt.Errorf("testimages: go env GOVERSION: %w", err)
 	}
@@ -130,7 +125,7 @@ func Build(ctx context.Context, moduleRoot, outDir string) ([]Image, error) {
 		if exists(im.Path) {
 			continue // built by another process while we waited for the lock
 		}
-		if err := build(ctx, moduleRoot, im, goVersion); err != nil {
+		if err := build(ctx, moduleRoot, im); err != nil {
 			return nil, fmt.Errorf("testimages: build %s: %w", im.Name, err)
 		}
 		removeOlder(im)
@@ -140,7 +135,7 @@ func Build(ctx context.Context, moduleRoot, outDir string) ([]Image, error) {
 
 // build compiles im's binary into a temporary directory and writes the image
 // to im.Path, atomically.
-func build(ctx context.Context, moduleRoot string, im Image, goVersion string) error {
+func build(ctx context.Context, moduleRoot string, im Image) error {
 	tmp, err := os.MkdirTemp("", "testimages-")
 	if err != nil {
 		return err
@@ -148,101 +143,21 @@ func build(ctx context.Context, moduleRoot string, im Image, goVersion string) e
 	defer os.RemoveAll(tmp)
 
 	bin := path.Base(im.Package)
-	binPath := filepath.Join(tmp, bin)
-	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", binPath, im.Package}
-	cmd := exec.CommandContext(ctx, goCommand(), args...)
-	cmd.Dir = moduleRoot
-	// Static, for the nodes' OS; later entries win over the caller's own.
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build: %w\n%s", err, out)
-	}
-
-	layerPath := filepath.Join(tmp, "layer.tar")
-	if err := writeLayer(layerPath, binPath, bin); err != nil {
-		return fmt.Errorf("layer: %w", err)
-	}
-	img, err := newImage(im, bin, layerPath, goVersion)
+	img, err := goimage.Build(ctx, moduleRoot, tmp, goimage.Spec{
+		Package:  im.Package,
+		Platform: v1.Platform{OS: "linux", Architecture: runtime.GOARCH},
+		Labels: map[string]string{
+			"org.opencontainers.image.source": source,
+			"org.opencontainers.image.title":  bin,
+		},
+	})
 	if err != nil {
-		return fmt.Errorf("image: %w", err)
+		return err
 	}
 	if err := writeTarball(im, img); err != nil {
 		return fmt.Errorf("write %s: %w", im.Path, err)
 	}
 	return nil
-}
-
-// writeLayer writes an uncompressed layer holding the binary at /<bin>,
-// executable and owned by nonRoot. Its time is fixed so that the layer's
-// digest depends on the binary only.
-func writeLayer(layerPath, binPath, bin string) error {
-	src, err := os.Open(binPath)
-	if err != nil {
-		return err
-	}
-	defer src.Close()
-	st, err := src.Stat()
-	if err != nil {
-		return err
-	}
-	dst, err := os.Create(layerPath)
-	if err != nil {
-		return err
-	}
-	defer dst.Close()
-
-	tw := tar.NewWriter(dst)
-	if err := tw.WriteHeader(&tar.Header{
-		Typeflag: tar.TypeReg,
-		Name:     bin,
-		Mode:     0o755,
-		Uid:      nonRoot,
-		Gid:      nonRoot,
-		Size:     st.Size(),
-		ModTime:  time.Unix(0, 0),
-	}); err != nil {
-		return err
-	}
-	if _, err := io.Copy(tw, src); err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return dst.Close()
-}
-
-// newImage is one layer on nothing, with a config that runs /<bin> as nonRoot.
-func newImage(im Image, bin, layerPath, goVersion string) (v1.Image, error) {
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return os.Open(layerPath) })
-	if err != nil {
-		return nil, err
-	}
-	user := fmt.Sprintf("%d:%d", nonRoot, nonRoot)
-	img, err := mutate.ConfigFile(empty.Image, &v1.ConfigFile{
-		Architecture: runtime.GOARCH,
-		OS:           "linux",
-		RootFS:       v1.RootFS{Type: "layers"},
-		Config: v1.Config{
-			Entrypoint: []string{"/" + bin},
-			User:       user,
-			WorkingDir: "/",
-			Labels: map[string]string{
-				"org.opencontainers.image.source": source,
-				"org.opencontainers.image.title":  bin,
-			},
-		},
-	})
-	if err != nil {
-		return nil, err
-	}
-	return mutate.Append(img, mutate.Addendum{
-		Layer: layer,
-		History: v1.History{
-			CreatedBy: fmt.Sprintf("CGO_ENABLED=0 GOOS=linux GOARCH=%s go build -trimpath -ldflags='-s -w' %s (%s)",
-				runtime.GOARCH, im.Package, goVersion),
-		},
-	})
 }
 
 // writeTarball writes img as a docker-style tarball (what `docker save` and
@@ -369,21 +284,4 @@ func lockDir(ctx context.Context, dir string) (unlock func(), err error) {
 func exists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
-}
-
-func goEnv(ctx context.Context, moduleRoot, key string) (string, error) {
-	cmd := exec.CommandContext(ctx, goCommand(), "env", key)
-	cmd.Dir = moduleRoot
-	out, err := cmd.Output()
-	if err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(string(out)), nil
-}
-
-func goCommand() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go") //nolint:staticcheck // fallback when go is not on PATH
 }

@@ -428,6 +428,6 @@ func TestBuildError(t *testing.T) {
 	}
 	_, err := Build(context.Background(), root, t.TempDir())
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "testimages: build "+Pause+": go build: ")
+	assert.Contains(t, err.Error(), "testimages: build "+Pause+": go build ./test/images/pause for linux/"+runtime.GOARCH+": ")
 	assert.Contains(t, err.Error(), "undefined")
 }
