@@ -245,25 +245,25 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			return fmt.Errorf("bridge: %w", err)
 		}
 	}
+	// The tenant policy (and the hold's PriorityClasses) before any tenant.
+	policy := &provider.ClusterObjects{Client: mgr.GetClient()}
+	if !o.NoProviderHold {
+		policy.HoldPriority = cmp.Or(o.HoldPriority, provider.DefaultHoldPriority)
+	}
+	if err := mgr.Add(policy); err != nil {
+		return err
+	}
 	tenants := &provider.TenantReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Broker: o.Broker, Recorder: mgr.GetEventRecorderFor("rb-agent"),
 		Namespace: o.Namespace, Endpoint: o.Endpoint, CABundle: o.CABundle, TokenTTL: o.TokenTTL,
 		Hold: !o.NoProviderHold, PlaceholderImage: o.PlaceholderImage, HoldTimeout: o.HoldTimeout, EvictionGrace: o.EvictionGrace,
+		PolicyReady: policy.Ready,
 	}
 	if o.Broker != nil {
 		tenants.Clusters = o.Broker // which requesters pin their pods (Liqo's do not)
 	}
 	if err := tenants.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("tenant reconciler: %w", err)
-	}
-	if !o.NoProviderHold {
-		hp := o.HoldPriority
-		if hp == 0 {
-			hp = provider.DefaultHoldPriority
-		}
-		if err := mgr.Add(&provider.ClusterObjects{Client: mgr.GetClient(), HoldPriority: hp}); err != nil {
-			return err
-		}
 	}
 	if err := mgr.Add(&follower.Follower{
 		Broker: o.Broker, Client: mgr.GetClient(), ClusterID: o.ClusterID, Namespace: o.Namespace, Reservations: rec,

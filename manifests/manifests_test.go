@@ -224,6 +224,8 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 	if !created[namespace] {
 		t.Fatalf("no base creates Namespace %s", namespace)
 	}
+	// Every cluster has these (a few RBAC objects live there).
+	created[metav1.NamespaceSystem], created[corev1.NamespaceNodeLease] = true, true
 
 	var accepted int
 	for _, b := range bases {
@@ -712,25 +714,11 @@ func TestBasesStandAlone(t *testing.T) {
 	}
 }
 
-// TestTenantClusterRoleMatchesTheAgent keeps the shipped rb-tenant ClusterRole
-// equal to what the agent's tenant RoleBindings are meant to grant.
-func TestTenantClusterRoleMatchesTheAgent(t *testing.T) {
-	objs := build(t, "agent")
-	for _, u := range objs {
-		if u.GetKind() != "ClusterRole" || u.GetName() != provider.TenantClusterRole {
-			continue
-		}
-		var role rbacv1.ClusterRole
-		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &role))
-		assert.Equal(t, provider.TenantRules, role.Rules)
-		return
-	}
-	t.Fatalf("manifests/agent has no ClusterRole %s", provider.TenantClusterRole)
-}
-
-// TestHoldObjectsMatchTheAgent keeps the shipped PriorityClasses and tenant
-// pod policy equal to what the agent ensures at start-up (default priority).
-func TestHoldObjectsMatchTheAgent(t *testing.T) {
+// TestTenantPolicyIsTheAgents: the tenant policy the agent builds in and
+// applies (package manifests) comes out of kustomize unchanged but for the
+// labels, and cluster-scoped; so do the PriorityClasses it ensures at
+// start-up (default priority).
+func TestTenantPolicyIsTheAgents(t *testing.T) {
 	objs := build(t, "agent")
 	find := func(kind, name string) *unstructured.Unstructured {
 		for _, u := range objs {
@@ -742,6 +730,26 @@ func TestHoldObjectsMatchTheAgent(t *testing.T) {
 		t.Fatalf("manifests/agent has no %s %s", kind, name)
 		return nil
 	}
+	var role rbacv1.ClusterRole
+	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find("ClusterRole", provider.TenantClusterRole).Object, &role))
+	assert.Equal(t, provider.TenantRules(), role.Rules)
+	policies := provider.TenantAdmissionPolicy()
+	require.Len(t, policies, 4, "rb-tenant-pods and rb-tenant-services, each with its binding")
+	for _, want := range policies {
+		kind := want.GetObjectKind().GroupVersionKind().Kind
+		switch want := want.(type) {
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			var got admissionregistrationv1.ValidatingAdmissionPolicy
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find(kind, want.Name).Object, &got))
+			assert.Equal(t, want.Spec, got.Spec, want.Name)
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			var got admissionregistrationv1.ValidatingAdmissionPolicyBinding
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find(kind, want.Name).Object, &got))
+			assert.Equal(t, want.Spec, got.Spec, want.Name)
+		default:
+			t.Errorf("unexpected %s %s in the tenant policy", kind, want.GetName())
+		}
+	}
 	for _, want := range provider.NewPriorityClasses(provider.DefaultHoldPriority) {
 		var pc schedulingv1.PriorityClass
 		require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find("PriorityClass", want.Name).Object, &pc))
@@ -749,13 +757,32 @@ func TestHoldObjectsMatchTheAgent(t *testing.T) {
 		assert.Equal(t, want.PreemptionPolicy, pc.PreemptionPolicy, want.Name)
 		assert.Equal(t, want.Description, pc.Description, want.Name)
 	}
-	policy, binding := provider.NewTenantPodPolicy()
-	var p admissionregistrationv1.ValidatingAdmissionPolicy
-	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find("ValidatingAdmissionPolicy", policy.Name).Object, &p))
-	assert.Equal(t, policy.Spec, p.Spec)
-	var b admissionregistrationv1.ValidatingAdmissionPolicyBinding
-	require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(find("ValidatingAdmissionPolicyBinding", binding.Name).Object, &b))
-	assert.Equal(t, binding.Spec, b.Spec)
+	for _, name := range []string{"rb-agent", "rb-tenant-pods", "rb-tenant-services"} {
+		find("ValidatingAdmissionPolicy", name)
+		find("ValidatingAdmissionPolicyBinding", name)
+	}
+	// The RBAC objects that name another namespace keep it.
+	for _, u := range objs {
+		switch u.GetKind() + "/" + u.GetName() {
+		case "Role/rb-agent-node-leases", "RoleBinding/rb-agent-node-leases":
+			assert.Equal(t, "kube-node-lease", u.GetNamespace(), id(u))
+		case "RoleBinding/rb-agent-auth-reader":
+			assert.Equal(t, "kube-system", u.GetNamespace(), id(u))
+		}
+	}
+}
+
+// TestTenantNamespaceDefaults: the LimitRange and object quota of a tenant
+// namespace decode from the built-in tenant-namespace.yaml.
+func TestTenantNamespaceDefaults(t *testing.T) {
+	lr := provider.NewTenantLimitRange("rb-rome")
+	require.Len(t, lr.Spec.Limits, 1)
+	assert.Equal(t, "100m", lr.Spec.Limits[0].DefaultRequest.Cpu().String())
+	assert.Equal(t, "rb-rome", lr.Namespace)
+	q := provider.NewTenantObjectQuota("rb-rome")
+	nodePorts := q.Spec.Hard["services.nodeports"]
+	assert.Equal(t, "0", nodePorts.String())
+	assert.Contains(t, q.Spec.Hard, corev1.ResourceName("configmaps"))
 }
 
 // ourImages are the images this repository builds (make images), by base.

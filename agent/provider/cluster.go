@@ -3,16 +3,17 @@ package provider
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
@@ -22,10 +23,6 @@ import (
 // PriorityClass (rb-tenant is one more): above ordinary workloads (0 unless
 // they name a class), below the system classes (2000000000 and up).
 const DefaultHoldPriority = 1000000
-
-// TenantPodPolicy names the ValidatingAdmissionPolicy (and its binding) that
-// keeps the hold's PriorityClasses to their use.
-const TenantPodPolicy = "rb-tenant-pods"
 
 // NewPriorityClasses are the PriorityClasses of the provider-side hold
 // (shipped in manifests/agent with the default value). The placeholder's
@@ -47,82 +44,47 @@ func NewPriorityClasses(holdPriority int32) []*schedulingv1.PriorityClass {
 	}}
 }
 
-// NewTenantPodPolicy is the admission policy (and binding) that closes the
-// hold's abuse hole: a tenant's ServiceAccount may create pods of no
-// PriorityClass or of rb-tenant only (not rb-placeholder, not any class
-// above), and no one may create pods of rb-tenant or rb-placeholder outside
-// the tenant namespaces (label broker.fluidos.eu/tenant), where the tenant's
-// ResourceQuota caps them.
-func NewTenantPodPolicy() (*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding) {
-	labels := map[string]string{rbv1.ManagedByLabel: rbv1.ManagedByValue}
-	policy := &admissionv1.ValidatingAdmissionPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: TenantPodPolicy, Labels: labels},
-		Spec: admissionv1.ValidatingAdmissionPolicySpec{
-			FailurePolicy: ptr.To(admissionv1.Fail),
-			MatchConstraints: &admissionv1.MatchResources{ResourceRules: []admissionv1.NamedRuleWithOperations{{
-				RuleWithOperations: admissionv1.RuleWithOperations{
-					// spec.priorityClassName is immutable: creation is enough.
-					Operations: []admissionv1.OperationType{admissionv1.Create},
-					Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
-				},
-			}}},
-			Variables: []admissionv1.Variable{
-				{Name: "class", Expression: "has(object.spec.priorityClassName) ? object.spec.priorityClassName : ''"},
-				{Name: "tenantNamespace", Expression: fmt.Sprintf(
-					"namespaceObject != null && has(namespaceObject.metadata.labels) && '%s' in namespaceObject.metadata.labels", rbv1.TenantLabel)},
-				{Name: "tenant", Expression: fmt.Sprintf(
-					"request.userInfo.username == 'system:serviceaccount:' + request.namespace + ':%s'", TenantServiceAccount)},
-			},
-			Validations: []admissionv1.Validation{{
-				Expression: fmt.Sprintf("!variables.tenant || variables.class == '' || variables.class == '%s'", rbv1.TenantPriorityClass),
-				Message:    fmt.Sprintf("a tenant may create pods of PriorityClass %s or none only", rbv1.TenantPriorityClass),
-				Reason:     ptr.To(metav1.StatusReasonForbidden),
-			}, {
-				Expression: fmt.Sprintf("!(variables.class in ['%s', '%s']) || variables.tenantNamespace",
-					rbv1.TenantPriorityClass, rbv1.PlaceholderPriorityClass),
-				Message: fmt.Sprintf("PriorityClasses %s and %s are for tenant namespaces (label %s) only",
-					rbv1.TenantPriorityClass, rbv1.PlaceholderPriorityClass, rbv1.TenantLabel),
-				Reason: ptr.To(metav1.StatusReasonForbidden),
-			}},
-		},
-	}
-	binding := &admissionv1.ValidatingAdmissionPolicyBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: TenantPodPolicy, Labels: labels},
-		Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
-			PolicyName:        TenantPodPolicy,
-			ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
-		},
-	}
-	return policy, binding
-}
-
 // ClusterObjects ensures, at start-up, the cluster-wide objects of the
-// provider-side hold: its PriorityClasses and the tenant pod policy. It is a
-// manager.Runnable; it retries until it succeeds (placeholders fail to be
-// created, and say so, until then).
+// provider side: the tenant policy's admission policies and bindings
+// (manifests/agent/tenant-policy.yaml, built in), and with the hold its
+// PriorityClasses. It is a manager.Runnable; it retries until it succeeds
+// (placeholders fail to be created, and say so, until then), and Ready
+// tells the tenant reconciler when tenants may be granted access.
+//
+// The agent may update the tenant policy, by name, but not create it (an
+// admission policy's creation can be limited neither by RBAC names nor by
+// another policy): manifests/agent creates it, and an agent that finds it
+// missing says so and grants nothing.
 type ClusterObjects struct {
-	Client       client.Client
+	Client client.Client
+	// HoldPriority is the value of the rb-placeholder PriorityClass
+	// (rb-tenant is one more); 0: no hold, no PriorityClasses.
 	HoldPriority int32
 	// Retry is the wait between attempts (default 10s).
 	Retry time.Duration
+
+	ready atomic.Bool
 }
 
 // NeedLeaderElection: the leader's tenant reconciler is the one that needs them.
 func (c *ClusterObjects) NeedLeaderElection() bool { return true }
 
+// Ready tells whether the objects are in place (Ensure succeeded once).
+func (c *ClusterObjects) Ready() bool { return c.ready.Load() }
+
 // Start ensures the objects, retrying until it succeeds or ctx ends.
 func (c *ClusterObjects) Start(ctx context.Context) error {
-	logger := log.FromContext(ctx).WithName("provider-hold")
+	logger := log.FromContext(ctx).WithName("provider-policy")
 	if c.Retry == 0 {
 		c.Retry = 10 * time.Second
 	}
 	for {
 		err := c.Ensure(ctx)
 		if err == nil {
-			logger.Info("hold PriorityClasses and tenant pod policy in place", "placeholderPriority", c.HoldPriority)
+			logger.Info("tenant policy in place", "placeholderPriority", c.HoldPriority)
 			return nil
 		}
-		logger.Error(err, "ensuring the hold's PriorityClasses and tenant pod policy, retrying", "in", c.Retry)
+		logger.Error(err, "ensuring the tenant policy and the hold's PriorityClasses; no tenant is granted access until then", "retryIn", c.Retry)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -131,28 +93,36 @@ func (c *ClusterObjects) Start(ctx context.Context) error {
 	}
 }
 
+// FieldOwner is the agent's field manager in server-side applies.
+const FieldOwner = "rb-agent"
+
 // Ensure creates or updates the objects once.
 func (c *ClusterObjects) Ensure(ctx context.Context) error {
-	for _, want := range NewPriorityClasses(c.HoldPriority) {
-		if err := c.ensurePriorityClass(ctx, want); err != nil {
-			return err
+	if c.HoldPriority > 0 {
+		for _, want := range NewPriorityClasses(c.HoldPriority) {
+			if err := c.ensurePriorityClass(ctx, want); err != nil {
+				return err
+			}
 		}
 	}
-	policy, binding := NewTenantPodPolicy()
-	p := &admissionv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: policy.Name}}
-	if _, err := controllerutil.CreateOrUpdate(ctx, c.Client, p, func() error {
-		p.Labels, p.Spec = policy.Labels, policy.Spec
-		return nil
-	}); err != nil {
-		return fmt.Errorf("ValidatingAdmissionPolicy %s: %w", policy.Name, err)
+	for _, obj := range TenantAdmissionPolicy() {
+		u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+		if err != nil {
+			return err
+		}
+		apply := &unstructured.Unstructured{Object: u}
+		unstructured.RemoveNestedField(apply.Object, "metadata", "creationTimestamp")
+		unstructured.RemoveNestedField(apply.Object, "status")
+		err = c.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(apply), client.FieldOwner(FieldOwner), client.ForceOwnership)
+		if apierrors.IsForbidden(err) {
+			return fmt.Errorf("%s %s: %w (the agent may only update it: apply manifests/agent, whose tenant-policy.yaml creates it)",
+				apply.GetKind(), apply.GetName(), err)
+		}
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", apply.GetKind(), apply.GetName(), err)
+		}
 	}
-	b := &admissionv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: binding.Name}}
-	if _, err := controllerutil.CreateOrUpdate(ctx, c.Client, b, func() error {
-		b.Labels, b.Spec = binding.Labels, binding.Spec
-		return nil
-	}); err != nil {
-		return fmt.Errorf("ValidatingAdmissionPolicyBinding %s: %w", binding.Name, err)
-	}
+	c.ready.Store(true)
 	return nil
 }
 

@@ -209,6 +209,15 @@ func TestHoldGrantAndEnd(t *testing.T) {
 	require.NoError(t, e.c.Get(e.ctx, types.NamespacedName{Namespace: "rb-rome", Name: provider.TenantQuota}, &quota))
 	assert.Equal(t, provider.QuotaScope, quota.Spec.ScopeSelector)
 	assert.Equal(t, "2", ptr.To(quota.Spec.Hard["requests.cpu"]).String())
+	assert.Equal(t, "2", ptr.To(quota.Spec.Hard[corev1.ResourcePods]).String(), "two pods for one reservation")
+	// The namespace's defaults and object counts (manifests/agent/tenant-namespace.yaml).
+	var lr corev1.LimitRange
+	require.NoError(t, e.c.Get(e.ctx, types.NamespacedName{Namespace: "rb-rome", Name: "rb-tenant"}, &lr))
+	assert.Equal(t, provider.NewTenantLimitRange("rb-rome").Spec, lr.Spec)
+	var objects corev1.ResourceQuota
+	require.NoError(t, e.c.Get(e.ctx, types.NamespacedName{Namespace: "rb-rome", Name: "rb-objects"}, &objects))
+	assert.Equal(t, "0", ptr.To(objects.Spec.Hard["services.nodeports"]).String())
+	assert.Equal(t, "rome", objects.Labels[rbv1.TenantLabel])
 
 	// No grant before the placeholder is bound; bound, the grant carries it.
 	time.Sleep(300 * time.Millisecond)

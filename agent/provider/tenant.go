@@ -103,6 +103,10 @@ type TenantReconciler struct {
 	// EvictionGrace is how long the tenant pods of an ended reservation may
 	// still run (default DefaultEvictionGrace).
 	EvictionGrace time.Duration
+	// PolicyReady tells whether the tenant policy is in place
+	// (ClusterObjects.Ready); until it is, no tenant namespace is made and
+	// no access granted. nil: always.
+	PolicyReady func() bool
 
 	// pins: per requester, whether its bridge pins pods to held nodes, and
 	// when that was read (requesterPins).
@@ -180,14 +184,6 @@ func (r *TenantReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// NewTenantClusterRole is the ClusterRole that tenant RoleBindings grant.
-func NewTenantClusterRole() *rbacv1.ClusterRole {
-	return &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: TenantClusterRole, Labels: map[string]string{rbv1.ManagedByLabel: rbv1.ManagedByValue}},
-		Rules:      TenantRules,
-	}
-}
-
 // TenantNamespace is the namespace set aside for a requester.
 func TenantNamespace(requester string) string { return rbv1.TenantNamespacePrefix + requester }
 
@@ -245,6 +241,10 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		}
 		return ctrl.Result{RequeueAfter: max(time.Until(next), time.Second)}, nil
 	}
+	if r.PolicyReady != nil && !r.PolicyReady() {
+		logger.Info("tenant policy not in place yet: no access granted")
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
 	if err := r.ensureNamespace(ctx, ns, requester); err != nil {
 		if errors.Is(err, errTerminating) {
 			logger.Info("tenant namespace still terminating, waiting")
@@ -253,6 +253,9 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return ctrl.Result{}, err
 	}
 	if err := r.ensureQuota(ctx, ns, requester, live); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.ensureDefaults(ctx, ns, requester); err != nil {
 		return ctrl.Result{}, err
 	}
 	sa, err := r.ensureAccess(ctx, ns, requester)
@@ -360,10 +363,16 @@ var QuotaScope = &corev1.ScopeSelector{MatchExpressions: []corev1.ScopedResource
 	Values: []string{rbv1.PlaceholderPriorityClass},
 }}}
 
+// PodsPerReservation is how many pods (placeholders aside) the tenant quota
+// counts per live reservation: its pod, and a replacement made while the
+// first one terminates.
+const PodsPerReservation = 2
+
 // ensureQuota caps the tenant at the sum of its live reservations.
 func (r *TenantReconciler) ensureQuota(ctx context.Context, ns, requester string, live []*rbv1.ProviderInstruction) error {
 	// cpu and memory always: a quota without a resource does not limit it.
-	hard := corev1.ResourceList{"requests.cpu": resource.Quantity{}, "requests.memory": resource.Quantity{}}
+	hard := corev1.ResourceList{"requests.cpu": resource.Quantity{}, "requests.memory": resource.Quantity{},
+		corev1.ResourcePods: *resource.NewQuantity(int64(PodsPerReservation*len(live)), resource.DecimalSI)}
 	for _, pi := range live {
 		for name, q := range pi.Spec.Resources {
 			key := corev1.ResourceName("requests." + string(name))
@@ -415,6 +424,32 @@ func (r *TenantReconciler) setQuota(ctx context.Context, ns, requester string, h
 	return err
 }
 
+// ensureDefaults keeps the tenant namespace's LimitRange and object-count
+// quota (manifests/agent/tenant-namespace.yaml).
+func (r *TenantReconciler) ensureDefaults(ctx context.Context, ns, requester string) error {
+	labels := map[string]string{rbv1.TenantLabel: requester, rbv1.ManagedByLabel: rbv1.ManagedByValue}
+	wantLR := NewTenantLimitRange(ns)
+	lr := &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: wantLR.Name, Namespace: ns}}
+	if _, err := controllerutil.CreateOrPatch(ctx, r.Client, lr, func() error {
+		lr.Labels, lr.Spec = labels, wantLR.Spec
+		return nil
+	}); err != nil {
+		return fmt.Errorf("LimitRange %s/%s: %w", ns, lr.Name, err)
+	}
+	wantQ := NewTenantObjectQuota(ns)
+	q := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: wantQ.Name, Namespace: ns}}
+	if _, err := controllerutil.CreateOrPatch(ctx, r.Client, q, func() error {
+		q.Labels = labels
+		if !equalResources(q.Spec.Hard, wantQ.Spec.Hard) {
+			q.Spec.Hard = wantQ.Spec.Hard
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("ResourceQuota %s/%s: %w", ns, q.Name, err)
+	}
+	return nil
+}
+
 // equalResources compares by value, so "1000m" equals "1".
 func equalResources(a, b corev1.ResourceList) bool {
 	if len(a) != len(b) {
@@ -427,23 +462,6 @@ func equalResources(a, b corev1.ResourceList) bool {
 		}
 	}
 	return true
-}
-
-// TenantRules are what a requester may do in its tenant namespace. They live
-// in a ClusterRole bound per namespace, so the agent needs only the right to
-// bind that one role, not every permission it hands out.
-var TenantRules = []rbacv1.PolicyRule{
-	{APIGroups: []string{""}, Resources: []string{"pods", "pods/status", "pods/log", "configmaps", "secrets", "services", "events"},
-		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}},
-	// kubectl exec, attach and port-forward on the requester's virtual node
-	// reach the copy through these (create over WebSockets, get over SPDY).
-	{APIGroups: []string{""}, Resources: []string{"pods/exec", "pods/attach", "pods/portforward"},
-		Verbs: []string{"get", "create"}},
-	// The copies' usage as the provider's metrics-server measures it, for
-	// the virtual node's /stats/summary and /metrics/resource (kubectl top,
-	// HorizontalPodAutoscalers): in this namespace only, so never another
-	// tenant's pods or the provider's own.
-	{APIGroups: []string{"metrics.k8s.io"}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}},
 }
 
 // ensureAccess keeps the tenant's ServiceAccount and RoleBinding, and
