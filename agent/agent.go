@@ -170,15 +170,17 @@ func (o *Options) EndpointFrom(cfg *rest.Config) {
 // their metadata), also leave out status.images, volumesInUse and
 // volumesAttached: a real node lists up to 50 images, most of its size. The
 // collector does not use this cache: it has its own, reduced to a few numbers
-// per object (agent/collector).
-func CacheOptions() cache.Options {
+// per object (agent/collector). ProviderInstructions are read in namespace,
+// the agent's, only (its RBAC allows no more).
+func CacheOptions(namespace string) cache.Options {
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Node{}: {Transform: slimNode},
 			// Only the pods of reservations (placeholders and tenant pods,
 			// which carry the reservation label): the tenant reconciler's.
-			&corev1.Pod{}: {Label: reservationPods},
+			&corev1.Pod{}:               {Label: reservationPods},
+			&rbv1.ProviderInstruction{}: {Namespaces: map[string]cache.Config{namespace: {}}},
 		},
 	}
 }

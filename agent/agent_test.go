@@ -81,7 +81,7 @@ func (c *cluster) startAgent(mutate ...func(*agent.Options)) {
 	c.t.Helper()
 	mgr, err := ctrl.NewManager(c.cfg, ctrl.Options{
 		Scheme:                 scheme,
-		Cache:                  agent.CacheOptions(),
+		Cache:                  agent.CacheOptions(agentNamespace),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},

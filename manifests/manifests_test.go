@@ -49,11 +49,10 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fluidos-project/resource-broker/agent/provider"
+	"github.com/fluidos-project/resource-broker/internal/kustomize"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
 
@@ -76,28 +75,9 @@ func build(t testing.TB, base string) []*unstructured.Unstructured {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	objs, err := kustomize.Build(dir)
 	if err != nil {
-		t.Fatalf("kustomize build %s: %v", base, err)
-	}
-	var objs []*unstructured.Unstructured
-	for _, r := range m.Resources() {
-		y, err := r.AsYAML()
-		if err != nil {
-			t.Fatalf("%s: %s: %v", base, r.CurId(), err)
-		}
-		j, err := yaml.YAMLToJSON(y)
-		if err != nil {
-			t.Fatalf("%s: %s: %v", base, r.CurId(), err)
-		}
-		o, err := runtime.Decode(unstructured.UnstructuredJSONScheme, j)
-		if err != nil {
-			t.Fatalf("%s: %s: %v", base, r.CurId(), err)
-		}
-		objs = append(objs, o.(*unstructured.Unstructured))
-	}
-	if len(objs) == 0 {
-		t.Fatalf("kustomize build %s: no objects", base)
+		t.Fatal(err)
 	}
 	return objs
 }

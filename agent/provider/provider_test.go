@@ -101,7 +101,7 @@ func newEnv(t *testing.T) *env {
 
 // start runs a TenantReconciler as the agent does (its cache options).
 func (e *env) start(r *provider.TenantReconciler) {
-	mgr, err := ctrl.NewManager(e.cfg, ctrl.Options{Scheme: scheme, Cache: agent.CacheOptions(),
+	mgr, err := ctrl.NewManager(e.cfg, ctrl.Options{Scheme: scheme, Cache: agent.CacheOptions(agentNamespace),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 	require.NoError(e.t, err)

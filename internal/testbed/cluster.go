@@ -29,7 +29,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fluidos-project/resource-broker/agent/provider"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/broker/store"
@@ -127,6 +126,10 @@ type Cluster struct {
 	Kubeconfig string
 	Client     client.Client
 	Clientset  kubernetes.Interface
+	// AgentKubeconfig and SchedulerKubeconfig are what rb-agent and
+	// rb-scheduler run with: a token of their ServiceAccount, bound by the
+	// manifests' RBAC (identities.go).
+	AgentKubeconfig, SchedulerKubeconfig string
 	// CertDir holds the cluster's broker client certificate (CN = Name).
 	CertDir string
 	// Agent is rb-agent; Scheduler is rb-scheduler; ControllerManager is
@@ -156,9 +159,10 @@ type Cluster struct {
 	nodes      []string
 }
 
-// startControlPlane starts the API server and prepares the cluster as
-// hack/devclusters does: CRDs, the agent's namespace, the rb-tenant
-// ClusterRole, Ready nodes, an admin kubeconfig.
+// startControlPlane starts the API server and prepares the cluster: CRDs,
+// the agent's namespace and the agent's and scheduler's identities and
+// permissions from the manifests (identities.go), Ready nodes, an admin
+// kubeconfig.
 func (c *Cluster) startControlPlane(ctx context.Context, crdDir string) error {
 	opts := []testenv.Option{testenv.WithCRDDirectories(crdDir),
 		testenv.WithAPIServerArg("service-cluster-ip-range", serviceCIDR(c.index))}
@@ -198,13 +202,8 @@ func (c *Cluster) startControlPlane(ctx context.Context, crdDir string) error {
 	if c.Clientset, err = kubernetes.NewForConfig(c.Config); err != nil {
 		return err
 	}
-	for _, obj := range []client.Object{
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: AgentNamespace}},
-		provider.NewTenantClusterRole(),
-	} {
-		if err := c.Client.Create(ctx, obj); err != nil {
-			return fmt.Errorf("%s: %w", c.Name, err)
-		}
+	if err := c.installIdentities(ctx); err != nil {
+		return err
 	}
 	if c.bed.opts.RealNodes {
 		return c.prepareRealCluster(ctx)
@@ -317,7 +316,7 @@ func (c *Cluster) BrokerClient(opts ...brokerclient.Option) (*brokerclient.Clien
 func (c *Cluster) agentArgs(probe string) []string {
 	o := c.bed.opts
 	args := []string{
-		"--kubeconfig=" + c.Kubeconfig,
+		"--kubeconfig=" + c.AgentKubeconfig,
 		"--cluster-id=" + c.Name,
 		"--broker-url=" + c.bed.BrokerURL,
 		"--broker-cert-dir=" + c.CertDir,
@@ -484,7 +483,7 @@ func (c *Cluster) schedulerConfig(moduleRoot string) ([]byte, error) {
 		return nil, err
 	}
 	cfg["leaderElection"] = map[string]any{"leaderElect": false}
-	cfg["clientConnection"] = map[string]any{"kubeconfig": c.Kubeconfig, "qps": 200, "burst": 400}
+	cfg["clientConnection"] = map[string]any{"kubeconfig": c.SchedulerKubeconfig, "qps": 200, "burst": 400}
 	def := map[string]any{"schedulerName": corev1.DefaultSchedulerName}
 	if c.Spec.Requester {
 		profiles, _ := cfg["profiles"].([]any)
@@ -549,7 +548,7 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 		c.Scheduler = &Process{Name: "rb-scheduler-" + c.Name, Path: filepath.Join(c.bed.BinDir, "rb-scheduler"),
 			LogPath: filepath.Join(c.bed.LogDir, "scheduler-"+c.Name+".log"),
 			Args: []string{"--config=" + path, "--secure-port=" + strconv.Itoa(c.schedPort), "--bind-address=127.0.0.1",
-				"--authentication-kubeconfig=" + c.Kubeconfig, "--authorization-kubeconfig=" + c.Kubeconfig,
+				"--authentication-kubeconfig=" + c.SchedulerKubeconfig, "--authorization-kubeconfig=" + c.SchedulerKubeconfig,
 				"--v=" + strconv.Itoa(max(c.bed.opts.Verbosity, 2))}}
 		c.Scheduler.Args = append(c.Scheduler.Args, gates...)
 		if err := c.Scheduler.Start(); err != nil {

@@ -54,9 +54,9 @@ const (
 	metricsAPIService = "v1beta1.metrics.k8s.io"
 	// metricsServerPort is upstream's --secure-port, on an address of its own.
 	metricsServerPort = 10250
-	// metricsServerTokenTTL outlives any bed or demo: a host process has
-	// no kubelet to rotate its token.
-	metricsServerTokenTTL = 7 * 24 * time.Hour
+	// serviceAccountTokenTTL (metrics-server's, rb-agent's, rb-scheduler's)
+	// outlives any bed or demo: a host process has no kubelet to rotate its token.
+	serviceAccountTokenTTL = 7 * 24 * time.Hour
 	// minMetricResolution: metrics-server wants its resolution above its
 	// kubelet request timeout (10s) by a tenth, and refuses to start otherwise.
 	minMetricResolution = 15 * time.Second
@@ -222,7 +222,7 @@ func (c *Cluster) applyManifest(ctx context.Context, path string) error {
 // ServiceAccount ns/name (what its pod would mount).
 func (c *Cluster) serviceAccountKubeconfig(ctx context.Context, ns, name string) (string, error) {
 	tr, err := c.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(metricsServerTokenTTL.Seconds()))}}, metav1.CreateOptions{})
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(serviceAccountTokenTTL.Seconds()))}}, metav1.CreateOptions{})
 	if err != nil {
 		return "", err
 	}

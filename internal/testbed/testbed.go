@@ -38,6 +38,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/klog/v2"
 
 	"github.com/fluidos-project/resource-broker/broker/store"
@@ -170,6 +171,10 @@ type Bed struct {
 	helpOnce   sync.Once
 	agentHelp  string
 	closeOnce  sync.Once
+
+	identitiesOnce sync.Once // identities.go
+	identityObjs   []*unstructured.Unstructured
+	identitiesErr  error
 }
 
 // Broker is one rb-broker replica.

@@ -110,8 +110,9 @@ type Bridge struct {
 	cancel context.CancelFunc
 	events chan event.GenericEvent
 
-	objectsOnce sync.Once
-	objects     *localObjects
+	objectsMu sync.Mutex
+	objects   map[string]*namespaceObjects // by namespace (objects.go)
+	whoami    string                       // this agent's user name, once known (mirroraccess.go)
 
 	mu    sync.Mutex
 	nodes map[string]*providerNode // by provider

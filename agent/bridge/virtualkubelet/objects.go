@@ -16,31 +16,72 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// localObjects are this cluster's ConfigMaps and Secrets as informers see
-// them; started with the first virtual node, shared by all.
+// localObjects are the ConfigMaps and Secrets of one namespace of this
+// cluster as informers see them: started with the first pod of that
+// namespace a virtual node mirrors, once the agent may read them there
+// (mirroraccess.go), and shared by all nodes. Only the namespaces whose
+// pods go to a provider are read, never the whole cluster's Secrets.
 type localObjects struct {
-	configMaps corev1listers.ConfigMapLister
-	secrets    corev1listers.SecretLister
+	configMaps corev1listers.ConfigMapNamespaceLister
+	secrets    corev1listers.SecretNamespaceLister
 	synced     []cache.InformerSynced
 }
 
-func (b *Bridge) localObjects() *localObjects {
-	b.objectsOnce.Do(func() {
-		factory := informers.NewSharedInformerFactoryWithOptions(b.local, 0, informers.WithTransform(stripManagedFields))
-		cms, secrets := factory.Core().V1().ConfigMaps(), factory.Core().V1().Secrets()
-		changed := func(kind string) cache.ResourceEventHandler {
-			return cache.ResourceEventHandlerFuncs{
-				AddFunc:    func(obj any) { b.localObjectChanged(kind, obj.(metav1.Object)) },
-				UpdateFunc: func(_, obj any) { b.localObjectChanged(kind, obj.(metav1.Object)) },
-			}
+// namespaceObjects is the localObjects of a namespace once started.
+type namespaceObjects struct {
+	mu   sync.Mutex // held while starting
+	objs *localObjects
+}
+
+// localObjects returns the objects of namespace, starting their informers
+// (and getting the right to read them) the first time.
+func (b *Bridge) localObjects(ctx context.Context, namespace string) (*localObjects, error) {
+	b.objectsMu.Lock()
+	if b.objects == nil {
+		b.objects = map[string]*namespaceObjects{}
+	}
+	nso := b.objects[namespace]
+	if nso == nil {
+		nso = &namespaceObjects{}
+		b.objects[namespace] = nso
+	}
+	b.objectsMu.Unlock()
+	nso.mu.Lock()
+	defer nso.mu.Unlock()
+	if nso.objs != nil {
+		return nso.objs, nil
+	}
+	if err := b.ensureMirrorAccess(ctx, namespace); err != nil {
+		return nil, err
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(b.local, 0, informers.WithNamespace(namespace),
+		informers.WithTransform(stripManagedFields))
+	cms, secrets := factory.Core().V1().ConfigMaps(), factory.Core().V1().Secrets()
+	changed := func(kind string) cache.ResourceEventHandler {
+		return cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { b.localObjectChanged(kind, obj.(metav1.Object)) },
+			UpdateFunc: func(_, obj any) { b.localObjectChanged(kind, obj.(metav1.Object)) },
 		}
-		_, _ = cms.Informer().AddEventHandler(changed("ConfigMap"))
-		_, _ = secrets.Informer().AddEventHandler(changed("Secret"))
-		b.objects = &localObjects{configMaps: cms.Lister(), secrets: secrets.Lister(),
-			synced: []cache.InformerSynced{cms.Informer().HasSynced, secrets.Informer().HasSynced}}
-		factory.Start(b.ctx.Done())
-	})
-	return b.objects
+	}
+	_, _ = cms.Informer().AddEventHandler(changed("ConfigMap"))
+	_, _ = secrets.Informer().AddEventHandler(changed("Secret"))
+	nso.objs = &localObjects{configMaps: cms.Lister().ConfigMaps(namespace), secrets: secrets.Lister().Secrets(namespace),
+		synced: []cache.InformerSynced{cms.Informer().HasSynced, secrets.Informer().HasSynced}}
+	factory.Start(b.ctx.Done())
+	return nso.objs, nil
+}
+
+// startedObjects returns the objects of namespace if their informers run.
+func (b *Bridge) startedObjects(namespace string) *localObjects {
+	b.objectsMu.Lock()
+	nso := b.objects[namespace]
+	b.objectsMu.Unlock()
+	if nso == nil {
+		return nil
+	}
+	nso.mu.Lock()
+	defer nso.mu.Unlock()
+	return nso.objs
 }
 
 // localObjectChanged keeps the copies of a ConfigMap or Secret in sync.
@@ -144,15 +185,16 @@ func (m *objectMirror) changed(kind, namespace, name string) {
 	used := m.usedLocked(kind, namespace, name)
 	m.mu.Unlock()
 	rc := m.n.currentRemote()
-	if !used || rc == nil {
+	objs := m.n.b.startedObjects(namespace)
+	if !used || rc == nil || objs == nil {
 		return
 	}
 	var err error
 	switch kind {
 	case "ConfigMap":
-		err = m.copyConfigMap(m.n.ctx, rc, namespace, name)
+		err = m.copyConfigMap(m.n.ctx, rc, objs, namespace, name)
 	case "Secret":
-		err = m.copySecret(m.n.ctx, rc, namespace, name)
+		err = m.copySecret(m.n.ctx, rc, objs, namespace, name)
 	}
 	if err != nil {
 		m.n.log.Error(err, "updating a copy", "kind", kind, "object", namespace+"/"+name)
@@ -169,25 +211,28 @@ func (m *objectMirror) ensure(ctx context.Context, rc *remoteCluster, pod *corev
 	if refs.empty() {
 		return nil
 	}
-	objs := m.n.b.localObjects()
+	objs, err := m.n.b.localObjects(ctx, pod.Namespace)
+	if err != nil {
+		return err
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), objs.synced...) {
 		return ctx.Err()
 	}
 	for _, name := range refs.ConfigMaps {
-		if err := m.copyConfigMap(ctx, rc, pod.Namespace, name); err != nil {
+		if err := m.copyConfigMap(ctx, rc, objs, pod.Namespace, name); err != nil {
 			return err
 		}
 	}
 	for _, name := range refs.Secrets {
-		if err := m.copySecret(ctx, rc, pod.Namespace, name); err != nil {
+		if err := m.copySecret(ctx, rc, objs, pod.Namespace, name); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (m *objectMirror) copyConfigMap(ctx context.Context, rc *remoteCluster, namespace, name string) error {
-	local, err := m.n.b.localObjects().configMaps.ConfigMaps(namespace).Get(name)
+func (m *objectMirror) copyConfigMap(ctx context.Context, rc *remoteCluster, objs *localObjects, namespace, name string) error {
+	local, err := objs.configMaps.Get(name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -224,8 +269,8 @@ func (m *objectMirror) copyConfigMap(ctx context.Context, rc *remoteCluster, nam
 	return err
 }
 
-func (m *objectMirror) copySecret(ctx context.Context, rc *remoteCluster, namespace, name string) error {
-	local, err := m.n.b.localObjects().secrets.Secrets(namespace).Get(name)
+func (m *objectMirror) copySecret(ctx context.Context, rc *remoteCluster, objs *localObjects, namespace, name string) error {
+	local, err := objs.secrets.Get(name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
