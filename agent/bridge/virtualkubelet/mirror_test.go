@@ -265,11 +265,11 @@ func TestLocalizer(t *testing.T) {
 	for in, want := range map[string]string{
 		"Back-off restarting failed container app in pod shop.web-0_rb-rome(uid-copy)": "Back-off restarting failed container app in pod web-0_shop(uid-local)",
 		"Successfully assigned rb-rome/shop.web-0 to paris-node-1":                     "Successfully assigned shop/web-0 to paris-node-1",
-		`Error: configmap "shop.settings" not found`:                                  `Error: configmap "settings" not found`,
-		`secret "shop.shop.x" not found`:                                              `secret "shop.x" not found`,
-		`pod "shop.web-0" deleted; uid uid-copy`:                                      `pod "web-0" deleted; uid uid-local`,
-		`Pulling image "rb.test/testapp:v1"`:                                          `Pulling image "rb.test/testapp:v1"`,
-		"": "",
+		`Error: configmap "shop.settings" not found`:                                   `Error: configmap "settings" not found`,
+		`secret "shop.shop.x" not found`:                                               `secret "shop.x" not found`,
+		`pod "shop.web-0" deleted; uid uid-copy`:                                       `pod "web-0" deleted; uid uid-local`,
+		`Pulling image "rb.test/testapp:v1"`:                                           `Pulling image "rb.test/testapp:v1"`,
+		"":                                                                             "",
 	} {
 		assert.Equal(t, want, loc.Replace(in), in)
 	}
