@@ -519,8 +519,10 @@ func localizer(local, remote *corev1.Pod) *strings.Replacer {
 	var pairs []string
 	if remote.Name != "" && remote.Namespace != "" {
 		if remote.UID != "" {
-			pairs = append(pairs, fmt.Sprintf("%s_%s(%s)", remote.Name, remote.Namespace, remote.UID),
-				fmt.Sprintf("%s_%s(%s)", local.Name, local.Namespace, local.UID))
+			// Quoted too: the quoted copy's name below would match first.
+			theirs := fmt.Sprintf("%s_%s(%s)", remote.Name, remote.Namespace, remote.UID)
+			ours := fmt.Sprintf("%s_%s(%s)", local.Name, local.Namespace, local.UID)
+			pairs = append(pairs, `"`+theirs, `"`+ours, theirs, ours)
 		}
 		pairs = append(pairs, remote.Namespace+"/"+remote.Name, local.Namespace+"/"+local.Name)
 	}

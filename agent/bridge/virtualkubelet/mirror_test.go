@@ -263,13 +263,14 @@ func TestLocalizer(t *testing.T) {
 	remote := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "rb-rome", Name: "shop.web-0", UID: "uid-copy"}}
 	loc := localizer(local, remote)
 	for in, want := range map[string]string{
-		"Back-off restarting failed container app in pod shop.web-0_rb-rome(uid-copy)": "Back-off restarting failed container app in pod web-0_shop(uid-local)",
-		"Successfully assigned rb-rome/shop.web-0 to paris-node-1":                     "Successfully assigned shop/web-0 to paris-node-1",
-		`Error: configmap "shop.settings" not found`:                                   `Error: configmap "settings" not found`,
-		`secret "shop.shop.x" not found`:                                               `secret "shop.x" not found`,
-		`pod "shop.web-0" deleted; uid uid-copy`:                                       `pod "web-0" deleted; uid uid-local`,
-		`Pulling image "rb.test/testapp:v1"`:                                           `Pulling image "rb.test/testapp:v1"`,
-		"":                                                                             "",
+		"Back-off restarting failed container app in pod shop.web-0_rb-rome(uid-copy)":        "Back-off restarting failed container app in pod web-0_shop(uid-local)",
+		"Successfully assigned rb-rome/shop.web-0 to paris-node-1":                            "Successfully assigned shop/web-0 to paris-node-1",
+		`Error: configmap "shop.settings" not found`:                                          `Error: configmap "settings" not found`,
+		`secret "shop.shop.x" not found`:                                                      `secret "shop.x" not found`,
+		`pod: "shop.web-0_rb-rome(uid-copy)". kubelet does not have ClusterDNS IP configured`: `pod: "web-0_shop(uid-local)". kubelet does not have ClusterDNS IP configured`,
+		`pod "shop.web-0" deleted; uid uid-copy`:                                              `pod "web-0" deleted; uid uid-local`,
+		`Pulling image "rb.test/testapp:v1"`:                                                  `Pulling image "rb.test/testapp:v1"`,
+		"":                                                                                    "",
 	} {
 		assert.Equal(t, want, loc.Replace(in), in)
 	}
