@@ -215,7 +215,6 @@ type admission struct {
 }
 
 type refusal struct {
-	key      types.NamespacedName
 	message  string
 	requests corev1.ResourceList
 }
@@ -365,7 +364,7 @@ func (a *admission) sync(ctx context.Context, key types.NamespacedName) error {
 
 	a.mu.Lock()
 	was, known := a.refused[pod.UID]
-	a.refused[pod.UID] = refusal{key: key, message: v.message, requests: resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})}
+	a.refused[pod.UID] = refusal{message: v.message, requests: resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})}
 	a.mu.Unlock()
 	if !known {
 		n.b.enqueue(n.provider) // the node's capacity counts it
