@@ -288,6 +288,9 @@ func (a *admission) forget(uid types.UID) {
 // reservations: the scheduler counts every pod bound to a node, so without
 // them a refused pod would take room reserved for another pod.
 func (h *podHandler) refusedResources() (corev1.ResourceList, int64) {
+	if h == nil { // a node without pods yet (tests build one so)
+		return corev1.ResourceList{}, 0
+	}
 	a := h.admission()
 	a.mu.Lock()
 	defer a.mu.Unlock()
