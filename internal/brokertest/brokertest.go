@@ -32,8 +32,11 @@ import (
 
 // Broker is one running broker.
 type Broker struct {
-	t      testing.TB
-	Redis  *redistest.Server
+	t     testing.TB
+	Redis *redistest.Server
+	// RDB is an administrator's client of the broker's Redis, for what a
+	// test inspects or breaks (INFO, SCRIPT FLUSH, ...); the broker's store
+	// (Store) connects as the limited user of manifests/redis/users.acl.
 	RDB    *redis.Client
 	Store  *store.Store
 	URL    string // https://127.0.0.1:<port>, the mutual-TLS API
@@ -63,8 +66,8 @@ func Start(t testing.TB, o Options) *Broker {
 		o.EventBlock = 500 * time.Millisecond
 	}
 	rs := redistest.Start(t)
-	rdb := rs.Client()
-	st := store.New(rdb, o.Store)
+	rdb := rs.AdminClient()
+	st := store.New(rs.Client(), o.Store)
 	ca, err := devcerts.NewCA("test CA")
 	require.NoError(t, err)
 	pair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1"})
