@@ -34,6 +34,7 @@ type options struct {
 	listenAddress   string
 	healthAddress   string
 	certDir         string
+	certCheck       time.Duration
 	redisURL        string
 	redisUsername   string
 	redisPassFile   string
@@ -80,7 +81,10 @@ func newCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.listenAddress, "listen-address", ":8443", "address of the mutual-TLS API")
 	f.StringVar(&o.healthAddress, "health-address", ":8081", "address of plain-HTTP /healthz, /readyz and /metrics (empty: off)")
-	f.StringVar(&o.certDir, "cert-dir", "/etc/rb-broker/tls", "directory with tls.crt, tls.key and ca.crt (the CA that signs client certificates)")
+	f.StringVar(&o.certDir, "cert-dir", "/etc/rb-broker/tls", "directory with tls.crt, tls.key and ca.crt (the CAs that sign client certificates), "+
+		"as a cert-manager Secret mounts it; read again when it changes, no restart needed")
+	f.DurationVar(&o.certCheck, "cert-check-interval", server.DefaultCertCheckInterval, "how often, at most, --cert-dir is checked for rotated files "+
+		"(on the next connection or request)")
 	f.StringVar(&o.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://), without a password: see --redis-password-file")
 	f.StringVar(&o.redisUsername, "redis-username", "", "Redis ACL user (manifests/redis: rb-broker); default: the user of --redis-url, else Redis' default user")
 	f.StringVar(&o.redisPassFile, "redis-password-file", "", "file holding the Redis password (trailing newlines ignored), read again for every new Redis connection, "+
@@ -112,7 +116,7 @@ func (o options) validate() error {
 	if o.weightResources < 0 || o.weightCost < 0 || math.Abs(o.weightResources+o.weightCost-1) > 1e-9 {
 		errs = append(errs, fmt.Errorf("--weight-resources (%g) and --weight-cost (%g) must be non-negative and sum to 1", o.weightResources, o.weightCost))
 	}
-	for name, d := range map[string]time.Duration{"--stale-threshold": o.staleThreshold, "--default-duration": o.defaultDuration,
+	for name, d := range map[string]time.Duration{"--stale-threshold": o.staleThreshold, "--cert-check-interval": o.certCheck, "--default-duration": o.defaultDuration,
 		"--max-duration": o.maxDuration, "--expiry-interval": o.expiryInterval, "--wait-ttl": o.waitTTL} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
@@ -319,7 +323,7 @@ func run(ctx context.Context, o options) error {
 	if gogc, limit := tuneGC(o.gcPercent); gogc != "" || limit > 0 {
 		log.Info("garbage collection", "gcPercent", gogc, "memoryLimit", limit)
 	}
-	tlsConfig, err := server.TLSConfig(o.certDir)
+	certs, err := server.LoadCerts(o.certDir, o.certCheck, log)
 	if err != nil {
 		return err
 	}
@@ -375,5 +379,5 @@ func run(ctx context.Context, o options) error {
 	log.Info("serving", "version", version.Get().Version, "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", redactURL(o.redisURL),
 		"redisUser", o.redisUser(), "redisPassword", o.redisPasswordSource(),
 		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold)
-	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, TLSConfig: tlsConfig, HealthListener: healthLn, ExpiryInterval: o.expiryInterval})
+	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, Certs: certs, HealthListener: healthLn, ExpiryInterval: o.expiryInterval})
 }
