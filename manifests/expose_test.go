@@ -182,8 +182,8 @@ func TestBrokerExternal(t *testing.T) {
 				var r struct {
 					Spec struct {
 						ParentRefs []struct{ Name, SectionName string }
-						Hostnames   []string
-						Rules       []struct {
+						Hostnames  []string
+						Rules      []struct {
 							BackendRefs []struct {
 								Name string
 								Port int32
