@@ -12,6 +12,7 @@ import (
 
 	"github.com/fluidos-project/resource-broker/internal/embedredis"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
+	redismanifest "github.com/fluidos-project/resource-broker/manifests/redis"
 )
 
 // Redis is the bed's redis-server, as manifests/redis configures it: AOF
@@ -129,6 +130,33 @@ func (r *Redis) BrokerFlags() []string {
 		return nil
 	}
 	return r.Users.BrokerFlags()
+}
+
+// Denials lists what the ACL refused the brokers' user since Redis started
+// (ACL LOG): a command or key manifests/redis/users.acl lacks. Nothing for
+// the embedded server, or when Redis does not answer.
+func (r *Redis) Denials() []string {
+	if r == nil || r.Embedded || r.Addr == "" {
+		return nil
+	}
+	o := r.adminOptions()
+	o.MaxRetries = -1
+	c := redis.NewClient(o)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	entries, err := c.ACLLog(ctx, 128).Result()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if e.Username == redismanifest.BrokerUser {
+			out = append(out, fmt.Sprintf("Redis refused the brokers' user %s: %s %q (%d times): manifests/redis/users.acl lacks it",
+				e.Username, e.Reason, e.Object, e.Count))
+		}
+	}
+	return out
 }
 
 // Restart kills redis-server (SIGKILL, as a crash) and starts it again on the

@@ -212,6 +212,9 @@ func Start(t testing.TB, o Options) *Bed {
 	b, err := New(context.Background(), o)
 	if b != nil {
 		t.Cleanup(func() {
+			for _, d := range b.Redis.Denials() {
+				t.Errorf("testbed: %s", d)
+			}
 			if t.Failed() {
 				b.DumpLogs(t.Logf, 60)
 			}

@@ -2,6 +2,8 @@ package redismanifest_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -89,4 +91,25 @@ func TestUsersACL(t *testing.T) {
 		assert.True(t, strings.HasPrefix(line, "user "), "%q", line)
 	}
 	assert.Equal(t, 2, strings.Count(acl, "\n"), "default and rb-broker")
+}
+
+// TestRestartKeepsScriptWrites: a restart on the append-only file keeps what
+// the broker's scripts wrote. Redis logs a script's writes as a MULTI/EXEC
+// block and replays the file as the default user, checking each block's
+// commands against that user's permissions (redis/redis#14541): users.acl
+// must leave them whole, or every script's writes are lost at a restart.
+func TestRestartKeepsScriptWrites(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t, redistest.WithAppendOnly())
+	c := s.Client()
+	require.NoError(t, c.Eval(ctx, "redis.call('HSET', KEYS[1]..'h', 'f', 'v'); return redis.call('ZADD', KEYS[1]..'z', 1, 'm')",
+		[]string{"rb:{b}:"}).Err())
+	require.NoError(t, c.Set(ctx, "rb:{b}:plain", "v", 0).Err())
+	s.Restart() // SIGKILL, then the AOF is replayed
+	assert.Equal(t, "v", c.HGet(ctx, "rb:{b}:h", "f").Val(), "a script's write")
+	assert.Equal(t, []string{"m"}, c.ZRange(ctx, "rb:{b}:z", 0, -1).Val(), "a script's write")
+	assert.Equal(t, "v", c.Get(ctx, "rb:{b}:plain").Val())
+	data, err := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+	require.NoError(t, err)
+	assert.NotContains(t, string(data), "AOF-loading-client")
 }
