@@ -4,8 +4,8 @@
 // A Client speaks mutual TLS: its identity is the common name of its client
 // certificate, which the broker takes as the cluster id. New reads the
 // certificate from a directory in the layout of a cert-manager Secret
-// (tls.crt, tls.key, ca.crt) and picks up a renewed key pair without a
-// restart.
+// (tls.crt, tls.key, ca.crt) and picks up a renewed key pair and a rotated
+// CA without a restart.
 //
 // Errors from the broker are *APIError; IsNoCapacity, IsNotFound,
 // IsForbidden, IsConflict and IsRetryable classify any error a method
@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/internal/certdir"
 )
 
 // Defaults of the options.
@@ -73,8 +74,9 @@ func WithRetries(max int, backoff time.Duration) Option {
 	return func(c *config) { c.retries, c.backoff = max, backoff }
 }
 
-// WithCertCheckInterval sets how often, at most, New's client re-reads its
-// key pair to notice a renewal. Default DefaultCertCheckInterval.
+// WithCertCheckInterval sets how often, at most, New's client reads its
+// certificate directory again to notice a renewal or a CA rotation. Default
+// DefaultCertCheckInterval.
 func WithCertCheckInterval(d time.Duration) Option {
 	return func(c *config) { c.certCheckInterval = d }
 }
@@ -91,42 +93,34 @@ func WithUserAgent(ua string) Option { return func(c *config) { c.userAgent = ua
 
 // Client calls the broker's v2 API. It is safe for concurrent use.
 type Client struct {
-	base string // scheme://host[:port][/prefix], without a trailing slash
-	cfg  config
-	kp   *keyPair          // New: the reloading key pair
-	leaf *x509.Certificate // NewWithTLS: the static certificate, if any
+	base  string // scheme://host[:port][/prefix], without a trailing slash
+	cfg   config
+	certs *certdir.Dir      // New: the reloading certificate directory
+	leaf  *x509.Certificate // NewWithTLS: the static certificate, if any
 
-	mu sync.RWMutex
-	tr *http.Transport
+	mu      sync.RWMutex
+	tr      *http.Transport
+	trFiles *certdir.Files // the files tr's TLS configuration was made of (New)
 }
 
 // New returns a client of the broker at baseURL (https://host:port) that
 // authenticates with certDir/tls.crt and tls.key and trusts the broker
-// certificates signed by certDir/ca.crt. The key pair is re-read when its
-// files change (checked at most every WithCertCheckInterval); new
-// connections then present the new certificate and idle ones are closed.
-// A changed ca.crt is not re-read.
+// certificates signed by certDir/ca.crt. The directory is read again when
+// its files change (checked at most every WithCertCheckInterval, before a
+// call; a kubelet's update of a mounted Secret is read as a whole): new
+// connections then present the new certificate and trust the new ca.crt,
+// and idle ones are closed.
 func New(baseURL, certDir string, opts ...Option) (*Client, error) {
 	cfg := newConfig(opts)
-	pool, err := loadCAPool(certDir)
+	certs, err := certdir.Open(certDir, cfg.certCheckInterval)
+	if err != nil {
+		return nil, fmt.Errorf("client certificate: %w", err)
+	}
+	c, err := newClient(baseURL, tlsConfigFor(certs.Current()), cfg)
 	if err != nil {
 		return nil, err
 	}
-	kp, err := loadKeyPair(certDir, cfg.certCheckInterval)
-	if err != nil {
-		return nil, err
-	}
-	tlsCfg := &tls.Config{
-		MinVersion:           tls.VersionTLS12,
-		RootCAs:              pool,
-		GetClientCertificate: kp.getClientCertificate,
-	}
-	c, err := newClient(baseURL, tlsCfg, cfg)
-	if err != nil {
-		return nil, err
-	}
-	c.kp = kp
-	kp.onChange = c.renewTransport
+	c.certs, c.trFiles = certs, certs.Current()
 	return c, nil
 }
 
@@ -208,20 +202,27 @@ func newTransport(tlsCfg *tls.Config) *http.Transport {
 	}
 }
 
-// renewTransport starts a new connection pool after a key pair renewal, so
-// that every later request presents the new certificate: connections of the
-// old pool are closed once idle (those in use finish first, then time out).
+// renewTransport starts a new connection pool with the files of a renewal
+// or rotation, so that every later request presents the new certificate and
+// trusts the new CAs: connections of the old pool are closed once idle (those
+// in use finish first).
 func (c *Client) renewTransport() {
 	c.mu.Lock()
+	f := c.certs.Current() // the latest, whichever caller noticed which change
+	if f == c.trFiles {
+		c.mu.Unlock()
+		return
+	}
 	old := c.tr
-	c.tr = old.Clone()
+	c.tr, c.trFiles = old.Clone(), f
+	c.tr.TLSClientConfig = tlsConfigFor(f)
 	c.mu.Unlock()
 	old.CloseIdleConnections()
 }
 
 func (c *Client) httpClient(stream bool) *http.Client {
-	if c.kp != nil {
-		c.kp.current() // notice a renewal before picking the pool
+	if c.certs != nil {
+		c.checkCerts() // notice a rotation before picking the pool
 	}
 	c.mu.RLock()
 	tr := c.tr
@@ -256,9 +257,8 @@ func (c *Client) Identity() string {
 // Certificate returns the client certificate in use (after a renewal, the
 // new one), or nil if NewWithTLS got no static certificate.
 func (c *Client) Certificate() *x509.Certificate {
-	if c.kp != nil {
-		cert, _ := c.kp.current()
-		return cert.Leaf
+	if c.certs != nil {
+		return c.checkCerts().Cert.Leaf
 	}
 	return c.leaf
 }

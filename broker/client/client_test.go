@@ -285,7 +285,7 @@ func TestTLSRefused(t *testing.T) {
 	})
 	t.Run("bad configuration", func(t *testing.T) {
 		_, err := client.New(b.URL, t.TempDir())
-		assert.ErrorContains(t, err, "ca.crt")
+		assert.ErrorContains(t, err, "tls.crt does not exist")
 		_, err = client.New("http://"+strings.TrimPrefix(b.URL, "https://"), b.ClusterCertDir("rome"))
 		assert.ErrorContains(t, err, "https://")
 		dir := b.ClusterCertDir("rome")

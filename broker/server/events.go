@@ -48,6 +48,11 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 	}
 	_ = rc.Flush()
 	for ctx.Err() == nil {
+		if s.certs != nil && !s.certs.trusts(r) { // checked every s.block at least
+			fmt.Fprintf(w, "event: error\ndata: %q\n\n", errNoLongerTrusted)
+			_ = rc.Flush()
+			return
+		}
 		events, err := s.store.ReadEvents(ctx, caller, cursor, 256, s.block)
 		if err != nil {
 			if ctx.Err() == nil {

@@ -218,7 +218,7 @@ func BenchmarkEventLatency(b *testing.B) {
 	// appends the fields of a Reserved event.
 	xread := func(b *testing.B, loaded bool) (p50, p99 float64) {
 		reader, writer := bk.Redis.Client(), bk.Redis.Client()
-		key := "bench:xread:" + b.Name() + strconv.Itoa(b.N)
+		key := bk.Store.Key("bench:xread:", b.Name(), strconv.Itoa(b.N)) // a key the broker's user may use
 		got := newArrivals()
 		rctx, rcancel := context.WithCancel(ctx)
 		done := make(chan error, 1)

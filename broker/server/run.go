@@ -13,7 +13,11 @@ import (
 
 // RunOptions say where to listen.
 type RunOptions struct {
-	APIListener    net.Listener // wrapped in TLS with TLSConfig
+	APIListener net.Listener // wrapped in TLS with Certs (or TLSConfig)
+	// Certs serves the API's TLS, reloading rotated files; connections whose
+	// client CA was removed are refused (see Certs).
+	Certs *Certs
+	// TLSConfig is a fixed configuration instead of Certs.
 	TLSConfig      *tls.Config
 	HealthListener net.Listener // plain HTTP; nil to serve health only on the API
 	ExpiryInterval time.Duration
@@ -41,7 +45,17 @@ func (s *Server) Run(ctx context.Context, o RunOptions) error {
 	if err := s.store.LoadScripts(ctx); err != nil {
 		return err
 	}
+	if o.Certs != nil {
+		s.certs = o.Certs
+		o.TLSConfig = o.Certs.TLSConfig()
+	}
+	if o.TLSConfig == nil {
+		return errors.New("server: RunOptions need Certs or a TLSConfig")
+	}
 	apiSrv := NewHTTPServer(s.Handler(), o.TLSConfig)
+	if s.certs != nil {
+		apiSrv.ConnContext = connContext
+	}
 	servers := []*http.Server{apiSrv}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreClosed(apiSrv.Serve(tls.NewListener(o.APIListener, o.TLSConfig))) })

@@ -38,6 +38,7 @@ type Server struct {
 	log     logr.Logger
 	metrics *metrics
 	block   time.Duration
+	certs   *Certs // set by Run; nil: the TLS configuration is fixed
 }
 
 // New returns a server.
@@ -134,10 +135,19 @@ func (s *Server) authenticated(route string, maxBody int64, h func(http.Response
 			writeError(rec, http.StatusForbidden, api.ReasonForbidden, "client certificate: "+err.Error())
 			return
 		}
+		if s.certs != nil && !s.certs.trusts(r) {
+			rec.Header().Set("Connection", "close") // its next connection is verified at the handshake
+			writeError(rec, http.StatusUnauthorized, api.ReasonForbidden, errNoLongerTrusted)
+			return
+		}
 		r.Body = http.MaxBytesReader(rec, r.Body, maxBody)
 		h(rec, r, cn)
 	})
 }
+
+// errNoLongerTrusted answers a connection made with a client certificate of
+// a CA that the broker no longer trusts.
+const errNoLongerTrusted = "the client certificate is no longer trusted: the broker's client CAs changed since this connection was made"
 
 // identityCache remembers the common names that passed api.ValidateClusterID
 // (regular expressions, about 1-2 % of a request's CPU when run every time).

@@ -1,52 +1,90 @@
 package server
 
 import (
-	"os"
-	"path/filepath"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"math/big"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/internal/certdir"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 )
 
-func writeCerts(t *testing.T, dir string, when time.Time) *devcerts.CA {
+func serverFiles(t *testing.T, ca *devcerts.CA, caPEM []byte) map[string][]byte {
 	t.Helper()
-	ca, err := devcerts.NewCA("ca")
-	require.NoError(t, err)
 	pair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1"})
 	require.NoError(t, err)
-	require.NoError(t, devcerts.WriteTLSDir(dir, pair, ca.CertPEM))
-	for _, f := range []string{"tls.crt", "tls.key", "ca.crt"} {
-		require.NoError(t, os.Chtimes(filepath.Join(dir, f), when, when))
-	}
-	return ca
+	return map[string][]byte{certdir.CertFile: pair.CertPEM, certdir.KeyFile: pair.KeyPEM, certdir.CAFile: caPEM}
 }
 
-func TestTLSReloadsRotatedFiles(t *testing.T) {
+// handshake is the connection state of a client certificate of ca as the
+// handshake verified it.
+func handshake(t *testing.T, ca *devcerts.CA) *tls.ConnectionState {
+	t.Helper()
+	pair, err := ca.IssueClient("rome")
+	require.NoError(t, err)
+	cert, err := pair.TLSCertificate()
+	require.NoError(t, err)
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	require.NoError(t, err)
+	chains, err := leaf.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	require.NoError(t, err)
+	return &tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}, VerifiedChains: chains}
+}
+
+// renewed is ca's certificate issued again with the same key, as
+// cert-manager renews a CA with rotationPolicy: Never.
+func renewed(t *testing.T, ca *devcerts.CA) []byte {
+	t.Helper()
+	tmpl := *ca.Cert
+	tmpl.SerialNumber = big.NewInt(time.Now().UnixNano())
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Minute), time.Now().Add(time.Hour)
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, &tmpl, ca.Key.Public(), ca.Key)
+	require.NoError(t, err)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// TestCertsGenerations: a new serving certificate leaves the connections'
+// trust alone; a change of the client CAs makes each connection verify again:
+// kept when its certificate still chains (a renewed CA with the same key),
+// lost when its CA was removed.
+func TestCertsGenerations(t *testing.T) {
 	dir := t.TempDir()
-	first := writeCerts(t, dir, time.Now().Add(-time.Hour))
-	r := &tlsReloader{dir: dir}
-	before, err := r.get(nil)
+	one, err := devcerts.NewCA("one")
 	require.NoError(t, err)
-	assert.True(t, before.ClientCAs.Equal(first.Pool()))
+	two, err := devcerts.NewCA("two")
+	require.NoError(t, err)
+	require.NoError(t, certdir.WriteAtomic(dir, serverFiles(t, one, one.CertPEM)))
+	c, err := LoadCerts(dir, 0, testr.New(t))
+	require.NoError(t, err)
+	st := c.current()
+	ofOne := handshake(t, one)
+	assert.True(t, st.verify(ofOne))
+	assert.False(t, st.verify(handshake(t, two)))
+	assert.False(t, st.verify(&tls.ConnectionState{}))
 
-	second := writeCerts(t, dir, time.Now())
-	same, err := r.get(nil)
-	require.NoError(t, err)
-	assert.Same(t, before, same, "files are not re-read within checkEvery")
+	require.NoError(t, certdir.WriteAtomic(dir, serverFiles(t, one, one.CertPEM)))
+	next := c.current()
+	assert.NotSame(t, st, next)
+	assert.Equal(t, st.caGen, next.caGen, "a new serving certificate, the same CAs")
 
-	r.checked = time.Time{} // as if checkEvery had passed
-	after, err := r.get(nil)
-	require.NoError(t, err)
-	assert.True(t, after.ClientCAs.Equal(second.Pool()), "the new CA is trusted")
-	assert.NotEqual(t, before.Certificates[0].Certificate[0], after.Certificates[0].Certificate[0], "the new key pair is served")
+	require.NoError(t, certdir.WriteAtomic(dir, serverFiles(t, one, renewed(t, one))))
+	st = c.current()
+	assert.Equal(t, next.caGen+1, st.caGen)
+	assert.True(t, st.verify(ofOne), "verified again: the renewed CA has the same key")
 
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "tls.key"), []byte("half-written"), 0o600))
-	r.checked = time.Time{}
-	kept, err := r.get(nil)
-	require.NoError(t, err)
-	assert.Same(t, after, kept, "a broken rotation keeps the last good configuration")
+	require.NoError(t, certdir.WriteAtomic(dir, serverFiles(t, two, two.CertPEM)))
+	st = c.current()
+	assert.False(t, st.verify(ofOne), "its CA was removed")
+	assert.True(t, st.verify(handshake(t, two)))
+	served := st.config.Certificates[0].Leaf
+	require.NotNil(t, served)
+	assert.NoError(t, served.CheckSignatureFrom(two.Cert))
 }

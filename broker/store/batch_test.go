@@ -14,7 +14,6 @@ import (
 
 	"github.com/fluidos-project/resource-broker/broker/scripts"
 	"github.com/fluidos-project/resource-broker/broker/store"
-	"github.com/fluidos-project/resource-broker/internal/redistest"
 )
 
 // TestBatchMatchesSequential: a batch of requests decided in one reserve.lua
@@ -26,8 +25,8 @@ import (
 // conflicts of ids decided earlier in the same batch, at federation sizes on
 // both sides of the direct-evaluation limit.
 func TestBatchMatchesSequential(t *testing.T) {
-	seqRdb := redistest.Start(t).Client()
-	batRdb := redistest.Start(t).Client()
+	seqRdb := startRedis(t)
+	batRdb := startRedis(t)
 	for _, fullScan := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fullScan=%v", fullScan), func(t *testing.T) {
 			// WaitTTL: no waiting request may expire between the two sides' calls.
@@ -44,7 +43,7 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 	decided, nofit, replays, conflicts, onNodes := 0, 0, 0, 0, 0
 	for round, n := range []int{12, 60, 300} {
 		for _, s := range []*store.Store{seq, bat} {
-			require.NoError(t, s.Client().FlushAll(ctx).Err())
+			require.NoError(t, admin(t, s).FlushAll(ctx).Err())
 			require.NoError(t, s.LoadScripts(ctx))
 		}
 		rng := rand.New(rand.NewPCG(uint64(round), propertySeed(t)))
@@ -163,7 +162,7 @@ func zsetOf(ctx context.Context, rdb redis.UniversalClient, key string) []redis.
 // reservations.
 func TestConcurrentReserveBatches(t *testing.T) {
 	ctx := context.Background()
-	rdb := redistest.Start(t).Client()
+	rdb := startRedis(t)
 	s := store.New(rdb, store.Config{StaleThreshold: time.Hour, ReserveBatch: 16})
 	require.NoError(t, s.LoadScripts(ctx))
 	for i := range 20 {
@@ -214,7 +213,7 @@ func TestConcurrentReserveBatches(t *testing.T) {
 // reply; the requests around it in the batch are decided and accounted.
 func TestBatchIsolatesABadRequest(t *testing.T) {
 	ctx := context.Background()
-	rdb := redistest.Start(t).Client()
+	rdb := startRedis(t)
 	s := store.New(rdb, store.Config{StaleThreshold: time.Hour})
 	require.NoError(t, s.LoadScripts(ctx))
 	for _, id := range []string{"paris", "berlin"} {

@@ -30,7 +30,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fluidos-project/resource-broker/broker/store"
-	"github.com/fluidos-project/resource-broker/internal/redistest"
 )
 
 // benchParallelism × GOMAXPROCS goroutines issue requests in the parallel
@@ -204,7 +203,7 @@ func runSerialAndParallel(b *testing.B, rdb *redis.Client, unit, cmd string, op 
 
 func benchStore(b *testing.B) (*store.Store, *redis.Client) {
 	b.Helper()
-	rdb := redistest.Start(b).Client()
+	rdb := startRedis(b)
 	// An hour of liveness: the clusters are advertised once, before the timed
 	// loops, and must stay live through the slowest run.
 	st := store.New(rdb, store.Config{StaleThreshold: time.Hour})
@@ -230,7 +229,7 @@ func BenchmarkReserve(b *testing.B) {
 	for _, n := range []int{10, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
 			// A fresh data set per size (FLUSHALL keeps the script cache).
-			require.NoError(b, rdb.FlushAll(ctx).Err())
+			require.NoError(b, admin(b, st).FlushAll(ctx).Err())
 			require.NoError(b, st.LoadScripts(ctx))
 			advertiseMany(b, st, n)
 			requesters := min(n, 8) // requesters are federation members: never candidates
@@ -311,7 +310,7 @@ func BenchmarkReserveNodes(b *testing.B) {
 	for _, n := range []int{100, 10000} {
 		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
 			for _, variant := range []string{"0", "10", "10-slowpath"} {
-				require.NoError(b, rdb.FlushAll(ctx).Err())
+				require.NoError(b, admin(b, st).FlushAll(ctx).Err())
 				require.NoError(b, st.LoadScripts(ctx))
 				rng := rand.New(rand.NewPCG(uint64(n), 42))
 				ads := make([]store.Advertisement, n)

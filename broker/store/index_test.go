@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fluidos-project/resource-broker/broker/store"
-	"github.com/fluidos-project/resource-broker/internal/redistest"
 )
 
 // randomAdvertisement draws a cluster from small value domains, so that equal
@@ -116,7 +115,7 @@ func randomRequest(rng *rand.Rand, id, requester string) store.ReserveRequest {
 // then decided through the index on the same state.
 func TestIndexMatchesFullScan(t *testing.T) {
 	ctx := context.Background()
-	rdb := redistest.Start(t).Client()
+	rdb := startRedis(t)
 	const stale = 3 * time.Second
 	indexed := store.New(rdb, store.Config{StaleThreshold: stale})
 	scan := store.New(rdb, store.Config{StaleThreshold: stale, FullScan: true})
@@ -125,7 +124,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 	methods := map[string]int{}
 	decided, nofit, onNodes, nodeNofit := 0, 0, 0, 0
 	for round, n := range []int{12, 60, 300, 700} {
-		require.NoError(t, rdb.FlushAll(ctx).Err())
+		require.NoError(t, admin(t, indexed).FlushAll(ctx).Err())
 		require.NoError(t, indexed.LoadScripts(ctx))
 		rng := rand.New(rand.NewPCG(uint64(round), propertySeed(t)))
 		ids := make([]string, n)
@@ -257,7 +256,7 @@ func lastAuditMethod(t *testing.T, s *store.Store) string {
 // indexed at start-up, and a forced rebuild leaves decisions unchanged.
 func TestRebuildIndex(t *testing.T) {
 	ctx := context.Background()
-	rdb := redistest.Start(t).Client()
+	rdb := startRedis(t)
 	s := store.New(rdb, store.Config{})
 	require.NoError(t, s.LoadScripts(ctx))
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -270,7 +269,7 @@ func TestRebuildIndex(t *testing.T) {
 	_, err = s.Release(ctx, "c00", "before", "c00")
 	require.NoError(t, err)
 
-	keys, err := rdb.Keys(ctx, s.Key("idx:*")).Result()
+	keys, err := admin(t, s).Keys(ctx, s.Key("idx:*")).Result()
 	require.NoError(t, err)
 	require.NotEmpty(t, keys)
 	require.NoError(t, rdb.Del(ctx, keys...).Err())

@@ -29,7 +29,7 @@ func lease(id, requester string, milli int64, hold, length time.Duration) store.
 func snapshot(t *testing.T, s *store.Store) map[string]string {
 	t.Helper()
 	ctx := context.Background()
-	rdb := s.Client()
+	rdb := admin(t, s)
 	keys, err := rdb.Keys(ctx, s.Key("*")).Result()
 	require.NoError(t, err)
 	out := map[string]string{}
@@ -322,7 +322,7 @@ func TestReindexMovesOlderLayout(t *testing.T) {
 	require.NoError(t, err)
 	// Rewrite it as the older layout had it.
 	score := rdb.ZScore(ctx, s.Key("expiry"), "rome/old").Val()
-	pipe := rdb.TxPipeline()
+	pipe := admin(t, s).TxPipeline()
 	pipe.Rename(ctx, s.Key("resv:rome/old"), s.Key("resv:old"))
 	pipe.ZRem(ctx, s.Key("expiry"), "rome/old")
 	pipe.ZAdd(ctx, s.Key("expiry"), redis.Z{Score: score, Member: "old"})

@@ -7,9 +7,11 @@ import (
 	"math/rand/v2"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -22,9 +24,33 @@ const gi = int64(1) << 30
 
 func newStore(t *testing.T, cfg store.Config) *store.Store {
 	t.Helper()
-	s := store.New(redistest.Start(t).Client(), cfg)
+	s := store.New(startRedis(t), cfg)
 	require.NoError(t, s.LoadScripts(context.Background()))
 	return s
+}
+
+// admins maps the broker's client of each test Redis (the ACL's limited user)
+// to an administrator's client of the same Redis, for what the tests do and
+// the broker never does (FLUSHALL, KEYS, XRANGE, MULTI).
+var admins sync.Map // *redis.Client -> *redis.Client
+
+// startRedis starts a redis-server for tb and returns the broker's client.
+func startRedis(tb testing.TB) *redis.Client {
+	srv := redistest.Start(tb)
+	c := srv.Client()
+	admins.Store(c, srv.AdminClient())
+	tb.Cleanup(func() { admins.Delete(c) })
+	return c
+}
+
+// admin returns the administrator's client of s's Redis.
+func admin(tb testing.TB, s *store.Store) *redis.Client {
+	tb.Helper()
+	a, ok := admins.Load(s.Client())
+	if !ok {
+		tb.Fatal("the store's Redis was not started by startRedis")
+	}
+	return a.(*redis.Client)
 }
 
 // cluster builds an advertisement: cpu in cores, memory in GiB, gpus, price per core-hour in micro-units.
@@ -491,7 +517,7 @@ func TestCheckInvariantDetectsDrift(t *testing.T) {
 // eventTypes lists the types of the events on a cluster's stream, oldest first.
 func eventTypes(t *testing.T, s *store.Store, cluster string) []string {
 	t.Helper()
-	entries, err := s.Client().XRange(context.Background(), s.Key("events:", cluster), "-", "+").Result()
+	entries, err := admin(t, s).XRange(context.Background(), s.Key("events:", cluster), "-", "+").Result()
 	require.NoError(t, err)
 	types := make([]string, 0, len(entries))
 	for _, e := range entries {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
@@ -33,7 +34,10 @@ type options struct {
 	listenAddress   string
 	healthAddress   string
 	certDir         string
+	certCheck       time.Duration
 	redisURL        string
+	redisUsername   string
+	redisPassFile   string
 	sentinelMaster  string
 	sentinelAddrs   []string
 	redisPoolSize   int
@@ -77,8 +81,14 @@ func newCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&o.listenAddress, "listen-address", ":8443", "address of the mutual-TLS API")
 	f.StringVar(&o.healthAddress, "health-address", ":8081", "address of plain-HTTP /healthz, /readyz and /metrics (empty: off)")
-	f.StringVar(&o.certDir, "cert-dir", "/etc/rb-broker/tls", "directory with tls.crt, tls.key and ca.crt (the CA that signs client certificates)")
-	f.StringVar(&o.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://); the password may also come from REDIS_PASSWORD")
+	f.StringVar(&o.certDir, "cert-dir", "/etc/rb-broker/tls", "directory with tls.crt, tls.key and ca.crt (the CAs that sign client certificates), "+
+		"as a cert-manager Secret mounts it; read again when it changes, no restart needed")
+	f.DurationVar(&o.certCheck, "cert-check-interval", server.DefaultCertCheckInterval, "how often, at most, --cert-dir is checked for rotated files "+
+		"(on the next connection or request)")
+	f.StringVar(&o.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://), without a password: see --redis-password-file")
+	f.StringVar(&o.redisUsername, "redis-username", "", "Redis ACL user (manifests/redis: rb-broker); default: the user of --redis-url, else Redis' default user")
+	f.StringVar(&o.redisPassFile, "redis-password-file", "", "file holding the Redis password (trailing newlines ignored), read again for every new Redis connection, "+
+		"so a rotated Secret is picked up without a restart; without it, the environment variable REDIS_PASSWORD, if set")
 	f.StringVar(&o.sentinelMaster, "redis-sentinel-master", "", "Sentinel master name; with --redis-sentinel-addrs, used instead of --redis-url's host")
 	f.StringSliceVar(&o.sentinelAddrs, "redis-sentinel-addrs", nil, "Sentinel addresses host:port, comma-separated")
 	f.IntVar(&o.redisPoolSize, "redis-pool-size", 256, "Redis connections per replica (each open event stream holds one while it waits)")
@@ -106,7 +116,7 @@ func (o options) validate() error {
 	if o.weightResources < 0 || o.weightCost < 0 || math.Abs(o.weightResources+o.weightCost-1) > 1e-9 {
 		errs = append(errs, fmt.Errorf("--weight-resources (%g) and --weight-cost (%g) must be non-negative and sum to 1", o.weightResources, o.weightCost))
 	}
-	for name, d := range map[string]time.Duration{"--stale-threshold": o.staleThreshold, "--default-duration": o.defaultDuration,
+	for name, d := range map[string]time.Duration{"--stale-threshold": o.staleThreshold, "--cert-check-interval": o.certCheck, "--default-duration": o.defaultDuration,
 		"--max-duration": o.maxDuration, "--expiry-interval": o.expiryInterval, "--wait-ttl": o.waitTTL} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
@@ -118,8 +128,19 @@ func (o options) validate() error {
 	if (o.sentinelMaster == "") != (len(o.sentinelAddrs) == 0) {
 		errs = append(errs, errors.New("--redis-sentinel-master and --redis-sentinel-addrs go together"))
 	}
-	if _, err := redis.ParseURL(o.redisURL); err != nil {
-		errs = append(errs, fmt.Errorf("--redis-url: %w", err))
+	if u, err := parseRedisURL(o.redisURL); err != nil {
+		errs = append(errs, err)
+	} else if u.Password != "" {
+		// It would show in the process list, /debug/pprof/cmdline and the pod spec.
+		errs = append(errs, fmt.Errorf("--redis-url %s carries a password: give it in --redis-password-file or REDIS_PASSWORD instead", redactURL(o.redisURL)))
+	}
+	if o.redisPassFile != "" {
+		if os.Getenv(redisPasswordEnv) != "" {
+			errs = append(errs, errors.New("--redis-password-file and "+redisPasswordEnv+" are both set: give the password once"))
+		}
+		if _, err := readPassword(o.redisPassFile); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if o.reserveBatch < 1 || o.reserveInFlight < 1 {
 		errs = append(errs, fmt.Errorf("--reserve-batch (%d) and --reserve-in-flight (%d) must be at least 1", o.reserveBatch, o.reserveInFlight))
@@ -133,23 +154,127 @@ func (o options) validate() error {
 	return errors.Join(errs...)
 }
 
+// redisPasswordEnv holds the Redis password when --redis-password-file is not given.
+const redisPasswordEnv = "REDIS_PASSWORD"
+
 func (o options) redisClient() (redis.UniversalClient, error) {
-	u, err := redis.ParseURL(o.redisURL)
+	u, err := parseRedisURL(o.redisURL)
 	if err != nil {
-		return nil, fmt.Errorf("--redis-url: %w", err)
+		return nil, err
 	}
-	if pw := os.Getenv("REDIS_PASSWORD"); pw != "" {
-		u.Password = pw
+	if o.redisUsername != "" {
+		u.Username = o.redisUsername
 	}
+	u.Password = os.Getenv(redisPasswordEnv)
+	// With a password file, every new connection reads it: a rotated Secret
+	// (the kubelet swaps the mounted file) is used without a restart.
+	var credentials func(context.Context) (string, string, error)
+	if o.redisPassFile != "" {
+		user, file := u.Username, o.redisPassFile
+		credentials = func(context.Context) (string, string, error) {
+			pw, err := readPassword(file)
+			return user, pw, err
+		}
+	}
+	// The ACL of manifests/redis allows the broker's commands only: no CLIENT
+	// SETINFO (DisableIdentity), no CLIENT MAINT_NOTIFICATIONS.
 	if o.sentinelMaster != "" {
 		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: o.sentinelMaster, SentinelAddrs: o.sentinelAddrs,
+			MasterName: o.sentinelMaster, SentinelAddrs: o.sentinelAddrs, CredentialsProviderContext: credentials,
 			Username: u.Username, Password: u.Password, DB: u.DB, TLSConfig: u.TLSConfig, PoolSize: o.redisPoolSize, MaxRetries: 1,
+			DisableIdentity: true,
 		}), nil
 	}
 	u.PoolSize = o.redisPoolSize
 	u.MaxRetries = 1 // fail fast while Redis is down: callers retry, and /readyz must answer quickly
+	u.CredentialsProviderContext = credentials
+	u.DisableIdentity = true
+	u.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	return redis.NewClient(u), nil
+}
+
+// parseRedisURL parses --redis-url; its errors never repeat the password
+// (url.Parse's errors quote the whole URL).
+func parseRedisURL(raw string) (*redis.Options, error) {
+	u, err := redis.ParseURL(raw)
+	if err != nil {
+		msg := err.Error()
+		if r := redactURL(raw); r != raw {
+			msg = strings.ReplaceAll(msg, raw, r)
+			if pw := urlPassword(raw); pw != "" {
+				msg = strings.ReplaceAll(msg, pw, "xxxxx")
+			}
+		}
+		return nil, fmt.Errorf("--redis-url: %s", msg)
+	}
+	return u, nil
+}
+
+// redactURL returns raw with the password of its user information, if any,
+// replaced by xxxxx.
+func redactURL(raw string) string {
+	if pw := urlPassword(raw); pw != "" {
+		return strings.Replace(raw, ":"+pw+"@", ":xxxxx@", 1)
+	}
+	return raw
+}
+
+// urlPassword returns the password in raw's user information, found
+// without url.Parse (which refuses some URLs that still hold one).
+func urlPassword(raw string) string {
+	_, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return ""
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return ""
+	}
+	if slash := strings.IndexAny(rest, "/?#"); slash >= 0 && slash < at {
+		return ""
+	}
+	_, pw, ok := strings.Cut(rest[:at], ":")
+	if !ok {
+		return ""
+	}
+	return pw
+}
+
+// readPassword reads a password file: its contents without trailing newlines
+// (as the init container of manifests/redis hashes it), never empty. Its
+// errors name the file, never the contents.
+func readPassword(file string) (string, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("--redis-password-file: %w", err)
+	}
+	pw := strings.TrimRight(string(data), "\n")
+	if pw == "" {
+		return "", fmt.Errorf("--redis-password-file %s is empty", file)
+	}
+	return pw, nil
+}
+
+// redisUser is the Redis user the broker connects as ("" for Redis' default user).
+func (o options) redisUser() string {
+	if o.redisUsername != "" {
+		return o.redisUsername
+	}
+	if u, err := parseRedisURL(o.redisURL); err == nil {
+		return u.Username
+	}
+	return ""
+}
+
+// redisPasswordSource says where the password comes from, for the log.
+func (o options) redisPasswordSource() string {
+	switch {
+	case o.redisPassFile != "":
+		return "file " + o.redisPassFile
+	case os.Getenv(redisPasswordEnv) != "":
+		return "environment " + redisPasswordEnv
+	}
+	return "none"
 }
 
 // defaultGCPercent is the broker's GOGC. Its live heap is small (a few MB)
@@ -198,7 +323,7 @@ func run(ctx context.Context, o options) error {
 	if gogc, limit := tuneGC(o.gcPercent); gogc != "" || limit > 0 {
 		log.Info("garbage collection", "gcPercent", gogc, "memoryLimit", limit)
 	}
-	tlsConfig, err := server.TLSConfig(o.certDir)
+	certs, err := server.LoadCerts(o.certDir, o.certCheck, log)
 	if err != nil {
 		return err
 	}
@@ -251,7 +376,8 @@ func run(ctx context.Context, o options) error {
 		defer pprofSrv.Close()
 		log.Info("pprof", "address", pprofLn.Addr().String())
 	}
-	log.Info("serving", "version", version.Get().Version, "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", o.redisURL,
+	log.Info("serving", "version", version.Get().Version, "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", redactURL(o.redisURL),
+		"redisUser", o.redisUser(), "redisPassword", o.redisPasswordSource(),
 		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold)
-	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, TLSConfig: tlsConfig, HealthListener: healthLn, ExpiryInterval: o.expiryInterval})
+	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, Certs: certs, HealthListener: healthLn, ExpiryInterval: o.expiryInterval})
 }

@@ -813,6 +813,12 @@ func printCommands(bed *testbed.Bed, kubeconfigs map[string]string, real, metric
 	_, port, _ := strings.Cut(bed.Redis.Addr, ":")
 	cli := "redis-cli -p " + port
 	var cliNotes []string
+	if !bed.Redis.Embedded {
+		// The default user is off (manifests/redis/users.acl): log in as the
+		// bed's administrator, whose password is this bed's own.
+		cli = fmt.Sprintf("REDISCLI_AUTH=%s redis-cli --user %s -p %s", bed.Redis.Users.AdminPassword, redistest.AdminUser, port)
+		cliNotes = append(cliNotes, "Redis runs the ACL of manifests/redis; the brokers log in as rb-broker, you as the bed's administrator")
+	}
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		cliNotes = append(cliNotes, "redis-cli is not on PATH (Debian/Ubuntu: apt-get install -y redis-tools)")
 	}

@@ -26,14 +26,18 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/server"
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/certdir"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 )
 
 // Broker is one running broker.
 type Broker struct {
-	t      testing.TB
-	Redis  *redistest.Server
+	t     testing.TB
+	Redis *redistest.Server
+	// RDB is an administrator's client of the broker's Redis, for what a
+	// test inspects or breaks (INFO, SCRIPT FLUSH, ...); the broker's store
+	// (Store) connects as the limited user of manifests/redis/users.acl.
 	RDB    *redis.Client
 	Store  *store.Store
 	URL    string // https://127.0.0.1:<port>, the mutual-TLS API
@@ -51,6 +55,9 @@ type Options struct {
 	Limits         api.Limits
 	ExpiryInterval time.Duration // default 50ms
 	EventBlock     time.Duration // default 500ms
+	// CertCheckInterval: how often, at most, the broker reads its certificate
+	// directory (Dir/broker) again; default server.DefaultCertCheckInterval.
+	CertCheckInterval time.Duration
 }
 
 // Start runs a broker for t and stops it at cleanup.
@@ -62,24 +69,30 @@ func Start(t testing.TB, o Options) *Broker {
 	if o.EventBlock == 0 {
 		o.EventBlock = 500 * time.Millisecond
 	}
+	if o.CertCheckInterval == 0 {
+		o.CertCheckInterval = server.DefaultCertCheckInterval
+	}
 	rs := redistest.Start(t)
-	rdb := rs.Client()
-	st := store.New(rdb, o.Store)
+	rdb := rs.AdminClient()
+	st := store.New(rs.Client(), o.Store)
 	ca, err := devcerts.NewCA("test CA")
 	require.NoError(t, err)
 	pair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1"})
 	require.NoError(t, err)
 	base := t.TempDir()
 	dir := filepath.Join(base, "broker")
-	require.NoError(t, devcerts.WriteTLSDir(dir, pair, ca.CertPEM))
-	tlsConfig, err := server.TLSConfig(dir)
+	// As the kubelet mounts the broker's Secret (..data links): RotateServer
+	// updates it the same way.
+	require.NoError(t, certdir.WriteAtomic(dir, TLSFiles(pair, ca.CertPEM)))
+	log := testr.NewWithInterface(t, testr.Options{})
+	certs, err := server.LoadCerts(dir, o.CertCheckInterval, log)
 	require.NoError(t, err)
 
 	apiLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	healthLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := server.New(server.Config{Store: st, Limits: o.Limits, Log: testr.NewWithInterface(t, testr.Options{}), EventBlock: o.EventBlock})
+	srv := server.New(server.Config{Store: st, Limits: o.Limits, Log: log, EventBlock: o.EventBlock})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	// The broker's goroutines (its connections' included: they inherit the
@@ -87,7 +100,7 @@ func Start(t testing.TB, o Options) *Broker {
 	// or benchmark splits the broker from its clients:
 	// go tool pprof -tagfocus rb=broker.
 	go pprof.Do(ctx, pprof.Labels("rb", "broker"), func(ctx context.Context) {
-		done <- srv.Run(ctx, server.RunOptions{APIListener: apiLn, TLSConfig: tlsConfig, HealthListener: healthLn, ExpiryInterval: o.ExpiryInterval})
+		done <- srv.Run(ctx, server.RunOptions{APIListener: apiLn, Certs: certs, HealthListener: healthLn, ExpiryInterval: o.ExpiryInterval})
 	})
 	t.Cleanup(func() {
 		cancel()
@@ -215,6 +228,19 @@ func (b *Broker) Snapshot() map[string]string {
 
 // ClusterCertDir writes a client certificate for cluster id in the cert-manager
 // layout (tls.crt, tls.key, ca.crt) and returns its directory.
+// TLSFiles are a certificate directory's files: the pair and ca.crt.
+func TLSFiles(p devcerts.Pair, caPEM []byte) map[string][]byte {
+	return map[string][]byte{certdir.CertFile: p.CertPEM, certdir.KeyFile: p.KeyPEM, certdir.CAFile: caPEM}
+}
+
+// RotateServer replaces the broker's certificate directory (Dir/broker) as
+// the kubelet updates a mounted Secret: pair is the new serving key pair,
+// caPEM the CAs the broker trusts for client certificates.
+func (b *Broker) RotateServer(pair devcerts.Pair, caPEM []byte) {
+	b.t.Helper()
+	require.NoError(b.t, certdir.WriteAtomic(filepath.Join(b.Dir, "broker"), TLSFiles(pair, caPEM)))
+}
+
 func (b *Broker) ClusterCertDir(id string) string {
 	b.t.Helper()
 	pair, err := b.CA.IssueClient(id)

@@ -51,7 +51,8 @@ func (b *Broker) StartProcess(bin string, env []string, flags ...string) *Proces
 	logf, err := os.Create(logPath)
 	require.NoError(b.t, err)
 	args := append([]string{"--listen-address=" + api, "--health-address=" + health,
-		"--cert-dir=" + filepath.Join(b.Dir, "broker"), "--redis-url=redis://" + b.Redis.Addr + "/0"}, flags...)
+		"--cert-dir=" + filepath.Join(b.Dir, "broker"), "--redis-url=redis://" + b.Redis.Addr + "/0"}, b.Redis.Users.BrokerFlags()...)
+	args = append(args, flags...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -1,11 +1,21 @@
 // Package redistest starts a real redis-server for tests: one process per
 // call, on a free loopback port, with its data in the test's temp dir, stopped
 // when the test ends. It never falls back to an in-process fake.
+//
+// Every server runs as manifests/redis deploys Redis: protected mode on, the
+// ACL of manifests/redis/users.acl (the default user off, the broker's user
+// limited to its keys and commands), plus an administrator for what a test
+// itself inspects or breaks. Client connects as the broker's user, so
+// everything the broker's code does in a test runs under the operator's
+// rules; a command the ACL refused to that user fails the test at cleanup
+// (ACL LOG), even one whose error the caller ignored.
 package redistest
 
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -17,6 +27,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	redismanifest "github.com/fluidos-project/resource-broker/manifests/redis"
 )
 
 // InstallHint is printed when redis-server is not on PATH.
@@ -27,17 +40,82 @@ const InstallHint = "redis-server not found on PATH: install it (Debian/Ubuntu: 
 type Server struct {
 	Addr string
 	Dir  string
-	cmd  *exec.Cmd
-	args []string
-	t    testing.TB
+	// Users: the broker's user (Client) and the administrator (AdminClient).
+	Users *Users
+
+	cmd          *exec.Cmd
+	args         []string
+	t            testing.TB
+	allowDenials bool
 }
 
 // Option changes the server's configuration.
-type Option func(*[]string)
+type Option func(*Server)
 
 // WithAppendOnly turns on AOF persistence (appendonly yes, fsync every second).
 func WithAppendOnly() Option {
-	return func(a *[]string) { *a = append(*a, "--appendonly", "yes", "--appendfsync", "everysec") }
+	return func(s *Server) { s.args = append(s.args, "--appendonly", "yes", "--appendfsync", "everysec") }
+}
+
+// AllowDenials is for a test that makes the broker's user try what the ACL
+// refuses: the ACL LOG is not checked at cleanup.
+func AllowDenials() Option { return func(s *Server) { s.allowDenials = true } }
+
+// AdminUser is the tests' administrator: every command, every key.
+const AdminUser = "rb-test-admin"
+
+// Users are the Redis users of a test server and the files that hold them.
+type Users struct {
+	ACLFile string // manifests/redis/users.acl as rb-redis loads it, plus AdminUser
+	// BrokerPassword is the password of redismanifest.BrokerUser; the file
+	// holds it as rb-broker's --redis-password-file reads it.
+	BrokerPassword, BrokerPasswordFile string
+	AdminPassword                      string
+}
+
+// WriteUsers writes an ACL file and the broker's password file in dir, with
+// fresh random passwords.
+func WriteUsers(dir string) (*Users, error) {
+	u := &Users{ACLFile: filepath.Join(dir, "users.acl"), BrokerPasswordFile: filepath.Join(dir, "broker-password"),
+		BrokerPassword: randomPassword(), AdminPassword: randomPassword()}
+	acl := redismanifest.UsersACL(u.BrokerPassword) + "user " + AdminUser + " on >" + u.AdminPassword + " ~* &* +@all\n"
+	if err := os.WriteFile(u.ACLFile, []byte(acl), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(u.BrokerPasswordFile, []byte(u.BrokerPassword+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+// ServerArgs are redis-server's arguments for these users, with protected
+// mode on as in manifests/redis.
+func (u *Users) ServerArgs() []string {
+	return []string{"--aclfile", u.ACLFile, "--protected-mode", "yes"}
+}
+
+// BrokerFlags are rb-broker's flags to connect as the broker's user.
+func (u *Users) BrokerFlags() []string {
+	return []string{"--redis-username=" + redismanifest.BrokerUser, "--redis-password-file=" + u.BrokerPasswordFile}
+}
+
+// BrokerOptions are the client options of the broker's user for addr, as
+// rb-broker sets them (no CLIENT SETINFO or MAINT_NOTIFICATIONS: the ACL
+// does not allow them).
+func (u *Users) BrokerOptions(addr string) *redis.Options {
+	return &redis.Options{Addr: addr, Username: redismanifest.BrokerUser, Password: u.BrokerPassword, DisableIdentity: true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}}
+}
+
+// AdminOptions are the client options of the administrator for addr.
+func (u *Users) AdminOptions(addr string) *redis.Options {
+	return &redis.Options{Addr: addr, Username: AdminUser, Password: u.AdminPassword}
+}
+
+func randomPassword() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
 }
 
 // Binary returns the redis-server path, or an error with InstallHint.
@@ -62,11 +140,14 @@ func Start(t testing.TB, opts ...Option) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"}
-	for _, o := range opts {
-		o(&args)
+	s := &Server{Dir: t.TempDir(), args: []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no"}, t: t}
+	if s.Users, err = WriteUsers(s.Dir); err != nil {
+		t.Fatal(err)
 	}
-	s := &Server{Dir: t.TempDir(), args: args, t: t}
+	s.args = append(s.args, s.Users.ServerArgs()...)
+	for _, o := range opts {
+		o(s)
+	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ { // a free port can be taken before we bind it
 		port, err := freePort()
@@ -75,7 +156,10 @@ func Start(t testing.TB, opts ...Option) *Server {
 		}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		if lastErr = s.start(bin); lastErr == nil {
-			t.Cleanup(s.Stop)
+			t.Cleanup(func() {
+				s.checkDenials()
+				s.Stop()
+			})
 			return s
 		}
 	}
@@ -104,7 +188,9 @@ func (s *Server) start(bin string) error {
 			return fmt.Errorf("redis-server exited: %w; log:\n%s", err, tail(filepath.Join(s.Dir, "redis.log")))
 		default:
 		}
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+		o := s.Users.AdminOptions(s.Addr)
+		o.MaxRetries = -1
+		c := redis.NewClient(o)
 		err := c.Ping(context.Background()).Err()
 		c.Close()
 		if err == nil {
@@ -116,11 +202,47 @@ func (s *Server) start(bin string) error {
 	return fmt.Errorf("redis-server did not answer PING within 10s")
 }
 
-// Client returns a new client for the server, closed at cleanup.
+// Client returns a new client of the broker's user (the ACL of
+// manifests/redis), closed at cleanup: the client to give the broker's code.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: 64})
+	o := s.Users.BrokerOptions(s.Addr)
+	o.PoolSize = 64
+	c := redis.NewClient(o)
 	s.t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// AdminClient returns a new client of the administrator, closed at cleanup:
+// for what a test does that the broker never does (FLUSHALL, CLIENT KILL, ...).
+func (s *Server) AdminClient() *redis.Client {
+	o := s.Users.AdminOptions(s.Addr)
+	o.PoolSize = 8
+	c := redis.NewClient(o)
+	s.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// checkDenials fails the test if the ACL refused the broker's user anything
+// (ACL LOG; it lists refused commands, keys and failed logins), unless
+// AllowDenials. A server that is down (stopped by the test) is not asked.
+func (s *Server) checkDenials() {
+	if s.allowDenials {
+		return
+	}
+	o := s.Users.AdminOptions(s.Addr)
+	o.MaxRetries = -1
+	c := redis.NewClient(o)
+	defer c.Close()
+	entries, err := c.ACLLog(context.Background(), 128).Result()
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if e.Username == redismanifest.BrokerUser {
+			s.t.Errorf("redis ACL refused the broker's user %s: %s %q (context %s, %d times): manifests/redis/users.acl lacks it",
+				e.Username, e.Reason, e.Object, e.Context, e.Count)
+		}
+	}
 }
 
 // Stop kills the server (idempotent).

@@ -12,15 +12,22 @@ import (
 
 	"github.com/fluidos-project/resource-broker/internal/embedredis"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
+	redismanifest "github.com/fluidos-project/resource-broker/manifests/redis"
 )
 
-// Redis is the bed's redis-server, with AOF persistence as manifests/redis
-// configures it (appendonly yes, appendfsync everysec), so that a restart
-// keeps the broker's state. With RedisEnv=embedded it is an in-process
-// miniredis instead (see redis_embedded.go).
+// Redis is the bed's redis-server, as manifests/redis configures it: AOF
+// persistence (appendonly yes, appendfsync everysec), so that a restart keeps
+// the broker's state, protected mode on, and the ACL of
+// manifests/redis/users.acl, under which the brokers connect as its limited
+// user (plus an administrator for the bed's own reads). With
+// RedisEnv=embedded it is an in-process miniredis instead (see
+// redis_embedded.go), without users.
 type Redis struct {
 	Addr string // 127.0.0.1:<port>
 	Dir  string // data directory (appendonlydir/); empty when Embedded
+	// Users: the ACL file, the brokers' password file and the administrator;
+	// nil when Embedded.
+	Users *redistest.Users
 	// Embedded: an in-process miniredis, not redis-server (the demo's
 	// fallback): in memory only; Kill and Restart fail.
 	Embedded bool
@@ -40,7 +47,11 @@ func newRedis(dir, logPath string) (*Redis, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	return &Redis{Dir: dir, Process: &Process{Name: "redis-server", Path: bin, LogPath: logPath}}, nil
+	users, err := redistest.WriteUsers(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &Redis{Dir: dir, Users: users, Process: &Process{Name: "redis-server", Path: bin, LogPath: logPath}}, nil
 }
 
 func (r *Redis) start(ctx context.Context) error {
@@ -57,8 +68,8 @@ func (r *Redis) start(ctx context.Context) error {
 			r.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 		}
 		_, port, _ := net.SplitHostPort(r.Addr)
-		r.Args = []string{"--port", port, "--bind", "127.0.0.1", "--dir", r.Dir, "--protected-mode", "no",
-			"--save", "", "--appendonly", "yes", "--appendfsync", "everysec"}
+		r.Args = append([]string{"--port", port, "--bind", "127.0.0.1", "--dir", r.Dir,
+			"--save", "", "--appendonly", "yes", "--appendfsync", "everysec"}, r.Users.ServerArgs()...)
 		if last = r.Start(); last != nil {
 			return last
 		}
@@ -75,7 +86,9 @@ func (r *Redis) start(ctx context.Context) error {
 }
 
 func (r *Redis) waitReady(ctx context.Context) error {
-	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	o := r.adminOptions()
+	o.MaxRetries = -1
+	c := redis.NewClient(o)
 	defer c.Close()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -93,6 +106,57 @@ func (r *Redis) waitReady(ctx context.Context) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// AdminClient returns a new client of the administrator (every command,
+// every key); the caller closes it.
+func (r *Redis) AdminClient() *redis.Client {
+	o := r.adminOptions()
+	o.PoolSize = 32
+	return redis.NewClient(o)
+}
+
+func (r *Redis) adminOptions() *redis.Options {
+	if r.Embedded {
+		return &redis.Options{Addr: r.Addr}
+	}
+	return r.Users.AdminOptions(r.Addr)
+}
+
+// BrokerFlags are rb-broker's flags to connect as the limited user (none
+// for the embedded server).
+func (r *Redis) BrokerFlags() []string {
+	if r.Embedded {
+		return nil
+	}
+	return r.Users.BrokerFlags()
+}
+
+// Denials lists what the ACL refused the brokers' user since Redis started
+// (ACL LOG): a command or key manifests/redis/users.acl lacks. Nothing for
+// the embedded server, or when Redis does not answer.
+func (r *Redis) Denials() []string {
+	if r == nil || r.Embedded || r.Addr == "" {
+		return nil
+	}
+	o := r.adminOptions()
+	o.MaxRetries = -1
+	c := redis.NewClient(o)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	entries, err := c.ACLLog(ctx, 128).Result()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if e.Username == redismanifest.BrokerUser {
+			out = append(out, fmt.Sprintf("Redis refused the brokers' user %s: %s %q (%d times): manifests/redis/users.acl lacks it",
+				e.Username, e.Reason, e.Object, e.Count))
+		}
+	}
+	return out
 }
 
 // Restart kills redis-server (SIGKILL, as a crash) and starts it again on the

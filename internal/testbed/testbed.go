@@ -154,7 +154,9 @@ type Bed struct {
 	Proxy         *Proxy
 	// BrokerURL is the brokers' API through the proxy: what the agents use.
 	BrokerURL string
-	// RDB and Store read (and, for tests, may write) the brokers' state.
+	// RDB and Store read (and, for tests, may write) the brokers' state, as
+	// Redis' administrator; the brokers connect as the limited user of
+	// manifests/redis/users.acl.
 	RDB   *redis.Client
 	Store *store.Store
 	// Clusters in the order of Options.Clusters.
@@ -215,6 +217,9 @@ func Start(t testing.TB, o Options) *Bed {
 	b, err := New(context.Background(), o)
 	if b != nil {
 		t.Cleanup(func() {
+			for _, d := range b.Redis.Denials() {
+				t.Errorf("testbed: %s", d)
+			}
 			if t.Failed() {
 				b.DumpLogs(t.Logf, 60)
 			}
@@ -396,7 +401,7 @@ func (b *Bed) startBrokers(ctx context.Context) error {
 	if err := b.Redis.start(ctx); err != nil {
 		return err
 	}
-	b.RDB = redis.NewClient(&redis.Options{Addr: b.Redis.Addr, PoolSize: 32})
+	b.RDB = b.Redis.AdminClient()
 	b.Store = store.New(b.RDB, store.Config{StaleThreshold: b.opts.StaleThreshold})
 	var addrs []string
 	for i := range b.opts.BrokerReplicas {
@@ -431,6 +436,7 @@ func (br *Broker) start(ctx context.Context) error {
 			"--cert-dir=" + br.bed.BrokerCertDir, "--redis-url=redis://" + br.bed.Redis.Addr + "/0",
 			"--stale-threshold=" + o.StaleThreshold.String(), "--expiry-interval=" + o.ExpiryInterval.String(),
 			"--v=" + strconv.Itoa(o.Verbosity)}
+		br.Args = append(br.Args, br.bed.Redis.BrokerFlags()...)
 		if err := br.Start(); err != nil {
 			return err
 		}

@@ -368,6 +368,7 @@ func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		}
 	}
 	n.setReservations(ids, rsvstatus.Sum(active))
+	n.pods.recheck() // the pods not admitted may be now
 	var cur corev1.Node
 	err := b.client.Get(ctx, types.NamespacedName{Name: name}, &cur)
 	if apierrors.IsNotFound(err) {
@@ -497,7 +498,7 @@ func (b *Bridge) leftover(ctx context.Context, name string) (bool, int, error) {
 	}
 	count := 0
 	for i := range pods.Items {
-		if !finished(&pods.Items[i]) {
+		if holdsNode(&pods.Items[i]) {
 			count++
 		}
 	}

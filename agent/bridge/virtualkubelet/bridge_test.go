@@ -122,11 +122,32 @@ func reservation(name, cpu, memory string) *rbv1.Reservation {
 	}
 }
 
+// podReservation is a Reservation in ns naming pod (spec.podName), as
+// rb-scheduler opens one for a pod it places on a virtual node.
+func podReservation(ns, pod, cpu, memory string) *rbv1.Reservation {
+	r := reservation(pod, cpu, memory)
+	r.Namespace, r.Spec.PodName = ns, pod
+	return r
+}
+
+// reserve opens a reservation naming pod in shop (the requests of
+// boundPod) and waits until it is Active.
+func (m *member) reserve(t testing.TB, pod string) {
+	t.Helper()
+	require.NoError(t, m.Client.Create(context.Background(), podReservation("shop", pod, "100m", "64Mi")))
+	m.waitReservationIn(t, "shop", pod, func(r *rbv1.Reservation) bool { return r.Status.Phase == rbv1.ReservationActive }, 15*time.Second)
+}
+
 func (m *member) waitReservation(t testing.TB, name string, cond func(*rbv1.Reservation) bool, within time.Duration) *rbv1.Reservation {
+	t.Helper()
+	return m.waitReservationIn(t, "default", name, cond, within)
+}
+
+func (m *member) waitReservationIn(t testing.TB, ns, name string, cond func(*rbv1.Reservation) bool, within time.Duration) *rbv1.Reservation {
 	t.Helper()
 	var rsv rbv1.Reservation
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
-		require.NoError(c, m.Client.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: name}, &rsv))
+		require.NoError(c, m.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &rsv))
 		assert.True(c, cond(&rsv), "status: %+v", rsv.Status)
 	}, within, 20*time.Millisecond)
 	return &rsv
@@ -271,6 +292,7 @@ func TestVirtualKubelet(t *testing.T) {
 			corev1.Volume{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "web-creds"}}})
 		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts,
 			corev1.VolumeMount{Name: "config", MountPath: "/usr/share/nginx/html"}, corev1.VolumeMount{Name: "creds", MountPath: "/etc/creds"})
+		rome.reserve(t, "web-0")
 		t0 := time.Now()
 		require.NoError(t, rome.Client.Create(ctx, pod))
 
@@ -327,6 +349,10 @@ func TestVirtualKubelet(t *testing.T) {
 		assert.True(t, slices.ContainsFunc(local.Status.Conditions, func(c corev1.PodCondition) bool {
 			return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
 		}))
+		assert.True(t, slices.ContainsFunc(local.Status.Conditions, func(c corev1.PodCondition) bool {
+			return c.Type == virtualkubelet.PodConditionReserved && c.Status == corev1.ConditionTrue &&
+				strings.Contains(c.Message, "reservation web-0 (broker id ") && strings.Contains(c.Message, "at paris")
+		}), "admitted on its reservation: %+v", local.Status.Conditions)
 
 		// The copies follow their originals.
 		cmLocal := &corev1.ConfigMap{}
@@ -459,6 +485,161 @@ func TestVirtualKubelet(t *testing.T) {
 		assert.Subset(t, creators["system:serviceaccount:rb-rome:rb-tenant"], []string{"pods/shop.web-0", "configmaps/shop.web-config", "secrets/shop.web-creds"})
 	})
 
+	t.Run("paris's Events about a copy are recorded on rome's pod, once, with their count", func(t *testing.T) {
+		var remote corev1.Pod
+		require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-0"}, &remote))
+		local, err := rome.pod("shop", "web-0")
+		require.NoError(t, err)
+		now := metav1.Now()
+		// As paris's kubelet and scheduler record them about the copy.
+		providerEvent := func(name, reason, typ, component, msg string) *corev1.Event {
+			return &corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "rb-rome", Name: name},
+				InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: "rb-rome", Name: remote.Name, UID: remote.UID,
+					FieldPath: "spec.containers{main}"},
+				Reason: reason, Type: typ, Message: msg, Source: corev1.EventSource{Component: component, Host: "paris-node-1"},
+				Count: 1, FirstTimestamp: now, LastTimestamp: now}
+		}
+		backOff := providerEvent("shop.web-0.backoff", "BackOff", corev1.EventTypeWarning, "kubelet",
+			fmt.Sprintf("Back-off restarting failed container main in pod shop.web-0_rb-rome(%s)", remote.UID))
+		for _, e := range []*corev1.Event{
+			providerEvent("shop.web-0.scheduled", "Scheduled", corev1.EventTypeNormal, "default-scheduler", "Successfully assigned rb-rome/shop.web-0 to paris-node-1"),
+			backOff,
+			providerEvent("shop.web-0.failed", "Failed", corev1.EventTypeWarning, "kubelet", `Error: configmap "shop.web-config" not found`),
+		} {
+			require.NoError(t, paris.Client.Create(ctx, e))
+		}
+		recorded := func(c require.TestingT) map[string]corev1.Event {
+			var list corev1.EventList
+			require.NoError(c, rome.Client.List(ctx, &list, client.InNamespace("shop")))
+			out := map[string]corev1.Event{}
+			for _, e := range list.Items {
+				if e.InvolvedObject.UID == local.UID && strings.HasPrefix(e.Message, "(on paris) ") {
+					_, dup := out[e.Reason]
+					assert.False(t, dup, "one local Event per provider Event: %s", e.Reason)
+					out[e.Reason] = e
+				}
+			}
+			return out
+		}
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			got := recorded(c)
+			assert.Len(c, got, 2, "BackOff and Failed, not the provider scheduler's Scheduled: %v", got)
+			assert.Equal(c, fmt.Sprintf("(on paris) Back-off restarting failed container main in pod web-0_shop(%s)", local.UID), got["BackOff"].Message)
+			assert.Equal(c, `(on paris) Error: configmap "web-config" not found`, got["Failed"].Message)
+			assert.Equal(c, corev1.EventTypeWarning, got["Failed"].Type)
+			assert.Equal(c, "spec.containers{main}", got["BackOff"].InvolvedObject.FieldPath)
+			assert.Equal(c, corev1.EventSource{Component: "kubelet", Host: "rb-paris"}, got["BackOff"].Source)
+		}, 10*time.Second, 20*time.Millisecond)
+
+		// The kubelet counts the back-off again: the same local Event counts too.
+		require.NoError(t, paris.Client.Get(ctx, client.ObjectKeyFromObject(backOff), backOff))
+		backOff.Count, backOff.LastTimestamp = 5, metav1.NewTime(now.Add(time.Minute))
+		require.NoError(t, paris.Client.Update(ctx, backOff))
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			got := recorded(c)
+			assert.Len(c, got, 2)
+			assert.Equal(c, int32(5), got["BackOff"].Count)
+			assert.True(c, got["BackOff"].LastTimestamp.After(now.Time))
+		}, 10*time.Second, 20*time.Millisecond)
+	})
+
+	t.Run("a pod bound to rb-paris that no reservation names is not copied: Pending NotReserved until one does", func(t *testing.T) {
+		node, err := rome.node("rb-paris")
+		require.NoError(t, err)
+		cpu, pods := node.Status.Capacity.Cpu().MilliValue(), node.Status.Capacity.Pods().Value()
+		// Restart policy Never: a kubelet's rejection would fail it; the bridge keeps it Pending.
+		pinned := boundPod("shop", "pinned", corev1.RestartPolicyNever)
+		bare := boundPod("shop", "bare", corev1.RestartPolicyAlways)
+		bare.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+		require.NoError(t, rome.Client.Create(ctx, pinned))
+		require.NoError(t, rome.Client.Create(ctx, bare))
+		notReserved := func(name string, parts ...string) *corev1.Pod {
+			var p *corev1.Pod
+			require.EventuallyWithT(t, func(c *assert.CollectT) {
+				var err error
+				p, err = rome.pod("shop", name)
+				require.NoError(c, err)
+				assert.Equal(c, corev1.PodPending, p.Status.Phase)
+				assert.Equal(c, virtualkubelet.ReasonNotReserved, p.Status.Reason)
+				for _, part := range parts {
+					assert.Contains(c, p.Status.Message, part)
+				}
+				require.Len(c, p.Status.ContainerStatuses, 1)
+				assert.Equal(c, virtualkubelet.ReasonNotReserved, p.Status.ContainerStatuses[0].State.Waiting.Reason)
+				cond := podCondition(p, virtualkubelet.PodConditionReserved)
+				require.NotNil(c, cond)
+				assert.Equal(c, corev1.ConditionFalse, cond.Status)
+			}, 10*time.Second, 20*time.Millisecond)
+			return p
+		}
+		notReserved("pinned", "no live broker reservation at paris names this pod", "schedulerName: resource-broker")
+		notReserved("bare", "container main requests no cpu and no memory")
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			n, err := rome.node("rb-paris")
+			require.NoError(c, err)
+			assert.Equal(c, cpu+100, n.Status.Capacity.Cpu().MilliValue(), "the refused pod's requests are added: it takes no reserved room")
+			assert.Equal(c, pods+2, n.Status.Capacity.Pods().Value())
+		}, 10*time.Second, 20*time.Millisecond)
+
+		// Touched and decided again: still one Event, no copy.
+		require.NoError(t, rome.Client.Patch(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "pinned"}},
+			client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"touched":"yes"}}}`))))
+		require.NoError(t, rome.Client.Create(ctx, reservation("elsewhere", "100m", "64Mi"))) // the provider's reservations change
+		time.Sleep(2 * time.Second)
+		warnings := func(pod string) []corev1.Event {
+			var list corev1.EventList
+			require.NoError(t, rome.Client.List(ctx, &list, client.InNamespace("shop")))
+			var out []corev1.Event
+			for _, e := range list.Items {
+				if e.InvolvedObject.Name == pod && e.Reason == virtualkubelet.ReasonNotReserved {
+					out = append(out, e)
+				}
+			}
+			return out
+		}
+		if ev := warnings("pinned"); assert.Len(t, ev, 1) {
+			assert.Equal(t, int32(1), ev[0].Count, "one Warning, not one per decision")
+			assert.Equal(t, corev1.EventTypeWarning, ev[0].Type)
+		}
+		for _, name := range []string{"shop.pinned", "shop.bare"} {
+			err := paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: name}, &corev1.Pod{})
+			assert.True(t, apierrors.IsNotFound(err), "no copy of %s at paris: %v", name, err)
+		}
+		p, err := rome.pod("shop", "pinned")
+		require.NoError(t, err)
+		assert.Equal(t, corev1.PodPending, p.Status.Phase, "Pending, not Failed, although its restart policy is Never")
+
+		// A reservation naming it, at paris: admitted, copied, running.
+		rome.reserve(t, "pinned")
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			p, err := rome.pod("shop", "pinned")
+			require.NoError(c, err)
+			assert.Equal(c, corev1.PodRunning, p.Status.Phase)
+			cond := podCondition(p, virtualkubelet.PodConditionReserved)
+			require.NotNil(c, cond)
+			assert.Equal(c, corev1.ConditionTrue, cond.Status)
+		}, 15*time.Second, 20*time.Millisecond, "admitted once a reservation names it")
+		require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.pinned"}, &corev1.Pod{}))
+		var admittedEvents corev1.EventList
+		require.NoError(t, rome.Client.List(ctx, &admittedEvents, client.InNamespace("shop"), client.MatchingFields{"involvedObject.kind": "Pod", "involvedObject.name": "pinned", "reason": virtualkubelet.ReasonReserved}))
+		assert.Len(t, admittedEvents.Items, 1, "a Normal Event says it is admitted now")
+
+		// A refused pod deleted goes at once: nothing runs for it.
+		start := time.Now()
+		require.NoError(t, rome.Client.Delete(ctx, bare))
+		require.Eventually(t, func() bool {
+			_, err := rome.pod("shop", "bare")
+			return apierrors.IsNotFound(err)
+		}, 10*time.Second, 20*time.Millisecond)
+		t.Logf("refused pod deleted -> gone in %s", time.Since(start).Round(time.Millisecond))
+		require.NoError(t, rome.Client.Delete(ctx, pinned))
+		require.NoError(t, rome.Client.Delete(ctx, reservation("elsewhere", "100m", "64Mi")))
+		require.Eventually(t, func() bool {
+			_, err := rome.pod("shop", "pinned")
+			return apierrors.IsNotFound(err)
+		}, 15*time.Second, 20*time.Millisecond)
+	})
+
 	t.Run("deleting rome's pod deletes the copy with the same grace period", func(t *testing.T) {
 		t0 := time.Now()
 		require.NoError(t, rome.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-0"}}, client.GracePeriodSeconds(7)))
@@ -477,6 +658,8 @@ func TestVirtualKubelet(t *testing.T) {
 	})
 
 	t.Run("a copy deleted behind the bridge's back is recreated, or fails the pod, per restart policy", func(t *testing.T) {
+		rome.reserve(t, "always")
+		rome.reserve(t, "never")
 		require.NoError(t, rome.Client.Create(ctx, boundPod("shop", "always", corev1.RestartPolicyAlways)))
 		require.NoError(t, rome.Client.Create(ctx, boundPod("shop", "never", corev1.RestartPolicyNever)))
 		running := func(name string) {
@@ -527,12 +710,15 @@ func TestVirtualKubelet(t *testing.T) {
 	})
 
 	t.Run("a deleted virtual node is registered again", func(t *testing.T) {
+		before, err := rome.node("rb-paris")
+		require.NoError(t, err)
 		require.NoError(t, rome.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris"}}))
 		rome.waitReady(t, "rb-paris", corev1.ConditionTrue, virtualkubelet.ReasonReachable, 10*time.Second)
 		n, err := rome.node("rb-paris")
 		require.NoError(t, err)
 		assert.Contains(t, n.Spec.Taints, corev1.Taint{Key: rbv1.VirtualNodeTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule})
-		assert.Equal(t, "3", ptr.To(n.Status.Capacity[corev1.ResourceCPU]).String(), "registered again with its capacity")
+		assert.Equal(t, ptr.To(before.Status.Capacity[corev1.ResourceCPU]).String(), ptr.To(n.Status.Capacity[corev1.ResourceCPU]).String(),
+			"registered again with its capacity")
 	})
 
 	t.Run("paris's API server stopped: rb-paris NotReady within the lease window; restarted: Ready", func(t *testing.T) {
@@ -579,8 +765,8 @@ func TestVirtualKubelet(t *testing.T) {
 	})
 
 	t.Run("the node goes when the last reservation ended and no pod is left", func(t *testing.T) {
-		for _, name := range []string{"web", "web-1"} {
-			require.NoError(t, rome.Client.Delete(ctx, &rbv1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}))
+		for _, ns := range []string{"default", "shop"} {
+			require.NoError(t, rome.Client.DeleteAllOf(ctx, &rbv1.Reservation{}, client.InNamespace(ns)))
 		}
 		require.Eventually(t, func() bool {
 			var list rbv1.ReservationList
@@ -703,6 +889,15 @@ func portForwardError(ctx context.Context, t *testing.T, cfg *rest.Config, ns, p
 	case <-ctx.Done():
 		return ""
 	}
+}
+
+func podCondition(p *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == t {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
 }
 
 func mapsKeys(m map[string][]string) []string {

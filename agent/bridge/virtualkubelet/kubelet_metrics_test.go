@@ -69,12 +69,12 @@ func TestVirtualNodeUsage(t *testing.T) {
 	require.NoError(t, rome.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}))
 	pods := map[string]string{"paris": "web-0", "berlin": "api-0"}
 	for id, pod := range pods {
-		rsv := reservation(pod, "2", "1Gi")
+		rsv := podReservation("shop", pod, "2", "1Gi") // names the pod: the bridge admits it
 		rsv.Spec.ProviderSelector = map[string]string{"city": id}
 		require.NoError(t, rome.Client.Create(ctx, rsv))
 	}
 	for id, pod := range pods {
-		rome.waitReservation(t, pod, func(r *rbv1.Reservation) bool { return r.Status.VirtualNode == virtualkubelet.NodeName(id) }, 30*time.Second)
+		rome.waitReservationIn(t, "shop", pod, func(r *rbv1.Reservation) bool { return r.Status.VirtualNode == virtualkubelet.NodeName(id) }, 30*time.Second)
 		p := boundPod("shop", pod, corev1.RestartPolicyAlways)
 		p.Spec.NodeName, p.Spec.NodeSelector = virtualkubelet.NodeName(id), map[string]string{rbv1.ProviderLabel: id}
 		require.NoError(t, rome.Client.Create(ctx, p))

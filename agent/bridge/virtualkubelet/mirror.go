@@ -445,27 +445,26 @@ func providerView(remote *corev1.Pod, key types.NamespacedName, uid types.UID) *
 }
 
 // localStatus is local with the remote pod's status reflected: phase,
-// conditions, container statuses, IPs, start time. The local PodScheduled
-// condition stays (the pod is bound here); the provider's scheduling verdict,
-// while it has not placed the copy, goes in the message.
+// conditions, container statuses, IPs, start time, with the provider's names
+// of the copy and its objects in messages replaced by the local ones
+// (localizer). The local PodScheduled condition stays (the pod is bound
+// here); the provider's scheduling verdict, while it has not placed the copy,
+// goes in the message. So do the local conditions a kubelet does not write
+// (the bridge's PodConditionReserved, readiness gates', DisruptionTarget):
+// the copy has none of them.
 func localStatus(local, remote *corev1.Pod, provider string) *corev1.Pod {
 	out := local.DeepCopy()
 	rs := remote.Status.DeepCopy()
+	loc := localizer(local, remote)
 	s := &out.Status
-	s.Phase, s.Reason, s.Message = rs.Phase, rs.Reason, rs.Message
+	s.Phase, s.Reason, s.Message = rs.Phase, rs.Reason, loc.Replace(rs.Message)
 	s.HostIP, s.HostIPs, s.PodIP, s.PodIPs = rs.HostIP, rs.HostIPs, rs.PodIP, rs.PodIPs
 	s.StartTime = rs.StartTime
 	s.ContainerStatuses, s.InitContainerStatuses, s.EphemeralContainerStatuses =
-		rs.ContainerStatuses, rs.InitContainerStatuses, rs.EphemeralContainerStatuses
-	var scheduled *corev1.PodCondition
-	for i := range local.Status.Conditions {
-		if local.Status.Conditions[i].Type == corev1.PodScheduled {
-			scheduled = local.Status.Conditions[i].DeepCopy()
-		}
-	}
-	conds := make([]corev1.PodCondition, 0, len(rs.Conditions)+1)
-	if scheduled != nil {
-		conds = append(conds, *scheduled)
+		localizeStates(rs.ContainerStatuses, loc), localizeStates(rs.InitContainerStatuses, loc), localizeStates(rs.EphemeralContainerStatuses, loc)
+	conds := make([]corev1.PodCondition, 0, len(rs.Conditions)+len(local.Status.Conditions))
+	if scheduled := podCondition(local, corev1.PodScheduled); scheduled != nil {
+		conds = append(conds, *scheduled.DeepCopy())
 	}
 	for _, c := range rs.Conditions {
 		if c.Type == corev1.PodScheduled {
@@ -475,11 +474,65 @@ func localStatus(local, remote *corev1.Pod, provider string) *corev1.Pod {
 			continue
 		}
 		c.ObservedGeneration = 0
+		c.Message = loc.Replace(c.Message)
 		conds = append(conds, c)
+	}
+	for _, c := range local.Status.Conditions {
+		if !kubeletConditions[c.Type] && !slices.ContainsFunc(conds, func(have corev1.PodCondition) bool { return have.Type == c.Type }) {
+			conds = append(conds, *c.DeepCopy())
+		}
 	}
 	s.Conditions = conds
 	s.ObservedGeneration = 0
 	return out
+}
+
+// kubeletConditions are the pod conditions a kubelet writes: the copy's
+// stand for the pod's.
+var kubeletConditions = map[corev1.PodConditionType]bool{
+	corev1.PodReady: true, corev1.ContainersReady: true, corev1.PodInitialized: true, corev1.PodReadyToStartContainers: true,
+	corev1.PodResizePending: true, corev1.PodResizeInProgress: true,
+}
+
+func localizeStates(cs []corev1.ContainerStatus, loc *strings.Replacer) []corev1.ContainerStatus {
+	for i := range cs {
+		for _, st := range []*corev1.ContainerState{&cs[i].State, &cs[i].LastTerminationState} {
+			if st.Waiting != nil {
+				st.Waiting.Message = loc.Replace(st.Waiting.Message)
+			}
+			if st.Terminated != nil {
+				st.Terminated.Message = loc.Replace(st.Terminated.Message)
+			}
+		}
+	}
+	return cs
+}
+
+// localizer replaces, in the provider's messages about the copy remote of
+// local, the provider's names by the local ones: the copy's
+// "<tenant namespace>/<namespace>.<name>" and the kubelet's
+// "<namespace>.<name>_<tenant namespace>(<uid>)" by the pod's, the copy's UID
+// by the pod's, and a quoted "<namespace>.<object>" (the copy of a ConfigMap
+// or Secret, the copy itself) by the quoted local name, e.g.
+// `configmap "shop.settings" not found` becomes `configmap "settings" not found`.
+func localizer(local, remote *corev1.Pod) *strings.Replacer {
+	var pairs []string
+	if remote.Name != "" && remote.Namespace != "" {
+		if remote.UID != "" {
+			// Quoted too: the quoted copy's name below would match first.
+			theirs := fmt.Sprintf("%s_%s(%s)", remote.Name, remote.Namespace, remote.UID)
+			ours := fmt.Sprintf("%s_%s(%s)", local.Name, local.Namespace, local.UID)
+			pairs = append(pairs, `"`+theirs, `"`+ours, theirs, ours)
+		}
+		pairs = append(pairs, remote.Namespace+"/"+remote.Name, local.Namespace+"/"+local.Name)
+	}
+	if remote.UID != "" {
+		pairs = append(pairs, string(remote.UID), string(local.UID))
+	}
+	if local.Namespace != "" {
+		pairs = append(pairs, `"`+local.Namespace+".", `"`)
+	}
+	return strings.NewReplacer(pairs...)
 }
 
 // goneStatus is local marked Failed because its copy was deleted at the

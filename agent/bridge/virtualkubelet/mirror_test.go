@@ -226,12 +226,56 @@ func TestLocalStatus(t *testing.T) {
 	assert.Contains(t, got.Status.Message, "on paris: Unschedulable: 0/3 nodes are available")
 	assert.Equal(t, corev1.ConditionTrue, got.Status.Conditions[0].Status)
 
+	// The provider's names of the copy and its objects read as the local ones;
+	// the local conditions a kubelet does not write stay.
+	local.UID = "uid-local"
+	local.Status.Conditions = append(local.Status.Conditions,
+		corev1.PodCondition{Type: PodConditionReserved, Status: corev1.ConditionTrue, Reason: ReasonReserved},
+		corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue})
+	remote = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "rb-rome", Name: "shop.web-0", UID: "uid-copy"}, Status: corev1.PodStatus{
+		Phase:      corev1.PodPending,
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse, Reason: "ContainersNotReady"}},
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "web", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+			Reason: "CreateContainerConfigError", Message: `configmap "shop.env-config" not found`}}}},
+	}}
+	got = localStatus(local, remote, "paris")
+	assert.Equal(t, `configmap "env-config" not found`, got.Status.ContainerStatuses[0].State.Waiting.Message)
+	assert.Equal(t, `configmap "shop.env-config" not found`, remote.Status.ContainerStatuses[0].State.Waiting.Message, "the copy's status is not touched")
+	types := func(cs []corev1.PodCondition) (out []string) {
+		for _, c := range cs {
+			out = append(out, string(c.Type)+"="+string(c.Status))
+		}
+		return out
+	}
+	assert.Equal(t, []string{"PodScheduled=True", "Ready=False", string(PodConditionReserved) + "=True"}, types(got.Status.Conditions),
+		"the copy's Ready stands for the pod's; the admission stays")
+
 	failed := goneStatus(localStatus(local, &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning,
 		ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}}}, "paris"), "paris")
 	assert.Equal(t, corev1.PodFailed, failed.Status.Phase)
 	assert.Equal(t, "ProviderPodDeleted", failed.Status.Reason)
 	require.NotNil(t, failed.Status.ContainerStatuses[0].State.Terminated)
 	assert.Equal(t, int32(137), failed.Status.ContainerStatuses[0].State.Terminated.ExitCode)
+}
+
+func TestLocalizer(t *testing.T) {
+	local := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-0", UID: "uid-local"}}
+	remote := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "rb-rome", Name: "shop.web-0", UID: "uid-copy"}}
+	loc := localizer(local, remote)
+	for in, want := range map[string]string{
+		"Back-off restarting failed container app in pod shop.web-0_rb-rome(uid-copy)":        "Back-off restarting failed container app in pod web-0_shop(uid-local)",
+		"Successfully assigned rb-rome/shop.web-0 to paris-node-1":                            "Successfully assigned shop/web-0 to paris-node-1",
+		`Error: configmap "shop.settings" not found`:                                          `Error: configmap "settings" not found`,
+		`secret "shop.shop.x" not found`:                                                      `secret "shop.x" not found`,
+		`pod: "shop.web-0_rb-rome(uid-copy)". kubelet does not have ClusterDNS IP configured`: `pod: "web-0_shop(uid-local)". kubelet does not have ClusterDNS IP configured`,
+		`pod "shop.web-0" deleted; uid uid-copy`:                                              `pod "web-0" deleted; uid uid-local`,
+		`Pulling image "rb.test/testapp:v1"`:                                                  `Pulling image "rb.test/testapp:v1"`,
+		"":                                                                                    "",
+	} {
+		assert.Equal(t, want, loc.Replace(in), in)
+	}
+	// Nothing known of the copy: nothing replaced but the quoted copies' names.
+	assert.Equal(t, "a b", localizer(local, &corev1.Pod{}).Replace("a b"))
 }
 
 func TestRefreshIn(t *testing.T) {
@@ -268,7 +312,8 @@ func TestFetchGrantTakesTheLongestLived(t *testing.T) {
 func TestObjectMirrorCountsUsers(t *testing.T) {
 	m := newObjectMirror(nil)
 	pod := func(name string, cms ...string) *corev1.Pod {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name}}
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name}, Status: corev1.PodStatus{
+			Conditions: []corev1.PodCondition{{Type: PodConditionReserved, Status: corev1.ConditionTrue}}}}
 		for _, cm := range cms {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: cm, VolumeSource: corev1.VolumeSource{
 				ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: cm}}}})
@@ -281,6 +326,10 @@ func TestObjectMirrorCountsUsers(t *testing.T) {
 	assert.True(t, m.usedLocked("ConfigMap", "shop", "shared"))
 	assert.False(t, m.usedLocked("ConfigMap", "other", "shared"))
 	assert.False(t, m.usedLocked("Secret", "shop", "shared"))
+	refused := pod("c", "only-c")
+	refused.Status.Conditions[0].Status = corev1.ConditionFalse
+	m.track(refused)
+	assert.False(t, m.usedLocked("ConfigMap", "shop", "only-c"), "a pod not admitted: nothing of it is copied")
 
 	unused := m.setLocked("shop", "a", objectRefs{})
 	assert.Equal(t, []string{"only-a"}, unused.ConfigMaps, "shared is still used by b")

@@ -120,6 +120,10 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 		cancel()
 		return nil, err
 	}
+	if _, err := podInformer.Informer().AddEventHandler(n.pods.admissionEvents()); err != nil {
+		cancel()
+		return nil, err
+	}
 	n.localPods, n.localSynced = podInformer.Lister(), podInformer.Informer().HasSynced
 
 	// The pod controller insists on ConfigMap, Secret and Service informers to
@@ -136,6 +140,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 		SecretInformer:            idle.Core().V1().Secrets(),
 		ServiceInformer:           idle.Core().V1().Services(),
 		SkipDownwardAPIResolution: true,
+		PodEventFilterFunc:        n.pods.handles, // the admitted pods (admission.go)
 	})
 	if err != nil {
 		cancel()
@@ -398,6 +403,9 @@ func (n *providerNode) capacityLocked() corev1.ResourceList {
 		corev1.ResourcePods:   *resource.NewQuantity(n.b.cfg.PodsPerReservation*int64(len(n.active)), resource.DecimalSI),
 	}
 	maps.Copy(capacity, n.capacity)
+	refused, count := n.pods.refusedResources()
+	addResources(capacity, refused)
+	addResources(capacity, corev1.ResourceList{corev1.ResourcePods: *resource.NewQuantity(count, resource.DecimalSI)})
 	return capacity
 }
 
@@ -734,7 +742,7 @@ func (n *providerNode) hasPods() bool {
 		return true
 	}
 	for _, p := range pods {
-		if !finished(p) {
+		if holdsNode(p) {
 			return true
 		}
 	}

@@ -138,10 +138,16 @@ func (m *objectMirror) OnDelete(obj any) {
 	m.n.b.enqueue(m.n.provider)
 }
 
+// track records the objects a pod uses; a pod not admitted uses none yet
+// (nothing of it goes to the provider).
 func (m *objectMirror) track(p *corev1.Pod) {
+	refs := objectRefs{}
+	if admitted(p) {
+		refs = refsOf(p)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.setLocked(p.Namespace, p.Name, refsOf(p))
+	m.setLocked(p.Namespace, p.Name, refs)
 }
 
 // setLocked records the objects a pod uses and returns those no pod uses any more.

@@ -38,6 +38,11 @@ type podHandler struct {
 	// unscheduled: copies the provider's scheduler has not placed (by the
 	// copy's UID), and whether that has been reported (watchScheduling).
 	unscheduled map[types.UID]bool
+
+	admitOnce sync.Once
+	admit     *admission // which pods bound to the node are copied (admission.go)
+	eventOnce sync.Once
+	events    *eventMirror // the provider's Events about the copies (events.go)
 }
 
 var (
@@ -266,9 +271,14 @@ func (h *podHandler) notifyStatus(p *corev1.Pod) {
 	}
 }
 
-// remoteEvents handles the provider's pod informer: status changes are
-// reflected; a copy that disappears is handled as its pod's state implies.
-func (h *podHandler) remoteEvents() cache.ResourceEventHandler {
+// remoteEvents handles the provider's informers: of the pods, status
+// changes are reflected and a copy that disappears is handled as its pod's
+// state implies; the Events about the copies are recorded on their pods.
+func (h *podHandler) remoteEvents() remoteHandlers {
+	return remoteHandlers{pods: h.remotePodEvents(), events: h.eventMirror().handler()}
+}
+
+func (h *podHandler) remotePodEvents() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { h.remoteChanged(obj.(*corev1.Pod)) },
 		UpdateFunc: func(_, obj any) { h.remoteChanged(obj.(*corev1.Pod)) },
@@ -298,6 +308,11 @@ func (h *podHandler) remoteChanged(remote *corev1.Pod) {
 		return
 	}
 	if err != nil || local.UID != uid {
+		return
+	}
+	if !admitted(local) && local.DeletionTimestamp == nil {
+		// Not virtual-kubelet's yet: the admission sees the copy and admits it.
+		h.admission().consider(local)
 		return
 	}
 	h.watchScheduling(local, remote)

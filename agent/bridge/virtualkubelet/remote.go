@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -100,9 +101,16 @@ func (w warnings) HandleWarningHeader(_ int, _ string, text string) {
 	}
 }
 
-// newRemoteCluster connects to a provider with a grant and starts the pod
-// informer; handler receives the informer's events.
-func newRemoteCluster(ctx context.Context, g *api.Grant, clusterID string, handler cache.ResourceEventHandler, log logr.Logger) (*remoteCluster, error) {
+// remoteHandlers receive the provider informers' notifications: of the
+// copies, and of the Events about pods in the tenant namespace (nil: not
+// watched).
+type remoteHandlers struct {
+	pods, events cache.ResourceEventHandler
+}
+
+// newRemoteCluster connects to a provider with a grant and starts the
+// informers; handler receives their notifications.
+func newRemoteCluster(ctx context.Context, g *api.Grant, clusterID string, handler remoteHandlers, log logr.Logger) (*remoteCluster, error) {
 	tok := &token{}
 	tok.set(g.Token, g.ExpiresAt)
 	return connect(ctx, g.Endpoint, g.CABundle, g.Namespace, tok, clusterID, handler, log)
@@ -110,12 +118,12 @@ func newRemoteCluster(ctx context.Context, g *api.Grant, clusterID string, handl
 
 // reconnect is a new connection with the same access and token: a fresh
 // informer lists at once, where the old one's reflector may be backing off.
-func (rc *remoteCluster) reconnect(ctx context.Context, clusterID string, handler cache.ResourceEventHandler, log logr.Logger) (*remoteCluster, error) {
+func (rc *remoteCluster) reconnect(ctx context.Context, clusterID string, handler remoteHandlers, log logr.Logger) (*remoteCluster, error) {
 	return connect(ctx, rc.endpoint, rc.caBundle, rc.namespace, rc.token, clusterID, handler, log)
 }
 
 func connect(ctx context.Context, endpoint string, caBundle []byte, namespace string, tok *token, clusterID string,
-	handler cache.ResourceEventHandler, log logr.Logger) (*remoteCluster, error) {
+	handler remoteHandlers, log logr.Logger) (*remoteCluster, error) {
 	cfg := restConfigFor(endpoint, caBundle, tok, "rb-agent/"+clusterID+" (bridge)", log)
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -130,18 +138,33 @@ func connect(ctx context.Context, endpoint string, caBundle []byte, namespace st
 			o.LabelSelector = labels.SelectorFromSet(labels.Set{rbv1.RequesterLabel: clusterID}).String()
 		}))
 	inf := factory.Core().V1().Pods()
-	if _, err := inf.Informer().AddEventHandler(handler); err != nil {
+	if _, err := inf.Informer().AddEventHandler(handler.pods); err != nil {
 		return nil, err
 	}
-	_ = inf.Informer().SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+	watchErrors := func(_ context.Context, _ *cache.Reflector, err error) {
 		log.V(1).Info("provider watch interrupted", "error", err.Error())
-	})
+	}
+	_ = inf.Informer().SetWatchErrorHandlerWithContext(watchErrors)
+	// The Events about pods, in a factory of their own: they carry no labels.
+	events := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(namespace),
+		informers.WithTransform(stripManagedFields),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("involvedObject.kind", "Pod").String()
+		}))
+	if handler.events != nil {
+		ev := events.Core().V1().Events().Informer()
+		if _, err := ev.AddEventHandler(handler.events); err != nil {
+			return nil, err
+		}
+		_ = ev.SetWatchErrorHandlerWithContext(watchErrors)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	factory.Start(ctx.Done())
+	events.Start(ctx.Done())
 	return &remoteCluster{
 		endpoint: endpoint, caBundle: caBundle, namespace: namespace, token: tok, client: cs, metrics: mc, config: cfg,
 		pods: inf.Lister().Pods(namespace), synced: inf.Informer().HasSynced,
-		stop: func() { cancel(); factory.Shutdown() },
+		stop: func() { cancel(); factory.Shutdown(); events.Shutdown() },
 	}, nil
 }
 

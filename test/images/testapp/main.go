@@ -9,7 +9,11 @@
 //
 // The image has no shell, so `testapp get URL` is its client, for `kubectl
 // exec` and pod-to-pod checks: it prints the body of a GET and exits 0, or
-// prints the error and exits 1.
+// prints the error and exits 1. Two more commands give a container a fate
+// (crash loops, completions, the OOM killer) without a server:
+//
+//	testapp exit CODE   exits with CODE at once
+//	testapp alloc MIB   allocates MIB MiB, touching every page, then sleeps until SIGTERM
 //
 // The identity comes from the environment (CLUSTER_NAME, NODE_NAME, POD_NAME,
 // POD_NAMESPACE, HOST_IP, POD_IP), which pods set with the downward API. Standard library
@@ -28,6 +32,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -45,8 +50,19 @@ const (
 )
 
 func main() {
-	if len(os.Args) == 3 && os.Args[1] == "get" {
-		os.Exit(get(os.Args[2], os.Stdout, os.Stderr))
+	if len(os.Args) == 3 {
+		switch os.Args[1] {
+		case "get":
+			os.Exit(get(os.Args[2], os.Stdout, os.Stderr))
+		case "exit":
+			os.Exit(exitWith(os.Args[2], os.Stderr))
+		case "alloc":
+			os.Exit(alloc(os.Args[2], os.Stdout, os.Stderr, func() {
+				ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+				defer stop()
+				<-ctx.Done()
+			}))
+		}
 	}
 	listen := flag.String("listen", ":8080", "address to listen on (PORT, when set and --listen is not, gives :$PORT)")
 	flag.Parse()
@@ -83,6 +99,46 @@ func get(url string, out, errOut io.Writer) int {
 		fmt.Fprintf(errOut, "testapp get: %s\n", resp.Status)
 		return 1
 	}
+	return 0
+}
+
+// exitWith is the exit code arg names (2 if it names none).
+func exitWith(arg string, errOut io.Writer) int {
+	code, err := strconv.Atoi(arg)
+	if err != nil || code < 0 || code > 255 {
+		fmt.Fprintf(errOut, "testapp exit: code must be an exit code in [0, 255], got %q\n", arg)
+		return 2
+	}
+	fmt.Fprintf(errOut, "testapp exit: exiting with code %d\n", code)
+	return code
+}
+
+// maxAllocMiB bounds testapp alloc.
+const maxAllocMiB = 64 << 10
+
+// alloc allocates arg MiB, writing to every page so that the memory is
+// really used (and charged to the container's cgroup), reports it on out,
+// then holds it until hold returns. 0 once done, 2 on a bad argument.
+func alloc(arg string, out, errOut io.Writer, hold func()) int {
+	mib, err := strconv.Atoi(arg)
+	if err != nil || mib < 1 || mib > maxAllocMiB {
+		fmt.Fprintf(errOut, "testapp alloc: MiB must be a whole number in [1, %d], got %q\n", maxAllocMiB, arg)
+		return 2
+	}
+	const page = 4096
+	held := make([][]byte, 0, mib)
+	for i := range mib {
+		b := make([]byte, 1<<20)
+		for j := 0; j < len(b); j += page {
+			b[j] = 1
+		}
+		held = append(held, b)
+		if (i+1)%16 == 0 || i+1 == mib {
+			fmt.Fprintf(out, "testapp alloc: %d MiB allocated\n", i+1)
+		}
+	}
+	hold()
+	runtime.KeepAlive(held)
 	return 0
 }
 

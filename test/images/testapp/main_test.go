@@ -170,3 +170,28 @@ func TestGetPrintsTheBody(t *testing.T) {
 		t.Fatalf("get of a closed port: code %d", code)
 	}
 }
+
+func TestExitCommand(t *testing.T) {
+	var errOut strings.Builder
+	assert.Equal(t, 3, exitWith("3", &errOut))
+	assert.Contains(t, errOut.String(), "exiting with code 3")
+	assert.Equal(t, 0, exitWith("0", &errOut))
+	for _, bad := range []string{"x", "-1", "256", ""} {
+		errOut.Reset()
+		assert.Equal(t, 2, exitWith(bad, &errOut), bad)
+		assert.Contains(t, errOut.String(), "code must be an exit code in [0, 255]")
+	}
+}
+
+func TestAllocCommand(t *testing.T) {
+	var out, errOut strings.Builder
+	held := false
+	assert.Equal(t, 0, alloc("17", &out, &errOut, func() { held = true }))
+	assert.True(t, held, "holds the memory until told to stop")
+	assert.Equal(t, "testapp alloc: 16 MiB allocated\ntestapp alloc: 17 MiB allocated\n", out.String())
+	for _, bad := range []string{"x", "0", "65537"} {
+		errOut.Reset()
+		assert.Equal(t, 2, alloc(bad, &out, &errOut, func() { t.Fatal("no hold on a bad argument") }), bad)
+		assert.Contains(t, errOut.String(), "MiB must be a whole number in [1, 65536]")
+	}
+}
