@@ -37,7 +37,7 @@ demo-broker: build check-redis ## Run the broker-only demo: Redis, one broker, t
 	hack/demo-broker.sh
 
 .PHONY: test
-test: envtest-bin node-bin metrics-server-bin liqo-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane, nodes, metrics-server and Liqo on first use).
+test: envtest-bin node-bin metrics-server-bin coredns-bin liqo-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane, nodes, metrics-server and Liqo on first use).
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: check-node-deps
@@ -129,16 +129,17 @@ $(ENVTEST_STAMP):
 # kube-controller-manager at go.mod's Kubernetes version, beside the control
 # plane. containerd, runc and the CNI plugins come from Debian packages
 # (`make node-deps`).
-NODE_STAMP := $(ENVTEST_DIR)/.node-k8s-$(K8S_VERSION)
+NODE_STAMP := $(ENVTEST_DIR)/.node-k8s-$(K8S_VERSION)-kcm-scheduler
 
 .PHONY: node-bin
-node-bin: $(NODE_STAMP) ## Build kubelet and kube-controller-manager from go.mod's version into bin/k8s (real nodes of the test bed).
+node-bin: $(NODE_STAMP) ## Build kubelet, kube-controller-manager and kube-scheduler from go.mod's version into bin/k8s (real nodes of the test bed).
 
 $(NODE_STAMP):
 	@mkdir -p $(ENVTEST_DIR)
-	@echo ">> building kubelet and kube-controller-manager $(K8S_VERSION)"
+	@echo ">> building kubelet, kube-controller-manager and kube-scheduler $(K8S_VERSION)"
 	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kubelet k8s.io/kubernetes/cmd/kubelet
 	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 	@rm -f $(ENVTEST_DIR)/.node-*
 	@touch $@
 
@@ -169,6 +170,27 @@ $(METRICS_SERVER_STAMP):
 	if [ -z "$$dir" ] || [ ! -f "$$dir/manifests/base/rbac.yaml" ]; then echo "no manifests/base/rbac.yaml in metrics-server $(METRICS_SERVER_VERSION) ($$dir)" >&2; exit 1; fi; \
 	install -m 0644 "$$dir/manifests/base/rbac.yaml" "$(METRICS_SERVER_DIR)/rbac.yaml"; \
 	rm -f "$(METRICS_SERVER_DIR)"/.built-metrics-server-*; \
+	touch "$@"
+
+# CoreDNS for the real-node test bed with Services (internal/testbed
+# services.go: cluster DNS for pods, as a cluster's CoreDNS Deployment
+# would serve it), built from the Go module proxy.
+COREDNS_VERSION := v1.15.0
+COREDNS_DIR     := $(CURDIR)/bin/coredns
+COREDNS_STAMP   := $(COREDNS_DIR)/.built-coredns-$(COREDNS_VERSION)
+
+.PHONY: coredns-bin
+coredns-bin: $(COREDNS_STAMP) ## Build CoreDNS (COREDNS_VERSION) from the Go module proxy into bin/coredns (deploy test: cluster DNS).
+
+$(COREDNS_STAMP):
+	@echo ">> building CoreDNS $(COREDNS_VERSION) into $(COREDNS_DIR) (first time: about 2 minutes)"
+	@set -euo pipefail; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	mkdir -p "$(COREDNS_DIR)"; \
+	cd "$$tmp"; \
+	export GOWORK=off GOFLAGS=-buildvcs=false; \
+	GOBIN="$(COREDNS_DIR)" go install -ldflags "-s -w" github.com/coredns/coredns@$(COREDNS_VERSION); \
+	rm -f "$(COREDNS_DIR)"/.built-coredns-*; \
 	touch "$@"
 
 # Liqo's own components for the Liqo test bed (internal/liqobed), at go.mod's

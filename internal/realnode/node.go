@@ -57,6 +57,10 @@ type Config struct {
 	PauseImage string
 	// LogDir receives node.log, containerd.log and kubelet.log.
 	LogDir string
+	// ClusterDNS is the address of the cluster's DNS server (domain
+	// cluster.local), which pods with dnsPolicy ClusterFirst resolve with;
+	// empty: none, such pods resolve with the node's resolv.conf.
+	ClusterDNS string
 	// Verbosity of the kubelet (-v).
 	Verbosity int
 }
@@ -96,6 +100,9 @@ func (c Config) validate() error {
 	}
 	if c.LogDir == "" {
 		errs = append(errs, errors.New("no log directory"))
+	}
+	if c.ClusterDNS != "" && net.ParseIP(c.ClusterDNS) == nil {
+		errs = append(errs, fmt.Errorf("cluster DNS %q: not an IP address", c.ClusterDNS))
 	}
 	return errors.Join(errs...)
 }
@@ -428,8 +435,15 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 110
-`, n.IP, n.sock, cgroupPrefix+n.Name, filepath.Join(n.dir, "resolv.conf"), filepath.Join(n.dir, "pod-logs"),
-		n.ServingCertFile, n.ServingKeyFile, n.ClientCAFile)
+%[9]s`, n.IP, n.sock, cgroupPrefix+n.Name, filepath.Join(n.dir, "resolv.conf"), filepath.Join(n.dir, "pod-logs"),
+		n.ServingCertFile, n.ServingKeyFile, n.ClientCAFile, n.clusterDNSConfig())
+}
+
+func (n *Node) clusterDNSConfig() string {
+	if n.ClusterDNS == "" {
+		return ""
+	}
+	return fmt.Sprintf("clusterDomain: cluster.local\nclusterDNS:\n  - %s\n", n.ClusterDNS)
 }
 
 func (n *Node) pidOf(name string) int {
@@ -592,4 +606,16 @@ func processCPU(pid int) time.Duration {
 		ticks += t
 	}
 	return time.Duration(ticks) * time.Second / 100
+}
+
+// ImportImages imports image tarballs into the running node's containerd,
+// as an operator loads images onto a node that has no registry to pull from.
+func (n *Node) ImportImages(ctx context.Context, paths ...string) error {
+	for _, p := range paths {
+		out, err := exec.CommandContext(ctx, "ctr", "--address", n.sock, "-n", "k8s.io", "images", "import", p).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("node %s: import %s: %w: %s", n.Name, p, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
 }

@@ -137,7 +137,9 @@ type Cluster struct {
 	// is metrics-server (with Options.MetricsServer only), serving at
 	// MetricsServerAddr (an address of its own on the host bridge).
 	Agent, Scheduler, ControllerManager, MetricsServer *Process
-	MetricsServerAddr                                  string
+	// KubeScheduler is the cluster's plain kube-scheduler (Options.Deployed only).
+	KubeScheduler     *Process
+	MetricsServerAddr string
 	// CA is the cluster's CA (with Options.RealNodes only): the API
 	// server's client CA, issuer of the kubelets' serving certificates and
 	// kube-controller-manager's CSR signer.
@@ -145,6 +147,11 @@ type Cluster struct {
 	// AgentIP is the address of the agent's virtual-kubelet endpoint (with
 	// Options.RealNodes: an address on the host bridge, as a pod IP).
 	AgentIP string
+	// With Options.Services: APIServerIP is the API server's address (behind
+	// Service kubernetes), DNSAddr CoreDNS's, ClusterDNS the CoreDNS process.
+	APIServerIP, DNSAddr string
+	ClusterDNS           *Process
+	serviceProxy         *serviceProxy
 
 	bed        *Bed
 	index      int
@@ -167,7 +174,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, crdDir string) error {
 	opts := []testenv.Option{testenv.WithCRDDirectories(crdDir),
 		testenv.WithAPIServerArg("service-cluster-ip-range", serviceCIDR(c.index))}
 	if c.bed.opts.RealNodes {
-		real, err := c.controlPlaneOptions()
+		real, err := c.controlPlaneOptions(ctx)
 		if err != nil {
 			return err
 		}
@@ -202,8 +209,10 @@ func (c *Cluster) startControlPlane(ctx context.Context, crdDir string) error {
 	if c.Clientset, err = kubernetes.NewForConfig(c.Config); err != nil {
 		return err
 	}
-	if err := c.installIdentities(ctx); err != nil {
-		return err
+	if !c.bed.opts.Deployed { // deployed from the manifests by the test
+		if err := c.installIdentities(ctx); err != nil {
+			return err
+		}
 	}
 	if c.bed.opts.RealNodes {
 		return c.prepareRealCluster(ctx)

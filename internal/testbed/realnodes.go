@@ -113,6 +113,7 @@ func (b *Bed) startRealNodesHost(ctx context.Context) error {
 		return err
 	}
 	b.real = &realNodes{host: host, nextHost: 10, nextPod: 1}
+	close(b.hostReady)
 	b.real.images, err = testimages.Build(ctx, b.moduleRoot, filepath.Join(b.BinDir, "images"))
 	return err
 }
@@ -123,11 +124,11 @@ func (b *Bed) imagePaths() []string {
 	for _, im := range b.real.images {
 		out = append(out, im.Path)
 	}
-	return out
+	return append(out, b.opts.Images...)
 }
 
 // controlPlaneOptions are the API server settings of a real cluster.
-func (c *Cluster) controlPlaneOptions() ([]testenv.Option, error) {
+func (c *Cluster) controlPlaneOptions(ctx context.Context) ([]testenv.Option, error) {
 	ca, err := devcerts.NewCA(c.Name + " cluster CA")
 	if err != nil {
 		return nil, err
@@ -159,7 +160,7 @@ func (c *Cluster) controlPlaneOptions() ([]testenv.Option, error) {
 	if err := devcerts.WriteTLSDir(filepath.Join(pki, "front-proxy-client"), proxyClient, frontProxy.CertPEM); err != nil {
 		return nil, err
 	}
-	return []testenv.Option{
+	opts := []testenv.Option{
 		testenv.WithClientCA(ca),
 		testenv.WithAPIServerArg("requestheader-client-ca-file", filepath.Join(pki, "front-proxy-client", devcerts.CACertFile)),
 		testenv.WithAPIServerArg("requestheader-allowed-names", "front-proxy-client"),
@@ -178,7 +179,55 @@ func (c *Cluster) controlPlaneOptions() ([]testenv.Option, error) {
 		testenv.WithAPIServerArg("kubelet-client-key", filepath.Join(pki, "kubelet-client", devcerts.TLSKeyFile)),
 		testenv.WithAPIServerArg("kubelet-certificate-authority", c.caFile),
 		testenv.WithAPIServerArg("kubelet-preferred-address-types", "InternalIP"),
-	}, nil
+	}
+	if c.bed.opts.Services {
+		serving, err := c.servicesAddresses(ctx)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, serving...)
+	}
+	return opts, nil
+}
+
+// servicesAddresses (Options.Services) waits for the host, takes the
+// addresses of the API server and of CoreDNS on the host bridge, and
+// returns the API server's listening address and serving certificate: pods
+// reach it through Service kubernetes (its ClusterIP is a name of the
+// certificate) and verify it with their ca.crt, the cluster CA.
+func (c *Cluster) servicesAddresses(ctx context.Context) ([]testenv.Option, error) {
+	select {
+	case <-c.bed.hostReady:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	var ips []string
+	for range 2 {
+		ip, err := c.bed.real.allocHostIP()
+		if err != nil {
+			return nil, err
+		}
+		if err := c.bed.real.host.AddAddress(ip); err != nil {
+			return nil, err
+		}
+		ips = append(ips, ip)
+	}
+	c.APIServerIP, c.DNSAddr = ips[0], ips[1]
+	dir := filepath.Join(c.dir, "pki", "apiserver")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	names := []string{kubernetesServiceIP(c.index), "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+		"kubernetes.default.svc." + ClusterDomain}
+	logf, err := os.Create(filepath.Join(c.bed.LogDir, "kube-apiserver-"+c.Name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	return []testenv.Option{testenv.WithServingCert(c.CA, dir, c.APIServerIP, names...),
+		testenv.WithEnvironment(func(env *envtest.Environment) {
+			api := env.ControlPlane.GetAPIServer()
+			api.Out, api.Err = logf, logf
+		})}, nil
 }
 
 // prepareRealCluster grants the API server's kubelet client its role (as
@@ -307,6 +356,7 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 		ServingCertFile: filepath.Join(certDir, devcerts.TLSCertFile), ServingKeyFile: filepath.Join(certDir, devcerts.TLSKeyFile),
 		Images: c.bed.imagePaths(), PauseImage: testimages.Pause,
 		LogDir: filepath.Join(c.bed.LogDir, "nodes", name), Verbosity: max(c.bed.opts.Verbosity, 1),
+		ClusterDNS: c.DNSAddr,
 	})
 	if err != nil {
 		return err
@@ -358,4 +408,42 @@ func (c *Cluster) RealNode(name string) *realnode.Node {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.realNodes[name]
+}
+
+// startKubeScheduler runs the cluster's own kube-scheduler (default
+// profile, as user system:kube-scheduler with its bootstrap roles), for a
+// bed whose components are deployed as pods (Options.Deployed): something
+// must schedule them, as in any cluster.
+func (c *Cluster) startKubeScheduler(ctx context.Context) error {
+	path, err := nodeBinary("kube-scheduler")
+	if err != nil {
+		return err
+	}
+	kc, err := c.kubeconfigFor(envtest.User{Name: "system:kube-scheduler"}, "kube-scheduler.kubeconfig")
+	if err != nil {
+		return err
+	}
+	var last error
+	for range 3 {
+		ports, err := FreePorts(1)
+		if err != nil {
+			return err
+		}
+		c.KubeScheduler = &Process{Name: "kube-scheduler-" + c.Name, Path: path,
+			LogPath: filepath.Join(c.bed.LogDir, "kube-scheduler-"+c.Name+".log"),
+			Args: []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
+				"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(ports[0]), "--leader-elect=false",
+				"--v=" + strconv.Itoa(max(c.bed.opts.Verbosity, 1))}}
+		if err := c.KubeScheduler.Start(); err != nil {
+			return err
+		}
+		last = c.bed.poll(ctx, c.KubeScheduler, 60*time.Second, "kube-scheduler "+c.Name+" healthy", func() (bool, error) {
+			return httpsOK(fmt.Sprintf("https://127.0.0.1:%d/healthz", ports[0])), nil
+		})
+		if last == nil {
+			return nil
+		}
+		_ = c.KubeScheduler.Stop(5 * time.Second)
+	}
+	return last
 }

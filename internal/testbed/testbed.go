@@ -96,6 +96,17 @@ type Options struct {
 	MetricsServer bool
 	// MetricResolution of metrics-server with MetricsServer (default 15s).
 	MetricResolution time.Duration
+	// Services makes Services and cluster DNS work for pods (RealNodes
+	// only; services.go): CoreDNS per cluster, a stand-in for kube-proxy, a
+	// load-balancer address pool, and the API server listening on a host
+	// bridge address behind Service kubernetes.
+	Services bool
+	// Deployed: the bed starts no Redis, broker, agent or scheduler; the
+	// test deploys them into the clusters from the manifests (RealNodes).
+	Deployed bool
+	// Images are image tarballs imported into every real node besides the
+	// bed's own (testimages).
+	Images []string
 }
 
 func (o *Options) defaults() {
@@ -135,6 +146,9 @@ func (o *Options) validate() error {
 	if o.MetricsServer && !o.RealNodes {
 		return errors.New("Options.MetricsServer needs RealNodes: metrics-server scrapes kubelets, and stand-in nodes have none")
 	}
+	if (o.Services || o.Deployed) && !o.RealNodes {
+		return errors.New("Options.Services and Deployed need RealNodes: pods run on real nodes only")
+	}
 	if o.MetricResolution < minMetricResolution {
 		return fmt.Errorf("Options.MetricResolution %s: metrics-server needs at least %s (above its 10s kubelet request timeout)",
 			o.MetricResolution, minMetricResolution)
@@ -166,6 +180,7 @@ type Bed struct {
 
 	opts       Options
 	real       *realNodes
+	hostReady  chan struct{} // closed once real is set (RealNodes)
 	moduleRoot string
 	ctx        context.Context
 	cancel     context.CancelFunc
@@ -254,7 +269,7 @@ func New(ctx context.Context, o Options) (*Bed, error) {
 		}
 	}
 	b := &Bed{Dir: o.Dir, LogDir: filepath.Join(o.Dir, "logs"), BinDir: o.BinDir, opts: o, moduleRoot: root,
-		Timings: map[string]time.Duration{}}
+		Timings: map[string]time.Duration{}, hostReady: make(chan struct{})}
 	if err := os.MkdirAll(b.LogDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -310,7 +325,7 @@ func (b *Bed) start(ctx context.Context) error {
 
 	// Phase 1, in parallel: build, control planes, Redis + brokers.
 	g, gctx := errgroup.WithContext(ctx)
-	if os.Getenv(BinDirEnv) == "" || o.BinDir != os.Getenv(BinDirEnv) {
+	if !o.Deployed && (os.Getenv(BinDirEnv) == "" || o.BinDir != os.Getenv(BinDirEnv)) {
 		g.Go(timed("build", func() error {
 			_, err := Build(gctx, b.moduleRoot, b.BinDir)
 			return err
@@ -330,7 +345,9 @@ func (b *Bed) start(ctx context.Context) error {
 	// Brokers need the binaries and the certificates; real nodes and
 	// kube-controller-manager their control plane.
 	g, gctx = errgroup.WithContext(ctx)
-	g.Go(timed("redis and brokers", func() error { return b.startBrokers(gctx) }))
+	if !o.Deployed {
+		g.Go(timed("redis and brokers", func() error { return b.startBrokers(gctx) }))
+	}
 	if o.RealNodes {
 		for _, c := range b.Clusters {
 			g.Go(timed("kube-controller-manager "+c.Name, func() error { return c.startControllerManager(gctx) }))
@@ -338,10 +355,24 @@ func (b *Bed) start(ctx context.Context) error {
 			if o.MetricsServer {
 				g.Go(timed("metrics-server "+c.Name, func() error { return c.startMetricsServer(gctx) }))
 			}
+			if o.Deployed {
+				g.Go(timed("kube-scheduler "+c.Name, func() error { return c.startKubeScheduler(gctx) }))
+			}
+			if o.Services {
+				g.Go(timed("services "+c.Name, func() error {
+					if err := c.startServiceProxy(gctx); err != nil {
+						return err
+					}
+					return c.startClusterDNS(gctx)
+				}))
+			}
 		}
 	}
 	if err := g.Wait(); err != nil {
 		return err
+	}
+	if o.Deployed {
+		return nil
 	}
 
 	// Phase 2: agents, schedulers and in-process controllers.
@@ -606,7 +637,40 @@ func (b *Bed) Close() error {
 		for _, c := range b.Clusters {
 			kcms = append(kcms, c.ControllerManager, c.MetricsServer)
 		}
+		for _, c := range b.Clusters {
+			kcms = append(kcms, c.ClusterDNS, c.KubeScheduler)
+		}
 		stopAll(kcms) // before the host goes: metrics-server listens on a host bridge address
+		for _, c := range b.Clusters {
+			if c.serviceProxy != nil {
+				c.serviceProxy.teardown()
+			}
+		}
+		stopControlPlanes := func() {
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			for _, c := range b.Clusters {
+				if c.env == nil {
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := c.env.Stop(); err != nil {
+						mu.Lock()
+						errs = append(errs, fmt.Errorf("%s: stop control plane: %w", c.Name, err))
+						mu.Unlock()
+					}
+					c.env = nil
+				}()
+			}
+			wg.Wait()
+		}
+		if b.opts.Services {
+			// The API servers listen on host bridge addresses, which go with
+			// the host: stopped after them, they never finish shutting down.
+			stopControlPlanes()
+		}
 		if b.real != nil {
 			if err := b.real.host.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("real nodes: %w", err))
@@ -625,23 +689,7 @@ func (b *Bed) Close() error {
 		if b.Redis != nil {
 			stopAll([]*Process{b.Redis.Process})
 		}
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		for _, c := range b.Clusters {
-			if c.env == nil {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := c.env.Stop(); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("%s: stop control plane: %w", c.Name, err))
-					mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
+		stopControlPlanes()
 		if b.ctrlLog != nil {
 			b.ctrlLog.Close()
 		}

@@ -60,6 +60,7 @@ type options struct {
 	startTimeout time.Duration
 	logger       *logr.Logger
 	configure    []func(*envtest.Environment)
+	prepare      []func(*envtest.Environment) error // before the control plane starts
 }
 
 // WithCRDDirectories installs the CRDs (YAML or JSON files) found in each
@@ -193,6 +194,11 @@ func New(opts ...Option) (*envtest.Environment, error) {
 
 	for _, fn := range o.configure {
 		fn(env)
+	}
+	for _, fn := range o.prepare {
+		if err := fn(env); err != nil {
+			return nil, err
+		}
 	}
 	return env, nil
 }
