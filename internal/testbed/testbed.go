@@ -656,7 +656,7 @@ func (b *Bed) Close() error {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					if err := c.env.Stop(); err != nil {
+					if err := c.env.Stop(); err != nil && !(b.opts.Services && isStopTimeout(err)) {
 						mu.Lock()
 						errs = append(errs, fmt.Errorf("%s: stop control plane: %w", c.Name, err))
 						mu.Unlock()
@@ -723,4 +723,14 @@ func (b *Bed) ReplicasServing(p *Process) (map[*Broker]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// isStopTimeout tells envtest's error for an API server it had to kill.
+// With Options.Services (the API server on a host bridge address, pods as
+// its clients) the API server's graceful shutdown stops its listener and
+// controllers at once and then does not exit within envtest's 20 s; why is
+// not found yet (no connection from a pod is left open by then). It is
+// killed then, which is all a test bed's teardown needs.
+func isStopTimeout(err error) bool {
+	return strings.Contains(err.Error(), "timeout waiting for process kube-apiserver to stop")
 }
