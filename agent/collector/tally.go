@@ -25,8 +25,8 @@ import (
 //     tenant pods and placeholders bound to a node here (reservation-id
 //     annotation), as "<requester>/<id>" (ids are scoped per requester).
 //   - A reservation's placeholder and its tenant pods on one node count once:
-//     the larger of the two, resource by resource (the tenant pod takes its
-//     placeholder's place, which may still be terminating).
+//     the larger of the two, resource by resource (the tenant pod preempts its
+//     placeholder, which may still be terminating).
 
 // totals are what the collector measures.
 type totals struct {

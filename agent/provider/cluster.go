@@ -25,15 +25,10 @@ import (
 const DefaultHoldPriority = 1000000
 
 // NewPriorityClasses are the PriorityClasses of the provider-side hold
-// (shipped in manifests/agent with the default value). Neither preempts
-// (preemptionPolicy Never): the placeholder takes free capacity only, and
-// the tenant pod, one above it, takes the capacity its placeholder hands
-// over (the agent deletes the placeholder when the tenant pod appears,
-// hold.go). Why not let the tenant pod preempt its placeholder: the
-// scheduler's victim search reprieves the most important pods first, so on
-// a node with room for both it keeps the placeholder and evicts the
-// provider's own pods of lower priority instead (seen in the deploy test:
-// the provider's agents evicted by the first tenant pod).
+// (shipped in manifests/agent with the default value). The placeholder's
+// class takes free capacity only (preemptionPolicy Never); the tenant's,
+// one above, preempts: pinned to its placeholder's node, the scheduler's
+// victim search there gives up the placeholder and reprieves the rest.
 func NewPriorityClasses(holdPriority int32) []*schedulingv1.PriorityClass {
 	labels := map[string]string{rbv1.ManagedByLabel: rbv1.ManagedByValue}
 	return []*schedulingv1.PriorityClass{{
@@ -44,8 +39,8 @@ func NewPriorityClasses(holdPriority int32) []*schedulingv1.PriorityClass {
 	}, {
 		ObjectMeta:       metav1.ObjectMeta{Name: rbv1.TenantPriorityClass, Labels: labels},
 		Value:            holdPriority + 1,
-		PreemptionPolicy: ptr.To(corev1.PreemptNever),
-		Description:      "rb-agent: tenant pods pinned to their placeholder's node, which hands its capacity over to them; tenant namespaces only",
+		PreemptionPolicy: ptr.To(corev1.PreemptLowerPriority),
+		Description:      "rb-agent: tenant pods pinned to their placeholder's node, which they preempt; tenant namespaces only",
 	}}
 }
 

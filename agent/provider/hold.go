@@ -26,9 +26,7 @@ import (
 // PriorityClass rb-placeholder (above ordinary workloads, preemptionPolicy
 // Never). Once the scheduler binds it, the grant carries its node and
 // rb-tenant; the requester's bridge pins the copy there at rb-tenant, and
-// when the copy appears the agent deletes the placeholder, whose capacity
-// the copy (first in the scheduling queue by its priority) then takes.
-// Nothing preempts: see NewPriorityClasses for why.
+// the scheduler preempts the placeholder for it.
 
 // Defaults of the hold.
 const (
@@ -283,8 +281,8 @@ func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.Provide
 		}
 	}
 	if len(tenants) > 0 && !pi.Status.Superseded {
-		// Its tenant pod has come: the placeholder gives way and is never
-		// made again.
+		// Its tenant pod has come: the placeholder gives way (the scheduler
+		// preempts it for a pinned copy) and is never made again.
 		pi.Status.Superseded = true
 		st.changed = true
 		r.Recorder.Eventf(pi, corev1.EventTypeNormal, "Superseded", "tenant pod %s/%s of the reservation appeared; the placeholder gives way to it",
@@ -297,13 +295,13 @@ func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.Provide
 				bound = p.Spec.NodeName
 			}
 		}
-		// The placeholder hands its capacity over: deleted at once (no grace:
-		// it runs nothing), so the pinned copy takes its place on the node.
-		if placeholder != nil && placeholder.DeletionTimestamp.IsZero() {
-			if err := r.Client.Delete(ctx, placeholder, client.GracePeriodSeconds(0)); client.IgnoreNotFound(err) != nil {
+		// A placeholder the scheduler has not preempted (the tenant pod runs
+		// elsewhere, unpinned) would hold the capacity twice: remove it.
+		if placeholder != nil && bound != "" && placeholder.DeletionTimestamp.IsZero() {
+			if err := r.Client.Delete(ctx, placeholder); client.IgnoreNotFound(err) != nil {
 				return st, err
 			}
-			logger.V(1).Info("placeholder removed: its tenant pod has come", "tenantPod", tenants[0].Name, "bound", bound)
+			logger.V(1).Info("placeholder removed: its tenant pod is bound", "node", bound)
 		}
 		if pi.Status.PlacementNode != "" {
 			st.placement = &api.Placement{Node: pi.Status.PlacementNode, PriorityClassName: rbv1.TenantPriorityClass}

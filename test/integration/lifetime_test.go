@@ -159,7 +159,7 @@ func nodeFree(t *testing.T, c *testbed.Cluster, node string, skip *corev1.Pod) r
 // provider's own asking for everything that node has free apart from the
 // placeholder cannot take the reserved share (it stays Pending: it may not
 // preempt the placeholder), and the tenant pod, when it comes, still lands
-// on that node (its placeholder gives way to it, and nothing else does).
+// on that node (it preempts its own placeholder and nothing else).
 func testLifetimePlaceholder(t *testing.T, bed *testbed.Bed) {
 	ctx := context.Background()
 	rome := bed.Cluster("rome")

@@ -353,9 +353,9 @@ func dropNodeSelection(spec *corev1.PodSpec, node *corev1.Node) {
 }
 
 // applyPlacement pins the copy to the node where the provider holds its
-// capacity (a placeholder pod, which the provider's agent deletes when the
-// copy appears) at the PriorityClass one above the placeholder's, so that
-// the copy is scheduled into that capacity before the provider's pods. Priority is cleared so that the provider's admission sets it
+// capacity (a placeholder pod) at the PriorityClass one above the
+// placeholder's: there the scheduler preempts the placeholder, and nothing
+// else, for it. Priority is cleared so that the provider's admission sets it
 // from the class. Every required nodeSelectorTerm (they are ORed) gains the
 // hostname expression, so none of them lets the copy elsewhere.
 func applyPlacement(spec *corev1.PodSpec, p *rbv1.ReservationPlacement) {
