@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 )
 
@@ -85,6 +86,19 @@ func ParseGrantKeys(data []byte) (*GrantKeys, error) {
 		return nil, errors.New("no key in the file (one per line: openssl rand -base64 32)")
 	}
 	return NewGrantKeys(raw...)
+}
+
+// LoadGrantKeys reads a key file (ParseGrantKeys).
+func LoadGrantKeys(path string) (*GrantKeys, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	k, err := ParseGrantKeys(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return k, nil
 }
 
 // RandomGrantKeys returns a key of this process only: grants it seals open

@@ -630,6 +630,16 @@ func (s *Store) readClusters(ctx context.Context, ids []string) ([]Cluster, erro
 	return out, nil
 }
 
+// ClusterIDs lists every known cluster, live or stale, in id order.
+func (s *Store) ClusterIDs(ctx context.Context) ([]string, error) {
+	ids, err := s.rdb.ZRange(ctx, s.Key("clusters"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
 // Clusters reads every known cluster, live or stale, in id order.
 func (s *Store) Clusters(ctx context.Context) ([]Cluster, error) {
 	ids, err := s.rdb.ZRange(ctx, s.Key("clusters"), 0, -1).Result()

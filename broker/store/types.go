@@ -198,6 +198,8 @@ type Policy interface {
 	// CheckAdvertisement returns a *BoundError when cluster advertises
 	// something outside the operator's bounds for it.
 	CheckAdvertisement(cluster string, ad Advertisement) error
+	// Clusters lists the clusters with settings of their own.
+	Clusters() []string
 }
 
 // Candidate is one cluster's score for a decision.
