@@ -7,7 +7,8 @@
 --
 -- KEYS[1]  prefix ("rb:{b}:")
 -- ARGV[1]  at most this many reservations ended, and as many waiting members
---          swept, per call (the caller loops while either count equals it)
+--          swept, per call (the caller loops while the reservations ended
+--          equal it; the waiting members left go at its next run)
 -- ARGV[2]  event stream max length   ARGV[3]  event stream TTL (ms)
 -- ARGV[4]  how long to keep an ended reservation (ms)
 -- ARGV[5]  how long to keep an audit entry (ms)

@@ -464,10 +464,10 @@ func (s *Store) Expire(ctx context.Context) (expired, clamped int64, err error) 
 		if err != nil {
 			return expired, clamped, err
 		}
-		n, c, swept := reply[0].(int64), reply[1].(int64), reply[2].(int64)
+		n, c := reply[0].(int64), reply[1].(int64)
 		expired += n
 		clamped += c
-		if n < int64(s.cfg.ExpireBatch) && swept < int64(s.cfg.ExpireBatch) {
+		if n < int64(s.cfg.ExpireBatch) { // the waiting members left (at most a batch per call) go at the next run
 			return expired, clamped, nil
 		}
 	}
