@@ -46,9 +46,15 @@ func startRedis(tb testing.TB) *redis.Client {
 // admin returns the administrator's client of s's Redis.
 func admin(tb testing.TB, s *store.Store) *redis.Client {
 	tb.Helper()
-	a, ok := admins.Load(s.Client())
+	return adminOf(tb, s.Client().(*redis.Client))
+}
+
+// adminOf returns the administrator's client of the Redis of rdb, the broker's client.
+func adminOf(tb testing.TB, rdb *redis.Client) *redis.Client {
+	tb.Helper()
+	a, ok := admins.Load(rdb)
 	if !ok {
-		tb.Fatal("the store's Redis was not started by startRedis")
+		tb.Fatal("this Redis was not started by startRedis")
 	}
 	return a.(*redis.Client)
 }
