@@ -66,14 +66,14 @@ const HighestUserDefinablePriority = 1_000_000_000
 type File struct {
 	APIVersion string     `json:"apiVersion"`
 	Kind       string     `json:"kind"`
-	Requesters Requesters `json:"requesters,omitempty"`
-	Providers  Providers  `json:"providers,omitempty"`
+	Requesters Requesters `json:"requesters"`
+	Providers  Providers  `json:"providers"`
 }
 
 // Requesters are the limits of the members as requesters: Default for every
 // member, Clusters[id] overriding some of them for one.
 type Requesters struct {
-	Default  RequesterLimits            `json:"default,omitempty"`
+	Default  RequesterLimits            `json:"default"`
 	Clusters map[string]RequesterLimits `json:"clusters,omitempty"`
 }
 
@@ -104,7 +104,7 @@ type Amounts struct {
 // Providers are the bounds of what the members may advertise: Default for
 // every member, Clusters[id] overriding some of them for one.
 type Providers struct {
-	Default  ProviderBounds            `json:"default,omitempty"`
+	Default  ProviderBounds            `json:"default"`
 	Clusters map[string]ProviderBounds `json:"clusters,omitempty"`
 }
 
@@ -206,17 +206,18 @@ func New(f File) (*Policy, error) {
 	p := &Policy{limits: map[string]store.Limits{}, bounds: map[string]*bounds{}}
 	var errs field.ErrorList
 	root := field.NewPath("requesters")
-	burstWithoutRate := func(r RequesterLimits, p *field.Path) {
-		if r.ReserveBurst != nil && r.ReservesPerSecond == nil {
-			errs = append(errs, field.Required(p.Child("reservesPerSecond"), "reserveBurst needs a rate"))
+	// A burst needs a rate, the one it sets or the default's.
+	burstWithoutRate := func(set, merged RequesterLimits, at *field.Path) {
+		if set.ReserveBurst != nil && merged.ReservesPerSecond == nil {
+			errs = append(errs, field.Required(at.Child("reservesPerSecond"), "reserveBurst needs a rate"))
 		}
 	}
 	p.defaultLimits = f.Requesters.Default.limits()
-	burstWithoutRate(f.Requesters.Default, root.Child("default"))
+	burstWithoutRate(f.Requesters.Default, f.Requesters.Default, root.Child("default"))
 	for _, id := range sortedKeys(f.Requesters.Clusters) {
 		merged := f.Requesters.Default.merge(f.Requesters.Clusters[id])
 		p.limits[id] = merged.limits()
-		burstWithoutRate(merged, root.Child("clusters").Key(id))
+		burstWithoutRate(f.Requesters.Clusters[id], merged, root.Child("clusters").Key(id))
 		p.clusters = append(p.clusters, id)
 	}
 	proot := field.NewPath("providers")
