@@ -438,9 +438,10 @@ end
 -- cpu, mem, gpu; nil: no limit): it returns the limit's name, the limit, the
 -- usage and the amount asked, or nil within them. A resource not asked for
 -- is never over its limit.
+local LIMITED = {'cpu', 'mem', 'gpu'}
 local function over_limit(u, lim, amounts)
   if lim.n and u.n + 1 > lim.n then return 'reservations', lim.n, u.n, 1 end
-  for _, res in ipairs({'cpu', 'mem', 'gpu'}) do
+  for _, res in ipairs(LIMITED) do
     local want = tonumber(amounts[res] or '0')
     if lim[res] and want > 0 and u[res] + want > lim[res] then return res, lim[res], u[res], want end
   end
