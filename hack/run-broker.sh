@@ -15,7 +15,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 echo "redis-server on 127.0.0.1:$REDIS_PORT (appendonly, data in .demo/redis)"
-bin/rb-broker --cert-dir .certs/broker --redis-url "redis://127.0.0.1:$REDIS_PORT/0" \
+# The key that seals the providers' grants in Redis (kept with the data).
+[ -s .demo/grant.key ] || (umask 077 && head -c 32 /dev/urandom | base64 > .demo/grant.key)
+bin/rb-broker --cert-dir .certs/broker --redis-url "redis://127.0.0.1:$REDIS_PORT/0" --grant-key-file .demo/grant.key \
   --listen-address 127.0.0.1:8443 --health-address 127.0.0.1:8081 "$@" &
 broker_pid=$!
 wait $broker_pid

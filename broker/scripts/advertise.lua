@@ -13,12 +13,13 @@
 -- KEYS[1]  prefix ("rb:{b}:")
 -- ARGV[1]  cluster id
 -- ARGV[2]  event stream max length (for the waiting requests it notifies)
--- ARGV[3]  N, how many nodes follow (0: none advertised)
--- ARGV[4 .. 3+9N]  per node: name, alloc_cpu, alloc_mem, alloc_gpu, alloc_sto,
+-- ARGV[3]  event stream TTL (ms)
+-- ARGV[4]  N, how many nodes follow (0: none advertised)
+-- ARGV[5 .. 4+9N]  per node: name, alloc_cpu, alloc_mem, alloc_gpu, alloc_sto,
 --          used_cpu, used_mem, used_gpu, used_sto (integers as decimal strings)
--- ARGV[4+9N]  M, how many reservation ids follow
--- ARGV[5+9N .. 4+9N+M]  ids of the reservations whose pods the node figures include
--- ARGV[5+9N+M ..] field, value, field, value, ... (integers as decimal strings)
+-- ARGV[5+9N]  M, how many reservation ids follow
+-- ARGV[6+9N .. 5+9N+M]  ids of the reservations whose pods the node figures include
+-- ARGV[6+9N+M ..] field, value, field, value, ... (integers as decimal strings)
 -- Reply:   {seen_ms, resv_cpu, resv_mem, resv_gpu, resv_sto, node_debits}
 --          node_debits: flat node, "cpu=.. mem=.. gpu=.. sto=.." array of node-resv
 --          or an error reply "ERR unknown field <f>" / "ERR bad node name <n>" (nothing written)
@@ -33,9 +34,9 @@ for _, f in ipairs({'price_cpu', 'price_mem', 'price_gpu', 'currency', 'endpoint
 end
 
 local prefix, id = KEYS[1], ARGV[1]
-local n_nodes = tonumber(ARGV[3])
+local n_nodes = tonumber(ARGV[4])
 local node_fields = {}
-for i = 4, 3 + 9 * n_nodes, 9 do
+for i = 5, 4 + 9 * n_nodes, 9 do
   local name = ARGV[i]
   -- Names are DNS subdomains (the API checks); a space would break idx:nrec.
   if not string.match(name, '^[%w%.%-]+$') then
@@ -46,7 +47,7 @@ for i = 4, 3 + 9 * n_nodes, 9 do
     'alloc_cpu=%s alloc_mem=%s alloc_gpu=%s alloc_sto=%s used_cpu=%s used_mem=%s used_gpu=%s used_sto=%s',
     ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8])
 end
-local at = 4 + 9 * n_nodes
+local at = 5 + 9 * n_nodes
 local listed_ids = {}
 for i = at + 1, at + tonumber(ARGV[at]) do listed_ids[#listed_ids + 1] = ARGV[i] end
 local fields = {}
@@ -138,7 +139,7 @@ if not grew then
     end
   end
 end
-if grew then notify_waiters(prefix, ARGV[2]) end
+if grew then notify_waiters(prefix, stream_opts(ARGV[2], ARGV[3])) end
 local resv = redis.call('HMGET', ck, 'resv_cpu', 'resv_mem', 'resv_gpu', 'resv_sto')
 return {tostring(now), resv[1] or '0', resv[2] or '0', resv[3] or '0', resv[4] or '0',
   redis.call('HGETALL', prefix .. 'node-resv:' .. id)}

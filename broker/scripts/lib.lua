@@ -15,12 +15,25 @@
 --                                   sto, created_ms, expires_ms, duration_ms (the hold time),
 --                                   lease_ms (absent: a fixed duration, never renewed), score,
 --                                   price, owner, priority, selector, candidates, node,
---                                   grant, granted_ms, ended_ms
+--                                   grant (sealed by the broker, store.GrantKeys; removed when
+--                                   the reservation ends), granted_ms, ended_ms; an ended one
+--                                   expires after the retention
 --   P.."expiry"             zset    live reservation qid -> expires_ms
 --   P.."by-target:"..id     set     live reservation qids provided by a cluster
 --   P.."by-requester:"..id  set     live reservation qids requested by a cluster
---   P.."events:"..id        stream  notifications for one cluster
---   P.."audit"              stream  every reserve decision
+--   P.."events:"..id        stream  notifications for one cluster, capped near the events max
+--                                   length (MAXLEN ~); it expires (PEXPIRE) once no event was added
+--                                   for the events TTL
+--   P.."audit"              stream  every reserve decision, capped near the audit max length
+--                                   (MAXLEN ~); expire.lua trims what is older than the audit
+--                                   retention (XTRIM MINID ~)
+--
+-- Fair share (the operator's per-requester limits, broker/policy; reserve.lua ARGV):
+--   P.."usage"              hash    requester -> "n=.. cpu=.. mem=.. gpu=.. sto=..": how many live
+--                                   reservations it holds and what they hold (field absent: none),
+--                                   what its limits are checked against
+--   P.."rate:"..requester   string  its reserve-call rate state (GCRA: the theoretical arrival
+--                                   time of its next call, ms); expires once that time has passed
 --
 -- Per-node fit (a cluster that advertises no nodes is judged on its totals only):
 --   P.."nodes:"..id         hash    node -> "alloc_cpu=.. alloc_mem=.. alloc_gpu=.. alloc_sto=..
@@ -71,12 +84,16 @@
 --   P.."waiting"            zset    "<since_us, 18 digits>:<qid>" -> -priority
 --                                   (ZRANGE order: highest priority, then oldest)
 --   P.."wait:"..qid         hash    requester, cpu, mem, gpu, sto, selector, priority,
---                                   since_ms, member; expires after the wait TTL (store
---                                   WaitTTL, rb-broker --wait-ttl, default 5s) unless the
---                                   requester retries the same id (each retry renews it); a
---                                   waiting member whose hash is gone (or names another
---                                   member) is forgotten: dropped from the zset when met.
---                                   v1 requests never wait (reserve.lua's wait value)
+--                                   since_ms, member, and the requester's limits when it
+--                                   waited (lim_n, lim_cpu, lim_mem, lim_gpu; absent: none);
+--                                   expires after the wait TTL (store WaitTTL, rb-broker
+--                                   --wait-ttl, default 5s) unless the requester retries the
+--                                   same id (each retry renews it); a waiting member whose hash
+--                                   is gone (or names another member) is forgotten: dropped
+--                                   from the zset when met, and swept by expire.lua. v1
+--                                   requests never wait (reserve.lua's wait value)
+--   P.."wait-due"           zset    waiting member -> when its wait hash expires (ms): expire.lua
+--                                   removes the members due, so that none outlives its request
 --
 -- Leases (renew.lua): a reservation with lease_ms ends at expires_ms unless its
 -- requester renews it; a renewal sets expires_ms (and its expiry score) to
@@ -127,7 +144,9 @@ end
 -- INDEX_VERSION names the index layout; a Redis holding another is reindexed at start-up.
 -- 4: reservation keys and members carry the requester (qualified ids, header);
 -- reindex.lua moves the live reservations of an older layout.
-local INDEX_VERSION = '4'
+-- 5: the requesters' usage and the waiting list's due times (header), which
+-- reindex.lua builds from the live reservations and the waiting list.
+local INDEX_VERSION = '5'
 
 -- RATIOS are the GiB-per-core ratios of the idx:pcm sets.
 local RATIOS = {0, 0.5, 1, 2, 4, 8, 16, 32, 64}
@@ -375,9 +394,58 @@ local function to_map(flat)
   return m
 end
 
--- emit appends one notification to a cluster's event stream.
-local function emit(prefix, cluster, maxlen, fields)
-  redis.call('XADD', prefix .. 'events:' .. cluster, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+-- streams_opts are the bounds of the event streams a script writes (header):
+-- maxlen entries (approximately), and ttl_ms without a new event before the
+-- stream goes.
+local function stream_opts(maxlen, ttl_ms)
+  return {maxlen = maxlen, ttl = ttl_ms, touched = {}}
+end
+
+-- emit appends one notification to a cluster's event stream, and sets the
+-- stream's TTL once per call (time is frozen while a script runs, so once is
+-- the same as after every event).
+local function emit(prefix, cluster, so, fields)
+  local key = prefix .. 'events:' .. cluster
+  redis.call('XADD', key, 'MAXLEN', '~', so.maxlen, '*', unpack(fields))
+  if not so.touched[key] then
+    so.touched[key] = true
+    redis.call('PEXPIRE', key, so.ttl)
+  end
+end
+
+-- USAGE: the fields of a requester's usage (header, P.."usage").
+local USAGE = {'n', 'cpu', 'mem', 'gpu', 'sto'}
+
+-- read_usage reads a requester's usage: every field of USAGE, 0 when absent.
+local function read_usage(prefix, requester)
+  local u = parse_amounts(redis.call('HGET', prefix .. 'usage', requester))
+  for _, f in ipairs(USAGE) do u[f] = u[f] or 0 end
+  return u
+end
+
+-- write_usage stores a requester's usage; none left removes its field.
+local function write_usage(prefix, requester, u)
+  if u.n <= 0 then
+    redis.call('HDEL', prefix .. 'usage', requester)
+  else
+    redis.call('HSET', prefix .. 'usage', requester,
+      string.format('n=%d cpu=%d mem=%d gpu=%d sto=%d', u.n, u.cpu, u.mem, u.gpu, u.sto))
+  end
+end
+
+-- over_limit tells whether one more reservation of amounts (cpu, mem, gpu)
+-- would take a requester whose usage is u past one of its limits lim (n,
+-- cpu, mem, gpu; nil: no limit): it returns the limit's name, the limit, the
+-- usage and the amount asked, or nil within them. A resource not asked for
+-- is never over its limit.
+local LIMITED = {'cpu', 'mem', 'gpu'}
+local function over_limit(u, lim, amounts)
+  if lim.n and u.n + 1 > lim.n then return 'reservations', lim.n, u.n, 1 end
+  for _, res in ipairs(LIMITED) do
+    local want = tonumber(amounts[res] or '0')
+    if lim[res] and want > 0 and u[res] + want > lim[res] then return res, lim[res], u[res], want end
+  end
+  return nil
 end
 
 -- qualify and bare_id convert between a reservation's id and its qualified id (header).
@@ -421,8 +489,8 @@ end
 local WAITERS_NOTIFIED = 8
 
 -- tell_waiter sends CapacityAvailable for waiting request qid to its requester.
-local function tell_waiter(prefix, maxlen, qid, requester, cpu, mem, gpu, sto)
-  emit(prefix, requester, maxlen, {'type', 'CapacityAvailable', 'reservation', bare_id(qid), 'requester', requester,
+local function tell_waiter(prefix, so, qid, requester, cpu, mem, gpu, sto)
+  emit(prefix, requester, so, {'type', 'CapacityAvailable', 'reservation', bare_id(qid), 'requester', requester,
     'provider', '', 'phase', 'Waiting', 'cpu', cpu, 'mem', mem, 'gpu', gpu, 'sto', sto, 'expires_ms', '0'})
 end
 
@@ -430,15 +498,21 @@ end
 -- priority first) that capacity may be available, so their agents retry at
 -- once instead of at their next back-off. Forgotten waiters (wait hash
 -- expired, or the hash now names a newer member of the same id) leave the list.
-local function notify_waiters(prefix, maxlen)
+-- forget_waiter drops waiting member m from the list (its request is gone).
+local function forget_waiter(prefix, m)
+  redis.call('ZREM', prefix .. 'waiting', m)
+  redis.call('ZREM', prefix .. 'wait-due', m)
+end
+
+local function notify_waiters(prefix, so)
   local members = redis.call('ZRANGE', prefix .. 'waiting', 0, WAITERS_NOTIFIED - 1)
   for _, m in ipairs(members) do
     local qid = waiting_id(m)
     local w = redis.call('HMGET', prefix .. 'wait:' .. qid, 'requester', 'cpu', 'mem', 'gpu', 'sto', 'member')
     if not w[1] or w[6] ~= m then
-      redis.call('ZREM', prefix .. 'waiting', m)
+      forget_waiter(prefix, m)
     else
-      tell_waiter(prefix, maxlen, qid, w[1], w[2], w[3], w[4], w[5])
+      tell_waiter(prefix, so, qid, w[1], w[2], w[3], w[4], w[5])
     end
   end
 end
@@ -448,7 +522,7 @@ local function stop_waiting(prefix, qid)
   local wk = prefix .. 'wait:' .. qid
   local member = redis.call('HGET', wk, 'member')
   if not member then return false end
-  redis.call('ZREM', prefix .. 'waiting', member)
+  forget_waiter(prefix, member)
   redis.call('DEL', wk)
   return true
 end
@@ -480,9 +554,11 @@ end
 -- end_reservation moves a live reservation (qualified id qid, map r) to a final phase and gives
 -- its capacity back to the target exactly once: the cluster's counters, and
 -- the debit of its node unless the target's last advertisement listed it
--- (then the broker holds no debit for it). Returns 1 when a counter had
--- to be clamped at zero (a broken invariant worth a metric), else 0.
-local function end_reservation(prefix, qid, r, phase, now, maxlen, retention_ms)
+-- (then the broker holds no debit for it), and to its requester's usage. Its
+-- grant goes (the provider's token is of no use any more), and the record
+-- expires after retention_ms. Returns 1 when a counter had to be clamped at
+-- zero (a broken invariant worth a metric), else 0.
+local function end_reservation(prefix, qid, r, phase, now, so, retention_ms)
   local ck = prefix .. 'cluster:' .. r.target
   local clamped = 0
   if redis.call('EXISTS', ck) == 1 then
@@ -503,17 +579,29 @@ local function end_reservation(prefix, qid, r, phase, now, maxlen, retention_ms)
   elseif r.node and r.node ~= '' then
     redis.call('SREM', prefix .. 'node-listed:' .. r.target, qid)
   end
+  local u = read_usage(prefix, r.requester)
+  u.n = u.n - 1
+  for _, res in ipairs(RESOURCES) do
+    u[res] = u[res] - tonumber(r[res] or '0')
+    if u[res] < 0 or (u.n <= 0 and u[res] ~= 0) then
+      u[res] = 0
+      clamped = 1
+    end
+  end
+  if u.n < 0 then clamped = 1 end
+  write_usage(prefix, r.requester, u)
   local rk = prefix .. 'resv:' .. qid
   r.phase = phase
   r.ended_ms = tostring(now)
   redis.call('HSET', rk, 'phase', phase, 'ended_ms', r.ended_ms)
+  redis.call('HDEL', rk, 'grant')
   redis.call('PEXPIRE', rk, retention_ms)
   redis.call('ZREM', prefix .. 'expiry', qid)
   redis.call('SREM', prefix .. 'by-target:' .. r.target, qid)
   redis.call('SREM', prefix .. 'by-requester:' .. r.requester, qid)
   local fields = event_fields(phase, bare_id(qid), r, now)
-  emit(prefix, r.requester, maxlen, fields)
-  emit(prefix, r.target, maxlen, fields)
+  emit(prefix, r.requester, so, fields)
+  emit(prefix, r.target, so, fields)
   return clamped
 end
 -- end of lib.lua

@@ -12,6 +12,10 @@
 -- Ended reservations of that layout keep their old keys until retention
 -- removes them: no longer readable through the API.
 --
+-- It rebuilds the requesters' usage (lib.lua P.."usage") from the live
+-- reservations, and the waiting list's due times (P.."wait-due") from the
+-- wait hashes' TTLs (a member whose hash is gone leaves the list).
+--
 -- KEYS[1]  prefix ("rb:{b}:")
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  "force" to rebuild even if idx:version says the index exists
@@ -48,7 +52,37 @@ for _, m in ipairs(redis.call('ZRANGE', prefix .. 'waiting', 0, -1)) do
   end
 end
 
-local cut = now_ms() - tonumber(ARGV[1])
+-- The requesters' usage: the sum of their live reservations.
+local usage = {}
+for _, qid in ipairs(redis.call('ZRANGE', ek, 0, -1)) do
+  local v = redis.call('HMGET', prefix .. 'resv:' .. qid, 'requester', 'phase', 'cpu', 'mem', 'gpu', 'sto')
+  if v[1] and is_live(v[2]) then
+    local u = usage[v[1]]
+    if not u then
+      u = {n = 0, cpu = 0, mem = 0, gpu = 0, sto = 0}
+      usage[v[1]] = u
+    end
+    u.n = u.n + 1
+    for i, res in ipairs(RESOURCES) do u[res] = u[res] + tonumber(v[2 + i] or '0') end
+  end
+end
+redis.call('DEL', prefix .. 'usage')
+for requester, u in pairs(usage) do write_usage(prefix, requester, u) end
+
+-- The waiting list's due times: when each member's wait hash expires.
+local now = now_ms()
+redis.call('DEL', prefix .. 'wait-due')
+for _, m in ipairs(redis.call('ZRANGE', prefix .. 'waiting', 0, -1)) do
+  local wk = prefix .. 'wait:' .. waiting_id(m)
+  local ttl = redis.call('PTTL', wk)
+  if ttl < 0 or redis.call('HGET', wk, 'member') ~= m then
+    redis.call('ZREM', prefix .. 'waiting', m)
+  else
+    redis.call('ZADD', prefix .. 'wait-due', now + ttl, m)
+  end
+end
+
+local cut = now - tonumber(ARGV[1])
 local indexed = 0
 local all = redis.call('ZRANGE', prefix .. 'clusters', 0, -1, 'WITHSCORES')
 for i = 1, #all, 2 do

@@ -8,8 +8,8 @@
 -- ARGV[1]  requester cluster id (ids are scoped per requester, lib.lua)
 -- ARGV[2]  reservation id, as its requester chose it
 -- ARGV[3]  caller cluster id; it must be the requester or the target
--- ARGV[4]  event stream max length
--- ARGV[5]  how long to keep an ended reservation (ms)
+-- ARGV[4]  event stream max length   ARGV[5]  event stream TTL (ms)
+-- ARGV[6]  how long to keep an ended reservation (ms)
 -- Reply: {status, reservation, clamped, now_ms}
 --   status       "released" | "ended" (was already over) | "notfound" | "forbidden"
 --   reservation  flat field/value array of the reservation hash ({} if notfound or forbidden)
@@ -17,19 +17,20 @@
 --   now_ms       the Redis clock when answered (for the reservation's remaining time)
 local prefix, requester, caller = KEYS[1], ARGV[1], ARGV[3]
 local qid = qualify(requester, ARGV[2])
+local so = stream_opts(ARGV[4], ARGV[5])
 local now = now_ms()
 local flat = redis.call('HGETALL', prefix .. 'resv:' .. qid)
 if #flat == 0 then
   -- A request still waiting for capacity: its requester withdraws it.
   if caller == requester and redis.call('EXISTS', prefix .. 'wait:' .. qid) == 1 then
     stop_waiting(prefix, qid)
-    notify_waiters(prefix, ARGV[4]) -- it may have held back lower priorities
+    notify_waiters(prefix, so) -- it may have held back lower priorities
   end
   return {'notfound', {}, 0, now}
 end
 local r = to_map(flat)
 if caller ~= r.requester and caller ~= r.target then return {'forbidden', {}, 0, now} end
 if not is_live(r.phase) then return {'ended', flat, 0, now} end
-local clamped = end_reservation(prefix, qid, r, 'Released', now, ARGV[4], ARGV[5])
-notify_waiters(prefix, ARGV[4])
+local clamped = end_reservation(prefix, qid, r, 'Released', now, so, ARGV[6])
+notify_waiters(prefix, so)
 return {'released', redis.call('HGETALL', prefix .. 'resv:' .. qid), clamped, now}

@@ -53,6 +53,24 @@
 -- stay exact. Whatever reads the index or the hashes otherwise (the full
 -- scan, the priority gate, the rejection counts) flushes first.
 --
+-- Fair share. Each request carries its requester's limits (the operator's,
+-- broker/policy), checked before anything else and against what the earlier
+-- requests of the batch took:
+--   - reserve calls per second (with a burst), replays included: a generic
+--     cell rate algorithm on P.."rate:"..requester (lib.lua). A call over the
+--     rate is refused (outcome "limited", limit "rate") with the time until
+--     the next one is allowed;
+--   - live reservations and the cpu, memory and gpu they hold (P.."usage"): a
+--     new reservation that would take its requester past one is refused
+--     (outcome "limited", naming the limit) and never waits: it leaves the
+--     waiting list if it was on it;
+--   - a priority ceiling: a higher priority is clamped to it (the request is
+--     decided, waits and is stored at the ceiling; the audit keeps the
+--     priority asked). Clamped rather than refused: the request is still
+--     served, in the order the operator allows.
+-- A waiting request whose requester has since reached its limits cannot be
+-- placed, so it defers nobody (fits_somewhere).
+--
 -- KEYS[1]  prefix ("rb:{b}:")
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  weight of resources    ARGV[3]  weight of cost (floats, sum 1)
@@ -62,7 +80,8 @@
 -- ARGV[8]  how long a request nothing fits stays on the waiting list without
 --          a retry (ms; 0: no waiting list); each retry of the same request
 --          renews it
--- ARGV[9..] the requests, 12 values each: reservation id, requester cluster
+-- ARGV[9]  event stream TTL (ms)
+-- ARGV[10..] the requests, 19 values each: reservation id, requester cluster
 --          id, cpu (millicores), memory (bytes), gpu (count), ephemeral
 --          storage (bytes), duration (ms, > 0), label selector as a JSON
 --          object of required labels or "", owner (free text), priority
@@ -71,7 +90,10 @@
 --          agents never retry an id; both pass the priority gate alike),
 --          lease (ms; 0: a fixed duration. Otherwise the reservation is a
 --          lease: it ends duration after the decision -- its hold time --
---          unless renewed, renew.lua)
+--          unless renewed, renew.lua), then the requester's limits ("": no
+--          limit): live reservations, cpu (millicores), memory (bytes), gpu
+--          (count), priority ceiling, reserve calls per second (a float), burst
+--          (calls, >= 1; with the rate)
 -- Reply: per request, in order, {outcome, reservation, candidates_json, rejections_json, now_ms}
 --   outcome     "reserved" (new), "replay" (id already decided: the first
 --               answer), "conflict" (the requester decided this id before
@@ -79,6 +101,10 @@
 --               "nofit" (no reservation written: the request waits, by
 --               priority, see lib.lua, if its wait value is "1"; rejections {waiting_higher_priority=1}
 --               when a waiting request of higher priority could be placed now),
+--               "limited" (refused by its requester's limits, nothing written;
+--               rejections {limit, max, used, asked, retry_after_ms}: limit
+--               "rate" (retry_after_ms: when the next call is allowed),
+--               "reservations", "cpu", "mem" or "gpu"),
 --               "error" (the request raised an error, e.g. a malformed selector,
 --               before writing anything; the batch's other requests are decided)
 --   reservation flat field/value array of the reservation hash ({} if none);
@@ -92,10 +118,10 @@ local prefix = KEYS[1]
 local stale_ms = tonumber(ARGV[1])
 local w_res, w_cost = tonumber(ARGV[2]), tonumber(ARGV[3])
 local top_n = tonumber(ARGV[4])
-local events_max, audit_max = ARGV[5], ARGV[6]
+local so, audit_max = stream_opts(ARGV[5], ARGV[9]), ARGV[6]
 local scan_mode = ARGV[7] == 'scan'
 local wait_ttl = tonumber(ARGV[8])
-local FIRST, WIDTH = 9, 12 -- where the requests start in ARGV, and the values of each
+local FIRST, WIDTH = 10, 19 -- where the requests start in ARGV, and the values of each
 -- DIRECT_MAX: up to this many candidates are evaluated directly, without the threshold walk.
 local DIRECT_MAX = 128
 
@@ -261,6 +287,19 @@ local function take_node(cid, node, amounts, rec)
   end
 end
 
+-- usage_of: the requesters' usage (lib.lua read_usage) this call has read,
+-- kept current as the batch reserves; usage_dirty: those to write at flush.
+-- rate_tat: the rate state (ms) of the requesters met; rate_dirty: to write.
+local usage_of, usage_dirty, rate_tat, rate_dirty = {}, {}, {}, {}
+local function usage(requester)
+  local u = usage_of[requester]
+  if not u then
+    u = read_usage(prefix, requester)
+    usage_of[requester] = u
+  end
+  return u
+end
+
 -- The writes held back until flush: capacity taken per cluster (in the order
 -- first taken) and per node, expiry entries, and members of the by-* sets.
 local taken, taken_order, node_taken, expiry_add, set_add = {}, {}, {}, {}, {}
@@ -323,16 +362,54 @@ local function flush()
     redis.call('SADD', key, unpack(members))
   end
   set_add = {}
+  for requester in pairs(usage_dirty) do write_usage(prefix, requester, usage_of[requester]) end
+  usage_dirty = {}
+  for requester in pairs(rate_dirty) do
+    local tat = rate_tat[requester]
+    redis.call('SET', prefix .. 'rate:' .. requester, num(tat), 'PX', math.max(1, math.ceil(tat - now)))
+  end
+  rate_dirty = {}
+end
+
+-- limits_at reads a request's limits from ARGV[at..at+6] (lim: n, cpu, mem,
+-- gpu, priority, rate, burst; nil: none).
+local function limits_at(at)
+  local function opt(v) if v == '' then return nil end return tonumber(v) end
+  return {n = opt(ARGV[at]), cpu = opt(ARGV[at + 1]), mem = opt(ARGV[at + 2]), gpu = opt(ARGV[at + 3]),
+    priority = opt(ARGV[at + 4]), rate = opt(ARGV[at + 5]), burst = opt(ARGV[at + 6])}
+end
+
+-- over_rate counts one reserve call of requester against its rate (generic
+-- cell rate algorithm: each call moves the theoretical arrival time tat one
+-- interval on; a call is allowed while tat stays within burst intervals of
+-- now). It returns nil when allowed, else the ms until a call would be.
+local function over_rate(requester, lim)
+  if not lim.rate then return nil end
+  local interval = 1000 / lim.rate
+  local tat = rate_tat[requester]
+  if tat == nil then tat = tonumber(redis.call('GET', prefix .. 'rate:' .. requester) or '0') end
+  local next_tat = math.max(tat, now) + interval
+  local wait = next_tat - now - (lim.burst or 1) * interval
+  if wait > 0 then
+    rate_tat[requester] = tat
+    return math.ceil(wait)
+  end
+  rate_tat[requester] = next_tat
+  rate_dirty[requester] = true
+  return nil
 end
 
 -- Per call, not per request: nothing in a batch changes them.
 local stale_count, live_count = nil, nil
 
--- fits_somewhere tells whether some live cluster other than its requester can
--- take waiting request w (its wait hash) now; it reads at most 256 records,
--- the clusters with the most free of w's scarcest resource first. The index
--- must be flushed.
+-- fits_somewhere tells whether waiting request w (its wait hash) could be
+-- placed now: its requester is within its limits (those it waited with) and
+-- some live cluster other than the requester can take it; it reads at most
+-- 256 records, the clusters with the most free of w's scarcest resource
+-- first. The index must be flushed.
 local function fits_somewhere(w)
+  local lim = {n = tonumber(w.lim_n), cpu = tonumber(w.lim_cpu), mem = tonumber(w.lim_mem), gpu = tonumber(w.lim_gpu)}
+  if (lim.n or lim.cpu or lim.mem or lim.gpu) and over_limit(usage(w.requester), lim, w) then return false end
   local need, scarcest, fewest = {}, nil, nil
   for _, res in ipairs(RESOURCES) do
     need[res] = tonumber(w[res] or '0')
@@ -379,8 +456,14 @@ local function decide(a, arrival_us)
   local duration, selector_json, owner, priority_str = ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9]
   local may_wait = ARGV[a + 10] == '1'
   local lease = ARGV[a + 11]
+  local lim = limits_at(a + 12)
   local qid = qualify(requester, id)
   local rk = prefix .. 'resv:' .. qid
+
+  local retry_ms = over_rate(requester, lim)
+  if retry_ms then
+    return {'limited', {}, '[]', cjson.encode({limit = 'rate', max = lim.rate, retry_after_ms = retry_ms}), now}
+  end
 
   local existing = redis.call('HGETALL', rk)
   if #existing > 0 then
@@ -397,9 +480,21 @@ local function decide(a, arrival_us)
     req[res] = tonumber(req_str[res])
     if req[res] > 0 then requested[#requested + 1] = res end
   end
+  local u = usage(requester)
+  local over, max, used, asked = over_limit(u, lim, req)
+  if over then
+    if wait_ttl > 0 and stop_waiting(prefix, qid) then notify_waiters(prefix, so) end
+    return {'limited', {}, '[]', cjson.encode({limit = over, max = max, used = used, asked = asked}), now}
+  end
   local selector = nil
   if selector_json ~= '' then selector = cjson.decode(selector_json) end
   local priority = tonumber(priority_str)
+  local asked_priority = nil -- set when the ceiling clamped it
+  if lim.priority and priority > lim.priority then
+    asked_priority = priority_str
+    priority = lim.priority
+    priority_str = string.format('%d', priority)
+  end
 
   -- wait puts this request on the waiting list, or keeps it there (a retry
   -- refreshes its lease but keeps its place); not for a request that may
@@ -407,14 +502,23 @@ local function decide(a, arrival_us)
   local function wait()
     if wait_ttl <= 0 or not may_wait then return end
     local wk = prefix .. 'wait:' .. qid
-    if redis.call('EXISTS', wk) == 0 then
-      local member = string.format('%018d', arrival_us) .. ':' .. qid
-      redis.call('HSET', wk, 'requester', requester, 'cpu', req_str.cpu, 'mem', req_str.mem,
+    local member = redis.call('HGET', wk, 'member')
+    if not member then
+      member = string.format('%018d', arrival_us) .. ':' .. qid
+      local fields = {'requester', requester, 'cpu', req_str.cpu, 'mem', req_str.mem,
         'gpu', req_str.gpu, 'sto', req_str.sto, 'selector', selector_json, 'priority', priority_str,
-        'since_ms', now, 'member', member)
+        'since_ms', now, 'member', member}
+      for _, k in ipairs({'n', 'cpu', 'mem', 'gpu'}) do
+        if lim[k] then
+          fields[#fields + 1] = 'lim_' .. k
+          fields[#fields + 1] = num(lim[k])
+        end
+      end
+      redis.call('HSET', wk, unpack(fields))
       redis.call('ZADD', prefix .. 'waiting', -priority, member)
     end
     redis.call('PEXPIRE', wk, wait_ttl)
+    redis.call('ZADD', prefix .. 'wait-due', now + wait_ttl, member)
   end
 
   -- Priority: a request may not take capacity while a waiting request of
@@ -438,12 +542,12 @@ local function decide(a, arrival_us)
         local wid = waiting_id(m)
         local w = to_map(redis.call('HGETALL', prefix .. 'wait:' .. wid))
         if not w.requester or w.member ~= m then
-          redis.call('ZREM', prefix .. 'waiting', m) -- forgotten: its requester stopped retrying
+          forget_waiter(prefix, m) -- forgotten: its requester stopped retrying
         else
           offset = offset + 1
           looked = looked + 1
           if wid ~= qid and fits_somewhere(w) then
-            tell_waiter(prefix, events_max, wid, w.requester, w.cpu, w.mem, w.gpu, w.sto)
+            tell_waiter(prefix, so, wid, w.requester, w.cpu, w.mem, w.gpu, w.sto)
             wait()
             local rejected_json = cjson.encode({waiting_higher_priority = 1})
             redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*',
@@ -864,7 +968,7 @@ local function decide(a, arrival_us)
       'reservation', id, 'requester', requester, 'outcome', outcome,
       'winner', winner, 'node', node, 'score', score,
       'request', cjson.encode({cpu = req_str.cpu, mem = req_str.mem, gpu = req_str.gpu, sto = req_str.sto,
-        selector = selector_json, priority = priority_str, owner = owner}),
+        selector = selector_json, priority = priority_str, priority_asked = asked_priority, owner = owner}),
       'weights', ARGV[2] .. '/' .. ARGV[3],
       'considered', considered, 'examined', examined, 'method', method,
       'candidates', candidates_json, 'rejected', cjson.encode(rejected), 'ts_ms', now)
@@ -894,6 +998,9 @@ local function decide(a, arrival_us)
 
   -- Lock the capacity (written at flush) and record the reservation.
   take(win.cluster, req, node)
+  u.n = u.n + 1
+  for _, res in ipairs(RESOURCES) do u[res] = u[res] + req[res] end
+  usage_dirty[requester] = true
   if scan_mode then flush() end -- the full scan reads the hashes: keep them current
   local expires = now + tonumber(duration)
   local r = {requester = requester, target = win.cluster, phase = 'Reserved',
@@ -919,11 +1026,11 @@ local function decide(a, arrival_us)
   add_to_set(prefix .. 'by-target:' .. win.cluster, qid)
   add_to_set(prefix .. 'by-requester:' .. requester, qid)
   local ev = event_fields('Reserved', id, r, now)
-  emit(prefix, requester, events_max, ev)
-  emit(prefix, win.cluster, events_max, ev)
+  emit(prefix, requester, so, ev)
+  emit(prefix, win.cluster, so, ev)
   record_audit('reserved', win.cluster, score, candidates_json, node or '')
   -- A waiting request placed at last: the next ones may now pass the priority gate.
-  if stop_waiting(prefix, qid) then notify_waiters(prefix, events_max) end
+  if stop_waiting(prefix, qid) then notify_waiters(prefix, so) end
   return {'reserved', hash, candidates_json, cjson.encode(rejected), now}
 end
 

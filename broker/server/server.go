@@ -70,6 +70,7 @@ func (s *Server) Handler() http.Handler {
 	// A renewal carries up to api.MaxRenewBatch ids: a larger body bound.
 	mux.Handle("POST /api/v2/renewals", s.authenticated("POST /api/v2/renewals", api.MaxRenewBodyBytes, s.postRenewals))
 	handle("GET /api/v2/events", s.streamEvents)
+	handle("GET /api/v2/usage", s.getUsage)
 
 	handle("POST /api/v1/advertisements", s.v1PostAdvertisement)
 	handle("GET /api/v1/advertisements/{clusterID}", s.v1GetAdvertisement)
@@ -254,6 +255,9 @@ func writeDecodeError(w http.ResponseWriter, err error) {
 
 // writeStoreError answers a failed store call.
 func (s *Server) writeStoreError(w http.ResponseWriter, script string, err error) {
+	if writeFairShareError(w, err) {
+		return
+	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		writeError(w, http.StatusNotFound, api.ReasonNotFound, err.Error())

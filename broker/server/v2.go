@@ -109,6 +109,9 @@ func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req store.R
 	case errors.Is(err, store.ErrConflict):
 		s.metrics.reservation(outcomeConflict).Inc()
 		s.writeStoreError(w, "reserve", err)
+	case errors.As(err, new(*store.LimitError)):
+		s.metrics.reservation(outcomeLimited).Inc()
+		writeFairShareError(w, err)
 	default:
 		s.metrics.reservation(outcomeError).Inc()
 		s.writeStoreError(w, "reserve", err)

@@ -225,9 +225,10 @@ func TestBatchIsolatesABadRequest(t *testing.T) {
 	}
 	cfg := s.Config()
 	args := []any{cfg.StaleThreshold.Milliseconds(), cfg.WeightResources, cfg.WeightCost, cfg.TopCandidates,
-		cfg.EventsMaxLen, cfg.AuditMaxLen, "index", cfg.WaitTTL.Milliseconds()}
+		cfg.EventsMaxLen, cfg.AuditMaxLen, "index", cfg.WaitTTL.Milliseconds(), cfg.EventsTTL.Milliseconds()}
 	for i, selector := range []string{"", "{not json", ""} {
-		args = append(args, fmt.Sprintf("x%d", i), "rome", 1000, gi, 0, 0, 3_600_000, selector, "", 0, "1", 0)
+		args = append(args, fmt.Sprintf("x%d", i), "rome", 1000, gi, 0, 0, 3_600_000, selector, "", 0, "1", 0,
+			"", "", "", "", "", "", "") // no limits
 	}
 	replies, err := scripts.Reserve.Run(ctx, rdb, []string{cfg.Prefix}, args...).Slice()
 	require.NoError(t, err)

@@ -29,6 +29,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/fluidos-project/resource-broker/broker/policy"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -109,7 +110,8 @@ type benchStats map[string]struct{ calls, usec int64 }
 
 func readStats(b *testing.B, rdb *redis.Client) benchStats {
 	b.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	// INFO and CONFIG RESETSTAT are the administrator's (manifests/redis/users.acl).
+	info, err := adminOf(b, rdb).Info(context.Background(), "commandstats").Result()
 	require.NoError(b, err)
 	out := benchStats{}
 	for _, line := range strings.Split(info, "\n") {
@@ -165,7 +167,7 @@ var benchSeq atomic.Int64
 func runSerialAndParallel(b *testing.B, rdb *redis.Client, unit, cmd string, op func(ctx context.Context, seq int64) error) {
 	ctx := context.Background()
 	b.Run("serial", func(b *testing.B) {
-		require.NoError(b, rdb.ConfigResetStat(ctx).Err())
+		require.NoError(b, adminOf(b, rdb).ConfigResetStat(ctx).Err())
 		lat := make([]time.Duration, 0, 1<<14)
 		for b.Loop() {
 			t0 := time.Now()
@@ -177,7 +179,7 @@ func runSerialAndParallel(b *testing.B, rdb *redis.Client, unit, cmd string, op 
 		report(b, rdb, unit, cmd, lat)
 	})
 	b.Run("parallel", func(b *testing.B) {
-		require.NoError(b, rdb.ConfigResetStat(ctx).Err())
+		require.NoError(b, adminOf(b, rdb).ConfigResetStat(ctx).Err())
 		var mu sync.Mutex
 		var all []time.Duration
 		b.SetParallelism(benchParallelism)
@@ -205,10 +207,29 @@ func benchStore(b *testing.B) (*store.Store, *redis.Client) {
 	b.Helper()
 	rdb := startRedis(b)
 	// An hour of liveness: the clusters are advertised once, before the timed
-	// loops, and must stay live through the slowest run.
-	st := store.New(rdb, store.Config{StaleThreshold: time.Hour})
+	// loops, and must stay live through the slowest run. Every limit is on
+	// (benchLimits), as a broker with a policy runs, and none is reached.
+	st := store.New(rdb, store.Config{StaleThreshold: time.Hour, Policy: benchLimits(b)})
 	require.NoError(b, st.LoadScripts(context.Background()))
 	return st, rdb
+}
+
+// benchLimits is a policy that checks every per-requester limit (live
+// reservations, cpu, memory, gpu, priority ceiling, rate) on every request,
+// with limits no benchmark reaches: what the limits cost, not what they refuse.
+func benchLimits(b *testing.B) *policy.Policy {
+	p, err := policy.Parse([]byte(`apiVersion: broker.fluidos.eu/v1alpha1
+kind: BrokerPolicy
+requesters:
+  default:
+    maxReservations: 1000000000
+    maxResources: {cpu: "1000000000", memory: 1000Ti, gpu: "1000000000"}
+    maxPriority: 1000000000
+    reservesPerSecond: 1000000
+    reserveBurst: 1000000
+`))
+	require.NoError(b, err)
+	return p
 }
 
 // BenchmarkReserve measures one decision (reserve.lua) at several federation
@@ -236,7 +257,7 @@ func BenchmarkReserve(b *testing.B) {
 			for _, method := range []string{"index", "scan"} {
 				s := st
 				if method == "scan" {
-					s = store.New(rdb, store.Config{StaleThreshold: time.Hour, FullScan: true})
+					s = store.New(rdb, store.Config{StaleThreshold: time.Hour, FullScan: true, Policy: benchLimits(b)})
 				}
 				b.Run("method="+method, func(b *testing.B) {
 					runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {

@@ -4,7 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 var (
@@ -33,4 +37,66 @@ func (e *NoFitError) Error() string {
 		return "no cluster fits the request: no cluster is advertised"
 	}
 	return "no cluster fits the request (" + strings.Join(reasons, ", ") + ")"
+}
+
+// ErrInvalid means an advertisement contradicts itself (e.g. more allocated
+// than allocatable): the caller must fix it.
+var ErrInvalid = errors.New("invalid advertisement")
+
+// BoundError is an advertisement outside the bounds the operator set for
+// its cluster (broker/policy): nothing was stored.
+type BoundError struct {
+	// Bound names the operator's setting, e.g.
+	// "providers.clusters.paris.maxAllocatable.cpu".
+	Bound   string
+	Message string // what was advertised against what the bound allows
+}
+
+func (e *BoundError) Error() string {
+	return e.Message + " (operator bound " + e.Bound + ")"
+}
+
+// LimitRetryAfter is when a requester refused at one of its limits on live
+// reservations or what they hold may try again: the time it takes its own
+// reservations to end is unknown, so this is a hint, not a promise.
+const LimitRetryAfter = 5 * time.Second
+
+// LimitError is a reservation refused by its requester's limits (Limits):
+// nothing was stored and the request does not wait.
+type LimitError struct {
+	Requester string
+	// Limit is "rate" (reserve calls per second), "reservations" (live
+	// ones), "cpu" (millicores), "memory" (bytes) or "gpu".
+	Limit string
+	Max   float64 // the limit
+	Used  int64   // what the requester holds (not for "rate")
+	Asked int64   // what the request would add (not for "rate")
+	// RetryAfter is when a call may succeed: for "rate", when the next
+	// call is allowed; else LimitRetryAfter.
+	RetryAfter time.Duration
+}
+
+func (e *LimitError) Error() string {
+	if e.Limit == "rate" {
+		return fmt.Sprintf("requester %s exceeds its limit of %g reserve calls per second: retry in %s", e.Requester, e.Max, e.RetryAfter)
+	}
+	return fmt.Sprintf("requester %s is at its limit of %s: holds %s, asks %s more, limit %s",
+		e.Requester, limitNames[e.Limit], e.amount(e.Used), e.amount(e.Asked), e.amount(int64(e.Max)))
+}
+
+var limitNames = map[string]string{"reservations": "live reservations", "cpu": "reserved cpu", "memory": "reserved memory", "gpu": "reserved gpus"}
+
+// amount renders one of the limit's amounts in the API's units.
+func (e *LimitError) amount(v int64) string { return Quantity(e.Limit, v) }
+
+// Quantity renders an amount of a resource ("cpu", "memory", "storage";
+// anything else is a count) as the API writes it: 1500m, 4Gi, 2.
+func Quantity(res string, v int64) string {
+	switch res {
+	case "cpu":
+		return resource.NewMilliQuantity(v, resource.DecimalSI).String()
+	case "memory", "storage":
+		return resource.NewQuantity(v, resource.BinarySI).String()
+	}
+	return strconv.FormatInt(v, 10)
 }

@@ -8,7 +8,7 @@ import "context"
 func (s *Store) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]Decision, []error) {
 	batch := make([]*pendingReserve, len(reqs))
 	for i, req := range reqs {
-		p, err := newPendingReserve(ctx, req)
+		p, err := newPendingReserve(ctx, s.withLimits(req))
 		if err != nil {
 			panic(err)
 		}

@@ -19,7 +19,9 @@ import (
 
 // randomAdvertisement draws a cluster from small value domains, so that equal
 // free fractions, equal prices and exact score ties happen, next to GPU-less
-// clusters, full clusters and clusters whose local pods overrun allocatable.
+// clusters and full clusters (whose free capacity still goes below zero when
+// a re-advertisement shrinks under what is reserved: the broker refuses only
+// more allocated than allocatable, store.Advertisement.Validate).
 func randomAdvertisement(rng *rand.Rand) store.Advertisement {
 	cores := int64(1 + rng.IntN(64))
 	if rng.IntN(4) == 0 {
@@ -29,7 +31,7 @@ func randomAdvertisement(rng *rand.Rand) store.Advertisement {
 		CPU: cores * 1000, Memory: cores * int64(1+rng.IntN(8)) * gi,
 		GPU: []int64{0, 0, 0, 1, 2, 4}[rng.IntN(6)], Storage: int64(rng.IntN(200)) * gi,
 	}
-	pct := []int64{0, 0, 25, 50, 90, 100, 110}[rng.IntN(7)]
+	pct := []int64{0, 0, 25, 50, 90, 100, 100}[rng.IntN(7)]
 	used := store.Resources{CPU: alloc.CPU * pct / 100, Memory: alloc.Memory * int64(rng.IntN(100)) / 100, GPU: alloc.GPU / 2}
 	regions := []string{"eu", "us", "ap"}
 	labels := map[string]string{"region": regions[rng.IntN(len(regions))]}

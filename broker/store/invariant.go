@@ -60,7 +60,51 @@ func (s *Store) CheckInvariant(ctx context.Context) error {
 
 		errs = append(errs, err)
 	}
+	usageErrs, err := s.checkUsage(ctx)
+	if err != nil {
+		return err
+	}
+	errs = append(errs, usageErrs...)
 	return errors.Join(errs...)
+}
+
+// checkUsage verifies each requester's usage (what its limits are checked
+// against) against the live reservations: every live one is in the expiry
+// set, and a requester without any has no usage.
+func (s *Store) checkUsage(ctx context.Context) ([]error, error) {
+	qids, err := s.rdb.ZRange(ctx, s.Key("expiry"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	live, err := s.reservations(ctx, qids)
+	if err != nil {
+		return nil, err
+	}
+	want := map[string]Usage{}
+	for _, r := range live {
+		if r.Live() {
+			u := want[r.Requester]
+			u.Reservations++
+			u.Resources = u.Resources.Add(r.Resources)
+			want[r.Requester] = u
+		}
+	}
+	got, err := s.Usage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for requester, u := range want {
+		if got[requester] != u {
+			errs = append(errs, fmt.Errorf("requester %s: usage %+v != its live reservations %+v", requester, got[requester], u))
+		}
+	}
+	for requester, u := range got {
+		if _, ok := want[requester]; !ok {
+			errs = append(errs, fmt.Errorf("requester %s: usage %+v without a live reservation", requester, u))
+		}
+	}
+	return errs, nil
 }
 
 // checkNodes verifies one cluster's node debits against its live reservations.

@@ -48,10 +48,6 @@ func flatMap(flat []string) map[string]string {
 	return m
 }
 
-func parseReservation(id string, flat []string, nowMs int64) (Reservation, error) {
-	return reservationFromMap(id, flatMap(flat), nowMs)
-}
-
 func resourcesFrom(m map[string]string, prefix string) Resources {
 	return Resources{
 		CPU:     atoi(m[prefix+"cpu"]),

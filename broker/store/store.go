@@ -22,8 +22,15 @@ import (
 // Redis Cluster slot so multi-key scripts run there too.
 const DefaultPrefix = "rb:{b}:"
 
-// DefaultWaitTTL is Config.WaitTTL's default.
-const DefaultWaitTTL = 5 * time.Second
+// Defaults of Config.
+const (
+	DefaultWaitTTL        = 5 * time.Second
+	DefaultRetention      = 10 * time.Minute
+	DefaultAuditRetention = time.Hour
+	DefaultAuditMaxLen    = 10000
+	DefaultEventsMaxLen   = 10000
+	DefaultEventsTTL      = time.Hour
+)
 
 // Config tunes the store. Zero values take the defaults.
 type Config struct {
@@ -31,11 +38,22 @@ type Config struct {
 	WeightResources float64       // default 0.7
 	WeightCost      float64       // default 0.3
 	StaleThreshold  time.Duration // default 60s
-	Retention       time.Duration // how long ended reservations stay readable; default 24h
-	EventsMaxLen    int64         // per-cluster stream bound; default 10000
-	AuditMaxLen     int64         // default 100000
-	TopCandidates   int           // candidates reported per decision; default 3
-	ExpireBatch     int           // reservations ended per expire call; default 500
+	// Retention is how long an ended reservation stays readable (its
+	// requester's agent reads how it ended), then it is removed; default
+	// 10m.
+	Retention time.Duration
+	// EventsMaxLen bounds each cluster's event stream (entries, about);
+	// default 10000. EventsTTL removes a stream to which nothing was added
+	// for that long (a cluster gone); default 1h.
+	EventsMaxLen int64
+	EventsTTL    time.Duration
+	// AuditMaxLen bounds the audit stream (entries, about); default 10000.
+	// AuditRetention trims the entries older than that (at each expiry
+	// run); default 1h.
+	AuditMaxLen    int64
+	AuditRetention time.Duration
+	TopCandidates  int // candidates reported per decision; default 3
+	ExpireBatch    int // reservations ended per expire call; default 500
 	// WaitTTL is how long a request nothing fits stays on the waiting list
 	// without a retry of the same id from its requester (each retry renews
 	// it); default 5s, so that the place of a requester that is gone is
@@ -56,6 +74,12 @@ type Config struct {
 	// the candidate index: the reference the index is tested against and the
 	// baseline of the benchmarks. Decisions are the same either way.
 	FullScan bool
+	// Policy holds the operator's per-requester limits and the bounds of
+	// what a provider may advertise (broker/policy); nil: none.
+	Policy Policy
+	// GrantKeys seal the grants in Redis; nil: a key of this process only
+	// (RandomGrantKeys), which does for one broker, never for replicas.
+	GrantKeys *GrantKeys
 }
 
 func (c *Config) defaults() {
@@ -69,13 +93,22 @@ func (c *Config) defaults() {
 		c.StaleThreshold = time.Minute
 	}
 	if c.Retention == 0 {
-		c.Retention = 24 * time.Hour
+		c.Retention = DefaultRetention
 	}
 	if c.EventsMaxLen == 0 {
-		c.EventsMaxLen = 10000
+		c.EventsMaxLen = DefaultEventsMaxLen
+	}
+	if c.EventsTTL == 0 {
+		c.EventsTTL = DefaultEventsTTL
 	}
 	if c.AuditMaxLen == 0 {
-		c.AuditMaxLen = 100000
+		c.AuditMaxLen = DefaultAuditMaxLen
+	}
+	if c.AuditRetention == 0 {
+		c.AuditRetention = DefaultAuditRetention
+	}
+	if c.GrantKeys == nil {
+		c.GrantKeys = RandomGrantKeys()
 	}
 	if c.TopCandidates == 0 {
 		c.TopCandidates = 3
@@ -185,8 +218,18 @@ func (s *Store) run(ctx context.Context, sc *redis.Script, args ...any) ([]any, 
 	return reply, nil
 }
 
-// Advertise stores a cluster's advertisement and marks it live.
+// Advertise stores a cluster's advertisement and marks it live. An
+// advertisement that contradicts itself is refused (ErrInvalid), one outside
+// the operator's bounds too (*BoundError): nothing is stored.
 func (s *Store) Advertise(ctx context.Context, id string, ad Advertisement) (Ack, error) {
+	if err := ad.Validate(); err != nil {
+		return Ack{}, err
+	}
+	if s.cfg.Policy != nil {
+		if err := s.cfg.Policy.CheckAdvertisement(id, ad); err != nil {
+			return Ack{}, err
+		}
+	}
 	labels := "{}"
 	if len(ad.Labels) > 0 {
 		b, err := json.Marshal(ad.Labels)
@@ -196,7 +239,7 @@ func (s *Store) Advertise(ctx context.Context, id string, ad Advertisement) (Ack
 		labels = string(b)
 	}
 	args := make([]any, 0, 40+9*len(ad.Nodes)+len(ad.ReservationsOnNodes))
-	args = append(args, id, s.cfg.EventsMaxLen, len(ad.Nodes))
+	args = append(args, id, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(), len(ad.Nodes))
 	for _, n := range ad.Nodes {
 		a, u := n.Allocatable, n.Allocated
 		args = append(args, n.Name, a.CPU, a.Memory, a.GPU, a.Storage, u.CPU, u.Memory, u.GPU, u.Storage)
@@ -232,14 +275,24 @@ func appendResources(args []any, prefix string, r Resources) []any {
 }
 
 // Reserve decides a request: it returns the decision, or a *NoFitError, or
-// ErrConflict when the id belongs to another requester. Concurrent requests
-// are decided in batches (Config.ReserveBatch), each exactly as if alone.
+// ErrConflict when the id belongs to another requester, or a *LimitError
+// when its requester's limits refuse it. Concurrent requests are decided in
+// batches (Config.ReserveBatch), each exactly as if alone. With a
+// Config.Policy, the requester's limits are the policy's.
 func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, error) {
-	p, err := newPendingReserve(ctx, req)
+	p, err := newPendingReserve(ctx, s.withLimits(req))
 	if err != nil {
 		return Decision{}, err
 	}
 	return s.reserve.do(ctx, p)
+}
+
+// withLimits sets req's limits from the policy, if any.
+func (s *Store) withLimits(req ReserveRequest) ReserveRequest {
+	if s.cfg.Policy != nil {
+		req.Limits = s.cfg.Policy.Limits(req.Requester)
+	}
+	return req
 }
 
 func newPendingReserve(ctx context.Context, req ReserveRequest) (*pendingReserve, error) {
@@ -251,12 +304,16 @@ func newPendingReserve(ctx context.Context, req ReserveRequest) (*pendingReserve
 		}
 		selector = string(b)
 	}
-	return &pendingReserve{ctx: ctx, req: req, done: make(chan reserveResult, 1), args: []any{
+	args := append(make([]any, 0, reserveWidth),
 		req.ID, req.Requester,
 		req.Resources.CPU, req.Resources.Memory, req.Resources.GPU, req.Resources.Storage,
-		req.Duration.Milliseconds(), selector, req.Owner, req.Priority, waitArg(req.NoWait), req.Lease.Milliseconds(),
-	}}, nil
+		req.Duration.Milliseconds(), selector, req.Owner, req.Priority, waitArg(req.NoWait), req.Lease.Milliseconds())
+	args = append(args, req.Limits.args()...)
+	return &pendingReserve{ctx: ctx, req: req, done: make(chan reserveResult, 1), args: args}, nil
 }
+
+// reserveWidth is how many values each request has in reserve.lua's ARGV.
+const reserveWidth = 19
 
 // waitArg is a request's wait value in reserve.lua's ARGV.
 func waitArg(noWait bool) string {
@@ -269,10 +326,10 @@ func waitArg(noWait bool) string {
 // sendReserves decides a batch in one reserve.lua call and hands each
 // request its result.
 func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
-	args := make([]any, 0, 8+12*len(batch))
+	args := make([]any, 0, 9+reserveWidth*len(batch))
 	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.WeightResources, s.cfg.WeightCost,
 		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen, s.searchMode(),
-		max(s.cfg.WaitTTL.Milliseconds(), 0))
+		max(s.cfg.WaitTTL.Milliseconds(), 0), s.cfg.EventsTTL.Milliseconds())
 	for _, p := range batch {
 		args = append(args, p.args...)
 	}
@@ -290,22 +347,43 @@ func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
 			p.done <- reserveResult{err: fmt.Errorf("unexpected reserve reply %v", replies[i])}
 			continue
 		}
-		d, err := parseReserveReply(p.req.ID, reply)
+		d, err := s.parseReserveReply(p.req, reply)
 		p.done <- reserveResult{decision: d, err: err}
 	}
 }
 
 // parseReserveReply reads one request's {outcome, reservation, candidates, rejections, now_ms}.
-func parseReserveReply(id string, reply []any) (Decision, error) {
+func (s *Store) parseReserveReply(req ReserveRequest, reply []any) (Decision, error) {
+	id := req.ID
 	outcome, _ := reply[0].(string)
 	switch outcome {
 	case "reserved", "replay":
 		flat, _ := reply[1].([]any)
 		now, _ := reply[4].(int64)
-		r, err := parseReservation(id, toStrings(flat), now)
+		r, err := s.readReservation(id, flatMap(toStrings(flat)), now)
 		return Decision{Reservation: r, Replayed: outcome == "replay"}, err
 	case "conflict":
 		return Decision{}, ErrConflict
+	case "limited":
+		var l struct {
+			Limit        string  `json:"limit"`
+			Max          float64 `json:"max"`
+			Used         int64   `json:"used"`
+			Asked        int64   `json:"asked"`
+			RetryAfterMs int64   `json:"retry_after_ms"`
+		}
+		msg, _ := reply[3].(string)
+		if err := json.Unmarshal([]byte(msg), &l); err != nil {
+			return Decision{}, fmt.Errorf("decode limit: %w", err)
+		}
+		if l.Limit == "mem" {
+			l.Limit = "memory"
+		}
+		retry := LimitRetryAfter
+		if l.Limit == "rate" {
+			retry = time.Duration(l.RetryAfterMs) * time.Millisecond
+		}
+		return Decision{}, &LimitError{Requester: req.Requester, Limit: l.Limit, Max: l.Max, Used: l.Used, Asked: l.Asked, RetryAfter: retry}
 	case "error":
 		msg, _ := reply[3].(string)
 		return Decision{}, fmt.Errorf("reserve %s: %s", id, msg)
@@ -337,7 +415,7 @@ type ReleaseResult struct {
 // Release ends a live reservation, requester's id, on behalf of caller (its
 // requester or provider).
 func (s *Store) Release(ctx context.Context, requester, id, caller string) (ReleaseResult, error) {
-	reply, err := s.run(ctx, scripts.Release, requester, id, caller, s.cfg.EventsMaxLen, s.cfg.Retention.Milliseconds())
+	reply, err := s.run(ctx, scripts.Release, requester, id, caller, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(), s.cfg.Retention.Milliseconds())
 	if err != nil {
 		return ReleaseResult{}, err
 	}
@@ -348,14 +426,16 @@ func (s *Store) Release(ctx context.Context, requester, id, caller string) (Rele
 		return ReleaseResult{}, ErrForbidden
 	}
 	now, _ := reply[3].(int64)
-	r, err := parseReservation(id, toStrings(reply[1].([]any)), now)
+	r, err := s.readReservation(id, flatMap(toStrings(reply[1].([]any))), now)
 	return ReleaseResult{Reservation: r, Released: reply[0] == "released", Clamped: reply[2] == int64(1)}, err
 }
 
 // Grant attaches the provider's access grant to a live reservation,
-// requester's id (Active); caller must be its provider.
+// requester's id (Active); caller must be its provider. The grant is sealed
+// (Config.GrantKeys) before it reaches Redis.
 func (s *Store) Grant(ctx context.Context, requester, id, caller string, grant json.RawMessage) (Reservation, error) {
-	reply, err := s.run(ctx, scripts.Grant, requester, id, caller, string(grant), s.cfg.EventsMaxLen)
+	sealed := s.cfg.GrantKeys.seal(QualifiedID(requester, id), grant)
+	reply, err := s.run(ctx, scripts.Grant, requester, id, caller, sealed, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds())
 	if err != nil {
 		return Reservation{}, err
 	}
@@ -366,7 +446,7 @@ func (s *Store) Grant(ctx context.Context, requester, id, caller string, grant j
 		return Reservation{}, ErrForbidden
 	}
 	now, _ := reply[2].(int64)
-	r, err := parseReservation(id, toStrings(reply[1].([]any)), now)
+	r, err := s.readReservation(id, flatMap(toStrings(reply[1].([]any))), now)
 	if err == nil && reply[0] == "ended" {
 		err = fmt.Errorf("reservation %s is %s", id, r.Phase)
 	}
@@ -374,20 +454,38 @@ func (s *Store) Grant(ctx context.Context, requester, id, caller string, grant j
 }
 
 // Expire ends every reservation past its expiry; it returns how many ended
-// and how many needed a counter clamped.
+// and how many needed a counter clamped. It also sweeps the waiting list of
+// the requests whose wait expired and trims the audit stream to
+// Config.AuditRetention.
 func (s *Store) Expire(ctx context.Context) (expired, clamped int64, err error) {
 	for {
-		reply, err := s.run(ctx, scripts.Expire, s.cfg.ExpireBatch, s.cfg.EventsMaxLen, s.cfg.Retention.Milliseconds())
+		reply, err := s.run(ctx, scripts.Expire, s.cfg.ExpireBatch, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(),
+			s.cfg.Retention.Milliseconds(), s.cfg.AuditRetention.Milliseconds())
 		if err != nil {
 			return expired, clamped, err
 		}
 		n, c := reply[0].(int64), reply[1].(int64)
 		expired += n
 		clamped += c
-		if n < int64(s.cfg.ExpireBatch) {
+		if n < int64(s.cfg.ExpireBatch) { // the waiting members left (at most a batch per call) go at the next run
 			return expired, clamped, nil
 		}
 	}
+}
+
+// Usage returns what each requester holding live reservations holds (the
+// figures its limits are checked against).
+func (s *Store) Usage(ctx context.Context) (map[string]Usage, error) {
+	m, err := s.rdb.HGetAll(ctx, s.Key("usage")).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]Usage, len(m))
+	for requester, v := range m {
+		a := amountsOf(v)
+		out[requester] = Usage{Reservations: atoi(a["n"]), Resources: resourcesFrom(a, "")}
+	}
+	return out, nil
 }
 
 // Renew extends leases of requester (ids as it chose them) in one atomic
@@ -459,13 +557,27 @@ func (s *Store) reservations(ctx context.Context, qids []string) ([]Reservation,
 		if !ok {
 			return nil, fmt.Errorf("reservation key %q has no requester", qids[i])
 		}
-		r, err := reservationFromMap(id, cmd.Val(), nowMs)
+		r, err := s.readReservation(id, cmd.Val(), nowMs)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// readReservation reads a reservation hash (reservationFromMap) and opens its grant.
+func (s *Store) readReservation(id string, m map[string]string, nowMs int64) (Reservation, error) {
+	r, err := reservationFromMap(id, m, nowMs)
+	if err != nil || len(r.Grant) == 0 {
+		return r, err
+	}
+	grant, err := s.cfg.GrantKeys.open(r.QID(), string(r.Grant))
+	if err != nil {
+		return r, err
+	}
+	r.Grant = grant
+	return r, nil
 }
 
 // Cluster reads one cluster, its nodes included.
@@ -516,6 +628,16 @@ func (s *Store) readClusters(ctx context.Context, ids []string) ([]Cluster, erro
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// ClusterIDs lists every known cluster, live or stale, in id order.
+func (s *Store) ClusterIDs(ctx context.Context) ([]string, error) {
+	ids, err := s.rdb.ZRange(ctx, s.Key("clusters"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(ids)
+	return ids, nil
 }
 
 // Clusters reads every known cluster, live or stale, in id order.

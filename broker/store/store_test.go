@@ -46,9 +46,15 @@ func startRedis(tb testing.TB) *redis.Client {
 // admin returns the administrator's client of s's Redis.
 func admin(tb testing.TB, s *store.Store) *redis.Client {
 	tb.Helper()
-	a, ok := admins.Load(s.Client())
+	return adminOf(tb, s.Client().(*redis.Client))
+}
+
+// adminOf returns the administrator's client of the Redis of rdb, the broker's client.
+func adminOf(tb testing.TB, rdb *redis.Client) *redis.Client {
+	tb.Helper()
+	a, ok := admins.Load(rdb)
 	if !ok {
-		tb.Fatal("the store's Redis was not started by startRedis")
+		tb.Fatal("this Redis was not started by startRedis")
 	}
 	return a.(*redis.Client)
 }
@@ -489,7 +495,7 @@ func TestAdvertiseCannotSetBrokerOwnedFields(t *testing.T) {
 	require.NoError(t, err)
 
 	// Call the script directly, as a buggy or hostile caller would.
-	err = scripts.Advertise.Run(ctx, rdb, []string{store.DefaultPrefix}, "paris", 100, 0, 0, "alloc_cpu", "1", "resv_cpu", "0").Err()
+	err = scripts.Advertise.Run(ctx, rdb, []string{store.DefaultPrefix}, "paris", 100, 60_000, 0, 0, "alloc_cpu", "1", "resv_cpu", "0").Err()
 	require.ErrorContains(t, err, "unknown field resv_cpu")
 	after, err := rdb.HGetAll(ctx, s.Key("cluster:", "paris")).Result()
 	require.NoError(t, err)

@@ -2,6 +2,8 @@ package store
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -86,6 +88,26 @@ func (c Cluster) StoredNodes() []Node {
 	return out
 }
 
+// Validate refuses an advertisement that contradicts itself: more allocated
+// than allocatable in total, which would show negative free capacity. (A node
+// whose own pods overrun it is the provider's business: its node figures are
+// taken as they are.)
+func (a Advertisement) Validate() error {
+	for _, r := range []struct {
+		name             string
+		allocated, alloc int64
+	}{
+		{"cpu", a.Allocated.CPU, a.Allocatable.CPU}, {"memory", a.Allocated.Memory, a.Allocatable.Memory},
+		{"gpu", a.Allocated.GPU, a.Allocatable.GPU}, {"storage", a.Allocated.Storage, a.Allocatable.Storage},
+	} {
+		if r.allocated > r.alloc {
+			return fmt.Errorf("%w: allocated %s %s exceeds allocatable %s: free capacity cannot be negative",
+				ErrInvalid, r.name, Quantity(r.name, r.allocated), Quantity(r.name, r.alloc))
+		}
+	}
+	return nil
+}
+
 // Free is what a new reservation may still take: allocatable - allocated - reserved.
 func (c Cluster) Free() Resources {
 	return Resources{
@@ -124,6 +146,60 @@ type ReserveRequest struct {
 	// seed agents never retry the same id, so its place would only hold
 	// others back until it expired.
 	NoWait bool
+	// Limits are the requester's; Store.Reserve sets them from
+	// Config.Policy when it has one.
+	Limits Limits
+}
+
+// Limits are the operator's fair-share limits of one requester
+// (broker/policy), enforced by reserve.lua in the same atomic step as the
+// decision. A nil limit (and a zero Rate) is no limit.
+type Limits struct {
+	Reservations *int64 // live reservations
+	CPU          *int64 // millicores held by its live reservations
+	Memory       *int64 // bytes held by its live reservations
+	GPU          *int64 // devices held by its live reservations
+	// Priority is the priority ceiling: a request above it is decided,
+	// waits and is stored at the ceiling (clamped, not refused).
+	Priority *int32
+	Rate     float64 // reserve calls per second, replays included; 0: no limit
+	Burst    int     // calls allowed at once on top of the rate (at least 1)
+}
+
+// args are the limits' values in reserve.lua's ARGV ("": none).
+func (l Limits) args() []any {
+	opt := func(v *int64) string {
+		if v == nil {
+			return ""
+		}
+		return strconv.FormatInt(*v, 10)
+	}
+	priority, rate, burst := "", "", ""
+	if l.Priority != nil {
+		priority = strconv.FormatInt(int64(*l.Priority), 10)
+	}
+	if l.Rate > 0 {
+		rate = strconv.FormatFloat(l.Rate, 'g', -1, 64)
+		burst = strconv.Itoa(max(l.Burst, 1))
+	}
+	return []any{opt(l.Reservations), opt(l.CPU), opt(l.Memory), opt(l.GPU), priority, rate, burst}
+}
+
+// Usage is what one requester holds: its live reservations and their sum.
+type Usage struct {
+	Reservations int64
+	Resources    Resources
+}
+
+// Policy is the operator's fair-share configuration (broker/policy).
+type Policy interface {
+	// Limits returns a requester's limits.
+	Limits(requester string) Limits
+	// CheckAdvertisement returns a *BoundError when cluster advertises
+	// something outside the operator's bounds for it.
+	CheckAdvertisement(cluster string, ad Advertisement) error
+	// Clusters lists the clusters with settings of their own.
+	Clusters() []string
 }
 
 // Candidate is one cluster's score for a decision.

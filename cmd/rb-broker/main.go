@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/policy"
 	"github.com/fluidos-project/resource-broker/broker/server"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/version"
@@ -52,6 +53,10 @@ type options struct {
 	reserveInFlight int
 	gcPercent       int
 	pprofAddress    string
+	policyFile      string
+	grantKeyFile    string
+	retention       time.Duration
+	auditRetention  time.Duration
 }
 
 func main() {
@@ -100,7 +105,14 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.waitTTL, "wait-ttl", store.DefaultWaitTTL, "how long a request nothing fits keeps its place on the priority-ordered waiting list without a retry of it (must exceed the agents' waiting retry, 2s)")
 	f.IntVar(&o.reserveBatch, "reserve-batch", 64, "most reservation requests decided in one Redis script call (those that queued while earlier calls were in flight; 1: one call each)")
 	f.IntVar(&o.reserveInFlight, "reserve-in-flight", 2, "Redis script calls deciding reservations that one replica keeps in flight at once")
-	f.DurationVar(&o.expiryInterval, "expiry-interval", time.Second, "how often this replica releases expired reservations")
+	f.DurationVar(&o.expiryInterval, "expiry-interval", time.Second, "how often this replica releases expired reservations, sweeps the waiting list and trims the audit stream")
+	f.DurationVar(&o.retention, "retention", store.DefaultRetention, "how long an ended reservation stays readable (its requester's agent reads how it ended), then it is removed")
+	f.DurationVar(&o.auditRetention, "audit-retention", store.DefaultAuditRetention, "how long a decision stays in the audit stream (which also keeps only its newest 10,000)")
+	f.StringVar(&o.policyFile, "policy-file", "", "the operator's fair-share policy (YAML, kind BrokerPolicy: limits per requester, bounds on what a provider may advertise; "+
+		"docs/security.md); read at start, a mistake refuses to start. Without it: 100 reserve calls per second per requester (a burst of 200), "+
+		"priorities above 1000000000 clamped, no quota, no bounds")
+	f.StringVar(&o.grantKeyFile, "grant-key-file", "", "required: the keys that seal the providers' grants in Redis (AES-256-GCM), one per line, "+
+		"base64 of 32 random bytes (openssl rand -base64 32), the first seals, all open; every replica must have the same file")
 	f.StringVar(&o.pprofAddress, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints in plain HTTP, e.g. 127.0.0.1:6060 (empty: off; keep it on loopback)")
 	f.IntVar(&o.gcPercent, "gc-percent", defaultGCPercent, "Go garbage collection target, as GOGC (the GOGC environment variable, when set, wins); "+
 		"a soft memory limit of 90% of the container's memory limit (cgroup v2 memory.max) applies unless GOMEMLIMIT is set")
@@ -151,7 +163,44 @@ func (o options) validate() error {
 	if o.redisPoolSize < 1 {
 		errs = append(errs, errors.New("--redis-pool-size must be at least 1"))
 	}
+	for name, d := range map[string]time.Duration{"--retention": o.retention, "--audit-retention": o.auditRetention} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
+		}
+	}
+	if o.policyFile != "" {
+		if _, err := policy.Load(o.policyFile); err != nil {
+			errs = append(errs, fmt.Errorf("--policy-file: %w", err))
+		}
+	}
+	if o.grantKeyFile == "" {
+		errs = append(errs, errors.New("--grant-key-file is required: the providers' grants are sealed in Redis with its keys "+
+			"(openssl rand -base64 32 > grant.key; every replica needs the same file)"))
+	} else if _, err := readGrantKeys(o.grantKeyFile); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// readGrantKeys reads --grant-key-file; its errors never show a key.
+func readGrantKeys(file string) (*store.GrantKeys, error) {
+	keys, err := store.LoadGrantKeys(file)
+	if err != nil {
+		return nil, fmt.Errorf("--grant-key-file: %w", err)
+	}
+	return keys, nil
+}
+
+// loadPolicy reads --policy-file, or returns the default policy.
+func (o options) loadPolicy() (*policy.Policy, error) {
+	if o.policyFile == "" {
+		return policy.Default(), nil
+	}
+	p, err := policy.Load(o.policyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--policy-file: %w", err)
+	}
+	return p, nil
 }
 
 // redisPasswordEnv holds the Redis password when --redis-password-file is not given.
@@ -266,6 +315,14 @@ func (o options) redisUser() string {
 	return ""
 }
 
+// policySource says where the fair-share policy comes from, for the log.
+func policySource(file string) string {
+	if file == "" {
+		return "default (no --policy-file: no quota, no bounds)"
+	}
+	return "file " + file
+}
+
 // redisPasswordSource says where the password comes from, for the log.
 func (o options) redisPasswordSource() string {
 	switch {
@@ -332,8 +389,17 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer rdb.Close()
+	pol, err := o.loadPolicy()
+	if err != nil {
+		return err
+	}
+	grantKeys, err := readGrantKeys(o.grantKeyFile)
+	if err != nil {
+		return err
+	}
 	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL,
-		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight})
+		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, Retention: o.retention, AuditRetention: o.auditRetention,
+		Policy: pol, GrantKeys: grantKeys})
 	srv := server.New(server.Config{Store: st, Log: log,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}})
 
@@ -378,6 +444,7 @@ func run(ctx context.Context, o options) error {
 	}
 	log.Info("serving", "version", version.Get().Version, "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", redactURL(o.redisURL),
 		"redisUser", o.redisUser(), "redisPassword", o.redisPasswordSource(),
-		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold)
+		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold,
+		"policy", policySource(o.policyFile), "retention", o.retention, "auditRetention", o.auditRetention)
 	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, Certs: certs, HealthListener: healthLn, ExpiryInterval: o.expiryInterval})
 }

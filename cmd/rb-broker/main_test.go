@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/base64"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -15,6 +16,15 @@ import (
 )
 
 func TestInvalidFlagsRefuseToStart(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+		return path
+	}
+	shortKey := write("short.key", "c2hvcnQ=\n")
+	goodKey := write("grant.key", "# the sealing key first\n"+base64.StdEncoding.EncodeToString(make([]byte, 32))+"\n")
+	badPolicy := write("policy.yaml", "apiVersion: broker.fluidos.eu/v1alpha1\nkind: BrokerPolicy\nrequesters: {default: {maxReservations: -1}}\n")
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -26,8 +36,14 @@ func TestInvalidFlagsRefuseToStart(t *testing.T) {
 		{[]string{"--redis-sentinel-master=mymaster"}, "go together"},
 		{[]string{"--redis-url=mysql://x"}, "--redis-url"},
 		{[]string{"--gc-percent=-2"}, "--gc-percent"},
-		{[]string{"--cert-dir=/nonexistent"}, "/nonexistent"},
+		{[]string{"--cert-dir=/nonexistent", "--grant-key-file=" + goodKey}, "/nonexistent"},
 		{[]string{"extra-arg"}, "unknown command"},
+		{[]string{"--redis-url=redis://127.0.0.1:1/0"}, "--grant-key-file is required"},
+		{[]string{"--grant-key-file=" + filepath.Join(dir, "missing")}, "--grant-key-file: open " + filepath.Join(dir, "missing")},
+		{[]string{"--grant-key-file=" + shortKey}, "--grant-key-file: " + shortKey + ": line 1: 5 bytes, want 32"},
+		{[]string{"--policy-file=" + badPolicy}, "--policy-file: policy file " + badPolicy + ": requesters.default.maxReservations: Invalid value: -1"},
+		{[]string{"--retention=0s"}, "--retention must be positive"},
+		{[]string{"--audit-retention=-1s"}, "--audit-retention must be positive"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			cmd := newCommand()

@@ -87,7 +87,7 @@ func TestRedisPasswordNeverShown(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "--listen-address="+apiAddr, "--health-address="+healthAddr, "--pprof-bind-address="+pprofAddr,
 		"--cert-dir="+certDir, "--redis-url=redis://"+rs.Addr+"/0",
 		"--redis-username="+redismanifest.BrokerUser, "--redis-password-file="+passwordFile,
-		"--expiry-interval=100ms", "-v=6")
+		"--grant-key-file="+rs.Users.GrantKeyFile, "--expiry-interval=100ms", "-v=6")
 	cmd.Env = append(os.Environ(), runMainEnv+"=1", redisPasswordEnv+"=")
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out

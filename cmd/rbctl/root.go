@@ -31,6 +31,7 @@ func newRootCommand() *cobra.Command {
 		newClustersCommand(g),
 		newReservationsCommand(g),
 		newExplainCommand(g),
+		newUsageCommand(g),
 	)
 	version.AddFlag(root)
 	return root

@@ -74,6 +74,11 @@ func Start(t testing.TB, o Options) *Broker {
 	}
 	rs := redistest.Start(t)
 	rdb := rs.AdminClient()
+	if o.Store.GrantKeys == nil { // those of the rb-broker processes of StartProcess too
+		keys, err := store.LoadGrantKeys(rs.Users.GrantKeyFile)
+		require.NoError(t, err)
+		o.Store.GrantKeys = keys
+	}
 	st := store.New(rs.Client(), o.Store)
 	ca, err := devcerts.NewCA("test CA")
 	require.NoError(t, err)

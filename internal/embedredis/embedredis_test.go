@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/policy"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/embedredis"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
@@ -81,7 +82,8 @@ func eventsOf(t *testing.T, s *store.Store, cluster string) []string {
 func exerciseStore(t *testing.T, rdb *redis.Client) {
 	ctx := context.Background()
 	retention := 500 * time.Millisecond
-	s := store.New(rdb, store.Config{Retention: retention})
+	// rb-broker's policy without --policy-file: a rate and a priority ceiling.
+	s := store.New(rdb, store.Config{Retention: retention, Policy: policy.Default()})
 	require.NoError(t, s.LoadScripts(ctx))
 	require.NoError(t, s.Ready(ctx), "SCRIPT EXISTS finds every script")
 

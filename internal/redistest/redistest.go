@@ -15,6 +15,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -74,18 +75,26 @@ type Users struct {
 	// holds it as rb-broker's --redis-password-file reads it.
 	BrokerPassword, BrokerPasswordFile string
 	AdminPassword                      string
+	// GrantKeyFile is rb-broker's --grant-key-file for the brokers of this
+	// Redis: every replica on one Redis must seal grants with the same keys.
+	GrantKeyFile string
 }
 
 // WriteUsers writes an ACL file and the broker's password file in dir, with
 // fresh random passwords.
 func WriteUsers(dir string) (*Users, error) {
 	u := &Users{ACLFile: filepath.Join(dir, "users.acl"), BrokerPasswordFile: filepath.Join(dir, "broker-password"),
-		BrokerPassword: randomPassword(), AdminPassword: randomPassword()}
+		BrokerPassword: randomPassword(), AdminPassword: randomPassword(), GrantKeyFile: filepath.Join(dir, "grant.key")}
 	acl := redismanifest.UsersACL(u.BrokerPassword) + "user " + AdminUser + " on >" + u.AdminPassword + " ~* &* +@all\n"
 	if err := os.WriteFile(u.ACLFile, []byte(acl), 0o600); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(u.BrokerPasswordFile, []byte(u.BrokerPassword+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	key := make([]byte, 32)
+	_, _ = rand.Read(key) // never fails (crypto/rand)
+	if err := os.WriteFile(u.GrantKeyFile, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
 		return nil, err
 	}
 	return u, nil
@@ -97,9 +106,16 @@ func (u *Users) ServerArgs() []string {
 	return []string{"--aclfile", u.ACLFile, "--protected-mode", "yes"}
 }
 
-// BrokerFlags are rb-broker's flags to connect as the broker's user.
+// BrokerFlags are rb-broker's flags to connect as the broker's user, with
+// the grant keys the brokers of this Redis share.
 func (u *Users) BrokerFlags() []string {
-	return []string{"--redis-username=" + redismanifest.BrokerUser, "--redis-password-file=" + u.BrokerPasswordFile}
+	return append([]string{"--redis-username=" + redismanifest.BrokerUser, "--redis-password-file=" + u.BrokerPasswordFile},
+		u.GrantKeyFlags()...)
+}
+
+// GrantKeyFlags are rb-broker's flags for the grant keys of this Redis's brokers.
+func (u *Users) GrantKeyFlags() []string {
+	return []string{"--grant-key-file=" + u.GrantKeyFile}
 }
 
 // BrokerOptions are the client options of the broker's user for addr, as

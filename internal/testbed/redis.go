@@ -124,10 +124,10 @@ func (r *Redis) adminOptions() *redis.Options {
 }
 
 // BrokerFlags are rb-broker's flags to connect as the limited user (none
-// for the embedded server).
+// for the embedded server), with the grant keys every replica shares.
 func (r *Redis) BrokerFlags() []string {
 	if r.Embedded {
-		return nil
+		return r.Users.GrantKeyFlags()
 	}
 	return r.Users.BrokerFlags()
 }

@@ -433,7 +433,11 @@ func (b *Bed) startBrokers(ctx context.Context) error {
 		return err
 	}
 	b.RDB = b.Redis.AdminClient()
-	b.Store = store.New(b.RDB, store.Config{StaleThreshold: b.opts.StaleThreshold})
+	grantKeys, err := store.LoadGrantKeys(b.Redis.Users.GrantKeyFile) // the brokers' (Redis.BrokerFlags), to read their grants
+	if err != nil {
+		return err
+	}
+	b.Store = store.New(b.RDB, store.Config{StaleThreshold: b.opts.StaleThreshold, GrantKeys: grantKeys})
 	var addrs []string
 	for i := range b.opts.BrokerReplicas {
 		br := &Broker{Name: fmt.Sprintf("rb-broker-%d", i), bed: b}

@@ -37,6 +37,7 @@ func TestBrokerUserIsRefusedTheRest(t *testing.T) {
 		{"SCRIPT", "FLUSH"}, {"SCRIPT", "KILL"}, {"FUNCTION", "LIST"}, {"FCALL", "f", "0"},
 		{"PUBLISH", "ch", "x"}, {"SUBSCRIBE", "ch"},
 		{"GET", "other"}, {"SET", "other", "x"}, {"DEL", "other"}, {"RENAME", "rb:{b}:mine", "other"},
+		{"XTRIM", "other", "MAXLEN", "0"}, {"PTTL", "other"},
 		{"DUMP", "rb:{b}:mine"}, {"RESTORE", "rb:{b}:new", "0", "x"}, {"OBJECT", "ENCODING", "rb:{b}:mine"},
 		{"LPUSH", "rb:{b}:list", "x"}, {"BLPOP", "rb:{b}:list", "1"}, {"EXPIRE", "rb:{b}:mine", "1"},
 		{"EVAL", "return redis.call('GET', 'other')", "1", "rb:{b}:"},

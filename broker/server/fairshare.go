@@ -1,0 +1,77 @@
+package server
+
+import (
+	"errors"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/store"
+)
+
+// outcomeLimited: a reservation refused by its requester's limits
+// (rb_broker_reservations_total).
+const outcomeLimited = "limited"
+
+// writeFairShareError answers the refusals of the operator's policy
+// (broker/policy): a requester over its limits (429 with Retry-After, as
+// Kubernetes' API Priority and Fairness answers: its agent retries later) or
+// an advertisement outside its bounds (403 naming the bound, as a quota or a
+// LimitRange refuses). It returns false for any other error.
+func writeFairShareError(w http.ResponseWriter, err error) bool {
+	var limit *store.LimitError
+	var bound *store.BoundError
+	switch {
+	case errors.As(err, &limit):
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(limit.RetryAfter.Seconds())), 10))
+		reason := api.ReasonLimitExceeded
+		if limit.Limit == "rate" {
+			reason = api.ReasonRateLimited
+		}
+		writeError(w, http.StatusTooManyRequests, reason, limit.Error())
+	case errors.As(err, &bound):
+		writeError(w, http.StatusForbidden, api.ReasonOutsideBounds, bound.Error())
+	case errors.Is(err, store.ErrInvalid):
+		writeError(w, http.StatusBadRequest, api.ReasonBadRequest, err.Error())
+	default:
+		return false
+	}
+	return true
+}
+
+// getUsage lists what each member holds as a requester against its limits:
+// the members holding live reservations, those with limits of their own and
+// every advertised cluster, in id order. Any member may read it, as it may
+// read every cluster's advertisement.
+func (s *Server) getUsage(w http.ResponseWriter, r *http.Request, _ string) {
+	usage, err := s.store.Usage(r.Context())
+	if err != nil {
+		s.writeStoreError(w, "", err)
+		return
+	}
+	ids, err := s.store.ClusterIDs(r.Context())
+	if err != nil {
+		s.writeStoreError(w, "", err)
+		return
+	}
+	policy := s.store.Config().Policy
+	if policy != nil {
+		ids = append(ids, policy.Clusters()...)
+	}
+	for id := range usage {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	out := make([]api.MemberUsage, 0, len(ids))
+	for _, id := range ids {
+		var limits store.Limits
+		if policy != nil {
+			limits = policy.Limits(id)
+		}
+		out = append(out, api.MemberUsageFromStore(id, usage[id], limits))
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,153 @@
+package store
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// GrantKeys seal the providers' grants (their tenants' bearer tokens) before
+// they reach Redis, with AES-256-GCM: Redis, its append-only file and its
+// backups hold no token in clear. The first key seals; every key opens, so a
+// new key is rolled out by putting it first and keeping the old one after it
+// until the grants it sealed have ended (at most --max-duration).
+//
+// A sealed grant is "v1.<key id>.<base64url(nonce || ciphertext)>", bound to
+// its reservation (the qualified id is the additional data): copied to
+// another reservation's record, it does not open.
+type GrantKeys struct {
+	keys []grantKey
+}
+
+type grantKey struct {
+	id   string // hex of the first 4 bytes of SHA-256 of the key: names it, reveals nothing
+	aead cipher.AEAD
+}
+
+// GrantKeySize is the size of a grant key: 32 bytes (AES-256).
+const GrantKeySize = 32
+
+// sealedPrefix starts every sealed grant.
+const sealedPrefix = "v1."
+
+// NewGrantKeys returns keys sealing with the first of raw and opening with
+// every one; each must be GrantKeySize bytes.
+func NewGrantKeys(raw ...[]byte) (*GrantKeys, error) {
+	if len(raw) == 0 {
+		return nil, errors.New("no grant key")
+	}
+	k := &GrantKeys{}
+	for i, key := range raw {
+		if len(key) != GrantKeySize {
+			return nil, fmt.Errorf("grant key %d: %d bytes, want %d", i+1, len(key), GrantKeySize)
+		}
+		block, err := aes.NewCipher(key)
+		if err != nil {
+			return nil, err
+		}
+		aead, err := cipher.NewGCM(block)
+		if err != nil {
+			return nil, err
+		}
+		sum := sha256.Sum256(key)
+		k.keys = append(k.keys, grantKey{id: hex.EncodeToString(sum[:4]), aead: aead})
+	}
+	return k, nil
+}
+
+// ParseGrantKeys reads a key file (--grant-key-file): one key per line,
+// base64 of 32 random bytes (`openssl rand -base64 32`), the sealing key
+// first; blank lines and lines starting with # are ignored. Its errors name
+// lines, never the keys.
+func ParseGrantKeys(data []byte) (*GrantKeys, error) {
+	var raw [][]byte
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, err := base64.StdEncoding.DecodeString(line)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: not base64", i+1)
+		}
+		if len(key) != GrantKeySize {
+			return nil, fmt.Errorf("line %d: %d bytes, want %d (openssl rand -base64 32)", i+1, len(key), GrantKeySize)
+		}
+		raw = append(raw, key)
+	}
+	if len(raw) == 0 {
+		return nil, errors.New("no key in the file (one per line: openssl rand -base64 32)")
+	}
+	return NewGrantKeys(raw...)
+}
+
+// LoadGrantKeys reads a key file (ParseGrantKeys).
+func LoadGrantKeys(path string) (*GrantKeys, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	k, err := ParseGrantKeys(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return k, nil
+}
+
+// RandomGrantKeys returns a key of this process only: grants it seals open
+// in no other process, so it serves a single broker (tests).
+func RandomGrantKeys() *GrantKeys {
+	key := make([]byte, GrantKeySize)
+	_, _ = rand.Read(key) // never fails (crypto/rand)
+	k, err := NewGrantKeys(key)
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
+// seal seals reservation qid's grant.
+func (k *GrantKeys) seal(qid string, grant []byte) string {
+	key := k.keys[0]
+	nonce := make([]byte, key.aead.NonceSize(), key.aead.NonceSize()+len(grant)+key.aead.Overhead())
+	_, _ = rand.Read(nonce)
+	sealed := key.aead.Seal(nonce, nonce, grant, []byte(qid))
+	return sealedPrefix + key.id + "." + base64.RawURLEncoding.EncodeToString(sealed)
+}
+
+// open opens reservation qid's stored grant. A grant in clear (JSON, as
+// brokers before sealing stored it) is returned as it is: it goes when its
+// reservation ends.
+func (k *GrantKeys) open(qid, stored string) ([]byte, error) {
+	if strings.HasPrefix(stored, "{") {
+		return []byte(stored), nil
+	}
+	rest, ok := strings.CutPrefix(stored, sealedPrefix)
+	id, body, ok2 := strings.Cut(rest, ".")
+	if !ok || !ok2 {
+		return nil, errors.New("grant: not a sealed grant")
+	}
+	for _, key := range k.keys {
+		if key.id != id {
+			continue
+		}
+		sealed, err := base64.RawURLEncoding.DecodeString(body)
+		if err != nil || len(sealed) < key.aead.NonceSize() {
+			return nil, errors.New("grant: malformed sealed grant")
+		}
+		n := key.aead.NonceSize()
+		plain, err := key.aead.Open(nil, sealed[:n], sealed[n:], []byte(qid))
+		if err != nil {
+			return nil, fmt.Errorf("grant of %s does not open with key %s: altered, or copied from another reservation", qid, id)
+		}
+		return plain, nil
+	}
+	return nil, fmt.Errorf("grant of %s was sealed with key %s, which this broker does not have: give every replica the same --grant-key-file", qid, id)
+}
