@@ -157,11 +157,11 @@ func TestTypedErrors(t *testing.T) {
 	_, err = rome.Advertise(ctx, "paris", advertisement("1", "1Gi", "0.01"))
 	assert.True(t, client.IsForbidden(err), "rome cannot advertise as paris: %v", err)
 	_, err = berlin.ProvidedReservation(ctx, "rome", "mine")
-	assert.True(t, client.IsForbidden(err), "%v", err)
+	assert.True(t, client.IsNotFound(err), "not a party: as if it did not exist: %v", err)
 	_, err = berlin.Reservation(ctx, "mine")
 	assert.True(t, client.IsNotFound(err), "berlin has no mine of its own: %v", err)
 	_, err = berlin.GrantTo(ctx, "rome", "mine", api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-rome", ExpiresAt: time.Now().Add(time.Hour)})
-	assert.True(t, client.IsForbidden(err), "%v", err)
+	assert.True(t, client.IsNotFound(err), "%v", err)
 	_, err = rome.Grant(ctx, "mine", api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-rome", ExpiresAt: time.Now().Add(time.Hour)})
 	assert.True(t, client.IsForbidden(err), "only the provider grants: %v", err)
 

@@ -165,7 +165,7 @@ func TestExplainCommand(t *testing.T) {
 	assert.Equal(t, r.Candidates, got.Candidates)
 
 	_, err = runRbctl(t, brokerArgs(b, "berlin", "explain", "r1", "--requester", "rome")...)
-	assert.ErrorContains(t, err, "403 Forbidden", "not a party")
+	assert.ErrorContains(t, err, "404 NotFound", "not a party: as if it did not exist")
 	_, err = runRbctl(t, brokerArgs(b, "paris", "explain", "r1")...)
 	assert.ErrorContains(t, err, "404 NotFound", "ids are scoped per requester: paris has no r1")
 	_, err = runRbctl(t, brokerArgs(b, "rome", "explain", "nope")...)

@@ -1,0 +1,92 @@
+package server_test
+
+// The broker under abuse (issue 18): what a hostile or careless member
+// cluster could do to the others through the HTTP layer, each on a real
+// redis-server over real mutual TLS.
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
+)
+
+// TestAbuseForeignReservationIsNotFound: asking for another requester's
+// reservation answered 403 where an unknown id answered 404, so a member
+// could learn which ids the others use. Now every call on a reservation the
+// caller is not a party to gets the very answer of an id that does not exist.
+func TestAbuseForeignReservationIsNotFound(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("secret-1", "1", "1Gi"))
+	require.Equal(t, http.StatusCreated, code, "%s", data)
+	before := b.Snapshot()
+
+	grant := `{"endpoint":"https://x:6443","token":"t","namespace":"rb-rome","expiresAt":"2030-01-01T00:00:00Z"}`
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodGet, "/api/v2/reservations/%s?requester=rome", ""},
+		{http.MethodDelete, "/api/v2/reservations/%s?requester=rome", ""},
+		{http.MethodPost, "/api/v2/reservations/%s/grant?requester=rome", grant},
+	} {
+		code, existing := b.Do("milan", c.method, fmt.Sprintf(c.path, "secret-1"), c.body)
+		assert.Equal(t, http.StatusNotFound, code, "%s on rome's reservation as milan: %s", c.method, existing)
+		code, unknown := b.Do("milan", c.method, fmt.Sprintf(c.path, "secret-2"), c.body)
+		assert.Equal(t, http.StatusNotFound, code, "%s on an unknown id: %s", c.method, unknown)
+		assert.Equal(t, string(unknown), strings.ReplaceAll(string(existing), "secret-1", "secret-2"),
+			"%s: the answers differ only by the id asked for", c.method)
+		assert.Equal(t, api.ReasonNotFound, brokertest.Decode[api.Error](t, existing).Reason)
+	}
+	assert.Equal(t, before, b.Snapshot(), "the refused calls changed nothing")
+
+	// The provider and the requester still reach it.
+	code, data = b.Do("paris", http.MethodGet, "/api/v2/reservations/secret-1?requester=rome", nil)
+	assert.Equal(t, http.StatusOK, code, "%s", data)
+	code, data = b.Do("rome", http.MethodGet, "/api/v2/reservations/secret-1", nil)
+	assert.Equal(t, http.StatusOK, code, "%s", data)
+}
+
+// TestAbuseJSONIsStrict: bodies are decoded as the Kubernetes API server
+// decodes them (sigs.k8s.io/json): a key given twice or in another case is
+// refused with a 400 that names it, where encoding/json took the last value
+// or matched the key case-insensitively, so that two readers of one body
+// (a proxy, an audit log, the broker) could disagree about what it asked.
+func TestAbuseJSONIsStrict(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{Limits: api.Limits{DefaultDuration: time.Hour, MaxDuration: 24 * time.Hour}})
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	before := b.Snapshot()
+	for _, c := range []struct{ name, method, path, body, mention string }{
+		{"duplicate key", "POST", "/api/v2/reservations",
+			`{"id":"d-1","resources":{"cpu":"1","memory":"1Gi"},"resources":{"cpu":"8","memory":"32Gi"}}`, `duplicate field "resources"`},
+		{"duplicate nested key", "POST", "/api/v2/reservations",
+			`{"id":"d-1","resources":{"cpu":"1","cpu":"7","memory":"1Gi"}}`, `duplicate field "resources.cpu"`},
+		{"key in another case", "POST", "/api/v2/reservations",
+			`{"ID":"d-1","resources":{"cpu":"1","memory":"1Gi"}}`, `unknown field "ID"`},
+		{"nested key in another case", "POST", "/api/v2/reservations",
+			`{"id":"d-1","resources":{"CPU":"1","memory":"1Gi"}}`, `unknown field "resources.CPU"`},
+		{"duplicate id in a renewal", "POST", "/api/v2/renewals", `{"ids":["a"],"ids":["b"]}`, `duplicate field "ids"`},
+		{"advertisement key in another case", "PUT", "/api/v2/clusters/paris/advertisement",
+			`{"Resources":{"capacity":{"cpu":"8","memory":"32Gi"},"allocatable":{"cpu":"8","memory":"32Gi"},"allocated":{}}}`, `unknown field "Resources"`},
+		{"v1 duplicate key", "POST", "/api/v1/reservations",
+			`{"requestedResources":{"cpu":"1","memory":"1Gi"},"requestedResources":{"cpu":"2","memory":"1Gi"}}`, `duplicate field "requestedResources"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cn := "rome"
+			if c.method == "PUT" {
+				cn = "paris"
+			}
+			code, data := b.Do(cn, c.method, c.path, c.body)
+			assert.Equal(t, http.StatusBadRequest, code, "%s", data)
+			e := brokertest.Decode[api.Error](t, data)
+			assert.Equal(t, api.ReasonBadRequest, e.Reason)
+			assert.Contains(t, e.Error, c.mention, "the answer names the problem")
+		})
+	}
+	assert.Equal(t, before, b.Snapshot(), "nothing refused reached Redis")
+}
