@@ -6,7 +6,9 @@ package server_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -89,4 +91,36 @@ func TestAbuseJSONIsStrict(t *testing.T) {
 		})
 	}
 	assert.Equal(t, before, b.Snapshot(), "nothing refused reached Redis")
+}
+
+// TestAbuseInvalidSinceIsBadRequest: a since= (or Last-Event-ID) that looks
+// like a stream id but is none Redis takes (a part beyond 64 bits) opened a
+// stream, 200, that then ended in an error event from Redis. Now it is a 400
+// before the stream starts, as any malformed id.
+func TestAbuseInvalidSinceIsBadRequest(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	for _, since := range []string{"18446744073709551616", "1-18446744073709551616", "99999999999999999999-0", "1-", "-1", "1-2-3", "+1", "abc"} {
+		for _, viaHeader := range []bool{false, true} {
+			req, err := http.NewRequest(http.MethodGet, b.URL+"/api/v2/events?since="+url.QueryEscape(since), nil)
+			require.NoError(t, err)
+			if viaHeader {
+				req.URL.RawQuery = ""
+				req.Header.Set("Last-Event-ID", since)
+			}
+			resp, err := b.Client("rome").Do(req)
+			require.NoError(t, err)
+			data, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "since %q (header %v): %s", since, viaHeader, data)
+			assert.Contains(t, string(data), "not a stream id")
+		}
+	}
+	for _, since := range []string{"0", "18446744073709551615-18446744073709551615", "1700000000000-0", "1700000000000"} {
+		ch := openStream(t, b, "rome", "?since="+since, nil)
+		select {
+		case ev, ok := <-ch:
+			assert.False(t, ok && ev.kind == "error", "since %q: %+v", since, ev)
+		case <-time.After(time.Second): // open, no event: as it should be
+		}
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -81,20 +83,18 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 	}
 }
 
-// validStreamID accepts Redis stream ids: <ms> or <ms>-<seq>.
+// validStreamID accepts what Redis takes as a stream id: <ms> or <ms>-<seq>,
+// each a 64-bit unsigned decimal, so that a stream never starts only to end
+// in an error event from Redis.
 func validStreamID(s string) bool {
-	if len(s) == 0 || len(s) > 41 {
+	ms, seq, hasSeq := strings.Cut(s, "-")
+	if !isUint64(ms) {
 		return false
 	}
-	dash := false
-	for i, c := range s {
-		switch {
-		case c >= '0' && c <= '9':
-		case c == '-' && !dash && i > 0 && i < len(s)-1:
-			dash = true
-		default:
-			return false
-		}
-	}
-	return true
+	return !hasSeq || isUint64(seq)
+}
+
+func isUint64(s string) bool {
+	_, err := strconv.ParseUint(s, 10, 64) // digits only: no sign, no underscore in base 10
+	return err == nil
 }
