@@ -5,6 +5,7 @@ package server_test
 // redis-server over real mutual TLS.
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -123,4 +124,57 @@ func TestAbuseInvalidSinceIsBadRequest(t *testing.T) {
 		case <-time.After(time.Second): // open, no event: as it should be
 		}
 	}
+}
+
+// TestAbuseReadyzWhileRedisRefusesWrites: with Redis at maxmemory every
+// reservation failed with 503 while /readyz said ready, so nothing took the
+// replica out of its Service. Now /readyz fails whenever Redis refuses
+// writes (out of memory, a read-only replica) or does not answer, and comes
+// back when Redis does.
+func TestAbuseReadyzWhileRedisRefusesWrites(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	ctx := context.Background()
+	ready := func() (int, string) {
+		resp, err := http.Get(b.Health + "/readyz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(data)
+	}
+	requireReady := func(why string) {
+		t.Helper()
+		require.Eventually(t, func() bool { code, _ := ready(); return code == http.StatusOK }, 10*time.Second, 50*time.Millisecond, why)
+	}
+	requireReady("at the start")
+
+	// Out of memory: maxmemory below what Redis holds, no eviction.
+	require.NoError(t, b.RDB.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, b.RDB.ConfigSet(ctx, "maxmemory", "1").Err())
+	code, body := ready()
+	assert.Equal(t, http.StatusServiceUnavailable, code, body)
+	assert.Contains(t, body, "OOM", "the answer says why")
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("oom-1", "1", "1Gi"))
+	assert.Equal(t, http.StatusServiceUnavailable, code, "and reservations fail meanwhile: %s", data)
+	require.NoError(t, b.RDB.ConfigSet(ctx, "maxmemory", "0").Err())
+	requireReady("memory back")
+
+	// A read-only replica (of a primary it never reaches: nothing is synced).
+	require.NoError(t, b.RDB.Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
+	code, body = ready()
+	assert.Equal(t, http.StatusServiceUnavailable, code, body)
+	assert.Contains(t, body, "READONLY")
+	require.NoError(t, b.RDB.Do(ctx, "REPLICAOF", "NO", "ONE").Err())
+	requireReady("a primary again")
+
+	// Unreachable.
+	b.Redis.Stop()
+	code, body = ready()
+	assert.Equal(t, http.StatusServiceUnavailable, code, body)
+	b.Redis.Restart()
+	requireReady("Redis back (its script cache empty: loaded again)")
+	code, data = b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("after-1", "1", "1Gi"))
+	assert.NotEqual(t, http.StatusServiceUnavailable, code, "%s", data)
 }

@@ -39,6 +39,8 @@ type Server struct {
 	metrics *metrics
 	block   time.Duration
 	certs   *Certs // set by Run; nil: the TLS configuration is fixed
+	// draining is set when shutdown begins: /readyz fails from then on.
+	draining atomic.Bool
 }
 
 // New returns a server.
@@ -95,14 +97,22 @@ func (s *Server) health(mux *http.ServeMux) {
 		_, _ = w.Write([]byte("ok"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "shutting down")
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := s.store.Ready(ctx); err != nil {
+		err := s.store.Ready(ctx)
+		if errors.Is(err, store.ErrScriptsNotLoaded) {
 			// After a Redis restart the script cache is empty: load again.
-			if lerr := s.store.LoadScripts(ctx); lerr != nil {
-				writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "redis: "+err.Error())
-				return
+			if err = s.store.LoadScripts(ctx); err == nil {
+				err = s.store.Ready(ctx)
 			}
+		}
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "redis: "+err.Error())
+			return
 		}
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok"))
