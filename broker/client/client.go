@@ -278,10 +278,17 @@ func (c *Client) Advertise(ctx context.Context, id string, a api.Advertisement) 
 	return out, err
 }
 
-// Clusters lists every cluster the broker knows, live or stale, by id.
+// Clusters lists every cluster the broker knows, live or stale, by id. It
+// reads the broker's pages (api.DefaultPageSize clusters each) one after the
+// other; each page is retried on its own.
 func (c *Client) Clusters(ctx context.Context) ([]api.Cluster, error) {
-	var out []api.Cluster
-	err := c.call(ctx, http.MethodGet, "/api/v2/clusters", nil, nil, true, &out)
+	out := []api.Cluster{}
+	err := c.pages(ctx, "/api/v2/clusters", func(cont string) (string, error) {
+		var page api.ClusterList
+		err := c.call(ctx, http.MethodGet, "/api/v2/clusters", withContinue(nil, cont), nil, true, &page)
+		out = append(out, page.Items...)
+		return page.Continue, err
+	})
 	return out, err
 }
 
@@ -327,15 +334,65 @@ const (
 )
 
 // Reservations lists the caller's live reservations as requester
-// (RoleRequester), as provider (RoleProvider), or both ("").
+// (RoleRequester), as provider (RoleProvider), or both (""). It reads the
+// broker's pages one after the other (each retried on its own) and returns
+// each reservation once: every reservation live from the first page to the
+// last is in it; one that began or ended meanwhile may or may not be.
 func (c *Client) Reservations(ctx context.Context, role string) ([]api.Reservation, error) {
 	var q url.Values
 	if role != "" {
 		q = url.Values{"role": {role}}
 	}
-	var out []api.Reservation
-	err := c.call(ctx, http.MethodGet, "/api/v2/reservations", q, nil, true, &out)
+	out := []api.Reservation{}
+	seen := map[[2]string]bool{} // a page may repeat an earlier one's reservation
+	err := c.pages(ctx, "/api/v2/reservations", func(cont string) (string, error) {
+		var page api.ReservationList
+		err := c.call(ctx, http.MethodGet, "/api/v2/reservations", withContinue(q, cont), nil, true, &page)
+		for _, r := range page.Items {
+			if k := [2]string{r.Requester, r.ID}; !seen[k] {
+				seen[k] = true
+				out = append(out, r)
+			}
+		}
+		return page.Continue, err
+	})
 	return out, err
+}
+
+// maxPages bounds a listing: a broker that kept answering with a continue
+// token would otherwise hold the caller forever.
+const maxPages = 10_000
+
+// pages calls page with each continue token, "" first, until one returns
+// none.
+func (c *Client) pages(ctx context.Context, path string, page func(cont string) (string, error)) error {
+	cont := ""
+	for range maxPages {
+		next, err := page(cont)
+		if err != nil || next == "" {
+			return err
+		}
+		if next == cont {
+			return fmt.Errorf("client: GET %s: the broker answered the same continue token twice", path)
+		}
+		cont = next
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("client: GET %s: more than %d pages", path, maxPages)
+}
+
+// withContinue returns q with ?continue=cont added (q itself unchanged).
+func withContinue(q url.Values, cont string) url.Values {
+	if cont == "" {
+		return q
+	}
+	out := url.Values{"continue": {cont}}
+	for k, v := range q {
+		out[k] = v
+	}
+	return out
 }
 
 // Release ends a reservation (as its requester or provider) and returns it

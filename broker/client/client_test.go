@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -365,4 +366,37 @@ func TestNewWithTLS(t *testing.T) {
 	_, err = c.Clusters(ctx)
 	assert.True(t, errors.Is(err, context.Canceled), "%v", err)
 	assert.False(t, client.IsRetryable(err))
+}
+
+// TestListsFollowPages: Reservations and Clusters read every page the
+// broker answers, each reservation once, and stop on a broker that answers
+// the same continue token again.
+func TestListsFollowPages(t *testing.T) {
+	pages := map[string]string{
+		"":   `{"items":[{"id":"a","requester":"rome"},{"id":"b","requester":"rome"}],"continue":"t1"}`,
+		"t1": `{"items":[],"continue":"t2"}`,
+		"t2": `{"items":[{"id":"b","requester":"rome"},{"id":"b","requester":"milan"}]}`,
+		"t3": `{"items":[],"continue":"t3"}`,
+	}
+	var queries []string
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		queries = append(queries, r.URL.RawQuery)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, pages[r.URL.Query().Get("continue")])
+	}))
+	t.Cleanup(srv.Close)
+	c, err := client.NewWithTLS(srv.URL, srv.Client().Transport.(*http.Transport).TLSClientConfig)
+	require.NoError(t, err)
+	list, err := c.Reservations(context.Background(), client.RoleProvider)
+	require.NoError(t, err)
+	var got []string
+	for _, r := range list {
+		got = append(got, r.Requester+"/"+r.ID)
+	}
+	assert.Equal(t, []string{"rome/a", "rome/b", "milan/b"}, got)
+	assert.Equal(t, []string{"role=provider", "continue=t1&role=provider", "continue=t2&role=provider"}, queries)
+
+	pages[""] = `{"items":[],"continue":"t3"}`
+	_, err = c.Clusters(context.Background())
+	assert.ErrorContains(t, err, "same continue token")
 }

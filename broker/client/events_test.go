@@ -222,7 +222,7 @@ func TestRetryOnTransportError(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `[{"clusterID":"paris","live":true}]`)
+		fmt.Fprint(w, `{"items":[{"clusterID":"paris","live":true}]}`)
 	}))
 	t.Cleanup(srv.Close)
 	tlsCfg := srv.Client().Transport.(*http.Transport).TLSClientConfig

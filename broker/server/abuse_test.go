@@ -6,6 +6,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 )
 
@@ -178,3 +180,166 @@ func TestAbuseReadyzWhileRedisRefusesWrites(t *testing.T) {
 	code, data = b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("after-1", "1", "1Gi"))
 	assert.NotEqual(t, http.StatusServiceUnavailable, code, "%s", data)
 }
+
+// cloneReservations copies requester's reservation id n times in Redis
+// (ids <id>-<i>), as live reservations of the same requester and provider:
+// a member with n live reservations, without deciding each of them.
+func cloneReservations(t *testing.T, b *brokertest.Broker, requester, provider, id string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	fields, err := b.RDB.HGetAll(ctx, "rb:{b}:resv:"+requester+"/"+id).Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, fields)
+	const chunk = 2000
+	for start := 0; start < n; start += chunk {
+		pipe := b.RDB.Pipeline()
+		for i := start; i < min(start+chunk, n); i++ {
+			qid := fmt.Sprintf("%s/%s-%d", requester, id, i)
+			pipe.HSet(ctx, "rb:{b}:resv:"+qid, fields)
+			pipe.SAdd(ctx, "rb:{b}:by-requester:"+requester, qid)
+			pipe.SAdd(ctx, "rb:{b}:by-target:"+provider, qid)
+		}
+		_, err := pipe.Exec(ctx)
+		require.NoError(t, err)
+	}
+}
+
+// TestAbuseListIsPaginated: GET /api/v2/reservations answered every live
+// reservation of the caller at once (61,000: 28 MB; 8 such calls in
+// parallel took the broker to 3.2 GB). Now a list is a page of at most
+// limit items (api.MaxPageSize at most) with a continue token, and
+// broker/client follows the tokens, so its callers still get everything.
+func TestAbuseListIsPaginated(t *testing.T) {
+	const live = 60_000
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "64", "256Gi", "", "0.03", nil)
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("bulk", "1", "1Gi"))
+	require.Equal(t, http.StatusCreated, code, "%s", data)
+	cloneReservations(t, b, "rome", "paris", "bulk", live-1)
+
+	// One call: one page, of the default size, whatever the caller holds.
+	for _, role := range []string{"requester", "provider", ""} {
+		cn := map[string]string{"requester": "rome", "provider": "paris", "": "rome"}[role]
+		code, data = b.Do(cn, http.MethodGet, "/api/v2/reservations?role="+role, nil)
+		require.Equal(t, http.StatusOK, code, "%.300s", data)
+		page := brokertest.Decode[api.ReservationList](t, data)
+		assert.LessOrEqual(t, len(page.Items), api.DefaultPageSize, "role %q", role)
+		assert.NotEmpty(t, page.Items)
+		assert.NotEmpty(t, page.Continue, "more to come")
+		assert.Less(t, len(data), 1<<20, "role %q: a page is %d bytes", role, len(data))
+	}
+	code, data = b.Do("rome", http.MethodGet, fmt.Sprintf("/api/v2/reservations?role=requester&limit=%d", api.MaxPageSize), nil)
+	require.Equal(t, http.StatusOK, code)
+	assert.LessOrEqual(t, len(brokertest.Decode[api.ReservationList](t, data).Items), api.MaxPageSize)
+
+	// broker/client follows the pages: every reservation, each once.
+	ctx := context.Background()
+	for _, c := range []struct{ cn, role string }{{"rome", client.RoleRequester}, {"paris", client.RoleProvider}} {
+		cl, err := client.New(b.URL, b.ClusterCertDir(c.cn))
+		require.NoError(t, err)
+		all, err := cl.Reservations(ctx, c.role)
+		require.NoError(t, err)
+		ids := map[string]bool{}
+		for _, r := range all {
+			ids[r.Requester+"/"+r.ID] = true
+		}
+		assert.Len(t, all, live, "%s as %s", c.cn, c.role)
+		assert.Len(t, ids, live, "each once")
+		cl.CloseIdleConnections()
+	}
+}
+
+// TestListPages pages through small lists (a page ending inside one Redis
+// scan step, both roles' sets in one listing, clusters) and refuses a bad
+// limit or token with a 400 that says which.
+func TestListPages(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "64", "256Gi", "", "0.03", nil)
+	b.Advertise("berlin", "64", "256Gi", "", "0.05", nil)
+	for i := range 7 {
+		code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation(fmt.Sprintf("r%d", i), "1", "1Gi"))
+		require.Equal(t, http.StatusCreated, code, "%s", data)
+	}
+	code, data := b.Do("paris", http.MethodPost, "/api/v2/reservations", reservation("p0", "1", "1Gi"))
+	require.Equal(t, http.StatusCreated, code, "%s", data) // on berlin: paris requests too
+	providedByParis := 0
+	for i := range 7 {
+		code, data = b.Do("paris", http.MethodGet, fmt.Sprintf("/api/v2/reservations/r%d?requester=rome", i), nil)
+		if code == http.StatusOK {
+			providedByParis++
+		}
+	}
+
+	list := func(cn, query string) (ids []string, pages int) {
+		t.Helper()
+		cont := ""
+		for {
+			code, data := b.Do(cn, http.MethodGet, "/api/v2/reservations?"+query+"&continue="+url.QueryEscape(cont), nil)
+			require.Equal(t, http.StatusOK, code, "%s", data)
+			page := brokertest.Decode[api.ReservationList](t, data)
+			require.LessOrEqual(t, len(page.Items), 2)
+			for _, r := range page.Items {
+				ids = append(ids, r.Requester+"/"+r.ID)
+			}
+			pages++
+			if cont = page.Continue; cont == "" {
+				return ids, pages
+			}
+		}
+	}
+	ids, pages := list("rome", "role=requester&limit=2")
+	assert.ElementsMatch(t, []string{"rome/r0", "rome/r1", "rome/r2", "rome/r3", "rome/r4", "rome/r5", "rome/r6"}, ids)
+	assert.GreaterOrEqual(t, pages, 4)
+	ids, _ = list("paris", "limit=2") // both roles: its request, then what it provides
+	assert.Len(t, ids, 1+providedByParis)
+	assert.Contains(t, ids, "paris/p0")
+
+	var clusters []string
+	for cont := ""; ; {
+		code, data := b.Do("rome", http.MethodGet, "/api/v2/clusters?limit=1&continue="+url.QueryEscape(cont), nil)
+		require.Equal(t, http.StatusOK, code, "%s", data)
+		page := brokertest.Decode[api.ClusterList](t, data)
+		require.Len(t, page.Items, 1)
+		clusters = append(clusters, page.Items[0].ClusterID)
+		if cont = page.Continue; cont == "" {
+			break
+		}
+	}
+	assert.Equal(t, []string{"berlin", "paris"}, clusters, "by id")
+
+	code, data = b.Do("paris", http.MethodGet, "/api/v2/reservations?role=provider&limit=1", nil)
+	require.Equal(t, http.StatusOK, code)
+	providerToken := brokertest.Decode[api.ReservationList](t, data).Continue
+	require.NotEmpty(t, providerToken)
+	code, data = b.Do("rome", http.MethodGet, "/api/v2/clusters?limit=1", nil)
+	require.Equal(t, http.StatusOK, code)
+	clusterToken := brokertest.Decode[api.ClusterList](t, data).Continue
+	code, data = b.Do("rome", http.MethodGet, "/api/v2/reservations?role=requester&limit=1", nil)
+	require.Equal(t, http.StatusOK, code)
+	requesterToken := brokertest.Decode[api.ReservationList](t, data).Continue
+	require.NotEmpty(t, requesterToken)
+	for _, c := range []struct{ query, mention string }{
+		{"limit=0", "limit"}, {"limit=-1", "limit"}, {"limit=abc", "limit"}, {"limit=1001", "limit"}, {"limit=1e3", "limit"},
+		{"continue=garbage!", "continue"}, {"continue=" + base64URL(`{"l":"reservations","s":7,"r":"requester"}`), "continue"},
+		{"continue=" + base64URL(`{"l":"reservations","r":"requester","a":"Not_An_Id"}`), "continue"},
+		{"continue=" + base64URL(`{"l":"reservations","r":"requester","x":1}`), "continue"},
+		{"continue=" + strings.Repeat("A", 2000), "continue"},
+		{"continue=" + clusterToken, "another list"},
+		{"role=provider&continue=" + requesterToken, "role=requester"},
+		{"role=requester&continue=" + providerToken, "continue"},
+	} {
+		path := "/api/v2/reservations?" + c.query
+		if !strings.Contains(c.query, "role=") {
+			path += "&role=requester"
+		}
+		code, data := b.Do("rome", http.MethodGet, path, nil)
+		assert.Equal(t, http.StatusBadRequest, code, "%s: %s", c.query, data)
+		assert.Contains(t, brokertest.Decode[api.Error](t, data).Error, c.mention, c.query)
+	}
+	code, data = b.Do("rome", http.MethodGet, "/api/v2/clusters?continue="+requesterToken, nil)
+	assert.Equal(t, http.StatusBadRequest, code, "%s", data)
+	code, data = b.Do("rome", http.MethodGet, "/api/v2/clusters?limit=5000", nil)
+	assert.Equal(t, http.StatusBadRequest, code, "%s", data)
+}
+
+func base64URL(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }

@@ -55,7 +55,7 @@ func TestReserveReadRelease(t *testing.T) {
 
 	code, data = b.Do("rome", http.MethodGet, "/api/v2/reservations?role=requester", nil)
 	require.Equal(t, http.StatusOK, code)
-	assert.Len(t, brokertest.Decode[[]api.Reservation](t, data), 1)
+	assert.Len(t, brokertest.Decode[api.ReservationList](t, data).Items, 1)
 
 	code, data = b.Do("rome", http.MethodDelete, "/api/v2/reservations/r1", nil)
 	require.Equal(t, http.StatusOK, code, "%s", data)

@@ -31,7 +31,7 @@ func TestSameIDTwoRequesters(t *testing.T) {
 	}
 	code, data := b.Do("paris", http.MethodGet, "/api/v2/reservations?role=provider", nil)
 	require.Equal(t, http.StatusOK, code)
-	list := brokertest.Decode[[]api.Reservation](t, data)
+	list := brokertest.Decode[api.ReservationList](t, data).Items
 	require.Len(t, list, 2)
 	assert.Equal(t, "pod-1", list[0].ID)
 	assert.Equal(t, "pod-1", list[1].ID)

@@ -40,19 +40,6 @@ func (s *Server) advertise(w http.ResponseWriter, ctx context.Context, id string
 		NodesReserved: ack.NodesReserved}))
 }
 
-func (s *Server) listClusters(w http.ResponseWriter, r *http.Request, _ string) {
-	clusters, err := s.store.Clusters(r.Context())
-	if err != nil {
-		s.writeStoreError(w, "", err)
-		return
-	}
-	out := make([]api.Cluster, 0, len(clusters))
-	for _, c := range clusters {
-		out = append(out, api.ClusterFromStore(c, c.Live))
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
 func (s *Server) getCluster(w http.ResponseWriter, r *http.Request, _ string) {
 	c, err := s.store.Cluster(r.Context(), r.PathValue("id"))
 	if err != nil {
@@ -114,34 +101,6 @@ func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req store.R
 		s.writeStoreError(w, "reserve", err)
 	}
 	return store.Decision{}, false
-}
-
-func (s *Server) listReservations(w http.ResponseWriter, r *http.Request, caller string) {
-	role := r.URL.Query().Get("role")
-	var sets []string
-	switch role {
-	case "requester":
-		sets = []string{"by-requester"}
-	case "provider":
-		sets = []string{"by-target"}
-	case "":
-		sets = []string{"by-requester", "by-target"}
-	default:
-		writeError(w, http.StatusBadRequest, api.ReasonBadRequest, "role: must be requester or provider")
-		return
-	}
-	out := []api.Reservation{}
-	for _, set := range sets {
-		rs, err := s.store.LiveReservations(r.Context(), set, caller)
-		if err != nil {
-			s.writeStoreError(w, "", err)
-			return
-		}
-		for _, res := range rs {
-			out = append(out, api.ReservationFromStore(res, res.Requester == caller))
-		}
-	}
-	writeJSON(w, http.StatusOK, out)
 }
 
 // requesterOf is whose reservation a call addresses: ids are scoped per
