@@ -115,7 +115,7 @@ func TestEventsResume(t *testing.T) {
 // starting position, so resuming from it misses nothing that happened since.
 func TestEventsIdleAndCursor(t *testing.T) {
 	ctx := context.Background()
-	b := brokertest.Start(t, brokertest.Options{EventBlock: 2 * time.Second})
+	b := brokertest.Start(t, brokertest.Options{EventKeepAlive: 2 * time.Second})
 	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
 	paris := newClient(t, b, "paris", client.WithStreamIdleTimeout(300*time.Millisecond))
 	rome := newClient(t, b, "rome")

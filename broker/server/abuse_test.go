@@ -5,6 +5,7 @@ package server_test
 // redis-server over real mutual TLS.
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -343,3 +346,112 @@ func TestListPages(t *testing.T) {
 }
 
 func base64URL(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+// openRawStreams opens n event streams as cn and counts the events of type
+// kind they receive. It returns once all are open.
+func openRawStreams(t *testing.T, b *brokertest.Broker, cn string, n int, kind string, received *atomic.Int64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	tr := b.Client(cn).Transport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost, tr.MaxConnsPerHost = n, 0
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: tr}
+	var opened sync.WaitGroup
+	for range n {
+		opened.Add(1)
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.URL+"/api/v2/events", nil)
+			resp, err := hc.Do(req)
+			if err != nil {
+				opened.Done()
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				opened.Done()
+				return
+			}
+			sc := bufio.NewScanner(resp.Body)
+			first := true
+			for sc.Scan() {
+				if first && strings.HasPrefix(sc.Text(), ": cursor") {
+					opened.Done()
+					first = false
+				}
+				if sc.Text() == "event: "+kind {
+					received.Add(1)
+				}
+			}
+		}()
+	}
+	opened.Wait()
+}
+
+// TestAbuseEventStreamsDoNotStarveOthers: every event stream held a Redis
+// pool connection in its own blocking read, so a few hundred streams of one
+// member took the whole pool and the other members' calls failed with 503
+// "connection pool timeout". Now the replica's streams share one reader:
+// 300 streams of one member hold about one connection, the others reserve
+// as before, and each of the 300 still gets every event.
+func TestAbuseEventStreamsDoNotStarveOthers(t *testing.T) {
+	const streams = 300 // the test broker's Redis pool has 64 connections
+	b := brokertest.Start(t, brokertest.Options{MaxStreamsPerCluster: -1})
+	b.Advertise("paris", "1000", "4000Gi", "", "0.03", nil)
+	var received atomic.Int64
+	openRawStreams(t, b, "greedy", streams, "Reserved", &received)
+
+	stats := b.Store.Client().PoolStats()
+	assert.LessOrEqual(t, int(stats.TotalConns-stats.IdleConns), 3, "the streams hold no connection each: %+v", stats)
+	for i := range 50 {
+		start := time.Now()
+		code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation(fmt.Sprintf("honest-%d", i), "1", "1Gi"))
+		require.Equal(t, http.StatusCreated, code, "%s", data)
+		assert.Less(t, time.Since(start), 2*time.Second)
+	}
+	code, data := b.Do("greedy", http.MethodPost, "/api/v2/reservations", reservation("mine", "1", "1Gi"))
+	require.Equal(t, http.StatusCreated, code, "%s", data)
+	require.Eventually(t, func() bool { return received.Load() == streams }, 10*time.Second, 20*time.Millisecond,
+		"each stream gets the event: %d of %d", received.Load(), streams)
+	assert.Contains(t, scrape(t, b), fmt.Sprintf("rb_broker_event_streams %d", streams))
+}
+
+// TestAbuseEventStreamCap: a cluster may hold MaxStreamsPerCluster streams
+// open on a replica; the next is answered 429 with Retry-After, and a
+// stream closed frees its place. Other clusters are not counted with it.
+func TestAbuseEventStreamCap(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{MaxStreamsPerCluster: 3})
+	var received atomic.Int64
+	openRawStreams(t, b, "greedy", 3, "Reserved", &received)
+
+	open := func(cn string) *http.Response {
+		req, err := http.NewRequest(http.MethodGet, b.URL+"/api/v2/events", nil)
+		require.NoError(t, err)
+		resp, err := b.Client(cn).Do(req)
+		require.NoError(t, err)
+		return resp
+	}
+	resp := open("greedy")
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s", data)
+	assert.Equal(t, "5", resp.Header.Get("Retry-After"))
+	e := brokertest.Decode[api.Error](t, data)
+	assert.Equal(t, api.ReasonTooManyRequests, e.Reason)
+	assert.Contains(t, e.Error, "3 event streams")
+
+	rome := openStream(t, b, "rome", "", nil) // another cluster: its own count
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("r1", "1", "1Gi"))
+	require.Equal(t, http.StatusCreated, code, "%s", data)
+	assert.Equal(t, "Reserved", next(t, rome).kind)
+
+	// broker/client says 429 is worth retrying, after Retry-After.
+	c, err := client.New(b.URL, b.ClusterCertDir("greedy"))
+	require.NoError(t, err)
+	_, err = c.OpenEvents(context.Background(), "")
+	assert.True(t, client.IsRetryable(err), "%v", err)
+	var ae *client.APIError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, 5*time.Second, ae.RetryAfter)
+}

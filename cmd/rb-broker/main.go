@@ -52,6 +52,9 @@ type options struct {
 	reserveInFlight int
 	gcPercent       int
 	pprofAddress    string
+	maxStreams      int
+	shutdownDelay   time.Duration
+	shutdownTimeout time.Duration
 }
 
 func main() {
@@ -91,7 +94,13 @@ func newCommand() *cobra.Command {
 		"so a rotated Secret is picked up without a restart; without it, the environment variable REDIS_PASSWORD, if set")
 	f.StringVar(&o.sentinelMaster, "redis-sentinel-master", "", "Sentinel master name; with --redis-sentinel-addrs, used instead of --redis-url's host")
 	f.StringSliceVar(&o.sentinelAddrs, "redis-sentinel-addrs", nil, "Sentinel addresses host:port, comma-separated")
-	f.IntVar(&o.redisPoolSize, "redis-pool-size", 256, "Redis connections per replica (each open event stream holds one while it waits)")
+	f.IntVar(&o.redisPoolSize, "redis-pool-size", 256, "Redis connections per replica (the event streams of a replica share one)")
+	f.IntVar(&o.maxStreams, "max-streams-per-cluster", server.DefaultMaxStreamsPerCluster, "event streams one cluster may hold open on a replica; "+
+		"one more is answered 429 with Retry-After (an agent holds one)")
+	f.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long the replica keeps serving while /readyz fails, "+
+		"so that Services and load balancers stop sending it new clients; then its event streams end with a reconnection hint")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "after --shutdown-delay, how long requests in flight may take to finish; "+
+		"keep --shutdown-delay plus this under the pod's terminationGracePeriodSeconds (30s)")
 	f.Float64Var(&o.weightResources, "weight-resources", 0.7, "weight of the resource-availability score (weights sum to 1)")
 	f.Float64Var(&o.weightCost, "weight-cost", 0.3, "weight of the cost score (weights sum to 1)")
 	f.DurationVar(&o.staleThreshold, "stale-threshold", time.Minute, "a cluster not advertised for this long (Redis clock) is not a candidate")
@@ -150,6 +159,12 @@ func (o options) validate() error {
 	}
 	if o.redisPoolSize < 1 {
 		errs = append(errs, errors.New("--redis-pool-size must be at least 1"))
+	}
+	if o.maxStreams < 1 {
+		errs = append(errs, fmt.Errorf("--max-streams-per-cluster must be at least 1, got %d", o.maxStreams))
+	}
+	if o.shutdownDelay < 0 || o.shutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-delay (%s) must not be negative and --shutdown-timeout (%s) must be positive", o.shutdownDelay, o.shutdownTimeout))
 	}
 	return errors.Join(errs...)
 }
@@ -334,7 +349,7 @@ func run(ctx context.Context, o options) error {
 	defer rdb.Close()
 	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL,
 		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight})
-	srv := server.New(server.Config{Store: st, Log: log,
+	srv := server.New(server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}})
 
 	// Wait for Redis rather than crash-looping while it starts.
@@ -379,5 +394,6 @@ func run(ctx context.Context, o options) error {
 	log.Info("serving", "version", version.Get().Version, "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", redactURL(o.redisURL),
 		"redisUser", o.redisUser(), "redisPassword", o.redisPasswordSource(),
 		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold)
-	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, Certs: certs, HealthListener: healthLn, ExpiryInterval: o.expiryInterval})
+	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, Certs: certs, HealthListener: healthLn, ExpiryInterval: o.expiryInterval,
+		ShutdownDelay: o.shutdownDelay, ShutdownTimeout: o.shutdownTimeout})
 }

@@ -26,6 +26,9 @@ func TestInvalidFlagsRefuseToStart(t *testing.T) {
 		{[]string{"--redis-sentinel-master=mymaster"}, "go together"},
 		{[]string{"--redis-url=mysql://x"}, "--redis-url"},
 		{[]string{"--gc-percent=-2"}, "--gc-percent"},
+		{[]string{"--max-streams-per-cluster=0"}, "--max-streams-per-cluster must be at least 1"},
+		{[]string{"--shutdown-timeout=0s"}, "--shutdown-timeout"},
+		{[]string{"--shutdown-delay=-1s"}, "--shutdown-delay"},
 		{[]string{"--cert-dir=/nonexistent"}, "/nonexistent"},
 		{[]string{"extra-arg"}, "unknown command"},
 	} {

@@ -1,0 +1,271 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/fluidos-project/resource-broker/broker/store"
+)
+
+// eventHub reads, for this replica, the Redis event streams of every cluster
+// that has an event stream open here: one blocking XREAD at a time for all
+// of them, on one Redis connection however many streams are open, and hands
+// each event to every open stream of its cluster. (Each stream used to hold
+// a connection of the pool in an XREAD of its own, so a few hundred streams
+// opened by one member left none for the others' calls.)
+type eventHub struct {
+	store *store.Store
+	log   logr.Logger
+	// block is how long one XREAD waits for events: also how late the first
+	// events of a cluster that no stream followed before may come, and how
+	// long stop waits for the read in flight.
+	block   time.Duration
+	maxSubs int // open streams per cluster; 0: no limit
+
+	mu     sync.Mutex
+	topics map[string]*topic // by cluster
+	wake   chan struct{}     // a topic was added: start reading
+
+	start  sync.Once
+	ctx    context.Context // ends with stop
+	cancel context.CancelFunc
+	done   chan struct{} // closed when run returns
+}
+
+// topic is one cluster's stream as the hub reads it: its last events, kept
+// for the subscriptions that have not taken them yet.
+type topic struct {
+	last string         // id of the last event read: the next read starts after it
+	ring []*store.Event // event number i is ring[i%len(ring)]
+	n    uint64         // events read so far
+	subs map[*subscription]struct{}
+	err  error // the hub stopped reading it: its subscriptions end
+}
+
+// subscription is one open event stream's place in its cluster's topic.
+type subscription struct {
+	hub     *eventHub
+	cluster string
+	topic   *topic
+	next    uint64        // number of the next event to take
+	notify  chan struct{} // a token when the topic has new events or ended
+}
+
+const (
+	hubRingSize  = 1024 // events a stream may fall behind before it must reconnect
+	hubReadCount = 256  // events per cluster per XREAD
+)
+
+var (
+	errTooManyStreams = errors.New("too many event streams")
+	errStreamBehind   = errors.New("the event stream fell behind (the client reads too slowly): reconnect with the last event id")
+	errHubStopped     = errors.New("the broker is shutting down")
+)
+
+func newEventHub(st *store.Store, log logr.Logger, block time.Duration, maxSubs int) *eventHub {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &eventHub{store: st, log: log, block: block, maxSubs: maxSubs, topics: map[string]*topic{},
+		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+}
+
+// subscribe adds an open stream of cluster and returns it with the id the
+// hub hands it events after: every later event of the cluster comes through
+// the subscription, and those up to that id are the caller's to read from
+// Redis. errTooManyStreams: the cluster has maxSubs streams open here.
+func (h *eventHub) subscribe(ctx context.Context, cluster string) (*subscription, string, error) {
+	h.start.Do(func() { go h.run() })
+	if h.ctx.Err() != nil {
+		return nil, "", errHubStopped
+	}
+	h.mu.Lock()
+	t := h.topics[cluster]
+	if t == nil {
+		h.mu.Unlock()
+		// A new topic starts at the stream's end (read outside the lock).
+		end, err := h.store.EventCursor(ctx, cluster, "")
+		if err != nil {
+			return nil, "", err
+		}
+		h.mu.Lock()
+		if t = h.topics[cluster]; t == nil { // nobody added it meanwhile
+			t = &topic{last: end, ring: make([]*store.Event, hubRingSize), subs: map[*subscription]struct{}{}}
+			h.topics[cluster] = t
+			select {
+			case h.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+	defer h.mu.Unlock()
+	switch {
+	case h.ctx.Err() != nil:
+		return nil, "", errHubStopped
+	case h.maxSubs > 0 && len(t.subs) >= h.maxSubs:
+		return nil, "", errTooManyStreams
+	}
+	s := &subscription{hub: h, cluster: cluster, topic: t, next: t.n, notify: make(chan struct{}, 1)}
+	t.subs[s] = struct{}{}
+	return s, t.last, nil
+}
+
+// close ends the subscription; the hub stops reading a cluster no stream follows.
+func (s *subscription) close() {
+	h := s.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(s.topic.subs, s)
+	if len(s.topic.subs) == 0 && h.topics[s.cluster] == s.topic {
+		delete(h.topics, s.cluster)
+	}
+}
+
+// take appends the events the subscription has not taken yet to buf, in
+// order. Its error, once every event was taken: errStreamBehind when the
+// stream fell more than hubRingSize events behind, else why the hub stopped
+// reading the cluster.
+func (s *subscription) take(buf []*store.Event) ([]*store.Event, error) {
+	h, t := s.hub, s.topic
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if t.n-s.next > uint64(len(t.ring)) {
+		return buf, errStreamBehind
+	}
+	for ; s.next < t.n; s.next++ {
+		buf = append(buf, t.ring[s.next%uint64(len(t.ring))])
+	}
+	return buf, t.err
+}
+
+// run reads until stop.
+func (h *eventHub) run() {
+	defer close(h.done)
+	retry := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 5 * time.Second}
+	backoff := retry
+	for h.ctx.Err() == nil {
+		clusters, cursors := h.positions()
+		if len(clusters) == 0 {
+			select {
+			case <-h.wake:
+			case <-h.ctx.Done():
+			}
+			continue
+		}
+		events, err := h.store.ReadStreams(h.ctx, clusters, cursors, hubReadCount, h.block)
+		if err != nil {
+			if h.ctx.Err() != nil {
+				break
+			}
+			// Its streams end with the error, as each did when it read alone:
+			// the agents reconnect, and resynchronise from the lists.
+			h.log.Error(err, "read event streams", "clusters", len(clusters))
+			h.end(clusters, err)
+			select {
+			case <-time.After(backoff.Step()):
+			case <-h.ctx.Done():
+			}
+			continue
+		}
+		backoff = retry
+		h.deliver(events)
+	}
+	h.end(nil, errHubStopped)
+}
+
+// positions returns the clusters to read and where each read starts.
+func (h *eventHub) positions() (clusters, cursors []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for c, t := range h.topics {
+		clusters, cursors = append(clusters, c), append(cursors, t.last)
+	}
+	return clusters, cursors
+}
+
+// deliver adds what one read returned to the topics and tells their streams.
+func (h *eventHub) deliver(events map[string][]store.Event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for cluster, evs := range events {
+		t := h.topics[cluster]
+		if t == nil {
+			continue // its last stream closed during the read
+		}
+		added := false
+		for i := range evs {
+			// A topic added again during the read may start past what it returned.
+			if compareStreamIDs(evs[i].ID, t.last) <= 0 {
+				continue
+			}
+			t.ring[t.n%uint64(len(t.ring))] = &evs[i]
+			t.n++
+			t.last = evs[i].ID
+			added = true
+		}
+		if added {
+			t.notifyAll()
+		}
+	}
+}
+
+// end stops the topics of clusters (all: nil) with err; new streams of those
+// clusters start new topics.
+func (h *eventHub) end(clusters []string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if clusters == nil {
+		for c := range h.topics {
+			clusters = append(clusters, c)
+		}
+	}
+	for _, c := range clusters {
+		if t := h.topics[c]; t != nil {
+			t.err = err
+			t.notifyAll()
+			delete(h.topics, c)
+		}
+	}
+}
+
+func (t *topic) notifyAll() {
+	for s := range t.subs {
+		select {
+		case s.notify <- struct{}{}:
+		default: // it has a token already
+		}
+	}
+}
+
+// stop ends the reads (waiting for the one in flight, at most block) and
+// every subscription with errHubStopped.
+func (h *eventHub) stop() {
+	h.cancel()
+	h.start.Do(func() { close(h.done) }) // never started: nothing to wait for
+	<-h.done
+}
+
+// compareStreamIDs orders two Redis stream ids (<ms>-<seq>, or <ms> for
+// <ms>-0), which validStreamID accepted or Redis returned.
+func compareStreamIDs(a, b string) int {
+	am, as := splitStreamID(a)
+	bm, bs := splitStreamID(b)
+	if c := cmp.Compare(am, bm); c != 0 {
+		return c
+	}
+	return cmp.Compare(as, bs)
+}
+
+func splitStreamID(id string) (ms, seq uint64) {
+	m, s, _ := strings.Cut(id, "-")
+	ms, _ = strconv.ParseUint(m, 10, 64)
+	seq, _ = strconv.ParseUint(s, 10, 64)
+	return ms, seq
+}
