@@ -1,0 +1,48 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/redistest"
+)
+
+// TestHubStreamBehind: a stream whose client reads too slowly is ended
+// (errStreamBehind, after the events it still had) once the events it has not
+// taken exceed the ring, instead of the broker keeping them all for it; the
+// other streams of the cluster go on.
+func TestHubStreamBehind(t *testing.T) {
+	st := store.New(redistest.Start(t).Client(), store.Config{})
+	h := newEventHub(st, logr.Discard(), hubBlock, 0)
+	t.Cleanup(h.stop)
+	ctx := context.Background()
+	slow, start, err := h.subscribe(ctx, "paris")
+	require.NoError(t, err)
+	assert.Equal(t, "0-0", start, "an empty stream starts at 0-0")
+	fast, _, err := h.subscribe(ctx, "paris")
+	require.NoError(t, err)
+
+	var taken []*store.Event
+	for i := 1; i <= hubRingSize+10; i++ {
+		h.deliver(map[string][]store.Event{"paris": {{ID: fmt.Sprintf("%d-0", i)}}})
+		if taken, err = fast.take(taken[:0]); err != nil || len(taken) != 1 {
+			t.Fatalf("fast stream: %d events, %v", len(taken), err)
+		}
+	}
+	h.deliver(map[string][]store.Event{"paris": {{ID: "5-0"}}}) // not after the last: dropped
+	_, err = slow.take(nil)
+	assert.ErrorIs(t, err, errStreamBehind)
+	taken, err = fast.take(nil)
+	assert.NoError(t, err)
+	assert.Empty(t, taken)
+
+	slow.close()
+	fast.close()
+	assert.Empty(t, h.topics, "a cluster no stream follows is not read")
+}
