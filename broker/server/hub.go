@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"hash/fnv"
 	"math"
 	"strconv"
 	"strings"
@@ -17,28 +18,38 @@ import (
 )
 
 // eventHub reads, for this replica, the Redis event streams of every cluster
-// that has an event stream open here: one blocking XREAD at a time for all
-// of them, on one Redis connection however many streams are open, and hands
-// each event to every open stream of its cluster. (Each stream used to hold
-// a connection of the pool in an XREAD of its own, so a few hundred streams
-// opened by one member left none for the others' calls.)
+// that has an event stream open here, and hands each event to every open
+// stream of its cluster. The clusters are spread over hubShards shards by
+// hash; each shard reads all of its clusters with one blocking XREAD at a
+// time, on one Redis connection: at most hubShards connections however many
+// streams are open. (Each stream used to hold a pool connection in an XREAD
+// of its own, so a few hundred streams opened by one member left none for
+// the others' calls.) The shards keep each XREAD short where thousands of
+// clusters are followed: a read's cost grows with the streams it names, and
+// a shard reads again after each event of any of its clusters.
 type eventHub struct {
 	store *store.Store
 	log   logr.Logger
 	// block is how long one XREAD waits for events: also how late the first
-	// events of a cluster that no stream followed before may come, and how
-	// long stop waits for the read in flight.
+	// events of a cluster that no stream followed before may come (a read in
+	// flight names the clusters followed when it began), and how long stop
+	// waits for the reads in flight.
 	block   time.Duration
 	maxSubs int // open streams per cluster; 0: no limit
 
+	shards  [hubShards]*hubShard
+	ctx     context.Context // ends with stop
+	cancel  context.CancelFunc
+	running sync.WaitGroup // the shards' readers
+}
+
+// hubShard is the clusters of one shard and their reader.
+type hubShard struct {
+	hub    *eventHub
 	mu     sync.Mutex
 	topics map[string]*topic // by cluster
-	wake   chan struct{}     // a topic was added: start reading
-
-	start  sync.Once
-	ctx    context.Context // ends with stop
-	cancel context.CancelFunc
-	done   chan struct{} // closed when run returns
+	wake   chan struct{}     // a topic was added: read
+	start  sync.Once         // the reader starts with the first stream
 }
 
 // topic is one cluster's stream as the hub reads it: its last events, kept
@@ -53,7 +64,7 @@ type topic struct {
 
 // subscription is one open event stream's place in its cluster's topic.
 type subscription struct {
-	hub     *eventHub
+	shard   *hubShard
 	cluster string
 	topic   *topic
 	next    uint64        // number of the next event to take
@@ -61,6 +72,7 @@ type subscription struct {
 }
 
 const (
+	hubShards    = 16
 	hubRingSize  = 1024 // events a stream may fall behind before it must reconnect
 	hubReadCount = 256  // events per cluster per XREAD
 )
@@ -73,8 +85,18 @@ var (
 
 func newEventHub(st *store.Store, log logr.Logger, block time.Duration, maxSubs int) *eventHub {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &eventHub{store: st, log: log, block: block, maxSubs: maxSubs, topics: map[string]*topic{},
-		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	h := &eventHub{store: st, log: log, block: block, maxSubs: maxSubs, ctx: ctx, cancel: cancel}
+	for i := range h.shards {
+		h.shards[i] = &hubShard{hub: h, topics: map[string]*topic{}, wake: make(chan struct{}, 1)}
+	}
+	return h
+}
+
+// shard returns cluster's shard.
+func (h *eventHub) shard(cluster string) *hubShard {
+	f := fnv.New32a()
+	_, _ = f.Write([]byte(cluster))
+	return h.shards[f.Sum32()%hubShards]
 }
 
 // subscribe adds an open stream of cluster and returns it with the id the
@@ -82,49 +104,50 @@ func newEventHub(st *store.Store, log logr.Logger, block time.Duration, maxSubs 
 // the subscription, and those up to that id are the caller's to read from
 // Redis. errTooManyStreams: the cluster has maxSubs streams open here.
 func (h *eventHub) subscribe(ctx context.Context, cluster string) (*subscription, string, error) {
-	h.start.Do(func() { go h.run() })
+	sh := h.shard(cluster)
+	sh.start.Do(func() {
+		h.running.Add(1)
+		go sh.run()
+	})
 	if h.ctx.Err() != nil {
 		return nil, "", errHubStopped
 	}
-	h.mu.Lock()
-	t := h.topics[cluster]
+	sh.mu.Lock()
+	t := sh.topics[cluster]
 	if t == nil {
-		h.mu.Unlock()
+		sh.mu.Unlock()
 		// A new topic starts at the stream's end (read outside the lock).
 		end, err := h.store.EventCursor(ctx, cluster, "")
 		if err != nil {
 			return nil, "", err
 		}
-		h.mu.Lock()
-		if t = h.topics[cluster]; t == nil { // nobody added it meanwhile
+		sh.mu.Lock()
+		if t = sh.topics[cluster]; t == nil { // nobody added it meanwhile
 			t = &topic{last: end, ring: make([]*store.Event, hubRingSize), subs: map[*subscription]struct{}{}}
-			h.topics[cluster] = t
+			sh.topics[cluster] = t
 			select {
-			case h.wake <- struct{}{}:
+			case sh.wake <- struct{}{}:
 			default:
 			}
 		}
 	}
-	defer h.mu.Unlock()
-	switch {
-	case h.ctx.Err() != nil:
-		return nil, "", errHubStopped
-	case h.maxSubs > 0 && len(t.subs) >= h.maxSubs:
+	defer sh.mu.Unlock()
+	if h.maxSubs > 0 && len(t.subs) >= h.maxSubs {
 		return nil, "", errTooManyStreams
 	}
-	s := &subscription{hub: h, cluster: cluster, topic: t, next: t.n, notify: make(chan struct{}, 1)}
+	s := &subscription{shard: sh, cluster: cluster, topic: t, next: t.n, notify: make(chan struct{}, 1)}
 	t.subs[s] = struct{}{}
 	return s, t.last, nil
 }
 
 // close ends the subscription; the hub stops reading a cluster no stream follows.
 func (s *subscription) close() {
-	h := s.hub
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	sh := s.shard
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	delete(s.topic.subs, s)
-	if len(s.topic.subs) == 0 && h.topics[s.cluster] == s.topic {
-		delete(h.topics, s.cluster)
+	if len(s.topic.subs) == 0 && sh.topics[s.cluster] == s.topic {
+		delete(sh.topics, s.cluster)
 	}
 }
 
@@ -133,9 +156,9 @@ func (s *subscription) close() {
 // stream fell more than hubRingSize events behind, else why the hub stopped
 // reading the cluster.
 func (s *subscription) take(buf []*store.Event) ([]*store.Event, error) {
-	h, t := s.hub, s.topic
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	t := s.topic
+	s.shard.mu.Lock()
+	defer s.shard.mu.Unlock()
 	if t.n-s.next > uint64(len(t.ring)) {
 		return buf, errStreamBehind
 	}
@@ -145,16 +168,17 @@ func (s *subscription) take(buf []*store.Event) ([]*store.Event, error) {
 	return buf, t.err
 }
 
-// run reads until stop.
-func (h *eventHub) run() {
-	defer close(h.done)
+// run reads the shard's streams until stop.
+func (sh *hubShard) run() {
+	h := sh.hub
+	defer h.running.Done()
 	retry := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 5 * time.Second}
 	backoff := retry
 	for h.ctx.Err() == nil {
-		clusters, cursors := h.positions()
+		clusters, cursors := sh.positions()
 		if len(clusters) == 0 {
 			select {
-			case <-h.wake:
+			case <-sh.wake:
 			case <-h.ctx.Done():
 			}
 			continue
@@ -167,7 +191,7 @@ func (h *eventHub) run() {
 			// Its streams end with the error, as each did when it read alone:
 			// the agents reconnect, and resynchronise from the lists.
 			h.log.Error(err, "read event streams", "clusters", len(clusters))
-			h.end(clusters, err)
+			sh.end(clusters, err)
 			select {
 			case <-time.After(backoff.Step()):
 			case <-h.ctx.Done():
@@ -175,27 +199,27 @@ func (h *eventHub) run() {
 			continue
 		}
 		backoff = retry
-		h.deliver(events)
+		sh.deliver(events)
 	}
-	h.end(nil, errHubStopped)
+	sh.end(nil, errHubStopped)
 }
 
 // positions returns the clusters to read and where each read starts.
-func (h *eventHub) positions() (clusters, cursors []string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for c, t := range h.topics {
+func (sh *hubShard) positions() (clusters, cursors []string) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for c, t := range sh.topics {
 		clusters, cursors = append(clusters, c), append(cursors, t.last)
 	}
 	return clusters, cursors
 }
 
 // deliver adds what one read returned to the topics and tells their streams.
-func (h *eventHub) deliver(events map[string][]store.Event) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+func (sh *hubShard) deliver(events map[string][]store.Event) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	for cluster, evs := range events {
-		t := h.topics[cluster]
+		t := sh.topics[cluster]
 		if t == nil {
 			continue // its last stream closed during the read
 		}
@@ -218,19 +242,19 @@ func (h *eventHub) deliver(events map[string][]store.Event) {
 
 // end stops the topics of clusters (all: nil) with err; new streams of those
 // clusters start new topics.
-func (h *eventHub) end(clusters []string, err error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+func (sh *hubShard) end(clusters []string, err error) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	if clusters == nil {
-		for c := range h.topics {
+		for c := range sh.topics {
 			clusters = append(clusters, c)
 		}
 	}
 	for _, c := range clusters {
-		if t := h.topics[c]; t != nil {
+		if t := sh.topics[c]; t != nil {
 			t.err = err
 			t.notifyAll()
-			delete(h.topics, c)
+			delete(sh.topics, c)
 		}
 	}
 }
@@ -244,12 +268,14 @@ func (t *topic) notifyAll() {
 	}
 }
 
-// stop ends the reads (waiting for the one in flight, at most block) and
+// stop ends the reads (waiting for those in flight, at most block) and
 // every subscription with errHubStopped.
 func (h *eventHub) stop() {
 	h.cancel()
-	h.start.Do(func() { close(h.done) }) // never started: nothing to wait for
-	<-h.done
+	for _, sh := range h.shards {
+		sh.start.Do(func() {}) // a shard not started yet never starts
+	}
+	h.running.Wait()
 }
 
 // compareStreamIDs orders two Redis stream ids (<ms>-<seq>, or <ms> for

@@ -30,12 +30,12 @@ func TestHubStreamBehind(t *testing.T) {
 
 	var taken []*store.Event
 	for i := 1; i <= hubRingSize+10; i++ {
-		h.deliver(map[string][]store.Event{"paris": {{ID: fmt.Sprintf("%d-0", i)}}})
+		h.shard("paris").deliver(map[string][]store.Event{"paris": {{ID: fmt.Sprintf("%d-0", i)}}})
 		if taken, err = fast.take(taken[:0]); err != nil || len(taken) != 1 {
 			t.Fatalf("fast stream: %d events, %v", len(taken), err)
 		}
 	}
-	h.deliver(map[string][]store.Event{"paris": {{ID: "5-0"}}}) // not after the last: dropped
+	h.shard("paris").deliver(map[string][]store.Event{"paris": {{ID: "5-0"}}}) // not after the last: dropped
 	_, err = slow.take(nil)
 	assert.ErrorIs(t, err, errStreamBehind)
 	taken, err = fast.take(nil)
@@ -44,5 +44,5 @@ func TestHubStreamBehind(t *testing.T) {
 
 	slow.close()
 	fast.close()
-	assert.Empty(t, h.topics, "a cluster no stream follows is not read")
+	assert.Empty(t, h.shard("paris").topics, "a cluster no stream follows is not read")
 }
