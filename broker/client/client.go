@@ -24,7 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -33,6 +32,7 @@ import (
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
 )
 
@@ -67,9 +67,10 @@ type Option func(*config)
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithRetries sets how many times an idempotent call is retried after a
-// transport error or a 5xx answer, and the first back-off, which doubles on
-// each retry (with jitter, at most 5s, or the server's Retry-After). max <= 0
-// disables retries. Default DefaultRetries and DefaultBackoff.
+// transport error, a 5xx or a 429 answer, and the first back-off, which
+// doubles on each retry (internal/backoff: with jitter, at most 5s, or the
+// server's Retry-After). max <= 0 disables retries. Default DefaultRetries
+// and DefaultBackoff.
 func WithRetries(max int, backoff time.Duration) Option {
 	return func(c *config) { c.retries, c.backoff = max, backoff }
 }
@@ -480,10 +481,11 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 	if idempotent {
 		attempts += c.cfg.retries
 	}
+	retry := backoff.Exponential(c.cfg.backoff, maxBackoff)
 	var err error
 	for attempt := 0; attempt < attempts; attempt++ {
 		if attempt > 0 {
-			if !sleep(ctx, c.backoff(attempt, err)) {
+			if !sleep(ctx, retryAfter(retry.Step(), err)) {
 				return err
 			}
 		}
@@ -534,15 +536,9 @@ func (c *Client) once(ctx context.Context, method, path, target string, payload 
 	return nil
 }
 
-// backoff is the wait before retry number attempt (1, 2, ...): the base
-// doubled each time, with jitter, at most maxBackoff, unless the server asked
-// for a longer Retry-After.
-func (c *Client) backoff(attempt int, lastErr error) time.Duration {
-	d := c.cfg.backoff << (attempt - 1)
-	if d > maxBackoff || d <= 0 {
-		d = maxBackoff
-	}
-	d = d/2 + rand.N(d/2+1)
+// retryAfter is the wait d of the back-off, or the server's Retry-After
+// when it asked for longer (at most twice maxBackoff).
+func retryAfter(d time.Duration, lastErr error) time.Duration {
 	if ae, ok := asAPIError(lastErr); ok && ae.RetryAfter > d {
 		d = min(ae.RetryAfter, 2*maxBackoff)
 	}

@@ -72,13 +72,12 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 	}
 	_ = rc.Flush()
 	last := cursor // events up to it were sent (or not asked for)
-	send := func(e *store.Event) bool {
-		if compareStreamIDs(e.ID, last) <= 0 {
+	send := func(e *sseEvent) bool {
+		if compareStreamIDs(e.id, last) <= 0 {
 			return true
 		}
-		data, _ := json.Marshal(api.EventFromStore(*e))
-		_, err := fmt.Fprintf(w, "id: %s\nevent: %s\ndata: %s\n\n", e.ID, e.Type, data)
-		last = e.ID
+		_, err := w.Write(e.frame)
+		last = e.id
 		return err == nil
 	}
 	fail := func(msg string) {
@@ -100,7 +99,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 			if compareStreamIDs(events[i].ID, start) > 0 {
 				break // the hub hands this one over
 			}
-			if !send(&events[i]) {
+			if !send(encodeEvent(events[i])) {
 				return
 			}
 		}
@@ -115,7 +114,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 
 	keepAlive := time.NewTicker(s.keepAlive)
 	defer keepAlive.Stop()
-	var buf []*store.Event
+	var buf []*sseEvent
 	for {
 		select {
 		case <-ctx.Done():
@@ -158,6 +157,17 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 			return
 		}
 	}
+}
+
+// sseEvent is an event as a stream sends it.
+type sseEvent struct {
+	id    string
+	frame []byte // "id: ...\nevent: ...\ndata: ...\n\n"
+}
+
+func encodeEvent(e store.Event) *sseEvent {
+	data, _ := json.Marshal(api.EventFromStore(e))
+	return &sseEvent{id: e.ID, frame: fmt.Appendf(nil, "id: %s\nevent: %s\ndata: %s\n\n", e.ID, e.Type, data)}
 }
 
 // streamRetryAfter is the Retry-After of a stream refused for the cap, and

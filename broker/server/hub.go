@@ -55,9 +55,9 @@ type hubShard struct {
 // topic is one cluster's stream as the hub reads it: its last events, kept
 // for the subscriptions that have not taken them yet.
 type topic struct {
-	last string         // id of the last event read: the next read starts after it
-	ring []*store.Event // event number i is ring[i%len(ring)]
-	n    uint64         // events read so far
+	last string      // id of the last event read: the next read starts after it
+	ring []*sseEvent // event number i is ring[i%len(ring)]
+	n    uint64      // events read so far
 	subs map[*subscription]struct{}
 	err  error // the hub stopped reading it: its subscriptions end
 }
@@ -123,7 +123,7 @@ func (h *eventHub) subscribe(ctx context.Context, cluster string) (*subscription
 		}
 		sh.mu.Lock()
 		if t = sh.topics[cluster]; t == nil { // nobody added it meanwhile
-			t = &topic{last: end, ring: make([]*store.Event, hubRingSize), subs: map[*subscription]struct{}{}}
+			t = &topic{last: end, ring: make([]*sseEvent, hubRingSize), subs: map[*subscription]struct{}{}}
 			sh.topics[cluster] = t
 			select {
 			case sh.wake <- struct{}{}:
@@ -155,7 +155,7 @@ func (s *subscription) close() {
 // order. Its error, once every event was taken: errStreamBehind when the
 // stream fell more than hubRingSize events behind, else why the hub stopped
 // reading the cluster.
-func (s *subscription) take(buf []*store.Event) ([]*store.Event, error) {
+func (s *subscription) take(buf []*sseEvent) ([]*sseEvent, error) {
 	t := s.topic
 	s.shard.mu.Lock()
 	defer s.shard.mu.Unlock()
@@ -214,7 +214,8 @@ func (sh *hubShard) positions() (clusters, cursors []string) {
 	return clusters, cursors
 }
 
-// deliver adds what one read returned to the topics and tells their streams.
+// deliver adds what one read returned to the topics, each event encoded once
+// for all the streams of its cluster, and tells the streams.
 func (sh *hubShard) deliver(events map[string][]store.Event) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -229,7 +230,7 @@ func (sh *hubShard) deliver(events map[string][]store.Event) {
 			if compareStreamIDs(evs[i].ID, t.last) <= 0 {
 				continue
 			}
-			t.ring[t.n%uint64(len(t.ring))] = &evs[i]
+			t.ring[t.n%uint64(len(t.ring))] = encodeEvent(evs[i])
 			t.n++
 			t.last = evs[i].ID
 			added = true

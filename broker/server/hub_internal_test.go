@@ -28,7 +28,7 @@ func TestHubStreamBehind(t *testing.T) {
 	fast, _, err := h.subscribe(ctx, "paris")
 	require.NoError(t, err)
 
-	var taken []*store.Event
+	var taken []*sseEvent
 	for i := 1; i <= hubRingSize+10; i++ {
 		h.shard("paris").deliver(map[string][]store.Event{"paris": {{ID: fmt.Sprintf("%d-0", i)}}})
 		if taken, err = fast.take(taken[:0]); err != nil || len(taken) != 1 {

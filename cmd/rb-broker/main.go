@@ -27,6 +27,7 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/server"
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
@@ -353,15 +354,16 @@ func run(ctx context.Context, o options) error {
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}})
 
 	// Wait for Redis rather than crash-looping while it starts.
-	for {
+	for retry := backoff.Exponential(500*time.Millisecond, 5*time.Second); ; {
 		if err = st.LoadScripts(ctx); err == nil {
 			break
 		}
-		log.Error(err, "Redis not ready, retrying")
+		wait := retry.Step()
+		log.Error(err, "Redis not ready, retrying", "in", wait)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(2 * time.Second):
+		case <-time.After(wait):
 		}
 	}
 	apiLn, err := net.Listen("tcp", o.listenAddress)
