@@ -187,7 +187,7 @@ func TestAbuseReadyzWhileRedisRefusesWrites(t *testing.T) {
 // cloneReservations copies requester's reservation id n times in Redis
 // (ids <id>-<i>), as live reservations of the same requester and provider:
 // a member with n live reservations, without deciding each of them.
-func cloneReservations(t *testing.T, b *brokertest.Broker, requester, provider, id string, n int) {
+func cloneReservations(t testing.TB, b *brokertest.Broker, requester, provider, id string, n int) {
 	t.Helper()
 	ctx := context.Background()
 	fields, err := b.RDB.HGetAll(ctx, "rb:{b}:resv:"+requester+"/"+id).Result()
