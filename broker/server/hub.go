@@ -45,8 +45,11 @@ type eventHub struct {
 
 // hubShard is the clusters of one shard and their reader.
 type hubShard struct {
-	hub    *eventHub
-	mu     sync.Mutex
+	hub *eventHub
+	// mu guards topics and their rings; a subscription's next is its own
+	// stream's, so take needs only the read lock (a cluster's streams all
+	// take each event at once).
+	mu     sync.RWMutex
 	topics map[string]*topic // by cluster
 	wake   chan struct{}     // a topic was added: read
 	start  sync.Once         // the reader starts with the first stream
@@ -157,8 +160,8 @@ func (s *subscription) close() {
 // reading the cluster.
 func (s *subscription) take(buf []*sseEvent) ([]*sseEvent, error) {
 	t := s.topic
-	s.shard.mu.Lock()
-	defer s.shard.mu.Unlock()
+	s.shard.mu.RLock()
+	defer s.shard.mu.RUnlock()
 	if t.n-s.next > uint64(len(t.ring)) {
 		return buf, errStreamBehind
 	}
