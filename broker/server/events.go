@@ -86,7 +86,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 	}
 
 	// Catch up, from Redis, on the events up to the hub's start.
-	for compareStreamIDs(last, start) < 0 {
+	for caughtUp := compareStreamIDs(last, start) >= 0; !caughtUp; {
 		events, err := s.store.ReadEvents(ctx, caller, last, hubReadCount, 0)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -95,20 +95,20 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 			}
 			return
 		}
+		caughtUp = len(events) < hubReadCount // nothing older than the start is left to read
 		for i := range events {
 			if compareStreamIDs(events[i].ID, start) > 0 {
-				break // the hub hands this one over
+				caughtUp = true // the hub hands this one over
+				break
 			}
 			if !send(encodeEvent(events[i])) {
 				return
 			}
 		}
+		caughtUp = caughtUp || compareStreamIDs(last, start) >= 0
 		extend()
 		if err := rc.Flush(); err != nil {
 			return
-		}
-		if len(events) < hubReadCount {
-			break // nothing older than the start is left to read
 		}
 	}
 

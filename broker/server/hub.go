@@ -5,16 +5,15 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
-	"math"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 )
 
 // eventHub reads, for this replica, the Redis event streams of every cluster
@@ -55,15 +54,18 @@ type hubShard struct {
 	start  sync.Once         // the reader starts with the first stream
 }
 
-// topic is one cluster's stream as the hub reads it: its last events, kept
-// for the subscriptions that have not taken them yet.
+// topic is one cluster's stream as the hub reads it: the events read that
+// one of its subscriptions has not taken yet (at most hubBacklog).
 type topic struct {
-	last string      // id of the last event read: the next read starts after it
-	ring []*sseEvent // event number i is ring[i%len(ring)]
-	n    uint64      // events read so far
-	subs map[*subscription]struct{}
-	err  error // the hub stopped reading it: its subscriptions end
+	last   string      // id of the last event read: the next read starts after it
+	events []*sseEvent // events numbered base, base+1, ...
+	base   uint64
+	subs   map[*subscription]struct{}
+	err    error // the hub stopped reading it: its subscriptions end
 }
+
+// n is the number of the next event read.
+func (t *topic) n() uint64 { return t.base + uint64(len(t.events)) }
 
 // subscription is one open event stream's place in its cluster's topic.
 type subscription struct {
@@ -76,7 +78,7 @@ type subscription struct {
 
 const (
 	hubShards    = 16
-	hubRingSize  = 1024 // events a stream may fall behind before it must reconnect
+	hubBacklog   = 1024 // events a stream may fall behind before it must reconnect
 	hubReadCount = 256  // events per cluster per XREAD
 )
 
@@ -126,7 +128,7 @@ func (h *eventHub) subscribe(ctx context.Context, cluster string) (*subscription
 		}
 		sh.mu.Lock()
 		if t = sh.topics[cluster]; t == nil { // nobody added it meanwhile
-			t = &topic{last: end, ring: make([]*sseEvent, hubRingSize), subs: map[*subscription]struct{}{}}
+			t = &topic{last: end, subs: map[*subscription]struct{}{}}
 			sh.topics[cluster] = t
 			select {
 			case sh.wake <- struct{}{}:
@@ -138,7 +140,7 @@ func (h *eventHub) subscribe(ctx context.Context, cluster string) (*subscription
 	if h.maxSubs > 0 && len(t.subs) >= h.maxSubs {
 		return nil, "", errTooManyStreams
 	}
-	s := &subscription{shard: sh, cluster: cluster, topic: t, next: t.n, notify: make(chan struct{}, 1)}
+	s := &subscription{shard: sh, cluster: cluster, topic: t, next: t.n(), notify: make(chan struct{}, 1)}
 	t.subs[s] = struct{}{}
 	return s, t.last, nil
 }
@@ -156,18 +158,17 @@ func (s *subscription) close() {
 
 // take appends the events the subscription has not taken yet to buf, in
 // order. Its error, once every event was taken: errStreamBehind when the
-// stream fell more than hubRingSize events behind, else why the hub stopped
+// stream fell more than hubBacklog events behind, else why the hub stopped
 // reading the cluster.
 func (s *subscription) take(buf []*sseEvent) ([]*sseEvent, error) {
 	t := s.topic
 	s.shard.mu.RLock()
 	defer s.shard.mu.RUnlock()
-	if t.n-s.next > uint64(len(t.ring)) {
+	if s.next < t.base {
 		return buf, errStreamBehind
 	}
-	for ; s.next < t.n; s.next++ {
-		buf = append(buf, t.ring[s.next%uint64(len(t.ring))])
-	}
+	buf = append(buf, t.events[s.next-t.base:]...)
+	s.next = t.n()
 	return buf, t.err
 }
 
@@ -175,8 +176,8 @@ func (s *subscription) take(buf []*sseEvent) ([]*sseEvent, error) {
 func (sh *hubShard) run() {
 	h := sh.hub
 	defer h.running.Done()
-	retry := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 5 * time.Second}
-	backoff := retry
+	first := backoff.Exponential(100*time.Millisecond, 5*time.Second)
+	retry := first
 	for h.ctx.Err() == nil {
 		clusters, cursors := sh.positions()
 		if len(clusters) == 0 {
@@ -196,12 +197,12 @@ func (sh *hubShard) run() {
 			h.log.Error(err, "read event streams", "clusters", len(clusters))
 			sh.end(clusters, err)
 			select {
-			case <-time.After(backoff.Step()):
+			case <-time.After(retry.Step()):
 			case <-h.ctx.Done():
 			}
 			continue
 		}
-		backoff = retry
+		retry = first
 		sh.deliver(events)
 	}
 	sh.end(nil, errHubStopped)
@@ -227,18 +228,21 @@ func (sh *hubShard) deliver(events map[string][]store.Event) {
 		if t == nil {
 			continue // its last stream closed during the read
 		}
+		t.trim()
 		added := false
 		for i := range evs {
 			// A topic added again during the read may start past what it returned.
 			if compareStreamIDs(evs[i].ID, t.last) <= 0 {
 				continue
 			}
-			t.ring[t.n%uint64(len(t.ring))] = encodeEvent(evs[i])
-			t.n++
+			t.events = append(t.events, encodeEvent(evs[i]))
 			t.last = evs[i].ID
 			added = true
 		}
 		if added {
+			if backlog := len(t.events) - hubBacklog; backlog > 0 {
+				t.drop(backlog) // a stream this far behind reconnects
+			}
 			t.notifyAll()
 		}
 	}
@@ -261,6 +265,24 @@ func (sh *hubShard) end(clusters []string, err error) {
 			delete(sh.topics, c)
 		}
 	}
+}
+
+// trim drops the events every subscription has taken (one that fell
+// behind is past helping).
+func (t *topic) trim() {
+	low := t.n()
+	for s := range t.subs {
+		if s.next >= t.base {
+			low = min(low, s.next)
+		}
+	}
+	t.drop(int(low - t.base))
+}
+
+// drop forgets the k oldest events.
+func (t *topic) drop(k int) {
+	clear(t.events[:k]) // the backing array keeps no frame alive
+	t.events, t.base = t.events[k:], t.base+uint64(k)
 }
 
 func (t *topic) notifyAll() {

@@ -14,9 +14,9 @@ import (
 )
 
 // TestHubStreamBehind: a stream whose client reads too slowly is ended
-// (errStreamBehind, after the events it still had) once the events it has not
-// taken exceed the ring, instead of the broker keeping them all for it; the
-// other streams of the cluster go on.
+// (errStreamBehind) once the events it has not taken exceed hubBacklog,
+// instead of the broker keeping them all for it; the other streams of the
+// cluster go on, and the hub keeps only the events a stream has not taken.
 func TestHubStreamBehind(t *testing.T) {
 	st := store.New(redistest.Start(t).Client(), store.Config{})
 	h := newEventHub(st, logr.Discard(), hubBlock, 0)
@@ -29,7 +29,7 @@ func TestHubStreamBehind(t *testing.T) {
 	require.NoError(t, err)
 
 	var taken []*sseEvent
-	for i := 1; i <= hubRingSize+10; i++ {
+	for i := 1; i <= hubBacklog+10; i++ {
 		h.shard("paris").deliver(map[string][]store.Event{"paris": {{ID: fmt.Sprintf("%d-0", i)}}})
 		if taken, err = fast.take(taken[:0]); err != nil || len(taken) != 1 {
 			t.Fatalf("fast stream: %d events, %v", len(taken), err)
@@ -41,6 +41,9 @@ func TestHubStreamBehind(t *testing.T) {
 	taken, err = fast.take(nil)
 	assert.NoError(t, err)
 	assert.Empty(t, taken)
+
+	topic := h.shard("paris").topics["paris"]
+	assert.LessOrEqual(t, len(topic.events), 1, "only what a stream has not taken is kept")
 
 	slow.close()
 	fast.close()
