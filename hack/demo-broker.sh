@@ -44,8 +44,8 @@ say "rome asks for a GPU: only berlin has one"
 as rome -X POST "$BROKER/api/v2/reservations" -d '{"id":"demo-train","resources":{"cpu":"8","memory":"32Gi","gpu":"1"},"owner":"ml/train-0"}' | pretty
 say "rome asks for 200 CPU: nothing fits (409, with the reason per class of cluster)"
 as rome -X POST "$BROKER/api/v2/reservations" -d '{"id":"demo-huge","resources":{"cpu":"200","memory":"8Gi"}}' | pretty
-say "paris may not read rome's reservation to berlin (403)"
-as paris "$BROKER/api/v2/reservations/demo-train" | pretty
+say "paris may not read rome's reservation to berlin: 404, as for an id that does not exist"
+as paris "$BROKER/api/v2/reservations/demo-train?requester=rome" | pretty
 say "the seed agents' v1 protocol works unchanged: paris polls its provider instructions"
 as paris "$BROKER/api/v1/instructions" | pretty
 say "rome releases demo-web; paris's capacity comes back"

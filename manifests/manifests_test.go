@@ -323,10 +323,28 @@ func TestManifestsFitTogether(t *testing.T) {
 		"--redis-url=redis://rb-redis:6379/0",
 		"--weight-resources=0.7", "--weight-cost=0.3", "--stale-threshold=60s",
 		"--default-duration=1h", "--max-duration=24h", "--expiry-interval=1s",
+		"--max-streams-per-cluster=8", "--shutdown-delay=5s", "--shutdown-timeout=15s",
 	} {
 		if !slices.Contains(ctr.Args, flag) {
 			t.Errorf("rb-broker args %q lack %s", ctr.Args, flag)
 		}
+	}
+	// The shutdown (readiness off, then streams ended, then requests in
+	// flight) must end before the kubelet kills the container.
+	var shutdown time.Duration
+	for _, a := range ctr.Args {
+		for _, f := range []string{"--shutdown-delay=", "--shutdown-timeout="} {
+			if v, ok := strings.CutPrefix(a, f); ok {
+				d, err := time.ParseDuration(v)
+				if err != nil {
+					t.Errorf("rb-broker %s: %v", a, err)
+				}
+				shutdown += d
+			}
+		}
+	}
+	if grace := pod.Spec.TerminationGracePeriodSeconds; grace == nil || shutdown >= time.Duration(*grace)*time.Second {
+		t.Errorf("rb-broker: --shutdown-delay + --shutdown-timeout = %s, not within terminationGracePeriodSeconds %v", shutdown, grace)
 	}
 	// manifests/redis/README.md's Sentinel patch replaces args/3.
 	if len(ctr.Args) < 4 || !strings.HasPrefix(ctr.Args[3], "--redis-url=") {

@@ -7,6 +7,7 @@ package follower
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,6 +22,7 @@ import (
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 )
 
 // Broker is what the follower needs of the broker client.
@@ -55,27 +57,35 @@ func (f *Follower) Start(ctx context.Context) error {
 	if f.MaxBackoff == 0 {
 		f.MaxBackoff = 10 * time.Second
 	}
-	since, backoff := "", 250*time.Millisecond
+	since, first := "", backoff.Exponential(250*time.Millisecond, f.MaxBackoff)
+	retry := first
 	for ctx.Err() == nil {
-		err := f.follow(ctx, &since, &backoff)
+		err := f.follow(ctx, &since, func() { retry = first })
 		if ctx.Err() != nil {
 			return nil
 		}
-		logger.Info("broker event stream interrupted, reconnecting", "error", err.Error(), "in", backoff)
+		wait := retry.Step()
+		// A broker that refused the stream (429: this cluster has too many
+		// open) says when to come back.
+		var ae *brokerclient.APIError
+		if errors.As(err, &ae) && ae.RetryAfter > wait {
+			wait = ae.RetryAfter
+		}
+		logger.Info("broker event stream interrupted, reconnecting", "error", err.Error(), "in", wait)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(backoff*2, f.MaxBackoff)
 	}
 	return nil
 }
 
 // follow opens the stream, resyncs, then handles events until the stream
-// breaks. The stream is open before the resync reads the lists, so an event
-// that happens in between is seen (perhaps twice: handling is idempotent).
-func (f *Follower) follow(ctx context.Context, since *string, backoff *time.Duration) error {
+// breaks; each event handled calls healthy. The stream is open before the
+// resync reads the lists, so an event that happens in between is seen
+// (perhaps twice: handling is idempotent).
+func (f *Follower) follow(ctx context.Context, since *string, healthy func()) error {
 	stream, err := f.Broker.OpenEvents(ctx, *since)
 	if err != nil {
 		return err
@@ -102,7 +112,7 @@ func (f *Follower) follow(ctx context.Context, since *string, backoff *time.Dura
 			return err // not advancing since: the event is handled again after reconnecting
 		}
 		*since = id
-		*backoff = 250 * time.Millisecond
+		healthy()
 	}
 }
 

@@ -24,7 +24,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"time"
 
@@ -46,6 +45,7 @@ import (
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 )
 
 // Defaults of Config.
@@ -104,8 +104,9 @@ type Config struct {
 	// clock (DefaultPeriod).
 	Period time.Duration
 	// MinBackoff and MaxBackoff bound the wait before retrying a failed
-	// publish; it doubles with each failure, with jitter
-	// (DefaultMinBackoff, DefaultMaxBackoff). A refusal (4xx) waits MaxBackoff.
+	// publish; it doubles with each failure, with jitter (up to half more:
+	// internal/backoff) (DefaultMinBackoff, DefaultMaxBackoff). A refusal
+	// (4xx) waits MaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
 	// Timeout bounds one publish, the broker client's own retries included
 	// (DefaultTimeout).
@@ -253,20 +254,14 @@ func nextAligned(now time.Time, period time.Duration) time.Time {
 	return now.Truncate(period).Add(period)
 }
 
-// backoff is the wait after the p.failures-th consecutive failure.
+// backoff is the wait after the p.failures-th consecutive failure (with
+// jitter, so that agents that failed together do not all come back at once).
 func (p *Publisher) backoff(err error) time.Duration {
+	b := backoff.Exponential(p.cfg.MinBackoff, p.cfg.MaxBackoff)
 	if !brokerclient.IsRetryable(err) {
-		return p.cfg.MaxBackoff
+		b.Duration = p.cfg.MaxBackoff
 	}
-	d := p.cfg.MaxBackoff
-	if n := p.failures - 1; n < 30 {
-		if b := p.cfg.MinBackoff << n; b > 0 && b < d {
-			d = b
-		}
-	}
-	// Jitter: between 3/4 and 5/4 of d, so that agents that failed together
-	// do not all come back at once.
-	return d*3/4 + rand.N(d/2+1)
+	return backoff.Nth(b, int(p.failures))
 }
 
 // resume reads the Advertisement left by an earlier leader, to continue its

@@ -383,8 +383,8 @@ func TestRetriesThroughRedisOutage(t *testing.T) {
 	g := waits(failed)
 	t.Logf("%d attempts in %s while Redis was down (the broker answers 503 after trying Redis); back-off between them %v",
 		len(failed), time.Since(down).Round(time.Millisecond), g)
-	// MinBackoff 100ms doubling to MaxBackoff 800ms, each within 3/4 and
-	// 5/4 (jitter): 75-125ms, 150-250ms, 300-500ms, then 600ms-1s.
+	// MinBackoff 100ms doubling to MaxBackoff 800ms, each up to half longer
+	// (jitter): 100-150ms, 200-300ms, 400-600ms, then 800ms-1.2s.
 	require.GreaterOrEqual(t, len(g), 3)
 	require.Less(t, g[0], 400*time.Millisecond, "first retry after about MinBackoff")
 	for _, d := range g {

@@ -52,6 +52,7 @@ import (
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 )
 
 // UIDIndex indexes Reservations by UID, the id they carry at the broker.
@@ -84,7 +85,8 @@ type Reconciler struct {
 	Broker   Broker
 	Recorder record.EventRecorder
 	// MinBackoff and MaxBackoff bound the wait between attempts of a
-	// reservation the broker refused or could not be reached for.
+	// reservation the broker refused or could not be reached for (doubling,
+	// with jitter: internal/backoff).
 	MinBackoff, MaxBackoff time.Duration
 	// WaitingRetry bounds the wait between attempts of a reservation the
 	// broker refused for lack of capacity (default DefaultWaitingRetry): the
@@ -584,12 +586,10 @@ func (r *Reconciler) untilExpiry(at api.Reservation) ctrl.Result {
 	return ctrl.Result{RequeueAfter: time.Duration(at.RemainingMs)*time.Millisecond + 2*time.Second}
 }
 
+// backoff is the wait after the attempts-th attempt that failed (the count
+// is kept in the status, across restarts).
 func (r *Reconciler) backoff(attempts int32) time.Duration {
-	d := r.MinBackoff
-	for i := int32(1); i < attempts && d < r.MaxBackoff; i++ {
-		d *= 2
-	}
-	return min(d, r.MaxBackoff)
+	return backoff.Nth(backoff.Exponential(r.MinBackoff, r.MaxBackoff), int(attempts))
 }
 
 func outcome(err error) string {

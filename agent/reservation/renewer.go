@@ -15,6 +15,7 @@ import (
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 )
 
 // DefaultRenewInterval is how often the renewer renews the leases of the
@@ -201,7 +202,7 @@ func (w *Renewer) Round(ctx context.Context, only map[types.NamespacedName]struc
 // renew makes one call, retried with back-off until deadline while the
 // broker cannot answer.
 func (w *Renewer) renew(ctx context.Context, ids []string, keys map[string]types.NamespacedName, deadline time.Time) int {
-	backoff := w.MinBackoff
+	retry := backoff.Exponential(w.MinBackoff, time.Until(deadline))
 	for {
 		res, err := w.Broker.Renew(ctx, ids)
 		metrics.BrokerCalls.WithLabelValues("renew", outcome(err)).Inc()
@@ -224,16 +225,16 @@ func (w *Renewer) renew(ctx context.Context, ids []string, keys map[string]types
 			return len(res.Renewed)
 		}
 		renewals.WithLabelValues("error").Add(float64(len(ids)))
-		retry := brokerclient.IsRetryable(err) && time.Now().Add(backoff).Before(deadline)
-		w.Log.Error(err, "renewing leases", "leases", len(ids), "retryIn", backoff, "retrying", retry)
-		if !retry {
+		wait := retry.Step()
+		again := brokerclient.IsRetryable(err) && time.Now().Add(wait).Before(deadline)
+		w.Log.Error(err, "renewing leases", "leases", len(ids), "retryIn", wait, "retrying", again)
+		if !again {
 			return 0
 		}
 		select {
 		case <-ctx.Done():
 			return 0
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff *= 2
 	}
 }

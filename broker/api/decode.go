@@ -1,7 +1,7 @@
 package api
 
 import (
-	"encoding/json"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	kjson "sigs.k8s.io/json"
 )
 
 // MaxBodyBytes bounds every request body the broker reads.
@@ -23,28 +24,34 @@ func (e *InvalidError) Error() string { return e.Msg }
 
 func invalid(format string, a ...any) error { return &InvalidError{Msg: fmt.Sprintf(format, a...)} }
 
-// Decode reads exactly one JSON object into v, refusing unknown fields and
-// trailing data. Errors are *InvalidError, or *http.MaxBytesError when the
-// body was cut by http.MaxBytesReader.
+// Decode reads exactly one JSON object into v, strictly (sigs.k8s.io/json,
+// as the Kubernetes API server decodes): keys match the fields' names
+// exactly, case included, and none is unknown or given twice, so what the
+// broker acts on is what any other JSON reader of the same body would see.
+// Trailing data is refused too. Errors are *InvalidError naming the problem,
+// or *http.MaxBytesError when the body was cut by http.MaxBytesReader.
 func Decode(r io.Reader, v any) error {
-	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	data, err := io.ReadAll(r)
+	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return err
 		}
-		if errors.Is(err, io.EOF) {
-			return invalid("empty body: a JSON object is required")
-		}
+		return invalid("read body: %v", err)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return invalid("empty body: a JSON object is required")
+	}
+	strict, err := kjson.UnmarshalStrict(data, v)
+	if err != nil {
 		return invalid("malformed JSON: %v", err)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return err
+	if len(strict) > 0 {
+		msgs := make([]string, len(strict))
+		for i, e := range strict {
+			msgs[i] = e.Error()
 		}
-		return invalid("malformed JSON: unexpected data after the object")
+		return invalid("JSON: %s (keys are case-sensitive, each given once)", strings.Join(msgs, "; "))
 	}
 	return nil
 }

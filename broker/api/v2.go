@@ -32,6 +32,9 @@ const (
 	ReasonConflict    = "Conflict"
 	ReasonUnavailable = "Unavailable"
 	ReasonInternal    = "Internal"
+	// ReasonTooManyRequests (429, with Retry-After): the caller is over a
+	// limit of the broker's, such as its open event streams.
+	ReasonTooManyRequests = "TooManyRequests"
 )
 
 // ClusterResources are the amounts a cluster advertises. Reserved and

@@ -24,7 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -33,6 +32,7 @@ import (
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
 )
 
@@ -67,9 +67,10 @@ type Option func(*config)
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithRetries sets how many times an idempotent call is retried after a
-// transport error or a 5xx answer, and the first back-off, which doubles on
-// each retry (with jitter, at most 5s, or the server's Retry-After). max <= 0
-// disables retries. Default DefaultRetries and DefaultBackoff.
+// transport error, a 5xx or a 429 answer, and the first back-off, which
+// doubles on each retry (internal/backoff: with jitter, at most 5s, or the
+// server's Retry-After). max <= 0 disables retries. Default DefaultRetries
+// and DefaultBackoff.
 func WithRetries(max int, backoff time.Duration) Option {
 	return func(c *config) { c.retries, c.backoff = max, backoff }
 }
@@ -278,10 +279,17 @@ func (c *Client) Advertise(ctx context.Context, id string, a api.Advertisement) 
 	return out, err
 }
 
-// Clusters lists every cluster the broker knows, live or stale, by id.
+// Clusters lists every cluster the broker knows, live or stale, by id. It
+// reads the broker's pages (api.DefaultPageSize clusters each) one after the
+// other; each page is retried on its own.
 func (c *Client) Clusters(ctx context.Context) ([]api.Cluster, error) {
-	var out []api.Cluster
-	err := c.call(ctx, http.MethodGet, "/api/v2/clusters", nil, nil, true, &out)
+	out := []api.Cluster{}
+	err := c.pages(ctx, "/api/v2/clusters", func(cont string) (string, error) {
+		var page api.ClusterList
+		err := c.call(ctx, http.MethodGet, "/api/v2/clusters", withContinue(nil, cont), nil, true, &page)
+		out = append(out, page.Items...)
+		return page.Continue, err
+	})
 	return out, err
 }
 
@@ -327,15 +335,65 @@ const (
 )
 
 // Reservations lists the caller's live reservations as requester
-// (RoleRequester), as provider (RoleProvider), or both ("").
+// (RoleRequester), as provider (RoleProvider), or both (""). It reads the
+// broker's pages one after the other (each retried on its own) and returns
+// each reservation once: every reservation live from the first page to the
+// last is in it; one that began or ended meanwhile may or may not be.
 func (c *Client) Reservations(ctx context.Context, role string) ([]api.Reservation, error) {
 	var q url.Values
 	if role != "" {
 		q = url.Values{"role": {role}}
 	}
-	var out []api.Reservation
-	err := c.call(ctx, http.MethodGet, "/api/v2/reservations", q, nil, true, &out)
+	out := []api.Reservation{}
+	seen := map[[2]string]bool{} // a page may repeat an earlier one's reservation
+	err := c.pages(ctx, "/api/v2/reservations", func(cont string) (string, error) {
+		var page api.ReservationList
+		err := c.call(ctx, http.MethodGet, "/api/v2/reservations", withContinue(q, cont), nil, true, &page)
+		for _, r := range page.Items {
+			if k := [2]string{r.Requester, r.ID}; !seen[k] {
+				seen[k] = true
+				out = append(out, r)
+			}
+		}
+		return page.Continue, err
+	})
 	return out, err
+}
+
+// maxPages bounds a listing: a broker that kept answering with a continue
+// token would otherwise hold the caller forever.
+const maxPages = 10_000
+
+// pages calls page with each continue token, "" first, until one returns
+// none.
+func (c *Client) pages(ctx context.Context, path string, page func(cont string) (string, error)) error {
+	cont := ""
+	for range maxPages {
+		next, err := page(cont)
+		if err != nil || next == "" {
+			return err
+		}
+		if next == cont {
+			return fmt.Errorf("client: GET %s: the broker answered the same continue token twice", path)
+		}
+		cont = next
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("client: GET %s: more than %d pages", path, maxPages)
+}
+
+// withContinue returns q with ?continue=cont added (q itself unchanged).
+func withContinue(q url.Values, cont string) url.Values {
+	if cont == "" {
+		return q
+	}
+	out := url.Values{"continue": {cont}}
+	for k, v := range q {
+		out[k] = v
+	}
+	return out
 }
 
 // Release ends a reservation (as its requester or provider) and returns it
@@ -423,10 +481,11 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 	if idempotent {
 		attempts += c.cfg.retries
 	}
+	retry := backoff.Exponential(c.cfg.backoff, maxBackoff)
 	var err error
 	for attempt := 0; attempt < attempts; attempt++ {
 		if attempt > 0 {
-			if !sleep(ctx, c.backoff(attempt, err)) {
+			if !sleep(ctx, retryAfter(retry.Step(), err)) {
 				return err
 			}
 		}
@@ -477,15 +536,9 @@ func (c *Client) once(ctx context.Context, method, path, target string, payload 
 	return nil
 }
 
-// backoff is the wait before retry number attempt (1, 2, ...): the base
-// doubled each time, with jitter, at most maxBackoff, unless the server asked
-// for a longer Retry-After.
-func (c *Client) backoff(attempt int, lastErr error) time.Duration {
-	d := c.cfg.backoff << (attempt - 1)
-	if d > maxBackoff || d <= 0 {
-		d = maxBackoff
-	}
-	d = d/2 + rand.N(d/2+1)
+// retryAfter is the wait d of the back-off, or the server's Retry-After
+// when it asked for longer (at most twice maxBackoff).
+func retryAfter(d time.Duration, lastErr error) time.Duration {
 	if ae, ok := asAPIError(lastErr); ok && ae.RetryAfter > d {
 		d = min(ae.RetryAfter, 2*maxBackoff)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -157,11 +158,11 @@ func TestTypedErrors(t *testing.T) {
 	_, err = rome.Advertise(ctx, "paris", advertisement("1", "1Gi", "0.01"))
 	assert.True(t, client.IsForbidden(err), "rome cannot advertise as paris: %v", err)
 	_, err = berlin.ProvidedReservation(ctx, "rome", "mine")
-	assert.True(t, client.IsForbidden(err), "%v", err)
+	assert.True(t, client.IsNotFound(err), "not a party: as if it did not exist: %v", err)
 	_, err = berlin.Reservation(ctx, "mine")
 	assert.True(t, client.IsNotFound(err), "berlin has no mine of its own: %v", err)
 	_, err = berlin.GrantTo(ctx, "rome", "mine", api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-rome", ExpiresAt: time.Now().Add(time.Hour)})
-	assert.True(t, client.IsForbidden(err), "%v", err)
+	assert.True(t, client.IsNotFound(err), "%v", err)
 	_, err = rome.Grant(ctx, "mine", api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-rome", ExpiresAt: time.Now().Add(time.Hour)})
 	assert.True(t, client.IsForbidden(err), "only the provider grants: %v", err)
 
@@ -365,4 +366,37 @@ func TestNewWithTLS(t *testing.T) {
 	_, err = c.Clusters(ctx)
 	assert.True(t, errors.Is(err, context.Canceled), "%v", err)
 	assert.False(t, client.IsRetryable(err))
+}
+
+// TestListsFollowPages: Reservations and Clusters read every page the
+// broker answers, each reservation once, and stop on a broker that answers
+// the same continue token again.
+func TestListsFollowPages(t *testing.T) {
+	pages := map[string]string{
+		"":   `{"items":[{"id":"a","requester":"rome"},{"id":"b","requester":"rome"}],"continue":"t1"}`,
+		"t1": `{"items":[],"continue":"t2"}`,
+		"t2": `{"items":[{"id":"b","requester":"rome"},{"id":"b","requester":"milan"}]}`,
+		"t3": `{"items":[],"continue":"t3"}`,
+	}
+	var queries []string
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		queries = append(queries, r.URL.RawQuery)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, pages[r.URL.Query().Get("continue")])
+	}))
+	t.Cleanup(srv.Close)
+	c, err := client.NewWithTLS(srv.URL, srv.Client().Transport.(*http.Transport).TLSClientConfig)
+	require.NoError(t, err)
+	list, err := c.Reservations(context.Background(), client.RoleProvider)
+	require.NoError(t, err)
+	var got []string
+	for _, r := range list {
+		got = append(got, r.Requester+"/"+r.ID)
+	}
+	assert.Equal(t, []string{"rome/a", "rome/b", "milan/b"}, got)
+	assert.Equal(t, []string{"role=provider", "continue=t1&role=provider", "continue=t2&role=provider"}, queries)
+
+	pages[""] = `{"items":[],"continue":"t3"}`
+	_, err = c.Clusters(context.Background())
+	assert.ErrorContains(t, err, "same continue token")
 }

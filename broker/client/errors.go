@@ -103,14 +103,15 @@ func IsNoCapacity(err error) bool {
 	return ok && ae.Reason == api.ReasonNoCapacity
 }
 
-// IsNotFound reports a 404: no such cluster or reservation.
+// IsNotFound reports a 404: no such cluster or reservation, or a
+// reservation the caller is not a party to (the broker answers both alike).
 func IsNotFound(err error) bool {
 	ae, ok := asAPIError(err)
 	return ok && ae.StatusCode == http.StatusNotFound
 }
 
 // IsForbidden reports a 403 (or 401): the caller's identity may not do this,
-// e.g. it is not a party to the reservation or advertises another cluster.
+// e.g. it advertises another cluster, or grants its own reservation.
 func IsForbidden(err error) bool {
 	ae, ok := asAPIError(err)
 	return ok && (ae.StatusCode == http.StatusForbidden || ae.StatusCode == http.StatusUnauthorized)

@@ -115,7 +115,7 @@ func TestEventsResume(t *testing.T) {
 // starting position, so resuming from it misses nothing that happened since.
 func TestEventsIdleAndCursor(t *testing.T) {
 	ctx := context.Background()
-	b := brokertest.Start(t, brokertest.Options{EventBlock: 2 * time.Second})
+	b := brokertest.Start(t, brokertest.Options{EventKeepAlive: 2 * time.Second})
 	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
 	paris := newClient(t, b, "paris", client.WithStreamIdleTimeout(300*time.Millisecond))
 	rome := newClient(t, b, "rome")
@@ -222,7 +222,7 @@ func TestRetryOnTransportError(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `[{"clusterID":"paris","live":true}]`)
+		fmt.Fprint(w, `{"items":[{"clusterID":"paris","live":true}]}`)
 	}))
 	t.Cleanup(srv.Close)
 	tlsCfg := srv.Client().Transport.(*http.Transport).TLSClientConfig

@@ -40,7 +40,7 @@ func TestReserveReadRelease(t *testing.T) {
 	// Ids are scoped per requester: the provider names it with ?requester=.
 	for path, want := range map[string]map[string]int{
 		"/api/v2/reservations/r1":                {"rome": 200, "paris": 404, "berlin": 404},
-		"/api/v2/reservations/r1?requester=rome": {"rome": 200, "paris": 200, "berlin": 403},
+		"/api/v2/reservations/r1?requester=rome": {"rome": 200, "paris": 200, "berlin": 404}, // not a party: as if it did not exist
 	} {
 		for cn, code := range want {
 			got, data := b.Do(cn, http.MethodGet, path, nil)
@@ -50,12 +50,12 @@ func TestReserveReadRelease(t *testing.T) {
 	code, data = b.Do("berlin", http.MethodGet, "/api/v2/reservations/r1?requester=Not_A_Cluster", nil)
 	assert.Equal(t, http.StatusBadRequest, code, "%s", data)
 	code, data = b.Do("berlin", http.MethodDelete, "/api/v2/reservations/r1?requester=rome", nil)
-	assert.Equal(t, http.StatusForbidden, code, "%s", data)
-	assert.Equal(t, api.ReasonForbidden, brokertest.Decode[api.Error](t, data).Reason)
+	assert.Equal(t, http.StatusNotFound, code, "%s", data)
+	assert.Equal(t, api.ReasonNotFound, brokertest.Decode[api.Error](t, data).Reason)
 
 	code, data = b.Do("rome", http.MethodGet, "/api/v2/reservations?role=requester", nil)
 	require.Equal(t, http.StatusOK, code)
-	assert.Len(t, brokertest.Decode[[]api.Reservation](t, data), 1)
+	assert.Len(t, brokertest.Decode[api.ReservationList](t, data).Items, 1)
 
 	code, data = b.Do("rome", http.MethodDelete, "/api/v2/reservations/r1", nil)
 	require.Equal(t, http.StatusOK, code, "%s", data)
@@ -138,14 +138,14 @@ func TestIdentity(t *testing.T) {
 		api.V1Advertisement{ClusterID: "paris", Resources: api.V1Resources{Capacity: q, Allocatable: q, Allocated: q, Available: q}})
 	assert.Equal(t, http.StatusForbidden, code, "nor through v1")
 	code, _ = b.Do("rome", http.MethodGet, "/api/v2/reservations/paris-r?requester=paris", nil)
-	assert.Equal(t, http.StatusForbidden, code, "rome cannot read paris's reservation")
+	assert.Equal(t, http.StatusNotFound, code, "rome cannot read paris's reservation, nor learn it exists")
 	code, _ = b.Do("rome", http.MethodGet, "/api/v2/reservations/paris-r", nil)
 	assert.Equal(t, http.StatusNotFound, code, "rome has no paris-r of its own")
 	code, _ = b.Do("rome", http.MethodDelete, "/api/v2/reservations/paris-r?requester=paris", nil)
-	assert.Equal(t, http.StatusForbidden, code, "nor release it")
+	assert.Equal(t, http.StatusNotFound, code, "nor release it")
 	code, _ = b.Do("rome", http.MethodPost, "/api/v2/reservations/paris-r/grant?requester=paris",
 		api.Grant{Endpoint: "https://x:6443", Token: "t", Namespace: "rb-paris", ExpiresAt: time.Now().Add(time.Hour)})
-	assert.Equal(t, http.StatusForbidden, code, "nor grant it")
+	assert.Equal(t, http.StatusNotFound, code, "nor grant it")
 	assert.Equal(t, before, b.Snapshot(), "refused calls changed nothing")
 
 	// No client certificate: the TLS handshake fails.

@@ -157,7 +157,7 @@ func BenchmarkEventLatency(b *testing.B) {
 	bk := brokertest.Start(b, brokertest.Options{
 		Store:          store.Config{StaleThreshold: time.Hour},
 		ExpiryInterval: time.Second,     // rb-broker's default
-		EventBlock:     5 * time.Second, // rb-broker's default: a wait for the next XREAD would show
+		EventKeepAlive: 5 * time.Second, // rb-broker's default
 	})
 	rng := rand.New(rand.NewPCG(eventProviders, 7))
 	providers := make([]string, eventProviders)

@@ -31,7 +31,7 @@ func TestSameIDTwoRequesters(t *testing.T) {
 	}
 	code, data := b.Do("paris", http.MethodGet, "/api/v2/reservations?role=provider", nil)
 	require.Equal(t, http.StatusOK, code)
-	list := brokertest.Decode[[]api.Reservation](t, data)
+	list := brokertest.Decode[api.ReservationList](t, data).Items
 	require.Len(t, list, 2)
 	assert.Equal(t, "pod-1", list[0].ID)
 	assert.Equal(t, "pod-1", list[1].ID)
@@ -57,7 +57,7 @@ func TestSameIDTwoRequesters(t *testing.T) {
 			`{"endpoint":"https://x","token":"t","namespace":"rb-rome","expiresAt":"2030-01-01T00:00:00Z"}`},
 	} {
 		code, data := b.Do("milan", c.method, c.path, c.body)
-		assert.Equal(t, http.StatusForbidden, code, "%s %s: %s", c.method, c.path, data)
+		assert.Equal(t, http.StatusNotFound, code, "%s %s: %s", c.method, c.path, data)
 	}
 	assert.Equal(t, before, b.Snapshot(), "refused calls changed nothing")
 	require.NoError(t, b.Store.CheckInvariant(context.Background()))

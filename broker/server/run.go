@@ -21,7 +21,18 @@ type RunOptions struct {
 	TLSConfig      *tls.Config
 	HealthListener net.Listener // plain HTTP; nil to serve health only on the API
 	ExpiryInterval time.Duration
+	// ShutdownDelay is how long, once ctx ends, the replica keeps serving
+	// while /readyz fails, so that Services and load balancers stop sending
+	// it new clients first; default 0.
+	ShutdownDelay time.Duration
+	// ShutdownTimeout bounds the rest of the shutdown: the event streams are
+	// ended at once (with a reconnection hint), then requests in flight may
+	// finish within it; default DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
 }
+
+// DefaultShutdownTimeout is RunOptions.ShutdownTimeout's default.
+const DefaultShutdownTimeout = 10 * time.Second
 
 // NewHTTPServer returns an http.Server with the broker's timeouts.
 func NewHTTPServer(h http.Handler, tlsConfig *tls.Config) *http.Server {
@@ -67,14 +78,33 @@ func (s *Server) Run(ctx context.Context, o RunOptions) error {
 	g.Go(func() error { s.expireLoop(ctx, o.ExpiryInterval); return nil })
 	g.Go(func() error {
 		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, srv := range servers {
-			_ = srv.Shutdown(shutdown)
-		}
+		s.shutdown(servers, o.ShutdownDelay, o.ShutdownTimeout)
 		return nil
 	})
 	return g.Wait()
+}
+
+// shutdown stops serving in the order that loses no client: readiness fails
+// first (new clients go to other replicas), after delay the event streams end
+// with a reconnection hint (their clients resume elsewhere from their last
+// event id: http.Server.Shutdown alone waits for them, and they never end),
+// then the servers stop, waiting at most timeout for requests in flight.
+func (s *Server) shutdown(servers []*http.Server, delay, timeout time.Duration) {
+	s.draining.Store(true)
+	s.log.Info("shutting down: not ready", "delay", delay)
+	time.Sleep(delay)
+	s.endStreams.Do(func() { close(s.streamsEnd) })
+	if timeout <= 0 {
+		timeout = DefaultShutdownTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for _, srv := range servers {
+		if err := srv.Shutdown(ctx); err != nil {
+			s.log.Error(err, "shutdown: requests still in flight were cut")
+		}
+	}
+	s.hub.stop()
 }
 
 func ignoreClosed(err error) error {

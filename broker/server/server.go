@@ -26,30 +26,57 @@ type Config struct {
 	Store  *store.Store
 	Limits api.Limits
 	Log    logr.Logger
-	// EventBlock is how long one Redis read of an event stream waits before the
-	// stream sends a keep-alive comment; default 5s.
-	EventBlock time.Duration
+	// EventKeepAlive is how often an idle event stream sends a keep-alive
+	// comment (and checks that its client certificate is still trusted);
+	// default 5s.
+	EventKeepAlive time.Duration
+	// MaxStreamsPerCluster bounds the event streams one cluster holds open on
+	// this replica; one more is answered 429. 0: DefaultMaxStreamsPerCluster;
+	// negative: no bound.
+	MaxStreamsPerCluster int
 }
+
+// DefaultMaxStreamsPerCluster is Config.MaxStreamsPerCluster's default: an
+// agent holds one stream, two for a moment while it reconnects, and rbctl or
+// a rolling update of the agent a few more.
+const DefaultMaxStreamsPerCluster = 8
+
+// hubBlock bounds one read of the event hub (eventHub.block).
+const hubBlock = 250 * time.Millisecond
 
 // Server serves the broker API.
 type Server struct {
-	store   *store.Store
-	limits  api.Limits
-	log     logr.Logger
-	metrics *metrics
-	block   time.Duration
-	certs   *Certs // set by Run; nil: the TLS configuration is fixed
+	store     *store.Store
+	limits    api.Limits
+	log       logr.Logger
+	metrics   *metrics
+	keepAlive time.Duration
+	hub       *eventHub
+	certs     *Certs // set by Run; nil: the TLS configuration is fixed
+	// draining is set when shutdown begins: /readyz fails from then on.
+	draining atomic.Bool
+	// streamsEnd is closed when the event streams must end (shutdown).
+	streamsEnd chan struct{}
+	endStreams sync.Once
 }
 
 // New returns a server.
 func New(cfg Config) *Server {
-	if cfg.EventBlock == 0 {
-		cfg.EventBlock = 5 * time.Second
+	if cfg.EventKeepAlive <= 0 {
+		cfg.EventKeepAlive = 5 * time.Second
 	}
 	if cfg.Limits.DefaultDuration == 0 {
 		cfg.Limits.DefaultDuration = time.Hour
 	}
-	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store), block: cfg.EventBlock}
+	switch {
+	case cfg.MaxStreamsPerCluster == 0:
+		cfg.MaxStreamsPerCluster = DefaultMaxStreamsPerCluster
+	case cfg.MaxStreamsPerCluster < 0:
+		cfg.MaxStreamsPerCluster = 0
+	}
+	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store), keepAlive: cfg.EventKeepAlive,
+		hub:        newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
+		streamsEnd: make(chan struct{})}
 }
 
 // Handler returns the API routes, to be served over mutual TLS.
@@ -96,14 +123,22 @@ func (s *Server) health(mux *http.ServeMux) {
 		_, _ = w.Write([]byte("ok"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "shutting down")
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := s.store.Ready(ctx); err != nil {
+		err := s.store.Ready(ctx)
+		if errors.Is(err, store.ErrScriptsNotLoaded) {
 			// After a Redis restart the script cache is empty: load again.
-			if lerr := s.store.LoadScripts(ctx); lerr != nil {
-				writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "redis: "+err.Error())
-				return
+			if err = s.store.LoadScripts(ctx); err == nil {
+				err = s.store.Ready(ctx)
 			}
+		}
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "redis: "+err.Error())
+			return
 		}
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok"))

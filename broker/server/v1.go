@@ -86,9 +86,17 @@ func (s *Server) v1Instructions(w http.ResponseWriter, r *http.Request, caller s
 	writeJSON(w, http.StatusOK, out)
 }
 
-// v1InstructionsFor lists the reservations in phase Reserved whose target is the caller.
+// v1InstructionsFor lists the reservations in phase Reserved whose target is
+// the caller. The seed protocol has no pages: it reads one page of the
+// caller's reservations (api.MaxPageSize), so a call costs the broker no more
+// than a v2 list's. A seed provider never grants, so its reservations stay
+// Reserved and that page holds its instructions, up to that many.
 func (s *Server) v1InstructionsFor(r *http.Request, caller string) ([]api.V1Reservation, error) {
-	rs, err := s.store.LiveReservations(r.Context(), "by-target", caller)
+	qids, _, _, err := s.store.ScanLive(r.Context(), store.ByTarget, caller, store.ScanPos{}, api.MaxPageSize)
+	if err != nil {
+		return nil, err
+	}
+	rs, err := s.store.Reservations(r.Context(), qids)
 	if err != nil {
 		return nil, err
 	}

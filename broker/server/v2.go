@@ -40,19 +40,6 @@ func (s *Server) advertise(w http.ResponseWriter, ctx context.Context, id string
 		NodesReserved: ack.NodesReserved}))
 }
 
-func (s *Server) listClusters(w http.ResponseWriter, r *http.Request, _ string) {
-	clusters, err := s.store.Clusters(r.Context())
-	if err != nil {
-		s.writeStoreError(w, "", err)
-		return
-	}
-	out := make([]api.Cluster, 0, len(clusters))
-	for _, c := range clusters {
-		out = append(out, api.ClusterFromStore(c, c.Live))
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
 func (s *Server) getCluster(w http.ResponseWriter, r *http.Request, _ string) {
 	c, err := s.store.Cluster(r.Context(), r.PathValue("id"))
 	if err != nil {
@@ -119,34 +106,6 @@ func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req store.R
 	return store.Decision{}, false
 }
 
-func (s *Server) listReservations(w http.ResponseWriter, r *http.Request, caller string) {
-	role := r.URL.Query().Get("role")
-	var sets []string
-	switch role {
-	case "requester":
-		sets = []string{"by-requester"}
-	case "provider":
-		sets = []string{"by-target"}
-	case "":
-		sets = []string{"by-requester", "by-target"}
-	default:
-		writeError(w, http.StatusBadRequest, api.ReasonBadRequest, "role: must be requester or provider")
-		return
-	}
-	out := []api.Reservation{}
-	for _, set := range sets {
-		rs, err := s.store.LiveReservations(r.Context(), set, caller)
-		if err != nil {
-			s.writeStoreError(w, "", err)
-			return
-		}
-		for _, res := range rs {
-			out = append(out, api.ReservationFromStore(res, res.Requester == caller))
-		}
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
 // requesterOf is whose reservation a call addresses: ids are scoped per
 // requester, so a provider names the requester with ?requester=<cluster>;
 // without it the id is the caller's own. false: answered (400).
@@ -162,18 +121,31 @@ func requesterOf(w http.ResponseWriter, r *http.Request, caller string) (string,
 	return requester, true
 }
 
+// writeReservationError answers a failed call on reservation id of
+// requester. One that exists but is not the caller's (it is neither its
+// requester nor its provider) is answered exactly as one that does not
+// exist: a member learns nothing of the others' reservations by guessing ids.
+func (s *Server) writeReservationError(w http.ResponseWriter, script, requester, id string, err error) {
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrForbidden) {
+		writeError(w, http.StatusNotFound, api.ReasonNotFound, "no reservation "+id+" of "+requester+
+			" that you are a party to (ids are scoped per requester: a provider adds ?requester=<cluster>)")
+		return
+	}
+	s.writeStoreError(w, script, err)
+}
+
 func (s *Server) getReservation(w http.ResponseWriter, r *http.Request, caller string) {
 	requester, ok := requesterOf(w, r, caller)
 	if !ok {
 		return
 	}
-	res, err := s.store.Reservation(r.Context(), requester, r.PathValue("id"))
-	if err != nil {
-		s.writeStoreError(w, "", err)
-		return
+	id := r.PathValue("id")
+	res, err := s.store.Reservation(r.Context(), requester, id)
+	if err == nil && caller != res.Requester && caller != res.Target {
+		err = store.ErrForbidden
 	}
-	if caller != res.Requester && caller != res.Target {
-		s.writeStoreError(w, "", store.ErrForbidden)
+	if err != nil {
+		s.writeReservationError(w, "", requester, id, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, api.ReservationFromStore(res, caller == res.Requester))
@@ -184,9 +156,10 @@ func (s *Server) deleteReservation(w http.ResponseWriter, r *http.Request, calle
 	if !ok {
 		return
 	}
-	res, err := s.store.Release(r.Context(), requester, r.PathValue("id"), caller)
+	id := r.PathValue("id")
+	res, err := s.store.Release(r.Context(), requester, id, caller)
 	if err != nil {
-		s.writeStoreError(w, "release", err)
+		s.writeReservationError(w, "release", requester, id, err)
 		return
 	}
 	if res.Released {
@@ -217,13 +190,19 @@ func (s *Server) postGrant(w http.ResponseWriter, r *http.Request, caller string
 		writeError(w, http.StatusInternalServerError, api.ReasonInternal, err.Error())
 		return
 	}
-	res, err := s.store.Grant(r.Context(), requester, r.PathValue("id"), caller, raw)
-	if err != nil {
-		if res.ID != "" { // the reservation exists but has ended
-			writeError(w, http.StatusConflict, api.ReasonConflict, err.Error())
-			return
-		}
-		s.writeStoreError(w, "grant", err)
+	id := r.PathValue("id")
+	res, err := s.store.Grant(r.Context(), requester, id, caller, raw)
+	switch {
+	case err == nil:
+	case res.ID != "": // the reservation exists but has ended (told to its provider only)
+		writeError(w, http.StatusConflict, api.ReasonConflict, err.Error())
+		return
+	case errors.Is(err, store.ErrForbidden) && requester == caller:
+		// Its requester knows it exists: only its provider grants.
+		writeError(w, http.StatusForbidden, api.ReasonForbidden, "only the provider of reservation "+id+" grants it")
+		return
+	default:
+		s.writeReservationError(w, "grant", requester, id, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, api.ReservationFromStore(res, false))

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -45,6 +46,39 @@ func (s *Store) ReadEvents(ctx context.Context, cluster, cursor string, count in
 		for _, m := range st.Messages {
 			out = append(out, eventFromMessage(m))
 		}
+	}
+	return out, nil
+}
+
+// ReadStreams reads the event streams of several clusters in one XREAD:
+// up to count events of each after its cursor (cursors[i] for clusters[i]),
+// waiting up to block for the first (0: not at all). It returns the events by
+// cluster; none arrived in time: an empty map.
+func (s *Store) ReadStreams(ctx context.Context, clusters, cursors []string, count int64, block time.Duration) (map[string][]Event, error) {
+	streams := make([]string, 0, 2*len(clusters))
+	for _, c := range clusters {
+		streams = append(streams, s.Key("events:", c))
+	}
+	streams = append(streams, cursors...)
+	args := &redis.XReadArgs{Streams: streams, Count: count, Block: block}
+	if block <= 0 {
+		args.Block = -1
+	}
+	res, err := s.rdb.XRead(ctx, args).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]Event, len(res))
+	prefix := s.Key("events:")
+	for _, st := range res {
+		events := make([]Event, len(st.Messages))
+		for i, m := range st.Messages {
+			events[i] = eventFromMessage(m)
+		}
+		out[strings.TrimPrefix(st.Stream, prefix)] = events
 	}
 	return out, nil
 }

@@ -188,7 +188,18 @@ func (s *Store) rebuildIndex(ctx context.Context, force bool) (int64, error) {
 	return n, nil
 }
 
-// Ready checks that Redis answers and holds every script.
+// ErrScriptsNotLoaded is Ready's error when Redis lost its script cache (it
+// restarted, or failed over): LoadScripts loads them again.
+var ErrScriptsNotLoaded = errors.New("scripts not loaded")
+
+// readyProbeTTL bounds the life of the key Ready writes.
+const readyProbeTTL = time.Minute
+
+// Ready checks that Redis answers, holds every script and takes writes: a
+// Redis at maxmemory (OOM), a read-only replica or one that lost its disk
+// (MISCONF) answers reads and refuses every reservation, so a broker in
+// front of it must not be ready. The probe writes one short-lived key,
+// readyz.
 func (s *Store) Ready(ctx context.Context) error {
 	shas := make([]string, 0, len(scripts.All))
 	for _, sc := range scripts.All {
@@ -200,8 +211,11 @@ func (s *Store) Ready(ctx context.Context) error {
 	}
 	for i, ok := range loaded {
 		if !ok {
-			return fmt.Errorf("script %s not loaded", shas[i])
+			return fmt.Errorf("%w: %s", ErrScriptsNotLoaded, shas[i])
 		}
+	}
+	if err := s.rdb.Set(ctx, s.Key("readyz"), "1", readyProbeTTL).Err(); err != nil {
+		return fmt.Errorf("redis refuses writes: %w", err)
 	}
 	return nil
 }

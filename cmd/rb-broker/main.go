@@ -28,6 +28,7 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/policy"
 	"github.com/fluidos-project/resource-broker/broker/server"
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
@@ -57,6 +58,9 @@ type options struct {
 	grantKeyFile    string
 	retention       time.Duration
 	auditRetention  time.Duration
+	maxStreams      int
+	shutdownDelay   time.Duration
+	shutdownTimeout time.Duration
 }
 
 func main() {
@@ -96,7 +100,13 @@ func newCommand() *cobra.Command {
 		"so a rotated Secret is picked up without a restart; without it, the environment variable REDIS_PASSWORD, if set")
 	f.StringVar(&o.sentinelMaster, "redis-sentinel-master", "", "Sentinel master name; with --redis-sentinel-addrs, used instead of --redis-url's host")
 	f.StringSliceVar(&o.sentinelAddrs, "redis-sentinel-addrs", nil, "Sentinel addresses host:port, comma-separated")
-	f.IntVar(&o.redisPoolSize, "redis-pool-size", 256, "Redis connections per replica (each open event stream holds one while it waits)")
+	f.IntVar(&o.redisPoolSize, "redis-pool-size", 256, "Redis connections per replica (the event streams of a replica share one)")
+	f.IntVar(&o.maxStreams, "max-streams-per-cluster", server.DefaultMaxStreamsPerCluster, "event streams one cluster may hold open on a replica; "+
+		"one more is answered 429 with Retry-After (an agent holds one)")
+	f.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long the replica keeps serving while /readyz fails, "+
+		"so that Services and load balancers stop sending it new clients; then its event streams end with a reconnection hint")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "after --shutdown-delay, how long requests in flight may take to finish; "+
+		"keep --shutdown-delay plus this under the pod's terminationGracePeriodSeconds (30s)")
 	f.Float64Var(&o.weightResources, "weight-resources", 0.7, "weight of the resource-availability score (weights sum to 1)")
 	f.Float64Var(&o.weightCost, "weight-cost", 0.3, "weight of the cost score (weights sum to 1)")
 	f.DurationVar(&o.staleThreshold, "stale-threshold", time.Minute, "a cluster not advertised for this long (Redis clock) is not a candidate")
@@ -162,6 +172,12 @@ func (o options) validate() error {
 	}
 	if o.redisPoolSize < 1 {
 		errs = append(errs, errors.New("--redis-pool-size must be at least 1"))
+	}
+	if o.maxStreams < 1 {
+		errs = append(errs, fmt.Errorf("--max-streams-per-cluster must be at least 1, got %d", o.maxStreams))
+	}
+	if o.shutdownDelay < 0 || o.shutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-delay (%s) must not be negative and --shutdown-timeout (%s) must be positive", o.shutdownDelay, o.shutdownTimeout))
 	}
 	for name, d := range map[string]time.Duration{"--retention": o.retention, "--audit-retention": o.auditRetention} {
 		if d <= 0 {
@@ -400,19 +416,20 @@ func run(ctx context.Context, o options) error {
 	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL,
 		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, Retention: o.retention, AuditRetention: o.auditRetention,
 		Policy: pol, GrantKeys: grantKeys})
-	srv := server.New(server.Config{Store: st, Log: log,
+	srv := server.New(server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}})
 
 	// Wait for Redis rather than crash-looping while it starts.
-	for {
+	for retry := backoff.Exponential(500*time.Millisecond, 5*time.Second); ; {
 		if err = st.LoadScripts(ctx); err == nil {
 			break
 		}
-		log.Error(err, "Redis not ready, retrying")
+		wait := retry.Step()
+		log.Error(err, "Redis not ready, retrying", "in", wait)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(2 * time.Second):
+		case <-time.After(wait):
 		}
 	}
 	apiLn, err := net.Listen("tcp", o.listenAddress)
@@ -446,5 +463,6 @@ func run(ctx context.Context, o options) error {
 		"redisUser", o.redisUser(), "redisPassword", o.redisPasswordSource(),
 		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold,
 		"policy", policySource(o.policyFile), "retention", o.retention, "auditRetention", o.auditRetention)
-	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, Certs: certs, HealthListener: healthLn, ExpiryInterval: o.expiryInterval})
+	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, Certs: certs, HealthListener: healthLn, ExpiryInterval: o.expiryInterval,
+		ShutdownDelay: o.shutdownDelay, ShutdownTimeout: o.shutdownTimeout})
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -165,7 +167,7 @@ func TestExplainCommand(t *testing.T) {
 	assert.Equal(t, r.Candidates, got.Candidates)
 
 	_, err = runRbctl(t, brokerArgs(b, "berlin", "explain", "r1", "--requester", "rome")...)
-	assert.ErrorContains(t, err, "403 Forbidden", "not a party")
+	assert.ErrorContains(t, err, "404 NotFound", "not a party: as if it did not exist")
 	_, err = runRbctl(t, brokerArgs(b, "paris", "explain", "r1")...)
 	assert.ErrorContains(t, err, "404 NotFound", "ids are scoped per requester: paris has no r1")
 	_, err = runRbctl(t, brokerArgs(b, "rome", "explain", "nope")...)
@@ -225,4 +227,35 @@ func TestReasons(t *testing.T) {
 
 	none := reasons(api.Reservation{Provider: "paris"}, eur)
 	assert.Equal(t, []string{"The broker recorded no candidates for this decision."}, none)
+}
+
+// TestReservationsCommandPages: rbctl lists more reservations than the
+// broker answers in one page (api.DefaultPageSize): all of them, each once.
+func TestReservationsCommandPages(t *testing.T) {
+	const n = 2*api.DefaultPageSize + 1
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "10000", "10000Gi", "", "0.03", nil)
+	var g errgroup.Group
+	g.SetLimit(8)
+	for i := range n {
+		g.Go(func() error {
+			code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations",
+				api.ReservationRequest{ID: fmt.Sprintf("r%d", i), Resources: brokertest.Quantities("10m", "10Mi", "")})
+			if code != http.StatusCreated {
+				return fmt.Errorf("reserve r%d: %d %s", i, code, data)
+			}
+			return nil
+		})
+	}
+	require.NoError(t, g.Wait())
+	out, err := runRbctl(t, brokerArgs(b, "rome", "reservations", "--role", "requester", "-o", "json")...)
+	require.NoError(t, err)
+	var list []api.Reservation
+	require.NoError(t, json.Unmarshal([]byte(out), &list))
+	ids := map[string]bool{}
+	for _, r := range list {
+		ids[r.ID] = true
+	}
+	assert.Len(t, list, n)
+	assert.Len(t, ids, n, "each once")
 }

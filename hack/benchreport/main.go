@@ -74,11 +74,14 @@ var suites = []Suite{
 	},
 	{
 		Name: "events", Pkg: "./broker/server/",
-		About: "notification latency: decision returned -> event out of the agents' event stream (SSE, mTLS) vs bare Redis XADD -> XREAD",
-		Runs:  []Run{{Bench: `^BenchmarkEventLatency$`, Benchtime: "1000x"}},
+		About: "notification latency: decision returned -> event out of the agents' event stream (SSE, mTLS) vs bare Redis XADD -> XREAD; " +
+			"other members' reserve latency while one member holds 1,000 streams vs none open",
+		Runs: []Run{{Bench: `^BenchmarkEventLatency$`, Benchtime: "1000x"}, {Bench: `^BenchmarkStreamsReserve$`, Benchtime: "2000x"}},
 		Baselines: []Baseline{
 			{Label: "Redis XADD -> XREAD", Match: `/sse-mtls(-loaded)?$`, Replace: `/baseline-redis-xadd-xread${1}`,
 				Units: map[string]string{"p50-ms": "p50-ms", "p99-ms": "p99-ms", "max-ms": "max-ms"}},
+			{Label: "no stream open", Match: `^BenchmarkStreamsReserve$`, Units: map[string]string{
+				"p50-ms": "base-p50-ms", "p99-ms": "base-p99-ms", "events-p50-ms": "base-p50-ms", "events-p99-ms": "base-p99-ms"}},
 		},
 	},
 	{
@@ -155,6 +158,12 @@ var targets = []Target{
 		Name: `^BenchmarkHTTPReserve/https-mtls$`, Unit: "p99-ms", Baseline: "in-process Store.Reserve", Op: "<", Limit: 20},
 	{Suite: "events", Figure: "notification p99 ms",
 		Name: `^BenchmarkEventLatency/sse-mtls(-loaded)?$`, Unit: "p99-ms", Baseline: "Redis XADD -> XREAD", Op: "<", Limit: 50},
+	// The broker under abuse (issue 18): one member's streams must not slow
+	// the others down by more than 2x.
+	{Suite: "events", Figure: "honest members' reserve p99 ms while another member holds 1,000 event streams",
+		Name: `^BenchmarkStreamsReserve$`, Unit: "p99-ms", Baseline: "no stream open", OnRatio: true, Op: "<", Limit: 2},
+	{Suite: "events", Figure: "... and while each of its events goes to the 1,000 streams (5 events/s)",
+		Name: `^BenchmarkStreamsReserve$`, Unit: "events-p99-ms", Baseline: "no stream open", Info: "the same with fan-out, shown beside"},
 	// The end-to-end target is read, as Kubernetes' pod startup SLO is, at a
 	// stated creation rate (remote-paced: RB_BENCH_PACED_RATE pods/s, default
 	// 5); the burst of 100 at once is shown beside it, not checked.

@@ -54,7 +54,9 @@ type Options struct {
 	Store          store.Config
 	Limits         api.Limits
 	ExpiryInterval time.Duration // default 50ms
-	EventBlock     time.Duration // default 500ms
+	EventKeepAlive time.Duration // default 500ms
+	// MaxStreamsPerCluster: server.Config's (0: its default; negative: no bound).
+	MaxStreamsPerCluster int
 	// CertCheckInterval: how often, at most, the broker reads its certificate
 	// directory (Dir/broker) again; default server.DefaultCertCheckInterval.
 	CertCheckInterval time.Duration
@@ -66,8 +68,8 @@ func Start(t testing.TB, o Options) *Broker {
 	if o.ExpiryInterval == 0 {
 		o.ExpiryInterval = 50 * time.Millisecond
 	}
-	if o.EventBlock == 0 {
-		o.EventBlock = 500 * time.Millisecond
+	if o.EventKeepAlive == 0 {
+		o.EventKeepAlive = 500 * time.Millisecond
 	}
 	if o.CertCheckInterval == 0 {
 		o.CertCheckInterval = server.DefaultCertCheckInterval
@@ -97,7 +99,8 @@ func Start(t testing.TB, o Options) *Broker {
 	require.NoError(t, err)
 	healthLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := server.New(server.Config{Store: st, Limits: o.Limits, Log: log, EventBlock: o.EventBlock})
+	srv := server.New(server.Config{Store: st, Limits: o.Limits, Log: log, EventKeepAlive: o.EventKeepAlive,
+		MaxStreamsPerCluster: o.MaxStreamsPerCluster})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	// The broker's goroutines (its connections' included: they inherit the

@@ -23,6 +23,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
 )
 
@@ -162,7 +163,7 @@ func mustLookPath(name string) string {
 // keep restarts the process when it exits, with a back-off, until stop.
 func (s *standIn) keep() {
 	defer close(s.done)
-	backoff := time.Second
+	retry := backoff.Exponential(time.Second, 10*time.Second)
 	for {
 		select {
 		case <-s.stopping:
@@ -172,9 +173,8 @@ func (s *standIn) keep() {
 		select {
 		case <-s.stopping:
 			return
-		case <-time.After(backoff):
+		case <-time.After(retry.Step()):
 		}
-		backoff = min(2*backoff, 10*time.Second)
 		s.mu.Lock()
 		s.restarts++
 		s.mu.Unlock()

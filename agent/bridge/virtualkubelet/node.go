@@ -24,6 +24,7 @@ import (
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 )
 
 // NodePrefix prefixes the virtual node of a provider: rb-<provider>.
@@ -211,7 +212,7 @@ func (n *providerNode) runNodeController(ctx context.Context) {
 	cfg := n.b.cfg
 	leases := n.b.local.CoordinationV1().Leases(corev1.NamespaceNodeLease)
 	n.learnProviderLabels(ctx)
-	for backoff := time.Second; ctx.Err() == nil; backoff = min(2*backoff, 30*time.Second) {
+	for retry := backoff.Exponential(time.Second, 30*time.Second); ctx.Err() == nil; {
 		nc, err := node.NewNodeController(n, n.nodeObject(), n.b.local.CoreV1().Nodes(),
 			node.WithNodeEnableLeaseV1(leases, int32(cfg.LeaseDuration/time.Second)),
 			node.WithNodeStatusUpdateInterval(cfg.StatusSyncPeriod),
@@ -222,10 +223,11 @@ func (n *providerNode) runNodeController(ctx context.Context) {
 			return
 		}
 		if err := nc.Run(ctx); err != nil && ctx.Err() == nil {
-			n.log.Error(err, "registering the virtual node, retrying", "in", backoff)
+			wait := retry.Step()
+			n.log.Error(err, "registering the virtual node, retrying", "in", wait)
 			select {
 			case <-ctx.Done():
-			case <-time.After(backoff):
+			case <-time.After(wait):
 			}
 			continue
 		}
@@ -500,18 +502,19 @@ func (n *providerNode) refreshNow() {
 // reads again halfway to its expiry (the provider renews grants after two
 // thirds of their lifetime), or at once when the provider rejects the token.
 func (n *providerNode) credentialsLoop(ctx context.Context) {
-	backoff := time.Second
+	first := backoff.Exponential(time.Second, 30*time.Second)
+	retry := first
 	for ctx.Err() == nil {
 		var next time.Duration
 		g, from, err := n.fetchGrantFrom(ctx)
 		switch {
 		case err != nil:
-			n.log.Info("cannot read the provider's grant from the broker", "error", err.Error(), "retryIn", backoff)
-			next, backoff = backoff, min(2*backoff, 30*time.Second)
+			next = retry.Step()
+			n.log.Info("cannot read the provider's grant from the broker", "error", err.Error(), "retryIn", next)
 		case g == nil:
-			next, backoff = backoff, min(2*backoff, 30*time.Second)
+			next = retry.Step()
 		default:
-			backoff = time.Second
+			retry = first
 			if err := n.useGrant(g); err != nil {
 				n.log.Error(err, "cannot use the provider's grant")
 				next = 5 * time.Second

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 )
 
 var everything = labels.Everything()
@@ -420,19 +422,19 @@ func (h *podHandler) remoteGone(remote *corev1.Pod) {
 // retry runs fn until it succeeds, fails for good, or CreateTimeout passes.
 func (n *providerNode) retry(ctx context.Context, fn func(context.Context) error) error {
 	deadline := time.Now().Add(n.b.cfg.CreateTimeout)
-	delay := 100 * time.Millisecond
+	pace := backoff.Exponential(100*time.Millisecond, 5*time.Second)
 	for {
 		err := fn(ctx)
 		if err == nil || permanent(err) || time.Now().After(deadline) {
 			return err
 		}
+		delay := pace.Step()
 		n.log.V(1).Info("retrying", "error", err.Error(), "in", delay)
 		select {
 		case <-ctx.Done():
 			return err
 		case <-time.After(delay):
 		}
-		delay = min(2*delay, 5*time.Second)
 	}
 }
 

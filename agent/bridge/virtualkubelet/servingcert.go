@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/internal/backoff"
 )
 
 // Where the kubelet endpoint's serving certificate comes from
@@ -105,7 +106,8 @@ func (s *servingCert) useSelfSigned() error {
 // request that fails is made again after a back-off (a minute, doubling up
 // to 30 minutes); meanwhile the current certificate is served.
 func (s *servingCert) run(ctx context.Context) {
-	backoff := time.Minute
+	first := backoff.Exponential(time.Minute, 30*time.Minute)
+	retry := first
 	for ctx.Err() == nil {
 		cert, err := s.request(ctx)
 		var next time.Duration
@@ -113,10 +115,10 @@ func (s *servingCert) run(ctx context.Context) {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
-			s.log.Error(err, "kubelet endpoint: no serving certificate from the kubelet-serving signer, retrying", "in", backoff)
-			next, backoff = backoff, min(2*backoff, 30*time.Minute)
+			next = retry.Step()
+			s.log.Error(err, "kubelet endpoint: no serving certificate from the kubelet-serving signer, retrying", "in", next)
 		default:
-			backoff = time.Minute
+			retry = first
 			s.cur.Store(cert)
 			s.selfSigned.Store(false)
 			renew := renewalTime(cert.Leaf)
