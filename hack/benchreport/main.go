@@ -64,8 +64,9 @@ var suites = []Suite{
 	},
 	{
 		Name: "http", Pkg: "./broker/server/",
-		About: "reservations through the real v2 API (HTTPS, mutual TLS) vs the same Store.Reserve in-process",
-		Runs:  []Run{{Bench: `^BenchmarkHTTPReserve$`, Benchtime: "2s"}},
+		About: "reservations through the real v2 API (HTTPS, mutual TLS) vs the same Store.Reserve in-process; " +
+			"8 members listing 60,000 reservations at once (the broker's peak RSS)",
+		Runs: []Run{{Bench: `^BenchmarkHTTPReserve$`, Benchtime: "2s"}, {Bench: `^BenchmarkListReservations$`, Benchtime: "1x"}},
 		Baselines: []Baseline{
 			{Label: "in-process Store.Reserve", Match: `^(BenchmarkHTTPReserve/(?:replay-)?)https-mtls(?:-http2)?$`, Replace: `${1}baseline-store-direct`},
 			{Label: "HTTP floor (GET /healthz)", Match: `^(BenchmarkHTTPReserve/)(?:replay-)?https-mtls(?:-http2)?$`, Replace: `${1}floor-healthz-mtls`,
@@ -156,6 +157,8 @@ var targets = []Target{
 		Name: `^BenchmarkHTTPReserve/https-mtls$`, Unit: "reservations/s", Baseline: "in-process Store.Reserve", Op: ">=", Limit: 5000},
 	{Suite: "http", Figure: "HTTP p99 ms (HTTPS, mTLS)",
 		Name: `^BenchmarkHTTPReserve/https-mtls$`, Unit: "p99-ms", Baseline: "in-process Store.Reserve", Op: "<", Limit: 20},
+	{Suite: "http", Figure: "rb-broker peak RSS MiB, 8 members listing 60,000 reservations at once (manifest limit 256 MiB)",
+		Name: `^BenchmarkListReservations$`, Unit: "broker-peak-rss-MiB", Op: "<", Limit: 256},
 	{Suite: "events", Figure: "notification p99 ms",
 		Name: `^BenchmarkEventLatency/sse-mtls(-loaded)?$`, Unit: "p99-ms", Baseline: "Redis XADD -> XREAD", Op: "<", Limit: 50},
 	// The broker under abuse (issue 18): one member's streams must not slow
