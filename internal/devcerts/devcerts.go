@@ -301,6 +301,9 @@ func randomSerial() (*big.Int, error) {
 	}
 }
 
+// KeyPEM is the CA's private key in PEM (PKCS #8), as Save writes it.
+func (ca *CA) KeyPEM() ([]byte, error) { return marshalKeyPEM(ca.Key) }
+
 func marshalKeyPEM(key crypto.Signer) ([]byte, error) {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {

@@ -277,16 +277,11 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 	}
 	apiserver := c.env.ControlPlane.GetAPIServer()
 	grace := c.bed.opts.NodeMonitorGracePeriod
-	var last error
-	for range 3 {
-		ports, err := FreePorts(1)
-		if err != nil {
-			return err
-		}
-		c.ControllerManager = &Process{Name: "kube-controller-manager-" + c.Name, Path: path,
+	c.ControllerManager, err = c.startOnFreePort(ctx, "kube-controller-manager "+c.Name, func(port int) *Process {
+		p := &Process{Name: "kube-controller-manager-" + c.Name, Path: path,
 			LogPath: filepath.Join(c.bed.LogDir, "kube-controller-manager-"+c.Name+".log"),
 			Args: []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
-				"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(ports[0]), "--leader-elect=false",
+				"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port), "--leader-elect=false",
 				"--use-service-account-credentials=true",
 				"--service-account-private-key-file=" + filepath.Join(apiserver.CertDir, "sa-signer.key"),
 				"--root-ca-file=" + rootCA,
@@ -299,24 +294,12 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 		if c.bed.opts.MetricsServer {
 			// HorizontalPodAutoscalers act within seconds of a change in
 			// the metrics (defaults: every 15 s, and 5 min before scaling in).
-			c.ControllerManager.Args = append(c.ControllerManager.Args,
+			p.Args = append(p.Args,
 				"--horizontal-pod-autoscaler-sync-period=5s", "--horizontal-pod-autoscaler-downscale-stabilization=0s")
 		}
-		if err := c.ControllerManager.Start(); err != nil {
-			return err
-		}
-		last = c.bed.poll(ctx, c.ControllerManager, 60*time.Second, "kube-controller-manager "+c.Name+" healthy", func() (bool, error) {
-			return httpsOK(fmt.Sprintf("https://127.0.0.1:%d/healthz", ports[0])), nil
-		})
-		if last == nil {
-			return nil
-		}
-		_ = c.ControllerManager.Kill()
-		if !c.ControllerManager.portInUse() {
-			return last
-		}
-	}
-	return last
+		return p
+	})
+	return err
 }
 
 // addRealNode starts a real node of the given size and waits until it is
@@ -423,27 +406,40 @@ func (c *Cluster) startKubeScheduler(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.KubeScheduler, err = c.startOnFreePort(ctx, "kube-scheduler "+c.Name, func(port int) *Process {
+		return &Process{Name: "kube-scheduler-" + c.Name, Path: path,
+			LogPath: filepath.Join(c.bed.LogDir, "kube-scheduler-"+c.Name+".log"),
+			Args: []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
+				"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(port), "--leader-elect=false",
+				"--v=" + strconv.Itoa(max(c.bed.opts.Verbosity, 1))}}
+	})
+	return err
+}
+
+// startOnFreePort starts the process newProcess makes for a free port (its
+// --secure-port on 127.0.0.1) and waits until its /healthz answers; a port
+// taken before the process bound it is tried again with another, twice.
+func (c *Cluster) startOnFreePort(ctx context.Context, what string, newProcess func(port int) *Process) (*Process, error) {
 	var last error
 	for range 3 {
 		ports, err := FreePorts(1)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		c.KubeScheduler = &Process{Name: "kube-scheduler-" + c.Name, Path: path,
-			LogPath: filepath.Join(c.bed.LogDir, "kube-scheduler-"+c.Name+".log"),
-			Args: []string{"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
-				"--bind-address=127.0.0.1", "--secure-port=" + strconv.Itoa(ports[0]), "--leader-elect=false",
-				"--v=" + strconv.Itoa(max(c.bed.opts.Verbosity, 1))}}
-		if err := c.KubeScheduler.Start(); err != nil {
-			return err
+		p := newProcess(ports[0])
+		if err := p.Start(); err != nil {
+			return nil, err
 		}
-		last = c.bed.poll(ctx, c.KubeScheduler, 60*time.Second, "kube-scheduler "+c.Name+" healthy", func() (bool, error) {
+		last = c.bed.poll(ctx, p, 60*time.Second, what+" healthy", func() (bool, error) {
 			return httpsOK(fmt.Sprintf("https://127.0.0.1:%d/healthz", ports[0])), nil
 		})
 		if last == nil {
-			return nil
+			return p, nil
 		}
-		_ = c.KubeScheduler.Stop(5 * time.Second)
+		_ = p.Kill()
+		if !p.portInUse() {
+			return p, last
+		}
 	}
-	return last
+	return nil, last
 }

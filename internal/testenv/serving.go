@@ -53,11 +53,7 @@ func writeServingCerts(ca *devcerts.CA, dir, address string, sans []string) erro
 	if err != nil {
 		return err
 	}
-	saDir := filepath.Join(dir, "sa")
-	if err := saSigner.Save(saDir); err != nil {
-		return err
-	}
-	saKey, err := os.ReadFile(filepath.Join(saDir, devcerts.CAKeyFile))
+	saKey, err := saSigner.KeyPEM()
 	if err != nil {
 		return err
 	}

@@ -354,6 +354,9 @@ func checkDeployedPods(t *testing.T, c *testbed.Cluster, want map[string]int) {
 	assert.Equal(t, want, got, "%s: the components' pods", c.Name)
 }
 
+// uidLine is /proc/<pid>/status's real and effective uid.
+var uidLine = regexp.MustCompile(`(?m)^Uid:\s+(\d+)\s+(\d+)`)
+
 // checkProcessesNonRoot: the components' processes on this host (their
 // containers; the bed runs none of them itself here) run as the users the
 // manifests' security contexts name.
@@ -380,7 +383,7 @@ func checkProcessesNonRoot(t *testing.T, want map[string]int) {
 		if err != nil {
 			continue
 		}
-		m := regexp.MustCompile(`(?m)^Uid:\s+(\d+)\s+(\d+)`).FindSubmatch(status)
+		m := uidLine.FindSubmatch(status)
 		require.NotNil(t, m)
 		assert.Equal(t, strconv.Itoa(uid), string(m[1]), "%s (%s) runs as uid %s", name, f, m[1])
 		assert.Equal(t, strconv.Itoa(uid), string(m[2]), "%s (%s) runs as effective uid %s", name, f, m[2])
