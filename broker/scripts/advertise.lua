@@ -10,7 +10,7 @@
 -- reservation's node (its pod is in the figures now) and debits it again
 -- when a later advertisement no longer lists it while it is still live.
 --
--- KEYS[1]  prefix ("rb:{b}:")
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
 -- ARGV[1]  cluster id
 -- ARGV[2]  event stream max length (for the waiting requests it notifies)
 -- ARGV[3]  event stream TTL (ms)

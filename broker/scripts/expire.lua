@@ -5,7 +5,7 @@
 -- reservations leave the index. Freed capacity notifies the first waiting
 -- requests (lib.lua notify_waiters).
 --
--- KEYS[1]  prefix ("rb:{b}:")
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
 -- ARGV[1]  at most this many reservations ended, and as many waiting members
 --          swept, per call (the caller loops while the reservations ended
 --          equal it; the waiting members left go at its next run)

@@ -5,7 +5,7 @@
 -- broker seals it before (store.GrantKeys): Redis never holds the token in
 -- clear; end_reservation (lib.lua) removes it when the reservation ends.
 --
--- KEYS[1]  prefix ("rb:{b}:")
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
 -- ARGV[1]  requester cluster id (ids are scoped per requester, lib.lua)
 -- ARGV[2]  reservation id, as its requester chose it
 -- ARGV[3]  caller cluster id; it must be the target

@@ -16,7 +16,7 @@
 -- reservations, and the waiting list's due times (P.."wait-due") from the
 -- wait hashes' TTLs (a member whose hash is gone leaves the list).
 --
--- KEYS[1]  prefix ("rb:{b}:")
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  "force" to rebuild even if idx:version says the index exists
 -- Reply: number of live clusters indexed, or -1 when the index already existed

@@ -4,7 +4,7 @@
 -- list (reply "notfound": there is no reservation). Freed capacity notifies
 -- the first waiting requests (lib.lua notify_waiters).
 --
--- KEYS[1]  prefix ("rb:{b}:")
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
 -- ARGV[1]  requester cluster id (ids are scoped per requester, lib.lua)
 -- ARGV[2]  reservation id, as its requester chose it
 -- ARGV[3]  caller cluster id; it must be the requester or the target

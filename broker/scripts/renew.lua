@@ -16,7 +16,7 @@
 -- provider and the phase stay as they are); the provider acts on ended
 -- reservations only, and Released/Expired events still tell it those.
 --
--- KEYS[1]  prefix ("rb:{b}:")
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
 -- ARGV[1]  requester cluster id (the caller)
 -- ARGV[2..] reservation ids, as the requester chose them
 -- Reply: {now_ms, status_1, remaining_ms_1, status_2, remaining_ms_2, ...}

@@ -32,9 +32,10 @@
 -- top candidates score above the best any unread cluster could reach
 -- ("threshold"). The min and max price over the fitting clusters, which
 -- normalise the cost score, are found first by walking the price sets.
--- ARGV[7] = "scan" evaluates every live cluster from its hash instead
--- ("scan"): the reference the index is tested against, and the baseline of
--- the benchmarks. All three give the same decision and candidates.
+-- The test-only reference (package scripts/reference, never loaded by the
+-- broker) evaluates every live cluster from its hashes instead ("scan"): what
+-- the index is tested against and the baseline of the benchmarks. All three
+-- give the same decision and candidates.
 -- Rejections (reply and audit, counted only when nothing fits in index mode)
 -- count, per reason, the live clusters that fail it; a cluster may count
 -- under several reasons, except insufficient_node_fit, which counts the
@@ -71,17 +72,16 @@
 -- A waiting request whose requester has since reached its limits cannot be
 -- placed, so it defers nobody (fits_somewhere).
 --
--- KEYS[1]  prefix ("rb:{b}:")
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  weight of resources    ARGV[3]  weight of cost (floats, sum 1)
 -- ARGV[4]  how many candidates to report
 -- ARGV[5]  event stream max length  ARGV[6]  audit stream max length
--- ARGV[7]  "index" (default) or "scan"
--- ARGV[8]  how long a request nothing fits stays on the waiting list without
+-- ARGV[7]  how long a request nothing fits stays on the waiting list without
 --          a retry (ms; 0: no waiting list); each retry of the same request
 --          renews it
--- ARGV[9]  event stream TTL (ms)
--- ARGV[10..] the requests, 19 values each: reservation id, requester cluster
+-- ARGV[8]  event stream TTL (ms)
+-- ARGV[9..] the requests, 19 values each: reservation id, requester cluster
 --          id, cpu (millicores), memory (bytes), gpu (count), ephemeral
 --          storage (bytes), duration (ms, > 0), label selector as a JSON
 --          object of required labels or "", owner (free text), priority
@@ -118,10 +118,9 @@ local prefix = KEYS[1]
 local stale_ms = tonumber(ARGV[1])
 local w_res, w_cost = tonumber(ARGV[2]), tonumber(ARGV[3])
 local top_n = tonumber(ARGV[4])
-local so, audit_max = stream_opts(ARGV[5], ARGV[9]), ARGV[6]
-local scan_mode = ARGV[7] == 'scan'
-local wait_ttl = tonumber(ARGV[8])
-local FIRST, WIDTH = 10, 19 -- where the requests start in ARGV, and the values of each
+local so, audit_max = stream_opts(ARGV[5], ARGV[8]), ARGV[6]
+local wait_ttl = tonumber(ARGV[7])
+local FIRST, WIDTH = 9, 19 -- where the requests start in ARGV, and the values of each
 -- DIRECT_MAX: up to this many candidates are evaluated directly, without the threshold walk.
 local DIRECT_MAX = 128
 
@@ -266,6 +265,9 @@ local function table_of(list)
   end
   return {n = #list, f = f, names = names, list = list}
 end
+
+-- The test-only reference (package scripts/reference) puts its full scan here.
+local reference_scan = nil
 
 -- take_node debits node of cluster cid in its node table (re-sorted as
 -- idx:nrec keeps it) and in its record's node summary.
@@ -634,37 +636,6 @@ local function decide(a, arrival_us)
     if fit_max == nil or price > fit_max then fit_max = price end
   end
 
-  -- evaluate_hash judges one cluster from its hashes (the full scan), its
-  -- nodes included; scan_nodes keeps the node tables it built.
-  local scan_nodes = {}
-  local hash_fields = {'price_cpu', 'price_mem', 'price_gpu', 'labels', 'nodes'}
-  for _, res in ipairs(RESOURCES) do
-    hash_fields[#hash_fields + 1] = 'alloc_' .. res
-    hash_fields[#hash_fields + 1] = 'used_' .. res
-    hash_fields[#hash_fields + 1] = 'resv_' .. res
-  end
-  local function evaluate_hash(cid)
-    local v = redis.call('HMGET', prefix .. 'cluster:' .. cid, unpack(hash_fields))
-    local al, fr = {}, {}
-    for i = 1, 4 do
-      al[i] = tonumber(v[3 * i + 3] or '0')
-      fr[i] = al[i] - tonumber(v[3 * i + 4] or '0') - tonumber(v[3 * i + 5] or '0')
-    end
-    local labels = nil
-    if selector then labels = decode_labels(v[4]) end
-    local r = {al[1], fr[1], al[2], fr[2], al[3], fr[3], al[4], fr[4],
-      tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0')}
-    local nodes = nil
-    if tonumber(v[5] or '0') > 0 then nodes = node_list(prefix, cid) end
-    for _, x in ipairs(node_summary(nodes)) do r[#r + 1] = x end
-    local nt = nil
-    if nodes then
-      nt = table_of(nodes)
-      scan_nodes[cid] = nt
-    end
-    judge(cid, r, labels, nt)
-  end
-
   -- evaluate_records judges clusters from their records; the requester is
   -- never a candidate, and counts as a rejection when met. The node records
   -- of the clusters whose totals hold the request but whose node summary
@@ -719,14 +690,8 @@ local function decide(a, arrival_us)
       if #top > top_n then top[#top] = nil end
     end
   end
-  local function decide_among(ids, by_hash)
-    if by_hash then
-      for _, cid in ipairs(ids) do
-        if cid == requester then rejected.requester = 1 else evaluate_hash(cid) end
-      end
-    else
-      evaluate_records(ids)
-    end
+  local function decide_among(ids)
+    evaluate_records(ids)
     min_price, max_price = fit_min, fit_max
     for k = 1, fit_n do offer(k) end
   end
@@ -803,9 +768,12 @@ local function decide(a, arrival_us)
   end
 
   local method
-  if scan_mode then
+  local scan_nodes -- the reference scan's node tables
+  if reference_scan then
     method = 'scan'
-    decide_among(redis.call('ZRANGEBYSCORE', prefix .. 'clusters', cut, '+inf'), true)
+    scan_nodes = reference_scan(prefix, cut, requester, rejected, selector ~= nil, judge)
+    min_price, max_price = fit_min, fit_max
+    for k = 1, fit_n do offer(k) end
     count_rejections()
   else
     -- How many live clusters have enough of each requested resource (or carry
@@ -962,7 +930,7 @@ local function decide(a, arrival_us)
   rejected.stale = stale_count
 
   local considered = live_count
-  if scan_mode then considered = examined + rejected.requester end
+  if reference_scan then considered = examined + rejected.requester end
   local function record_audit(outcome, winner, score, candidates_json, node)
     redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*',
       'reservation', id, 'requester', requester, 'outcome', outcome,
@@ -992,8 +960,12 @@ local function decide(a, arrival_us)
 
   -- The node it takes, on a cluster that advertises nodes.
   local node = nil
-  local nt = scan_nodes[win.cluster]
-  if not scan_mode and recs[win.cluster][REC_NODES] > 0 then nt = node_table(win.cluster) end
+  local nt = nil
+  if scan_nodes then
+    nt = scan_nodes[win.cluster]
+  elseif recs[win.cluster][REC_NODES] > 0 then
+    nt = node_table(win.cluster)
+  end
   if nt then node = best_node(nt, rc, rm, rg, rst) end
 
   -- Lock the capacity (written at flush) and record the reservation.
@@ -1001,7 +973,7 @@ local function decide(a, arrival_us)
   u.n = u.n + 1
   for _, res in ipairs(RESOURCES) do u[res] = u[res] + req[res] end
   usage_dirty[requester] = true
-  if scan_mode then flush() end -- the full scan reads the hashes: keep them current
+  if reference_scan then flush() end -- the reference reads the hashes: keep them current
   local expires = now + tonumber(duration)
   local r = {requester = requester, target = win.cluster, phase = 'Reserved',
     cpu = req_str.cpu, mem = req_str.mem, gpu = req_str.gpu, sto = req_str.sto,

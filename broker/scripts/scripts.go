@@ -12,7 +12,8 @@ import (
 //go:embed *.lua
 var files embed.FS
 
-func load(name string) *redis.Script {
+// Source is the text of script name as loaded: lib.lua, then name.lua.
+func Source(name string) string {
 	lib, err := files.ReadFile("lib.lua")
 	if err != nil {
 		panic(err)
@@ -21,7 +22,11 @@ func load(name string) *redis.Script {
 	if err != nil {
 		panic(err)
 	}
-	return redis.NewScript(string(lib) + "\n" + string(body))
+	return string(lib) + "\n" + string(body)
+}
+
+func load(name string) *redis.Script {
+	return redis.NewScript(Source(name))
 }
 
 // The scripts, loaded once. Run them with Script.Run (EVALSHA, falling back to

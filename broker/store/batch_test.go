@@ -30,8 +30,8 @@ func TestBatchMatchesSequential(t *testing.T) {
 	for _, fullScan := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fullScan=%v", fullScan), func(t *testing.T) {
 			// WaitTTL: no waiting request may expire between the two sides' calls.
-			cfg := store.Config{StaleThreshold: time.Hour, FullScan: fullScan, WaitTTL: time.Hour}
-			testBatchMatchesSequential(t, store.New(seqRdb, cfg), store.New(batRdb, cfg))
+			cfg := store.Config{StaleThreshold: time.Hour, WaitTTL: time.Hour}
+			testBatchMatchesSequential(t, storeOn(seqRdb, cfg, fullScan), storeOn(batRdb, cfg, fullScan))
 		})
 	}
 }
@@ -225,7 +225,7 @@ func TestBatchIsolatesABadRequest(t *testing.T) {
 	}
 	cfg := s.Config()
 	args := []any{cfg.StaleThreshold.Milliseconds(), cfg.WeightResources, cfg.WeightCost, cfg.TopCandidates,
-		cfg.EventsMaxLen, cfg.AuditMaxLen, "index", cfg.WaitTTL.Milliseconds(), cfg.EventsTTL.Milliseconds()}
+		cfg.EventsMaxLen, cfg.AuditMaxLen, cfg.WaitTTL.Milliseconds(), cfg.EventsTTL.Milliseconds()}
 	for i, selector := range []string{"", "{not json", ""} {
 		args = append(args, fmt.Sprintf("x%d", i), "rome", 1000, gi, 0, 0, 3_600_000, selector, "", 0, "1", 0,
 			"", "", "", "", "", "", "") // no limits

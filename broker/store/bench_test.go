@@ -257,7 +257,7 @@ func BenchmarkReserve(b *testing.B) {
 			for _, method := range []string{"index", "scan"} {
 				s := st
 				if method == "scan" {
-					s = store.New(rdb, store.Config{StaleThreshold: time.Hour, FullScan: true, Policy: benchLimits(b)})
+					s = store.NewFullScan(rdb, store.Config{StaleThreshold: time.Hour, Policy: benchLimits(b)})
 				}
 				b.Run("method="+method, func(b *testing.B) {
 					runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {

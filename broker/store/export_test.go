@@ -1,6 +1,22 @@
 package store
 
-import "context"
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fluidos-project/resource-broker/broker/scripts/reference"
+)
+
+// NewFullScan returns a store whose decisions read every live cluster's
+// hashes (scripts/reference) instead of the candidate index: the reference
+// the index is tested against and the baseline of the benchmarks.
+// Decisions are the same either way.
+func NewFullScan(rdb redis.UniversalClient, cfg Config) *Store {
+	s := New(rdb, cfg)
+	s.decide = reference.ReserveFullScan
+	return s
+}
 
 // ReserveBatch decides reqs in one reserve.lua call, in order: the batch the
 // batcher would send if they all queued at once (tests compare it with one

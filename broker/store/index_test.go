@@ -120,7 +120,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 	rdb := startRedis(t)
 	const stale = 3 * time.Second
 	indexed := store.New(rdb, store.Config{StaleThreshold: stale})
-	scan := store.New(rdb, store.Config{StaleThreshold: stale, FullScan: true})
+	scan := store.NewFullScan(rdb, store.Config{StaleThreshold: stale})
 	require.NoError(t, indexed.LoadScripts(ctx))
 
 	methods := map[string]int{}

@@ -64,7 +64,8 @@ func TestNodeFitRefusesWhatNoNodeHolds(t *testing.T) {
 	ctx := context.Background()
 	for _, fullScan := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fullScan=%v", fullScan), func(t *testing.T) {
-			s := newStore(t, store.Config{FullScan: fullScan})
+			s := storeOn(startRedis(t), store.Config{}, fullScan)
+			require.NoError(t, s.LoadScripts(ctx))
 			advertise(t, s, "paris", withNodes(30_000, node("p1", 2000, 1000, 0), node("p2", 2000, 1000, 0), node("p3", 4000, 1000, 0)))
 			c, err := s.Cluster(ctx, "paris")
 			require.NoError(t, err)

@@ -70,10 +70,6 @@ type Config struct {
 	// flight at once; default 2 (Redis runs one while the other's reply is
 	// read and the next batch forms).
 	ReserveInFlight int
-	// FullScan makes every decision read every live cluster instead of using
-	// the candidate index: the reference the index is tested against and the
-	// baseline of the benchmarks. Decisions are the same either way.
-	FullScan bool
 	// Policy holds the operator's per-requester limits and the bounds of
 	// what a provider may advertise (broker/policy); nil: none.
 	Policy Policy
@@ -132,12 +128,15 @@ type Store struct {
 	rdb     redis.UniversalClient
 	cfg     Config
 	reserve *reserveBatcher
+	// decide is the script that decides reservations: scripts.Reserve, or
+	// in tests the full-scan reference it is checked against.
+	decide *redis.Script
 }
 
 // New returns a store over rdb.
 func New(rdb redis.UniversalClient, cfg Config) *Store {
 	cfg.defaults()
-	s := &Store{rdb: rdb, cfg: cfg}
+	s := &Store{rdb: rdb, cfg: cfg, decide: scripts.Reserve}
 	s.reserve = &reserveBatcher{maxBatch: cfg.ReserveBatch, maxInFlight: cfg.ReserveInFlight, send: s.sendReserves}
 	return s
 }
@@ -342,12 +341,12 @@ func waitArg(noWait bool) string {
 func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
 	args := make([]any, 0, 9+reserveWidth*len(batch))
 	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.WeightResources, s.cfg.WeightCost,
-		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen, s.searchMode(),
+		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
 		max(s.cfg.WaitTTL.Milliseconds(), 0), s.cfg.EventsTTL.Milliseconds())
 	for _, p := range batch {
 		args = append(args, p.args...)
 	}
-	replies, err := s.run(ctx, scripts.Reserve, args...)
+	replies, err := s.run(ctx, s.decide, args...)
 	if err == nil && len(replies) != len(batch) {
 		err = fmt.Errorf("reserve: %d replies for %d requests", len(replies), len(batch))
 	}
@@ -410,13 +409,6 @@ func (s *Store) parseReserveReply(req ReserveRequest, reply []any) (Decision, er
 		return Decision{}, nf
 	}
 	return Decision{}, fmt.Errorf("unexpected reserve outcome %q", outcome)
-}
-
-func (s *Store) searchMode() string {
-	if s.cfg.FullScan {
-		return "scan"
-	}
-	return "index"
 }
 
 // ReleaseResult tells what Release did.

@@ -29,6 +29,15 @@ func newStore(t *testing.T, cfg store.Config) *store.Store {
 	return s
 }
 
+// storeOn returns a store over rdb that decides by the candidate index or,
+// with fullScan, by the full-scan reference (store.NewFullScan).
+func storeOn(rdb redis.UniversalClient, cfg store.Config, fullScan bool) *store.Store {
+	if fullScan {
+		return store.NewFullScan(rdb, cfg)
+	}
+	return store.New(rdb, cfg)
+}
+
 // admins maps the broker's client of each test Redis (the ACL's limited user)
 // to an administrator's client of the same Redis, for what the tests do and
 // the broker never does (FLUSHALL, KEYS, XRANGE, MULTI).
@@ -202,7 +211,7 @@ func TestReserveNothingFits(t *testing.T) {
 	// Each reason counts every live cluster other than the requester that fails
 	// it (a cluster may fail several); the full scan counts the same.
 	req := request("r1", "rome", 4000, 4, 1)
-	for _, st := range []*store.Store{s, store.New(s.Client(), store.Config{FullScan: true})} {
+	for _, st := range []*store.Store{s, store.NewFullScan(s.Client(), store.Config{})} {
 		_, err := st.Reserve(ctx, req)
 		var nf *store.NoFitError
 		require.ErrorAs(t, err, &nf)

@@ -1,0 +1,147 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/redistest"
+	redismanifest "github.com/fluidos-project/resource-broker/manifests/redis"
+)
+
+// keyFamily matches where a script builds a key name from the prefix:
+// prefix .. 'family' (the literal that follows the prefix names the family).
+var keyFamily = regexp.MustCompile(`\bprefix \.\. '([a-z:-]*)'`)
+
+// documentedFamily matches a key of lib.lua's key layout: P.."family".
+var documentedFamily = regexp.MustCompile(`P\.\."([a-z:-]*)"`)
+
+// TestAbuseUndeclaredKeys: the scripts get only a key prefix in KEYS and
+// build every other key name inside, so Redis Cluster and ACL key patterns
+// could not tell what they touch. The contract that replaces a KEYS list:
+// every key derives from the hash-tagged prefix (one slot) and its family is
+// in lib.lua's key layout. Checked two ways: every family the scripts (and
+// the test-only reference) build is documented there; and a broker on
+// another prefix, whose Redis user may touch that prefix's keys only, runs
+// every operation with no ACL refusal and leaves no key outside it, while
+// the default prefix is refused on the same Redis.
+func TestAbuseUndeclaredKeys(t *testing.T) {
+	t.Run("families documented", func(t *testing.T) {
+		lib, err := os.ReadFile("../scripts/lib.lua")
+		require.NoError(t, err)
+		layout := string(lib)[:strings.Index(string(lib), "\nlocal ")] // the header
+		documented := map[string]bool{}
+		for _, m := range documentedFamily.FindAllStringSubmatch(layout, -1) {
+			documented[m[1]] = true
+		}
+		used := 0
+		err = filepath.WalkDir("../scripts", func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || filepath.Ext(path) != ".lua" {
+				return err
+			}
+			src, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			assert.NotContains(t, string(src), "'rb:", "%s names a key outside the prefix", path)
+			for _, m := range keyFamily.FindAllStringSubmatch(string(src), -1) {
+				used++
+				assert.True(t, documented[m[1]] || documented[strings.TrimSuffix(m[1], ":")+":"],
+					"%s uses key family %q, absent from lib.lua's key layout", path, m[1])
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		assert.Greater(t, used, 50, "the scripts' key names were found")
+	})
+
+	t.Run("restricted to the prefix", func(t *testing.T) {
+		ctx := context.Background()
+		const prefix = "rb:{t}:"
+		srv := redistest.Start(t, redistest.AllowDenials())
+		adm := srv.AdminClient()
+		require.NoError(t, adm.Do(ctx, "ACL", "SETUSER", redismanifest.BrokerUser, "resetkeys", "~"+prefix+"*").Err())
+
+		// The same user on the default prefix is refused: the restriction bites.
+		refused := store.New(srv.Client(), store.Config{})
+		_, err := refused.Advertise(ctx, "paris", cluster(8, 32, 0, 30_000, nil))
+		require.ErrorContains(t, err, "NOPERM")
+		require.NoError(t, adm.Do(ctx, "ACL", "LOG", "RESET").Err())
+
+		for _, fullScan := range []bool{false, true} {
+			s := storeOn(srv.Client(), store.Config{Prefix: prefix, WaitTTL: 200 * time.Millisecond, Policy: mustPolicy(t, fmt.Sprintf(`
+requesters:
+  default: {maxReservations: 10, reservesPerSecond: 1000}
+  clusters:
+    mallory-%v: {reservesPerSecond: 1, reserveBurst: 1}
+`, fullScan))}, fullScan)
+			require.NoError(t, s.LoadScripts(ctx))
+			_, err := s.RebuildIndex(ctx)
+			require.NoError(t, err)
+			run := fmt.Sprint(fullScan)
+			advertise(t, s, "paris", withNodes(30_000, node("p1", 4000, 4000, 0), node("p2", 2000, 2000, 0)))
+			_, err = s.Advertise(ctx, "berlin", cluster(4, 16, 2, 20_000, map[string]string{"topology.kubernetes.io/region": "eu-central"}))
+			require.NoError(t, err)
+
+			lease := request("lease-"+run, "rome", 1000, 1, 0)
+			lease.Lease = time.Minute
+			d, err := s.Reserve(ctx, lease)
+			require.NoError(t, err)
+			_, err = s.Renew(ctx, "rome", []string{lease.ID})
+			require.NoError(t, err)
+			_, err = s.Grant(ctx, "rome", lease.ID, d.Reservation.Target, json.RawMessage(`{"token":"t"}`))
+			require.NoError(t, err)
+			sel := request("gpu-"+run, "rome", 500, 1, 1)
+			sel.Selector = map[string]string{"topology.kubernetes.io/region": "eu-central"}
+			_, err = s.Reserve(ctx, sel)
+			require.NoError(t, err)
+			_, err = s.Reserve(ctx, request("huge-"+run, "rome", 64_000, 1, 0))
+			require.ErrorAs(t, err, new(*store.NoFitError), "waits")
+			_, err = s.Reserve(ctx, request("m1", "mallory-"+run, 100, 1, 0))
+			require.NoError(t, err)
+			_, err = s.Reserve(ctx, request("m2", "mallory-"+run, 100, 1, 0))
+			require.ErrorAs(t, err, new(*store.LimitError), "over its rate")
+			_, err = s.Release(ctx, "rome", lease.ID, "rome")
+			require.NoError(t, err)
+
+			events, err := s.ReadEvents(ctx, "rome", "0", 100, 0)
+			require.NoError(t, err)
+			assert.NotEmpty(t, events)
+			_, err = s.LiveReservations(ctx, "requester", "rome")
+			require.NoError(t, err)
+			_, err = s.Usage(ctx)
+			require.NoError(t, err)
+			time.Sleep(300 * time.Millisecond) // the waiting request's TTL
+			_, _, err = s.Expire(ctx)
+			require.NoError(t, err)
+			require.NoError(t, s.Ready(ctx))
+			require.NoError(t, s.CheckIndex(ctx))
+			assertInvariant(t, s)
+		}
+
+		denials, err := adm.ACLLog(ctx, 128).Result()
+		require.NoError(t, err)
+		assert.Empty(t, denials, "the broker's user was refused nothing on its own prefix")
+		var keys []string
+		iter := adm.Scan(ctx, 0, "*", 1000).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		require.NoError(t, iter.Err())
+		assert.Greater(t, len(keys), 20)
+		for _, k := range keys {
+			assert.True(t, strings.HasPrefix(k, prefix), "key %q is outside the prefix", k)
+		}
+	})
+}
