@@ -34,6 +34,8 @@ import (
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/broker/policy"
+	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 	"github.com/fluidos-project/resource-broker/internal/kubelet"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
@@ -273,6 +275,51 @@ func TestQueuedUntilCapacity(t *testing.T) {
 	rsv = rome.waitPhase("big", rbv1.ReservationReserved, 10*time.Second)
 	assert.Equal(t, "berlin", rsv.Status.Provider)
 	assert.Greater(t, rsv.Status.Attempts, int32(1))
+}
+
+// TestOverLimitAtTheBroker: a reservation refused because its cluster is at
+// a limit the broker's operator set (429 LimitExceeded) was shown as
+// BrokerUnavailable; it stays Pending with the broker's reason and message,
+// Synced=True (the broker answered) and a Warning Event, and is placed once
+// the cluster is back under its limit.
+func TestOverLimitAtTheBroker(t *testing.T) {
+	ctx := context.Background()
+	p, err := policy.Parse([]byte("apiVersion: broker.fluidos.eu/v1alpha1\nkind: BrokerPolicy\nrequesters: {default: {maxReservations: 1}}\n"))
+	require.NoError(t, err)
+	b := brokertest.Start(t, brokertest.Options{Store: store.Config{Policy: p}})
+	rome := newCluster(t, b, "rome")
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	rome.startAgent()
+
+	require.NoError(t, rome.client.Create(ctx, reservationObj("first", "1", "1Gi")))
+	first := rome.waitPhase("first", rbv1.ReservationReserved, 10*time.Second)
+	require.NoError(t, rome.client.Create(ctx, reservationObj("second", "1", "1Gi")))
+	rsv := &rbv1.Reservation{}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		require.NoError(c, rome.client.Get(ctx, types.NamespacedName{Namespace: "default", Name: "second"}, rsv))
+		assert.Equal(c, rbv1.ReservationPending, rsv.Status.Phase)
+		assert.Equal(c, api.ReasonLimitExceeded, rsv.Status.Reason)
+	}, 10*time.Second, 20*time.Millisecond)
+	assert.Equal(t, "requester rome is at its limit of live reservations: holds 1, asks 1 more, limit 1", rsv.Status.Message)
+	assert.Equal(t, metav1.ConditionTrue, condition(rsv, rbv1.ConditionSynced).Status, "the broker answered")
+	assert.Equal(t, api.ReasonLimitExceeded, condition(rsv, rbv1.ConditionReserved).Reason)
+	assert.Equal(t, api.ReasonLimitExceeded, condition(rsv, rbv1.ConditionReady).Reason)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		var events corev1.EventList
+		require.NoError(c, rome.client.List(ctx, &events, client.InNamespace("default")))
+		found := false
+		for _, e := range events.Items {
+			if e.InvolvedObject.Name == "second" && e.Reason == api.ReasonLimitExceeded && e.Type == corev1.EventTypeWarning {
+				found = true
+			}
+		}
+		assert.True(c, found, "a Warning Event names the limit")
+	}, 10*time.Second, 50*time.Millisecond)
+
+	require.NoError(t, rome.client.Delete(ctx, first)) // back under the limit (Retry-After: 5s)
+	got := rome.waitPhase("second", rbv1.ReservationReserved, 20*time.Second)
+	assert.Equal(t, "paris", got.Status.Provider)
+	require.NoError(t, b.Store.CheckInvariant(ctx))
 }
 
 // flakyBroker loses the broker's first answer after the broker acted on it,

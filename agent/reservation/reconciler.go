@@ -353,6 +353,8 @@ func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation, finaliz
 		return r.untilExpiry(decision), nil
 	case brokerclient.IsNoCapacity(err):
 		return r.wait(ctx, rsv, err)
+	case isOverLimit(err):
+		return r.overLimit(ctx, rsv, err)
 	case brokerclient.IsRetryable(err):
 		rsv.Status.Phase = rbv1.ReservationPending
 		setReady(rsv)
@@ -472,6 +474,24 @@ func (r *Reconciler) wait(ctx context.Context, rsv *rbv1.Reservation, err error)
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: min(r.backoff(rsv.Status.Attempts), r.WaitingRetry)}, nil
+}
+
+func isOverLimit(err error) bool {
+	_, ok := brokerclient.OverLimit(err)
+	return ok
+}
+
+// overLimit keeps a reservation Pending while its cluster is at one of the
+// limits the broker's operator set (429 LimitExceeded or RateLimited): the
+// broker answered, so Synced stays True, and the status and a Warning Event
+// name the limit (not BrokerUnavailable). It tries again after the broker's
+// Retry-After, no sooner than the back-off.
+func (r *Reconciler) overLimit(ctx context.Context, rsv *rbv1.Reservation, err error) (ctrl.Result, error) {
+	ae, _ := brokerclient.OverLimit(err)
+	if rerr := r.refused(ctx, rsv, rbv1.ReservationPending, ae.Reason, ae.Message, "over this cluster's share at the broker: "+ae.Message); rerr != nil {
+		return ctrl.Result{}, rerr
+	}
+	return ctrl.Result{RequeueAfter: max(ae.RetryAfter, r.backoff(rsv.Status.Attempts))}, nil
 }
 
 // fail marks a reservation refused for good: Failed is final.

@@ -117,6 +117,19 @@ func IsForbidden(err error) bool {
 	return ok && (ae.StatusCode == http.StatusForbidden || ae.StatusCode == http.StatusUnauthorized)
 }
 
+// OverLimit returns the broker's 429 LimitExceeded or RateLimited answer:
+// the requester is at one of the limits the operator set (broker/policy).
+// Its Reason names which kind, its Message the limit, and RetryAfter when to
+// try again. Such an answer is also retryable (IsRetryable).
+func OverLimit(err error) (*APIError, bool) {
+	ae, ok := asAPIError(err)
+	if !ok || ae.StatusCode != http.StatusTooManyRequests ||
+		(ae.Reason != api.ReasonLimitExceeded && ae.Reason != api.ReasonRateLimited) {
+		return nil, false
+	}
+	return ae, true
+}
+
 // IsConflict reports a 409 other than NoCapacity: the reservation id belongs
 // to another requester, or the reservation has ended (a grant came too late).
 func IsConflict(err error) bool {
