@@ -34,6 +34,11 @@ type Config struct {
 	// this replica; one more is answered 429. 0: DefaultMaxStreamsPerCluster;
 	// negative: no bound.
 	MaxStreamsPerCluster int
+	// MaxListsPerCluster bounds the list requests (pages of
+	// GET /api/v2/reservations, /clusters and /usage) one cluster has in
+	// progress on this replica; one more waits up to a second for a turn,
+	// then is answered 429. 0: DefaultMaxListsPerCluster; negative: no bound.
+	MaxListsPerCluster int
 }
 
 // DefaultMaxStreamsPerCluster is Config.MaxStreamsPerCluster's default: an
@@ -52,6 +57,7 @@ type Server struct {
 	metrics   *metrics
 	keepAlive time.Duration
 	hub       *eventHub
+	lists     *listGate
 	certs     *Certs // set by Run; nil: the TLS configuration is fixed
 	// draining is set when shutdown begins: /readyz fails from then on.
 	draining atomic.Bool
@@ -74,8 +80,15 @@ func New(cfg Config) *Server {
 	case cfg.MaxStreamsPerCluster < 0:
 		cfg.MaxStreamsPerCluster = 0
 	}
+	switch {
+	case cfg.MaxListsPerCluster == 0:
+		cfg.MaxListsPerCluster = DefaultMaxListsPerCluster
+	case cfg.MaxListsPerCluster < 0:
+		cfg.MaxListsPerCluster = 0
+	}
 	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store), keepAlive: cfg.EventKeepAlive,
 		hub:        newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
+		lists:      newListGate(cfg.MaxListsPerCluster),
 		streamsEnd: make(chan struct{})}
 }
 
@@ -87,17 +100,17 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle(pattern, s.authenticated(pattern, api.MaxBodyBytes, h))
 	}
 	handle("PUT /api/v2/clusters/{id}/advertisement", s.putAdvertisement)
-	handle("GET /api/v2/clusters", s.listClusters)
+	handle("GET /api/v2/clusters", s.gated(s.listClusters))
 	handle("GET /api/v2/clusters/{id}", s.getCluster)
 	handle("POST /api/v2/reservations", s.postReservation)
-	handle("GET /api/v2/reservations", s.listReservations)
+	handle("GET /api/v2/reservations", s.gated(s.listReservations))
 	handle("GET /api/v2/reservations/{id}", s.getReservation)
 	handle("DELETE /api/v2/reservations/{id}", s.deleteReservation)
 	handle("POST /api/v2/reservations/{id}/grant", s.postGrant)
 	// A renewal carries up to api.MaxRenewBatch ids: a larger body bound.
 	mux.Handle("POST /api/v2/renewals", s.authenticated("POST /api/v2/renewals", api.MaxRenewBodyBytes, s.postRenewals))
 	handle("GET /api/v2/events", s.streamEvents)
-	handle("GET /api/v2/usage", s.getUsage)
+	handle("GET /api/v2/usage", s.gated(s.getUsage))
 
 	handle("POST /api/v1/advertisements", s.v1PostAdvertisement)
 	handle("GET /api/v1/advertisements/{clusterID}", s.v1GetAdvertisement)

@@ -59,6 +59,7 @@ type options struct {
 	retention       time.Duration
 	auditRetention  time.Duration
 	maxStreams      int
+	maxLists        int
 	shutdownDelay   time.Duration
 	shutdownTimeout time.Duration
 }
@@ -103,6 +104,8 @@ func newCommand() *cobra.Command {
 	f.IntVar(&o.redisPoolSize, "redis-pool-size", 256, "Redis connections per replica (the event streams of a replica share one)")
 	f.IntVar(&o.maxStreams, "max-streams-per-cluster", server.DefaultMaxStreamsPerCluster, "event streams one cluster may hold open on a replica; "+
 		"one more is answered 429 with Retry-After (an agent holds one)")
+	f.IntVar(&o.maxLists, "max-lists-per-cluster", server.DefaultMaxListsPerCluster, "list requests (pages of reservations, clusters, usage) one cluster may have "+
+		"in progress on a replica; one more waits up to 1s for a turn, then is answered 429 with Retry-After (an agent lists one page at a time)")
 	f.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long the replica keeps serving while /readyz fails, "+
 		"so that Services and load balancers stop sending it new clients; then its event streams end with a reconnection hint")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "after --shutdown-delay, how long requests in flight may take to finish; "+
@@ -175,6 +178,9 @@ func (o options) validate() error {
 	}
 	if o.maxStreams < 1 {
 		errs = append(errs, fmt.Errorf("--max-streams-per-cluster must be at least 1, got %d", o.maxStreams))
+	}
+	if o.maxLists < 1 {
+		errs = append(errs, fmt.Errorf("--max-lists-per-cluster must be at least 1, got %d", o.maxLists))
 	}
 	if o.shutdownDelay < 0 || o.shutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-delay (%s) must not be negative and --shutdown-timeout (%s) must be positive", o.shutdownDelay, o.shutdownTimeout))
@@ -416,7 +422,7 @@ func run(ctx context.Context, o options) error {
 	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL,
 		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, Retention: o.retention, AuditRetention: o.auditRetention,
 		Policy: pol, GrantKeys: grantKeys})
-	srv := server.New(server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams,
+	srv := server.New(server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams, MaxListsPerCluster: o.maxLists,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}})
 
 	// Wait for Redis rather than crash-looping while it starts.

@@ -57,6 +57,8 @@ type Options struct {
 	EventKeepAlive time.Duration // default 500ms
 	// MaxStreamsPerCluster: server.Config's (0: its default; negative: no bound).
 	MaxStreamsPerCluster int
+	// MaxListsPerCluster: server.Config's (0: its default; negative: no bound).
+	MaxListsPerCluster int
 	// CertCheckInterval: how often, at most, the broker reads its certificate
 	// directory (Dir/broker) again; default server.DefaultCertCheckInterval.
 	CertCheckInterval time.Duration
@@ -100,7 +102,7 @@ func Start(t testing.TB, o Options) *Broker {
 	healthLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := server.New(server.Config{Store: st, Limits: o.Limits, Log: log, EventKeepAlive: o.EventKeepAlive,
-		MaxStreamsPerCluster: o.MaxStreamsPerCluster})
+		MaxStreamsPerCluster: o.MaxStreamsPerCluster, MaxListsPerCluster: o.MaxListsPerCluster})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	// The broker's goroutines (its connections' included: they inherit the

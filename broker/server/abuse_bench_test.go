@@ -1,0 +1,329 @@
+package server_test
+
+// BenchmarkAbuseCombined is issue 18's bounded abuse run: every abuse at once
+// against one rb-broker process as deployed (its own process and defaults,
+// the operator's policy file, the cap of 8 streams per cluster), on a real
+// redis-server with mutual TLS:
+//   - bulk holds 60,000 live reservations and lists them all, 8 full
+//     listings in parallel, over and over;
+//   - greedy opens 1,000 event streams;
+//   - mallory is at its limits and keeps calling reserve from 4 goroutines;
+//   - rome and milan, the honest members, reserve.
+//
+// quiet: the honest members alone, on the same state (the baseline, in the
+// same run); abuse: the same while all of the above runs. One op is one
+// honest reservation. Reported: the honest members' p50/p99 and refusals,
+// mallory's calls and refusals, greedy's streams open and refused, the
+// listings done, the broker's peak RSS (VmHWM, its manifest's limit is
+// 256 MiB), and after the run the honest reservations not found (lost) and
+// the orphan keys (see orphanKeys). It runs only with -bench; see
+// docs/benchmarks.md.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
+)
+
+const (
+	combinedLive    = 60_000
+	combinedListers = 8
+	combinedStreams = 1000
+	combinedGreedy  = 4 // mallory's goroutines
+	combinedPolicy  = `apiVersion: broker.fluidos.eu/v1alpha1
+kind: BrokerPolicy
+requesters:
+  clusters:
+    mallory: {maxReservations: 20, maxResources: {cpu: "2"}, reservesPerSecond: 50, reserveBurst: 50}
+`
+)
+
+func BenchmarkAbuseCombined(b *testing.B) {
+	ctx := context.Background()
+	bk := brokertest.Start(b, brokertest.Options{Store: store.Config{StaleThreshold: time.Hour}})
+	for i := range 20 {
+		bk.Advertise(fmt.Sprintf("p%02d", i), "64", "256Gi", "", fmt.Sprintf("0.0%d", 1+i%9), nil)
+	}
+	fillLive(b, bk.Store, "bulk", combinedLive)
+	policyFile := filepath.Join(b.TempDir(), "policy.yaml")
+	require.NoError(b, os.WriteFile(policyFile, []byte(combinedPolicy), 0o600))
+	proc := bk.StartProcess(brokertest.BuildBroker(b, b.TempDir()), nil, "--stale-threshold=1h", "--policy-file="+policyFile)
+	clientOf := func(cn string) *client.Client {
+		c, err := client.New(proc.URL, bk.ClusterCertDir(cn), client.WithRetries(0, 0))
+		require.NoError(b, err)
+		b.Cleanup(c.CloseIdleConnections)
+		return c
+	}
+	honest := map[string]*client.Client{"rome": clientOf("rome"), "milan": clientOf("milan")}
+	mallory := clientOf("mallory")
+	for i := range 20 { // mallory at its limit of live reservations
+		_, err := mallory.Reserve(ctx, reservation(fmt.Sprintf("m-%d", i), "100m", "128Mi"))
+		require.NoError(b, err)
+	}
+	var seq atomic.Int64
+	// measure makes n honest reservations, the members at once, and returns
+	// their latencies and how many were refused.
+	measure := func(n int) (lat []time.Duration, refused int64) {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, c := range honest {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range (n + 1) / 2 {
+					t0 := time.Now()
+					_, err := c.Reserve(ctx, reservation(fmt.Sprintf("h-%d", seq.Add(1)), "100m", "128Mi"))
+					d := time.Since(t0)
+					mu.Lock()
+					if err != nil {
+						refused++
+					} else {
+						lat = append(lat, d)
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		slices.Sort(lat)
+		return lat, refused
+	}
+	report := func(b *testing.B, lat []time.Duration, refused int64) {
+		if len(lat) == 0 {
+			b.Fatal("no honest reservation was placed")
+		}
+		b.ReportMetric(float64(lat[len(lat)/2])/float64(time.Millisecond), "p50-ms")
+		b.ReportMetric(float64(lat[len(lat)*99/100])/float64(time.Millisecond), "p99-ms")
+		b.ReportMetric(float64(refused), "honest-refused")
+	}
+
+	b.Run("quiet", func(b *testing.B) {
+		lat, refused := measure(b.N)
+		report(b, lat, refused)
+	})
+	b.Run("abuse", func(b *testing.B) {
+		abuseCtx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var pages, listings, list429, listErrors, malloryCalls, malloryPlaced, mallory429 atomic.Int64
+		for range combinedListers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				listAll(abuseCtx, bk.Client("bulk"), proc.URL, &pages, &listings, &list429, &listErrors)
+			}()
+		}
+		for range combinedGreedy {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for abuseCtx.Err() == nil {
+					_, err := mallory.Reserve(abuseCtx, reservation(fmt.Sprintf("g-%d", seq.Add(1)), "100m", "128Mi"))
+					malloryCalls.Add(1)
+					if _, over := client.OverLimit(err); over {
+						mallory429.Add(1)
+					} else if err == nil {
+						malloryPlaced.Add(1)
+					}
+				}
+			}()
+		}
+		open, refusedStreams := tryStreams(b, abuseCtx, bk, proc.URL, "greedy", combinedStreams)
+		b.ResetTimer()
+		t0 := time.Now()
+		lat, refused := measure(b.N)
+		took := time.Since(t0)
+		b.StopTimer()
+		stop()
+		wg.Wait()
+		report(b, lat, refused)
+		b.ReportMetric(float64(malloryCalls.Load()), "mallory-calls")
+		b.ReportMetric(float64(mallory429.Load()), "mallory-429")
+		b.ReportMetric(float64(malloryPlaced.Load()), "mallory-placed")
+		b.ReportMetric(float64(open), "greedy-streams-open")
+		b.ReportMetric(float64(refusedStreams), "greedy-streams-429")
+		b.ReportMetric(float64(pages.Load())/took.Seconds(), "bulk-pages/s")
+		b.ReportMetric(float64(listings.Load()), "bulk-full-listings")
+		b.ReportMetric(float64(list429.Load()), "bulk-list-429")
+		b.ReportMetric(float64(listErrors.Load()), "bulk-list-errors")
+		b.ReportMetric(float64(procStatusKiB(b, proc.Pid, "VmHWM"))/1024, "broker-peak-rss-MiB")
+	})
+
+	// Nothing lost: every honest reservation placed is live at the broker.
+	placed := int64(0)
+	for cn := range honest {
+		n, err := bk.RDB.SCard(ctx, bk.Store.Key("by-requester:"+cn)).Result()
+		require.NoError(b, err)
+		placed += n
+	}
+	require.NoError(b, bk.Store.CheckInvariant(ctx))
+	orphans := orphanKeys(b, bk.RDB, bk.Store)
+	b.Logf("after the run: %d honest reservations live, %d orphan keys %v", placed, len(orphans), orphans[:min(len(orphans), 5)])
+	if len(orphans) > 0 {
+		b.Errorf("orphan keys: %v", orphans[:min(len(orphans), 20)])
+	}
+}
+
+// listAll lists every reservation of hc's cluster as requester, page after
+// page (as broker/client does, without its retries), over and over until
+// ctx ends, counting the pages, the full listings (each must hold
+// combinedLive), the 429s (then it waits the Retry-After's second) and
+// other errors.
+func listAll(ctx context.Context, hc *http.Client, url string, pages, listings, refused, failed *atomic.Int64) {
+	cont, n := "", 0
+	for ctx.Err() == nil {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/api/v2/reservations?role=requester&continue="+cont, nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			if ctx.Err() == nil {
+				failed.Add(1)
+			}
+			return
+		}
+		var page api.ReservationList
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode == http.StatusTooManyRequests:
+			refused.Add(1)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		case resp.StatusCode != http.StatusOK || err != nil:
+			failed.Add(1)
+			return
+		}
+		pages.Add(1)
+		n += len(page.Items)
+		if cont = page.Continue; cont == "" {
+			if n != combinedLive {
+				failed.Add(1)
+			}
+			listings.Add(1)
+			n = 0
+		}
+	}
+}
+
+// fillLive makes n live reservations of requester through the store (the
+// real scripts: usage, expiry, by-* sets all kept), 32 calls in flight.
+func fillLive(b *testing.B, s *store.Store, requester string, n int) {
+	ctx := context.Background()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				_, err := s.Reserve(ctx, store.ReserveRequest{ID: fmt.Sprintf("bulk-%d", i), Requester: requester,
+					Duration: time.Hour, Resources: store.Resources{CPU: 1, Memory: 1 << 20}})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// tryStreams opens n event streams of cn on the broker at url and keeps
+// them open until ctx ends; it returns how many opened and how many were
+// refused with 429.
+func tryStreams(b *testing.B, ctx context.Context, bk *brokertest.Broker, url, cn string, n int) (open, refused int) {
+	tr := bk.Client(cn).Transport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = n
+	b.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: tr}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	for range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/api/v2/events", nil)
+			resp, err := hc.Do(req)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				open++
+			case http.StatusTooManyRequests:
+				refused++
+			}
+			mu.Unlock()
+			if resp.StatusCode != http.StatusOK {
+				resp.Body.Close()
+				return
+			}
+			go func() { // held open, read until ctx ends
+				defer resp.Body.Close()
+				_, _ = io.Copy(io.Discard, resp.Body)
+			}()
+		}()
+	}
+	wg.Wait()
+	return open, refused
+}
+
+// orphanKeys lists the broker's keys that nothing owns: each key is either
+// the federation's (a cluster, its nodes, the candidate index, the
+// structures every operation keeps: expiry, usage, waiting, audit, by-*),
+// a live reservation (in the expiry index), or has a lifetime of its own
+// (PTTL: an ended reservation, a waiting request, an event stream, a rate
+// state, the readiness probe's key). Anything else would stay for ever.
+func orphanKeys(b *testing.B, admin *redis.Client, s *store.Store) []string {
+	ctx := context.Background()
+	var orphans []string
+	iter := admin.Scan(ctx, 0, "*", 1000).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		name, ours := strings.CutPrefix(k, s.Key())
+		if !ours {
+			orphans = append(orphans, k)
+			continue
+		}
+		family, _, _ := strings.Cut(name, ":")
+		switch family {
+		case "cluster", "clusters", "nodes", "node-resv", "node-listed", "idx", "expiry", "usage",
+			"waiting", "wait-due", "audit", "by-target", "by-requester":
+			continue
+		case "resv":
+			if _, err := admin.ZScore(ctx, s.Key("expiry"), strings.TrimPrefix(name, "resv:")).Result(); err == nil {
+				continue // live
+			}
+		}
+		ttl, err := admin.PTTL(ctx, k).Result()
+		require.NoError(b, err)
+		if ttl <= 0 {
+			orphans = append(orphans, k)
+		}
+	}
+	require.NoError(b, iter.Err())
+	return orphans
+}
