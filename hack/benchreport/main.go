@@ -66,8 +66,11 @@ var suites = []Suite{
 		Name: "http", Pkg: "./broker/server/",
 		About: "reservations through the real v2 API (HTTPS, mutual TLS) vs the same Store.Reserve in-process; " +
 			"8 members listing 60,000 reservations at once (the broker's peak RSS)",
-		Runs: []Run{{Bench: `^BenchmarkHTTPReserve$`, Benchtime: "2s"}, {Bench: `^BenchmarkListReservations$`, Benchtime: "1x"}},
+		Runs: []Run{{Bench: `^BenchmarkHTTPReserve$`, Benchtime: "2s"}, {Bench: `^BenchmarkListReservations$`, Benchtime: "1x"},
+			{Bench: `^BenchmarkAbuseCombined$`, Benchtime: "3000x", Timeout: "20m"}},
 		Baselines: []Baseline{
+			{Label: "honest members alone", Match: `^BenchmarkAbuseCombined/abuse$`, Replace: `BenchmarkAbuseCombined/quiet`,
+				Units: map[string]string{"p50-ms": "p50-ms", "p99-ms": "p99-ms"}},
 			{Label: "in-process Store.Reserve", Match: `^(BenchmarkHTTPReserve/(?:replay-)?)https-mtls(?:-http2)?$`, Replace: `${1}baseline-store-direct`},
 			{Label: "HTTP floor (GET /healthz)", Match: `^(BenchmarkHTTPReserve/)(?:replay-)?https-mtls(?:-http2)?$`, Replace: `${1}floor-healthz-mtls`,
 				Units: map[string]string{"reservations/s": "requests/s", "p50-ms": "p50-ms", "p99-ms": "p99-ms", "go-cpu-us/op": "go-cpu-us/op"}},
@@ -159,6 +162,15 @@ var targets = []Target{
 		Name: `^BenchmarkHTTPReserve/https-mtls$`, Unit: "p99-ms", Baseline: "in-process Store.Reserve", Op: "<", Limit: 20},
 	{Suite: "http", Figure: "rb-broker peak RSS MiB, 8 members listing 60,000 reservations at once (manifest limit 256 MiB)",
 		Name: `^BenchmarkListReservations$`, Unit: "broker-peak-rss-MiB", Op: "<", Limit: 256},
+	// The bounded abuse run (issue 18): every abuse at once against one
+	// rb-broker process; the honest members are never refused and the
+	// broker stays under its manifest's memory limit.
+	{Suite: "http", Figure: "rb-broker peak RSS MiB, every abuse at once (60,000 live, 8 listers, 1,000 streams, a member at its limits)",
+		Name: `^BenchmarkAbuseCombined/abuse$`, Unit: "broker-peak-rss-MiB", Op: "<", Limit: 256},
+	{Suite: "http", Figure: "honest members' reservations refused during the abuse",
+		Name: `^BenchmarkAbuseCombined/abuse$`, Unit: "honest-refused", Op: "<", Limit: 1},
+	{Suite: "http", Figure: "honest members' reserve p99 ms during the abuse",
+		Name: `^BenchmarkAbuseCombined/abuse$`, Unit: "p99-ms", Baseline: "honest members alone", Info: "shown against the same members alone, same run"},
 	{Suite: "events", Figure: "notification p99 ms",
 		Name: `^BenchmarkEventLatency/sse-mtls(-loaded)?$`, Unit: "p99-ms", Baseline: "Redis XADD -> XREAD", Op: "<", Limit: 50},
 	// The broker under abuse (issue 18): one member's streams must not slow
