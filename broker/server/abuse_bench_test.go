@@ -11,7 +11,10 @@ package server_test
 //   - rome and milan, the honest members, reserve.
 //
 // quiet: the honest members alone, on the same state (the baseline, in the
-// same run); abuse: the same while all of the above runs. One op is one
+// same run); abuse: the same while all of the above runs;
+// abuse-unbounded-lists: the same against a second rb-broker process without
+// the bound on list pages (--max-lists-per-cluster), what the bound is
+// worth. One op is one
 // honest reservation. Reported: the honest members' p50/p99 and refusals,
 // mallory's calls and refusals, greedy's streams open and refused, the
 // listings done, the broker's peak RSS (VmHWM, its manifest's limit is
@@ -65,26 +68,22 @@ func BenchmarkAbuseCombined(b *testing.B) {
 	fillLive(b, bk.Store, "bulk", combinedLive)
 	policyFile := filepath.Join(b.TempDir(), "policy.yaml")
 	require.NoError(b, os.WriteFile(policyFile, []byte(combinedPolicy), 0o600))
-	proc := bk.StartProcess(brokertest.BuildBroker(b, b.TempDir()), nil, "--stale-threshold=1h", "--policy-file="+policyFile)
-	clientOf := func(cn string) *client.Client {
-		c, err := client.New(proc.URL, bk.ClusterCertDir(cn), client.WithRetries(0, 0))
-		require.NoError(b, err)
-		b.Cleanup(c.CloseIdleConnections)
-		return c
-	}
-	honest := map[string]*client.Client{"rome": clientOf("rome"), "milan": clientOf("milan")}
-	mallory := clientOf("mallory")
+	bin := brokertest.BuildBroker(b, b.TempDir())
+	// A replica as deployed, and one without the bound on list pages (what
+	// that bound is worth, in the same run).
+	deployed := connect(b, bk, bk.StartProcess(bin, nil, "--stale-threshold=1h", "--policy-file="+policyFile))
+	unbounded := connect(b, bk, bk.StartProcess(bin, nil, "--stale-threshold=1h", "--policy-file="+policyFile, "--max-lists-per-cluster=1000000"))
 	for i := range 20 { // mallory at its limit of live reservations
-		_, err := mallory.Reserve(ctx, reservation(fmt.Sprintf("m-%d", i), "100m", "128Mi"))
+		_, err := deployed.mallory.Reserve(ctx, reservation(fmt.Sprintf("m-%d", i), "100m", "128Mi"))
 		require.NoError(b, err)
 	}
 	var seq atomic.Int64
-	// measure makes n honest reservations, the members at once, and returns
-	// their latencies and how many were refused.
-	measure := func(n int) (lat []time.Duration, refused int64) {
+	// measure makes n honest reservations on r, the members at once, and
+	// returns their latencies and how many were refused.
+	measure := func(r replica, n int) (lat []time.Duration, refused int64) {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
-		for _, c := range honest {
+		for _, c := range r.honest {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -116,10 +115,10 @@ func BenchmarkAbuseCombined(b *testing.B) {
 	}
 
 	b.Run("quiet", func(b *testing.B) {
-		lat, refused := measure(b.N)
+		lat, refused := measure(deployed, b.N)
 		report(b, lat, refused)
 	})
-	b.Run("abuse", func(b *testing.B) {
+	abuse := func(b *testing.B, r replica) {
 		abuseCtx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		var pages, listings, list429, listErrors, malloryCalls, malloryPlaced, mallory429 atomic.Int64
@@ -127,7 +126,7 @@ func BenchmarkAbuseCombined(b *testing.B) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				listAll(abuseCtx, bk.Client("bulk"), proc.URL, &pages, &listings, &list429, &listErrors)
+				listAll(abuseCtx, bk.Client("bulk"), r.proc.URL, &pages, &listings, &list429, &listErrors)
 			}()
 		}
 		for range combinedGreedy {
@@ -135,7 +134,7 @@ func BenchmarkAbuseCombined(b *testing.B) {
 			go func() {
 				defer wg.Done()
 				for abuseCtx.Err() == nil {
-					_, err := mallory.Reserve(abuseCtx, reservation(fmt.Sprintf("g-%d", seq.Add(1)), "100m", "128Mi"))
+					_, err := r.mallory.Reserve(abuseCtx, reservation(fmt.Sprintf("g-%d", seq.Add(1)), "100m", "128Mi"))
 					malloryCalls.Add(1)
 					if _, over := client.OverLimit(err); over {
 						mallory429.Add(1)
@@ -145,10 +144,10 @@ func BenchmarkAbuseCombined(b *testing.B) {
 				}
 			}()
 		}
-		open, refusedStreams := tryStreams(b, abuseCtx, bk, proc.URL, "greedy", combinedStreams)
+		open, refusedStreams := tryStreams(b, abuseCtx, bk, r.proc.URL, "greedy", combinedStreams)
 		b.ResetTimer()
 		t0 := time.Now()
-		lat, refused := measure(b.N)
+		lat, refused := measure(r, b.N)
 		took := time.Since(t0)
 		b.StopTimer()
 		stop()
@@ -163,12 +162,14 @@ func BenchmarkAbuseCombined(b *testing.B) {
 		b.ReportMetric(float64(listings.Load()), "bulk-full-listings")
 		b.ReportMetric(float64(list429.Load()), "bulk-list-429")
 		b.ReportMetric(float64(listErrors.Load()), "bulk-list-errors")
-		b.ReportMetric(float64(procStatusKiB(b, proc.Pid, "VmHWM"))/1024, "broker-peak-rss-MiB")
-	})
+		b.ReportMetric(float64(procStatusKiB(b, r.proc.Pid, "VmHWM"))/1024, "broker-peak-rss-MiB")
+	}
+	b.Run("abuse", func(b *testing.B) { abuse(b, deployed) })
+	b.Run("abuse-unbounded-lists", func(b *testing.B) { abuse(b, unbounded) })
 
 	// Nothing lost: every honest reservation placed is live at the broker.
 	placed := int64(0)
-	for cn := range honest {
+	for cn := range deployed.honest {
 		n, err := bk.RDB.SCard(ctx, bk.Store.Key("by-requester:"+cn)).Result()
 		require.NoError(b, err)
 		placed += n
@@ -179,6 +180,23 @@ func BenchmarkAbuseCombined(b *testing.B) {
 	if len(orphans) > 0 {
 		b.Errorf("orphan keys: %v", orphans[:min(len(orphans), 20)])
 	}
+}
+
+// replica is one rb-broker process and the clients of the members that call it.
+type replica struct {
+	proc    *brokertest.Process
+	honest  map[string]*client.Client
+	mallory *client.Client
+}
+
+func connect(b *testing.B, bk *brokertest.Broker, proc *brokertest.Process) replica {
+	clientOf := func(cn string) *client.Client {
+		c, err := client.New(proc.URL, bk.ClusterCertDir(cn), client.WithRetries(0, 0))
+		require.NoError(b, err)
+		b.Cleanup(c.CloseIdleConnections)
+		return c
+	}
+	return replica{proc: proc, honest: map[string]*client.Client{"rome": clientOf("rome"), "milan": clientOf("milan")}, mallory: clientOf("mallory")}
 }
 
 // listAll lists every reservation of hc's cluster as requester, page after
