@@ -148,4 +148,3 @@ func describeRoles(requested, provided []string) string {
 	}
 	return strings.Join(parts, "; ")
 }
-
