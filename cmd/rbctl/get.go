@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/utils/ptr"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fluidos-project/resource-broker/api/v1alpha1"
@@ -274,7 +276,8 @@ func (o *getReservationsOptions) rows(ctx context.Context, g *globalOptions, arg
 		}
 		if !ok {
 			r = api.Reservation{ID: obj.Status.ReservationID, Phase: string(obj.Status.Phase), Provider: obj.Status.Provider,
-				Requester: c.Identity()}
+				Requester: c.Identity(), Resources: api.Quantities{CPU: ptr.To(obj.Spec.Resources[corev1.ResourceCPU]),
+					Memory: ptr.To(obj.Spec.Resources[corev1.ResourceMemory])}}
 		}
 		rows = append(rows, reservationRow{Reservation: r, object: obj})
 	}

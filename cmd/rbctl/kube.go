@@ -59,6 +59,11 @@ var scheme = func() *runtime.Scheme {
 
 // kubeClient is a client of the --context cluster.
 func (g *globalOptions) kubeClient() (ctrlclient.Client, error) {
+	// A kubeconfig without a current context would make client-go fall back
+	// to localhost:8080 (or the in-cluster config): act as no cluster then.
+	if g.contextName() == "" {
+		return nil, g.noKubeconfig(clientcmd.ErrEmptyConfig)
+	}
 	cfg, err := g.kube.ToRESTConfig()
 	if err != nil {
 		return nil, g.noKubeconfig(err)
