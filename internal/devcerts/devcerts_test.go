@@ -2,8 +2,8 @@ package devcerts
 
 import (
 	"bytes"
-	"crypto/tls"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
