@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
@@ -30,10 +32,11 @@ const (
 	// ignore it.
 	memberSignerName = "broker.fluidos.eu/member-client"
 	clusterIDLabel   = "broker.fluidos.eu/cluster-id"
-	// brokerSecretName holds the broker's serving certificate and, in
-	// ca.crt, the CA it trusts for members (manifests/broker).
-	brokerSecretName = "rb-broker-tls"
-	approvedReason   = "RbctlJoinApprove"
+	// brokerCAConfigMap publishes, in ca.crt, the CA that signs the members'
+	// certificates and the broker's: public, unlike the broker's Secret
+	// (its key). rbctl join approve writes it.
+	brokerCAConfigMap = "rb-broker-ca"
+	approvedReason    = "RbctlJoinApprove"
 )
 
 // csrName is the CertificateSigningRequest of a member, one per cluster id.
@@ -45,6 +48,7 @@ type joinOptions struct {
 	brokerContext   string
 	brokerNamespace string
 	caDir           string
+	caFile          string
 	validity        time.Duration
 	timeout         time.Duration
 	overwrite       bool
@@ -68,8 +72,10 @@ sign with the CA: rbctl join approve. With --ca-dir (the CA directory of
 rbctl certs) join approves and signs the request itself: one command for an
 operator of both clusters.
 
-The broker's CA (ca.crt of the member's Secret) is read from the broker's
-Secret rb-broker-tls, or taken from --ca-dir.`,
+The CA the member trusts for the broker (ca.crt of its Secret) is that of
+--ca-dir, or --broker-ca-file, or else ca.crt of the ConfigMap
+resource-broker/rb-broker-ca in the broker's cluster, which rbctl join
+approve publishes.`,
 		Example: `  # An operator of both clusters, holding the CA:
   rbctl join --context paris --cluster-id paris --broker-context rome --ca-dir rb-install/certs/ca
 
@@ -84,8 +90,9 @@ Secret rb-broker-tls, or taken from --ca-dir.`,
 	f := cmd.Flags()
 	f.StringVar(&o.clusterID, "cluster-id", "", "the member's cluster id: its certificate's CN (a DNS-1123 label)")
 	f.StringVar(&o.brokerContext, "broker-context", "", "kubeconfig context of the broker's cluster, where the request is approved")
-	f.StringVar(&o.brokerNamespace, "broker-namespace", defaultAgentNamespace, "namespace of the broker's Secret "+brokerSecretName)
+	f.StringVar(&o.brokerNamespace, "broker-namespace", defaultAgentNamespace, "the broker's namespace, of its ConfigMap "+brokerCAConfigMap)
 	f.StringVar(&o.caDir, "ca-dir", "", "directory with the members' CA (ca.crt, ca.key, as rbctl certs writes it): approve and sign at once")
+	f.StringVar(&o.caFile, "broker-ca-file", "", "PEM file of the CA the member trusts for the broker (default: ca.crt of ConfigMap "+brokerCAConfigMap+")")
 	f.DurationVar(&o.validity, "duration", 365*24*time.Hour, "how long the certificate is valid")
 	f.DurationVar(&o.timeout, "timeout", 10*time.Minute, "how long to wait for the request to be approved and signed")
 	f.BoolVar(&o.overwrite, "overwrite", false, "replace the member's Secret if it has one (a new key and certificate)")
@@ -139,11 +146,6 @@ func (o *joinOptions) run(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("reading the member's Secret: %w", err)
 	}
 
-	caPEM, caFrom, err := o.brokerCA(ctx, broker, ca)
-	if err != nil {
-		return err
-	}
-
 	csrPEM, keyPEM, err := devcerts.NewClientCSR(o.clusterID)
 	if err != nil {
 		return err
@@ -168,7 +170,7 @@ func (o *joinOptions) run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "certificatesigningrequest/%s created in context %q (signer %s, CN=%s)\n", csr.Name, o.brokerContext, memberSignerName, o.clusterID)
 
 	if ca != nil {
-		if err := approveAndSign(ctx, broker, out, o.clusterID, ca, o.validity); err != nil {
+		if err := approveAndSign(ctx, broker, out, o.clusterID, ca, o.validity, o.brokerNamespace); err != nil {
 			return err
 		}
 	} else {
@@ -176,6 +178,10 @@ func (o *joinOptions) run(ctx context.Context, out io.Writer) error {
 			o.timeout, o.clusterID, o.brokerContext)
 	}
 	certPEM, err := waitForCertificate(ctx, broker, csr.Name, o.timeout)
+	if err != nil {
+		return err
+	}
+	caPEM, caFrom, err := o.brokerCA(ctx, broker, ca)
 	if err != nil {
 		return err
 	}
@@ -223,27 +229,37 @@ func (o *joinOptions) run(ctx context.Context, out io.Writer) error {
 	return nil
 }
 
-// brokerCA is the CA the member trusts for the broker: the CA of --ca-dir,
-// or ca.crt of the broker's Secret.
+// brokerCA is the CA the member trusts for the broker: that of --ca-dir or
+// --broker-ca-file, or the one the approver published.
 func (o *joinOptions) brokerCA(ctx context.Context, broker ctrlclient.Client, ca *devcerts.CA) ([]byte, string, error) {
-	if ca != nil {
+	switch {
+	case ca != nil:
 		return ca.CertPEM, filepath.Join(o.caDir, devcerts.CACertFile), nil
+	case o.caFile != "":
+		data, err := os.ReadFile(o.caFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("--broker-ca-file: %w", err)
+		}
+		return data, o.caFile, nil
 	}
-	var s corev1.Secret
-	key := ctrlclient.ObjectKey{Namespace: o.brokerNamespace, Name: brokerSecretName}
-	if err := broker.Get(ctx, key, &s); err != nil {
-		return nil, "", fmt.Errorf("reading the broker's CA from Secret %s in context %q (or pass --ca-dir): %w", key, o.brokerContext, err)
+	var cm corev1.ConfigMap
+	key := ctrlclient.ObjectKey{Namespace: o.brokerNamespace, Name: brokerCAConfigMap}
+	if err := broker.Get(ctx, key, &cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, "", fmt.Errorf("no ConfigMap %s in context %q for the broker's CA (rbctl join approve publishes it; or pass --broker-ca-file): the request %s is signed, run join again once it is there", key, o.brokerContext, csrName(o.clusterID))
+		}
+		return nil, "", fmt.Errorf("reading the broker's CA from ConfigMap %s in context %q: %w", key, o.brokerContext, err)
 	}
-	if len(s.Data[certdir.CAFile]) == 0 {
-		return nil, "", fmt.Errorf("Secret %s in context %q has no %s", key, o.brokerContext, certdir.CAFile)
+	if cm.Data[certdir.CAFile] == "" {
+		return nil, "", fmt.Errorf("ConfigMap %s in context %q has no %s", key, o.brokerContext, certdir.CAFile)
 	}
-	return s.Data[certdir.CAFile], fmt.Sprintf("from secret %s of context %q", key, o.brokerContext), nil
+	return []byte(cm.Data[certdir.CAFile]), fmt.Sprintf("from configmap %s of context %q", key, o.brokerContext), nil
 }
 
 func newJoinApproveCommand(g *globalOptions) *cobra.Command {
 	var (
-		caDir    string
-		validity time.Duration
+		caDir, namespace string
+		validity         time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "approve CLUSTER_ID",
@@ -252,7 +268,9 @@ func newJoinApproveCommand(g *globalOptions) *cobra.Command {
 cluster of --context (the broker's) and signs it with the members' CA of
 --ca-dir, after checking that it asks for a client certificate with
 CN = CLUSTER_ID and nothing else. A request approved with kubectl
-certificate approve is signed the same way.`,
+certificate approve is signed the same way. It publishes the CA's
+certificate (never its key) in the ConfigMap resource-broker/rb-broker-ca,
+where the member's rbctl join reads it.`,
 		Example: `  rbctl join approve paris --context rome --ca-dir rb-install/certs/ca`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -270,17 +288,19 @@ certificate approve is signed the same way.`,
 			if err != nil {
 				return err
 			}
-			return approveAndSign(cmd.Context(), kc, cmd.OutOrStdout(), args[0], ca, validity)
+			return approveAndSign(cmd.Context(), kc, cmd.OutOrStdout(), args[0], ca, validity, namespace)
 		},
 	}
 	cmd.Flags().StringVar(&caDir, "ca-dir", "", "directory with the members' CA (ca.crt, ca.key)")
+	cmd.Flags().StringVar(&namespace, "broker-namespace", defaultAgentNamespace, "the broker's namespace, where the CA is published (ConfigMap "+brokerCAConfigMap+")")
 	cmd.Flags().DurationVar(&validity, "duration", 365*24*time.Hour, "the longest validity to sign for (the request's expirationSeconds, if shorter, wins)")
 	return cmd
 }
 
 // approveAndSign approves a member's request, after checking it names the
-// member and asks for client authentication only, and signs it.
-func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id string, ca *devcerts.CA, validity time.Duration) error {
+// member and asks for client authentication only, signs it, and publishes
+// the CA's certificate for the member.
+func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id string, ca *devcerts.CA, validity time.Duration, namespace string) error {
 	var csr certificatesv1.CertificateSigningRequest
 	if err := kc.Get(ctx, ctrlclient.ObjectKey{Name: csrName(id)}, &csr); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -308,6 +328,9 @@ func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id
 			return fmt.Errorf("CertificateSigningRequest %s is %s: %s", csr.Name, c.Type, c.Message)
 		}
 	}
+	if err := publishCA(ctx, kc, out, namespace, ca); err != nil {
+		return err
+	}
 	if len(csr.Status.Certificate) > 0 {
 		fmt.Fprintf(out, "certificatesigningrequest/%s already signed\n", csr.Name)
 		return nil
@@ -334,6 +357,26 @@ func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id
 		return fmt.Errorf("signing CertificateSigningRequest %s: %w", csr.Name, err)
 	}
 	fmt.Fprintf(out, "certificatesigningrequest/%s signed by %q for %s\n", csr.Name, ca.Cert.Subject.CommonName, validity)
+	return nil
+}
+
+// publishCA writes the CA's certificate into the ConfigMap members read it
+// from, if it is not there already.
+func publishCA(ctx context.Context, kc ctrlclient.Client, out io.Writer, namespace string, ca *devcerts.CA) error {
+	if err := ensureNamespace(ctx, kc, namespace); err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: brokerCAConfigMap}}
+	res, err := controllerutil.CreateOrUpdate(ctx, kc, cm, func() error {
+		cm.Data = map[string]string{certdir.CAFile: string(ca.CertPEM)}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("publishing the CA in ConfigMap %s/%s: %w", namespace, brokerCAConfigMap, err)
+	}
+	if res != controllerutil.OperationResultNone {
+		fmt.Fprintf(out, "configmap/%s %s in namespace %s (ca.crt: %q)\n", brokerCAConfigMap, res, namespace, ca.Cert.Subject.CommonName)
+	}
 	return nil
 }
 

@@ -72,20 +72,6 @@ func (bed *operatorBed) rbctl(t *testing.T, args ...string) (string, error) {
 	return runRbctl(t, append([]string{"--kubeconfig", bed.kubeconfig}, args...)...)
 }
 
-// brokerSecret is the broker's Secret in rome as the install guide makes it:
-// its ca.crt is the CA it trusts for members.
-func (bed *operatorBed) brokerSecret(t *testing.T, ctx context.Context) {
-	t.Helper()
-	kc := bed.kube["rome"]
-	require.NoError(t, ensureNamespace(ctx, kc, "resource-broker"))
-	pair, err := bed.broker.CA.IssueServer("rb-broker", []string{"127.0.0.1"})
-	require.NoError(t, err)
-	require.NoError(t, kc.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "resource-broker", Name: brokerSecretName},
-		Data:       brokertest.TLSFiles(pair, bed.broker.CA.CertPEM),
-	}))
-}
-
 func (bed *operatorBed) memberClient(t *testing.T, ctx context.Context, context string) *client.Client {
 	t.Helper()
 	var s corev1.Secret
@@ -106,7 +92,6 @@ func (bed *operatorBed) memberClient(t *testing.T, ctx context.Context, context 
 func TestOperatorJoinAndLeave(t *testing.T) {
 	ctx := context.Background()
 	bed := startOperatorBed(t, "rome", "paris")
-	bed.brokerSecret(t, ctx)
 	b := bed.broker
 
 	// paris asks; its join waits for the approval.
@@ -133,6 +118,7 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	out, err := bed.rbctl(t, "join", "approve", "paris", "--context", "rome", "--ca-dir", bed.caDir)
 	require.NoError(t, err, out)
 	t.Logf("rbctl join approve:\n%s", out)
+	assert.Contains(t, out, "configmap/rb-broker-ca created in namespace resource-broker (ca.crt: \"test CA\")\n")
 	assert.Contains(t, out, "certificatesigningrequest/rb-member-paris approved\n")
 	assert.Contains(t, out, "certificatesigningrequest/rb-member-paris signed by \"test CA\" for 8760h0m0s\n")
 	var res result
@@ -144,7 +130,7 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	require.NoError(t, res.err, res.out)
 	t.Logf("rbctl join:\n%s", res.out)
 	assertRow(t, res.out, `certificatesigningrequest/rb-member-paris created in context "rome" \(signer broker.fluidos.eu/member-client, CN=paris\)`)
-	assertRow(t, res.out, `secret/rb-agent-tls written in namespace resource-broker of context "paris": tls.crt \(CN=paris, serial [0-9a-f]+, valid until \S+\), tls.key, ca.crt \(from secret resource-broker/rb-broker-tls of context "rome"\)`)
+	assertRow(t, res.out, `secret/rb-agent-tls written in namespace resource-broker of context "paris": tls.crt \(CN=paris, serial [0-9a-f]+, valid until \S+\), tls.key, ca.crt \(from configmap resource-broker/rb-broker-ca of context "rome"\)`)
 	assertRow(t, res.out, `the broker at `+b.URL+` accepts "paris"`)
 
 	// The Secret is what the agent mounts, and the broker takes it for paris:
@@ -251,25 +237,60 @@ func TestOperatorJoinRefusesBadRequests(t *testing.T) {
 	assert.ErrorContains(t, err, "--broker-context is required")
 	_, err = bed.rbctl(t, "join", "--context", "rome", "--cluster-id", "paris", "--broker-context", "hub")
 	assert.ErrorContains(t, err, `--broker-context: kubeconfig has no context "hub"`)
-	// Without --ca-dir the broker's CA comes from its Secret, which rome lacks.
-	_, err = bed.rbctl(t, "join", "--context", "rome", "--cluster-id", "rome", "--broker-context", "rome")
-	assert.ErrorContains(t, err, `reading the broker's CA from Secret resource-broker/rb-broker-tls in context "rome" (or pass --ca-dir)`)
+	// Approved and signed by other hands than rbctl's (kubectl certificate
+	// approve and a signer of the operator's): join has a certificate, but
+	// nothing says which CA to trust for the broker until it is told.
+	signByHand := func(c *certificatesv1.CertificateSigningRequest) error {
+		c.Status.Conditions = append(c.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+			Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "ByHand"})
+		if err := kc.SubResource("approval").Update(ctx, c); err != nil {
+			return err
+		}
+		cert, err := bed.broker.CA.SignClientCSR(c.Spec.Request, time.Hour)
+		if err != nil {
+			return err
+		}
+		c.Status.Certificate = cert
+		return kc.Status().Update(ctx, c)
+	}
+	onRequest(t, kc, "rb-member-rome", signByHand)
+	_, err = bed.rbctl(t, "join", "--context", "rome", "--cluster-id", "rome", "--broker-context", "rome", "--timeout", "1m")
+	assert.ErrorContains(t, err, `no ConfigMap resource-broker/rb-broker-ca in context "rome" for the broker's CA (rbctl join approve publishes it; or pass --broker-ca-file)`)
+	onRequest(t, kc, "rb-member-rome", signByHand)
+	caFile := filepath.Join(bed.caDir, devcerts.CACertFile)
+	out, err := bed.rbctl(t, "join", "--context", "rome", "--cluster-id", "rome", "--broker-context", "rome", "--timeout", "1m",
+		"--broker-ca-file", caFile)
+	require.NoError(t, err, out)
+	assertRow(t, out, `secret/rb-agent-tls written in namespace resource-broker of context "rome": tls.crt \(CN=rome, serial [0-9a-f]+, valid until \S+\), tls.key, ca.crt \(`+caFile+`\)`)
 
 	// A request denied with kubectl certificate deny ends join's wait.
+	onRequest(t, kc, "rb-member-rome", func(c *certificatesv1.CertificateSigningRequest) error {
+		c.Status.Conditions = append(c.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+			Type: certificatesv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: "NotOurs", Message: "who are you?"})
+		return kc.SubResource("approval").Update(ctx, c)
+	})
+	_, err = bed.rbctl(t, "join", "--context", "rome", "--cluster-id", "rome", "--broker-context", "rome", "--timeout", "1m", "--overwrite")
+	assert.ErrorContains(t, err, "CertificateSigningRequest rb-member-rome Denied: NotOurs who are you?")
+}
+
+// onRequest applies decide, in the background, to the next request name
+// that has no decision yet (as another approver would).
+func onRequest(t *testing.T, kc ctrlclient.Client, name string, decide func(*certificatesv1.CertificateSigningRequest) error) {
+	var c certificatesv1.CertificateSigningRequest
+	err := kc.Get(context.Background(), ctrlclient.ObjectKey{Name: name}, &c)
+	seen := c.UID // a decided request of an earlier join is not the next one
+	if err != nil {
+		seen = ""
+	}
 	go func() {
 		assert.Eventually(t, func() bool {
 			var c certificatesv1.CertificateSigningRequest
-			if kc.Get(ctx, ctrlclient.ObjectKey{Name: "rb-member-rome"}, &c) != nil {
+			if kc.Get(context.Background(), ctrlclient.ObjectKey{Name: name}, &c) != nil || c.UID == seen || len(c.Status.Conditions) > 0 {
 				return false
 			}
-			c.Status.Conditions = append(c.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
-				Type: certificatesv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: "NotOurs", Message: "who are you?"})
-			return kc.SubResource("approval").Update(ctx, &c) == nil
-		}, 30*time.Second, 100*time.Millisecond)
+			return decide(&c) == nil
+		}, 30*time.Second, 50*time.Millisecond, "deciding %s", name)
 	}()
-	bed.brokerSecret(t, ctx)
-	_, err = bed.rbctl(t, "join", "--context", "rome", "--cluster-id", "rome", "--broker-context", "rome", "--timeout", "1m")
-	assert.ErrorContains(t, err, "CertificateSigningRequest rb-member-rome Denied: NotOurs who are you?")
 }
 
 // TestOperatorNameResolution: with a kubeconfig, rbctl acts as the member of
