@@ -328,12 +328,9 @@ func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id
 			return fmt.Errorf("CertificateSigningRequest %s is %s: %s", csr.Name, c.Type, c.Message)
 		}
 	}
-	if err := publishCA(ctx, kc, out, namespace, ca); err != nil {
-		return err
-	}
 	if len(csr.Status.Certificate) > 0 {
 		fmt.Fprintf(out, "certificatesigningrequest/%s already signed\n", csr.Name)
-		return nil
+		return publishCA(ctx, kc, out, namespace, ca)
 	}
 	if !isApproved(&csr) {
 		csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
@@ -357,15 +354,12 @@ func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id
 		return fmt.Errorf("signing CertificateSigningRequest %s: %w", csr.Name, err)
 	}
 	fmt.Fprintf(out, "certificatesigningrequest/%s signed by %q for %s\n", csr.Name, ca.Cert.Subject.CommonName, validity)
-	return nil
+	return publishCA(ctx, kc, out, namespace, ca)
 }
 
 // publishCA writes the CA's certificate into the ConfigMap members read it
 // from, if it is not there already.
 func publishCA(ctx context.Context, kc ctrlclient.Client, out io.Writer, namespace string, ca *devcerts.CA) error {
-	if err := ensureNamespace(ctx, kc, namespace); err != nil {
-		return err
-	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: brokerCAConfigMap}}
 	res, err := controllerutil.CreateOrUpdate(ctx, kc, cm, func() error {
 		cm.Data = map[string]string{certdir.CAFile: string(ca.CertPEM)}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -15,10 +16,12 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,6 +32,7 @@ import (
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/kustomize"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
 
@@ -40,12 +44,13 @@ type operatorBed struct {
 	caDir      string // the members' CA as rbctl certs keeps it
 	kubeconfig string
 	kube       map[string]ctrlclient.Client
+	rest       map[string]*rest.Config
 }
 
 func startOperatorBed(t *testing.T, contexts ...string) *operatorBed {
 	t.Helper()
 	bed := &operatorBed{broker: brokertest.Start(t, brokertest.Options{}), caDir: filepath.Join(t.TempDir(), "ca"),
-		kube: map[string]ctrlclient.Client{}}
+		kube: map[string]ctrlclient.Client{}, rest: map[string]*rest.Config{}}
 	require.NoError(t, bed.broker.CA.Save(bed.caDir))
 	kcfg := clientcmdapi.NewConfig()
 	for _, name := range contexts {
@@ -56,7 +61,10 @@ func startOperatorBed(t *testing.T, contexts ...string) *operatorBed {
 		kc, err := newKubeClient(cfg)
 		require.NoError(t, err)
 		bed.kube[name] = kc
+		bed.rest[name] = cfg
 	}
+	// The broker is installed in rome: its namespace is there.
+	require.NoError(t, ensureNamespace(context.Background(), bed.kube[contexts[0]], "resource-broker"))
 	bed.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, clientcmd.WriteToFile(*kcfg, bed.kubeconfig))
 	// No kubeconfig or identity of the machine running the test leaks in.
@@ -118,9 +126,9 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	out, err := bed.rbctl(t, "join", "approve", "paris", "--context", "rome", "--ca-dir", bed.caDir)
 	require.NoError(t, err, out)
 	t.Logf("rbctl join approve:\n%s", out)
-	assert.Contains(t, out, "configmap/rb-broker-ca created in namespace resource-broker (ca.crt: \"test CA\")\n")
-	assert.Contains(t, out, "certificatesigningrequest/rb-member-paris approved\n")
-	assert.Contains(t, out, "certificatesigningrequest/rb-member-paris signed by \"test CA\" for 8760h0m0s\n")
+	assert.Equal(t, "certificatesigningrequest/rb-member-paris approved\n"+
+		"certificatesigningrequest/rb-member-paris signed by \"test CA\" for 8760h0m0s\n"+
+		"configmap/rb-broker-ca created in namespace resource-broker (ca.crt: \"test CA\")\n", out)
 	var res result
 	select {
 	case res = <-joined:
@@ -420,4 +428,73 @@ func TestOperatorNameResolution(t *testing.T) {
 	assert.ErrorContains(t, err, "--cert-dir needs --broker-url (or RB_BROKER_URL)")
 	_, err = runRbctl(t, "get")
 	assert.ErrorContains(t, err, "say what to get: rbctl get clusters or rbctl get reservations")
+}
+
+// TestOperatorJoinWithLeastPrivilege: manifests/broker/join's roles are
+// enough, and no more than enough, for a member's operator (alice) and the
+// broker's (bob) to join paris in two steps and for paris to leave.
+func TestOperatorJoinWithLeastPrivilege(t *testing.T) {
+	ctx := context.Background()
+	bed := startOperatorBed(t, "rome", "paris")
+	objs, err := kustomize.Build(testenv.ModulePath(t, "manifests", "broker", "join"))
+	require.NoError(t, err)
+	require.NoError(t, kustomize.Apply(ctx, bed.rest["rome"], "rbctl-test", objs))
+	kc := bed.kube["rome"]
+	bind := func(user, role string) {
+		subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}
+		require.NoError(t, kc.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role + "-" + user},
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role}, Subjects: subjects}))
+		require.NoError(t, kc.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "resource-broker", Name: role + "-" + user},
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role}, Subjects: subjects}))
+	}
+	bind("alice", "rb-member-join")
+	bind("bob", "rb-member-approve")
+	// Contexts of rome as alice and as bob (the admin impersonates them).
+	kcfg, err := clientcmd.LoadFromFile(bed.kubeconfig)
+	require.NoError(t, err)
+	for _, user := range []string{"alice", "bob"} {
+		auth := *kcfg.AuthInfos["rome"]
+		auth.Impersonate = user
+		kcfg.AuthInfos["rome-"+user] = &auth
+		kcfg.Contexts["rome-"+user] = &clientcmdapi.Context{Cluster: "rome", AuthInfo: "rome-" + user}
+	}
+	require.NoError(t, clientcmd.WriteToFile(*kcfg, bed.kubeconfig))
+
+	// alice may ask, not approve.
+	csrPEM, _, err := devcerts.NewClientCSR("oslo")
+	require.NoError(t, err)
+	require.NoError(t, kc.Create(ctx, &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: "rb-member-oslo"},
+		Spec: certificatesv1.CertificateSigningRequestSpec{Request: csrPEM, SignerName: memberSignerName, Usages: []certificatesv1.KeyUsage{certificatesv1.UsageClientAuth}}}))
+	_, err = bed.rbctl(t, "join", "approve", "oslo", "--context", "rome-alice", "--ca-dir", bed.caDir)
+	assert.ErrorContains(t, err, `approving CertificateSigningRequest rb-member-oslo: certificatesigningrequests.certificates.k8s.io "rb-member-oslo" is forbidden: User "alice" cannot update resource "certificatesigningrequests/approval"`)
+
+	joined := make(chan error, 1)
+	go func() {
+		out, err := bed.rbctl(t, "join", "--context", "paris", "--cluster-id", "paris", "--broker-context", "rome-alice",
+			"--broker-url", bed.broker.URL, "--timeout", "1m")
+		if err != nil {
+			err = fmt.Errorf("%w\n%s", err, out)
+		}
+		joined <- err
+	}()
+	require.Eventually(t, func() bool {
+		return kc.Get(ctx, ctrlclient.ObjectKey{Name: "rb-member-paris"}, &certificatesv1.CertificateSigningRequest{}) == nil
+	}, 30*time.Second, 100*time.Millisecond)
+	out, err := bed.rbctl(t, "join", "approve", "paris", "--context", "rome-bob", "--ca-dir", bed.caDir)
+	require.NoError(t, err, out)
+	select {
+	case err := <-joined:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("rbctl join did not return after the approval")
+	}
+	assert.Equal(t, "paris", bed.memberClient(t, ctx, "paris").Identity())
+	// bob's second approval finds the ConfigMap there: get and update by name.
+	out, err = bed.rbctl(t, "join", "approve", "paris", "--context", "rome-bob", "--ca-dir", bed.caDir)
+	require.NoError(t, err, out)
+	assert.Equal(t, "certificatesigningrequest/rb-member-paris already signed\n", out)
+
+	out, err = bed.rbctl(t, "leave", "--context", "paris", "--broker-context", "rome-alice", "--broker-url", bed.broker.URL)
+	require.NoError(t, err, out)
+	assertRow(t, out, `certificatesigningrequest/rb-member-paris deleted from context "rome-alice"`)
 }
