@@ -270,3 +270,25 @@ func decodeList[T any](t *testing.T, out string) []T {
 	require.Equal(t, "List", doc.Kind, out)
 	return doc.Items
 }
+
+// TestDeprecatedCommands: rbctl clusters, reservations and explain still
+// work, and say what replaces them.
+func TestDeprecatedCommands(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
+	reserve(t, b, "rome", "r1", "2", "4Gi")
+	for args, want := range map[string]string{
+		"clusters":     `paris +yes +14/16 +60Gi/64Gi +- +0\.03 EUR +\d+s`,
+		"reservations": `r1 +Reserved +rome +paris +2 +4Gi +\d+\.\d\d +(59|60)m`,
+		"explain r1":   `Provider: +paris`,
+	} {
+		out, err := runRbctl(t, brokerArgs(b, "rome", strings.Fields(args)...)...)
+		require.NoError(t, err, out)
+		command := strings.Fields(args)[0]
+		assert.Contains(t, out, "Command \""+command+"\" is deprecated, use rbctl ", args)
+		assertRow(t, out, want)
+	}
+	out, err := runRbctl(t, "--help")
+	require.NoError(t, err)
+	assert.NotContains(t, out, "explain", "hidden from the help")
+}

@@ -49,6 +49,7 @@ and the broker instead.`,
 		newUsageCommand(g),
 		newVersionCommand(),
 	)
+	root.AddCommand(deprecatedCommands(g)...)
 	version.AddFlag(root)
 	return root
 }
