@@ -199,7 +199,8 @@ func (o *joinOptions) run(ctx context.Context, out io.Writer) error {
 		Data:       map[string][]byte{certdir.CertFile: certPEM, certdir.KeyFile: keyPEM, certdir.CAFile: caPEM},
 	}
 	if existing.Name != "" {
-		secret.ResourceVersion = existing.ResourceVersion
+		// A Secret's type is immutable: one made by hand (Opaque) stays so.
+		secret.ResourceVersion, secret.Type = existing.ResourceVersion, existing.Type
 		err = member.Update(ctx, secret)
 	} else {
 		err = member.Create(ctx, secret)

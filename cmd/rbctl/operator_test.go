@@ -413,6 +413,20 @@ func TestOperatorNameResolution(t *testing.T) {
 	out, err = bed.rbctl(t, "get", "reservation", "big-x7k2p", "--context", "rome", "-n", "default", "-o", "name")
 	assert.ErrorContains(t, err, `reservation "big-x7k2p" not found in namespace "default" of context "rome"`, out)
 
+	// A Secret made by hand before rbctl join (Opaque, install.md of old):
+	// --overwrite renews its key and certificate and keeps its type.
+	var before corev1.Secret
+	require.NoError(t, kc.Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: agentSecretName}, &before))
+	out, err = bed.rbctl(t, "join", "--context", "rome", "--cluster-id", "rome", "--broker-context", "rome", "--ca-dir", bed.caDir, "--overwrite")
+	require.NoError(t, err, out)
+	var after corev1.Secret
+	require.NoError(t, kc.Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: agentSecretName}, &after))
+	assert.Equal(t, corev1.SecretTypeOpaque, after.Type)
+	assert.NotEqual(t, before.Data[certdir.KeyFile], after.Data[certdir.KeyFile], "a new key")
+	out, err = bed.rbctl(t, "get", "clusters", "paris", "--context", "rome", "-o", "name")
+	require.NoError(t, err, out)
+	assert.Equal(t, "cluster/paris\n", out)
+
 	// --cert-dir and --broker-url still name an identity by hand; names are
 	// then the broker's ids.
 	out, err = runRbctl(t, brokerArgs(b, "rome", "get", "reservation", br.ID, "-o", "name")...)
