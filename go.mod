@@ -22,6 +22,7 @@ require (
 	k8s.io/apiextensions-apiserver v0.35.4
 	k8s.io/apimachinery v0.35.8
 	k8s.io/apiserver v0.35.8
+	k8s.io/cli-runtime v0.35.8
 	k8s.io/client-go v0.35.8
 	k8s.io/component-base v0.35.8
 	k8s.io/component-helpers v0.35.8
@@ -200,7 +201,6 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
-	k8s.io/cli-runtime v0.35.8 // indirect
 	k8s.io/cloud-provider v0.35.8 // indirect
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
 	k8s.io/cri-api v0.35.8 // indirect

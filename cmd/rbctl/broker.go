@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -12,69 +11,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/duration"
-	"sigs.k8s.io/yaml"
-
-	"github.com/fluidos-project/resource-broker/broker/client"
 )
-
-const (
-	defaultBrokerURL = "https://localhost:8443"
-	// defaultCertDir is the first cluster `rbctl certs` issues by default.
-	defaultCertDir = ".certs/clusters/rome"
-
-	outputTable = "table"
-	outputJSON  = "json"
-	outputYAML  = "yaml"
-)
-
-// globalOptions are the persistent flags of the commands that call the broker.
-type globalOptions struct {
-	brokerURL string
-	certDir   string
-	output    string
-}
-
-// validate checks the flags before anything is sent.
-func (g *globalOptions) validate() error {
-	switch g.output {
-	case outputTable, outputJSON, outputYAML:
-		return nil
-	}
-	return fmt.Errorf("--output %q: must be table, json or yaml", g.output)
-}
-
-// client returns a broker client authenticated with --cert-dir.
-func (g *globalOptions) client() (*client.Client, error) {
-	if err := g.validate(); err != nil {
-		return nil, err
-	}
-	c, err := client.New(g.brokerURL, g.certDir, client.WithUserAgent("rbctl"), client.WithRetries(1, client.DefaultBackoff))
-	if err != nil {
-		return nil, fmt.Errorf("%w (set --cert-dir or RB_CERT_DIR to a directory written by rbctl certs)", err)
-	}
-	return c, nil
-}
-
-// printStructured writes v as JSON or YAML; it returns false for table output.
-func (g *globalOptions) printStructured(w io.Writer, v any) (bool, error) {
-	switch g.output {
-	case outputJSON:
-		data, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			return true, err
-		}
-		_, err = fmt.Fprintf(w, "%s\n", data)
-		return true, err
-	case outputYAML:
-		data, err := yaml.Marshal(v)
-		if err != nil {
-			return true, err
-		}
-		_, err = w.Write(data)
-		return true, err
-	}
-	return false, nil
-}
 
 func newTabWriter(w io.Writer) *tabwriter.Writer {
 	return tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)

@@ -40,7 +40,7 @@ func reserve(t *testing.T, b *brokertest.Broker, requester, id, cpu, memory stri
 	return brokertest.Decode[api.Reservation](t, data)
 }
 
-func TestClustersCommand(t *testing.T) {
+func TestGetClusters(t *testing.T) {
 	b := brokertest.Start(t, brokertest.Options{Store: store.Config{StaleThreshold: 1500 * time.Millisecond}})
 	b.Advertise("oslo", "4", "8Gi", "", "0.02", nil)
 	time.Sleep(1600 * time.Millisecond) // oslo goes stale
@@ -48,36 +48,35 @@ func TestClustersCommand(t *testing.T) {
 	b.Advertise("berlin", "8", "32Gi", "2", "0.05", nil)
 	reserve(t, b, "rome", "r1", "2", "4Gi")
 
-	out, err := runRbctl(t, brokerArgs(b, "rome", "clusters")...)
+	out, err := runRbctl(t, brokerArgs(b, "rome", "get", "clusters")...)
 	require.NoError(t, err, out)
 	t.Logf("\n%s", out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 4, out)
-	assertRow(t, lines[0], `NAME +LIVE +CPU\(free/alloc\) +MEMORY\(free/alloc\) +GPU +PRICE/CORE-H +LAST-SEEN`)
+	assertRow(t, lines[0], `NAME +LIVE +CPU\(FREE/ALLOC\) +MEMORY\(FREE/ALLOC\) +GPU +PRICE/CORE-H +LAST-SEEN`)
 	assertRow(t, lines[1], `berlin +yes +8/8 +32Gi/32Gi +2/2 +0\.05 EUR +\d+s`)
 	assertRow(t, lines[2], `oslo +no +4/4 +8Gi/8Gi +- +0\.02 EUR +\d+s`)
 	assertRow(t, lines[3], `paris +yes +14/16 +60Gi/64Gi +- +0\.03 EUR +\d+s`)
 
-	out, err = runRbctl(t, brokerArgs(b, "rome", "clusters", "-o", "json")...)
+	out, err = runRbctl(t, brokerArgs(b, "rome", "get", "clusters", "-o", "json")...)
 	require.NoError(t, err, out)
-	var clusters []api.Cluster
-	require.NoError(t, json.Unmarshal([]byte(out), &clusters), out)
+	clusters := decodeList[api.Cluster](t, out)
 	require.Len(t, clusters, 3)
 	assert.Equal(t, "berlin", clusters[0].ClusterID)
 	assert.Equal(t, "14", clusters[2].Resources.Available.CPU.String())
 
-	out, err = runRbctl(t, brokerArgs(b, "rome", "clusters", "-o", "yaml")...)
+	out, err = runRbctl(t, brokerArgs(b, "rome", "get", "clusters", "-o", "yaml")...)
 	require.NoError(t, err, out)
-	clusters = nil
-	require.NoError(t, yaml.Unmarshal([]byte(out), &clusters), out)
-	require.Len(t, clusters, 3)
+	var doc struct{ Items []api.Cluster }
+	require.NoError(t, yaml.Unmarshal([]byte(out), &doc), out)
+	require.Len(t, doc.Items, 3)
 	assert.Contains(t, out, "clusterID: paris")
 
-	_, err = runRbctl(t, brokerArgs(b, "rome", "clusters", "-o", "xml")...)
-	assert.ErrorContains(t, err, "must be table, json or yaml")
+	_, err = runRbctl(t, brokerArgs(b, "rome", "get", "clusters", "-o", "xml")...)
+	assert.ErrorContains(t, err, "must be wide, name, json, yaml or jsonpath=<template>")
 }
 
-func TestReservationsCommand(t *testing.T) {
+func TestGetReservations(t *testing.T) {
 	b := brokertest.Start(t, brokertest.Options{})
 	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
 	b.Advertise("berlin", "16", "64Gi", "", "0.05", nil)
@@ -87,44 +86,42 @@ func TestReservationsCommand(t *testing.T) {
 	require.Equal(t, http.StatusCreated, code, "%s", data)
 	reserve(t, b, "paris", "r2", "500m", "1536Mi") // paris as requester, on berlin
 
-	out, err := runRbctl(t, brokerArgs(b, "rome", "reservations")...)
+	out, err := runRbctl(t, brokerArgs(b, "rome", "get", "reservations")...)
 	require.NoError(t, err, out)
 	t.Logf("\n%s", out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 3, out)
-	assertRow(t, lines[0], `ID +PHASE +REQUESTER +PROVIDER +CPU +MEMORY +SCORE +LEASE +REMAINING`)
-	assertRow(t, out, `r1 +Reserved +rome +paris +2 +4Gi +`+regexp.QuoteMeta(score(r1.Score))+` +- +(59|60)m`)
-	assertRow(t, out, `pod-1 +Reserved +rome +paris +1 +1Gi +\d+\.\d\d +2m +(89|90)s`)
+	assertRow(t, lines[0], `NAME +PHASE +REQUESTER +PROVIDER +CPU +MEMORY +SCORE +REMAINING`)
+	assertRow(t, out, `r1 +Reserved +rome +paris +2 +4Gi +`+regexp.QuoteMeta(score(r1.Score))+` +(59|60)m`)
+	assertRow(t, out, `pod-1 +Reserved +rome +paris +1 +1Gi +\d+\.\d\d +(89|90)s`)
 
 	// paris provides r1 and requested r2.
-	out, err = runRbctl(t, brokerArgs(b, "paris", "reservations")...)
+	out, err = runRbctl(t, brokerArgs(b, "paris", "get", "reservations")...)
 	require.NoError(t, err, out)
-	assertRow(t, out, `r1 +Reserved +rome +paris +2 +4Gi +\d+\.\d\d +- +\d+m`)
-	assertRow(t, out, `r2 +Reserved +paris +berlin +0\.5 +1\.5Gi +\d+\.\d\d +- +\d+m`)
-	out, err = runRbctl(t, brokerArgs(b, "paris", "reservations", "--role", "provider")...)
+	assertRow(t, out, `r1 +Reserved +rome +paris +2 +4Gi +\d+\.\d\d +\d+m`)
+	assertRow(t, out, `r2 +Reserved +paris +berlin +0\.5 +1\.5Gi +\d+\.\d\d +\d+m`)
+	out, err = runRbctl(t, brokerArgs(b, "paris", "get", "reservations", "--role", "provider")...)
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "r1 ")
 	assert.NotContains(t, out, "r2 ")
 
-	out, err = runRbctl(t, brokerArgs(b, "rome", "reservations", "--role", "requester", "-o", "json")...)
+	out, err = runRbctl(t, brokerArgs(b, "rome", "get", "reservations", "--role", "requester", "-o", "json")...)
 	require.NoError(t, err, out)
-	var list []api.Reservation
-	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
-	require.Len(t, list, 2)
+	require.Len(t, decodeList[api.Reservation](t, out), 2)
 
-	_, err = runRbctl(t, brokerArgs(b, "rome", "reservations", "--role", "owner")...)
+	_, err = runRbctl(t, brokerArgs(b, "rome", "get", "reservations", "--role", "owner")...)
 	assert.ErrorContains(t, err, "must be requester or provider")
 
 	for _, id := range []string{"r1", "pod-1"} {
 		code, data = b.Do("rome", http.MethodDelete, "/api/v2/reservations/"+id, nil)
 		require.Equal(t, http.StatusOK, code, "%s", data)
 	}
-	out, err = runRbctl(t, brokerArgs(b, "rome", "reservations")...)
+	out, err = runRbctl(t, brokerArgs(b, "rome", "get", "reservations")...)
 	require.NoError(t, err, out)
-	assert.Equal(t, 1, strings.Count(strings.TrimSpace(out), "\n")+1, "only the header once both are released:\n%s", out)
+	assert.Equal(t, "No reservations found.\n", out, "once both are released")
 }
 
-func TestExplainCommand(t *testing.T) {
+func TestDescribeReservation(t *testing.T) {
 	b := brokertest.Start(t, brokertest.Options{})
 	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
 	b.Advertise("berlin", "16", "64Gi", "", "0.05", nil)
@@ -132,7 +129,7 @@ func TestExplainCommand(t *testing.T) {
 	r := reserve(t, b, "rome", "r1", "2", "4Gi")
 	require.Equal(t, "paris", r.Provider)
 
-	out, err := runRbctl(t, brokerArgs(b, "rome", "explain", "r1")...)
+	out, err := runRbctl(t, brokerArgs(b, "rome", "describe", "reservation", "r1")...)
 	require.NoError(t, err, out)
 	t.Logf("\n%s", out)
 	assertRow(t, out, `Reservation: +r1`)
@@ -160,19 +157,22 @@ func TestExplainCommand(t *testing.T) {
 		assertRow(t, out, pattern)
 	}
 
-	// The provider may explain too; as JSON it is the reservation.
-	out, err = runRbctl(t, brokerArgs(b, "paris", "explain", "r1", "--requester", "rome", "-o", "json")...)
+	// The provider may describe it too (by the broker's id), and get it as JSON.
+	out, err = runRbctl(t, brokerArgs(b, "paris", "describe", "reservation", "r1", "--role", "provider")...)
+	require.NoError(t, err, out)
+	assertRow(t, out, `Provider: +paris`)
+	out, err = runRbctl(t, brokerArgs(b, "paris", "get", "reservation", "r1", "--role", "provider", "-o", "json")...)
 	require.NoError(t, err, out)
 	got := brokertest.Decode[api.Reservation](t, []byte(out))
 	assert.Equal(t, r.Candidates, got.Candidates)
 
-	_, err = runRbctl(t, brokerArgs(b, "berlin", "explain", "r1", "--requester", "rome")...)
-	assert.ErrorContains(t, err, "404 NotFound", "not a party: as if it did not exist")
-	_, err = runRbctl(t, brokerArgs(b, "paris", "explain", "r1")...)
-	assert.ErrorContains(t, err, "404 NotFound", "ids are scoped per requester: paris has no r1")
-	_, err = runRbctl(t, brokerArgs(b, "rome", "explain", "nope")...)
-	assert.ErrorContains(t, err, "404 NotFound")
-	_, err = runRbctl(t, brokerArgs(b, "rome", "explain")...)
+	_, err = runRbctl(t, brokerArgs(b, "berlin", "describe", "reservation", "r1", "--role", "provider")...)
+	assert.ErrorContains(t, err, `reservation "r1" not found at the broker`, "not a party: as if it did not exist")
+	_, err = runRbctl(t, brokerArgs(b, "paris", "describe", "reservation", "r1")...)
+	assert.ErrorContains(t, err, `reservation "r1" not found at the broker`, "ids are scoped per requester: paris has no r1")
+	_, err = runRbctl(t, brokerArgs(b, "rome", "describe", "reservation", "nope")...)
+	assert.ErrorContains(t, err, `reservation "nope" not found at the broker`)
+	_, err = runRbctl(t, brokerArgs(b, "rome", "describe", "reservation")...)
 	assert.Error(t, err, "the reservation id is required")
 }
 
@@ -181,13 +181,13 @@ func TestBrokerFlagsFromEnvironment(t *testing.T) {
 	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
 	t.Setenv("RB_BROKER_URL", b.URL)
 	t.Setenv("RB_CERT_DIR", b.ClusterCertDir("rome"))
-	out, err := runRbctl(t, "clusters")
+	out, err := runRbctl(t, "get", "clusters")
 	require.NoError(t, err, out)
 	assertRow(t, out, `paris +yes +16/16 +64Gi/64Gi +- +0\.03 EUR +\d+s`)
 
 	t.Setenv("RB_CERT_DIR", filepath.Join(t.TempDir(), "missing"))
-	_, err = runRbctl(t, "clusters")
-	assert.ErrorContains(t, err, "RB_CERT_DIR")
+	_, err = runRbctl(t, "get", "clusters")
+	assert.ErrorContains(t, err, "--cert-dir must hold tls.crt, tls.key and ca.crt")
 }
 
 func TestFormatting(t *testing.T) {
@@ -229,9 +229,9 @@ func TestReasons(t *testing.T) {
 	assert.Equal(t, []string{"The broker recorded no candidates for this decision."}, none)
 }
 
-// TestReservationsCommandPages: rbctl lists more reservations than the
+// TestGetReservationsPages: rbctl lists more reservations than the
 // broker answers in one page (api.DefaultPageSize): all of them, each once.
-func TestReservationsCommandPages(t *testing.T) {
+func TestGetReservationsPages(t *testing.T) {
 	const n = 2*api.DefaultPageSize + 1
 	b := brokertest.Start(t, brokertest.Options{})
 	b.Advertise("paris", "10000", "10000Gi", "", "0.03", nil)
@@ -248,14 +248,47 @@ func TestReservationsCommandPages(t *testing.T) {
 		})
 	}
 	require.NoError(t, g.Wait())
-	out, err := runRbctl(t, brokerArgs(b, "rome", "reservations", "--role", "requester", "-o", "json")...)
+	out, err := runRbctl(t, brokerArgs(b, "rome", "get", "reservations", "--role", "requester", "-o", "json")...)
 	require.NoError(t, err)
-	var list []api.Reservation
-	require.NoError(t, json.Unmarshal([]byte(out), &list))
+	list := decodeList[api.Reservation](t, out)
 	ids := map[string]bool{}
 	for _, r := range list {
 		ids[r.ID] = true
 	}
 	assert.Len(t, list, n)
 	assert.Len(t, ids, n, "each once")
+}
+
+// decodeList reads the items of a List as rbctl get -o json prints it.
+func decodeList[T any](t *testing.T, out string) []T {
+	t.Helper()
+	var doc struct {
+		Kind  string
+		Items []T
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
+	require.Equal(t, "List", doc.Kind, out)
+	return doc.Items
+}
+
+// TestDeprecatedCommands: rbctl clusters, reservations and explain still
+// work, and say what replaces them.
+func TestDeprecatedCommands(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
+	reserve(t, b, "rome", "r1", "2", "4Gi")
+	for args, want := range map[string]string{
+		"clusters":     `paris +yes +14/16 +60Gi/64Gi +- +0\.03 EUR +\d+s`,
+		"reservations": `r1 +Reserved +rome +paris +2 +4Gi +\d+\.\d\d +(59|60)m`,
+		"explain r1":   `Provider: +paris`,
+	} {
+		out, err := runRbctl(t, brokerArgs(b, "rome", strings.Fields(args)...)...)
+		require.NoError(t, err, out)
+		command := strings.Fields(args)[0]
+		assert.Contains(t, out, "Command \""+command+"\" is deprecated, use rbctl ", args)
+		assertRow(t, out, want)
+	}
+	out, err := runRbctl(t, "--help")
+	require.NoError(t, err)
+	assert.NotContains(t, out, "explain", "hidden from the help")
 }

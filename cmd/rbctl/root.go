@@ -4,6 +4,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/utils/ptr"
 
 	"github.com/fluidos-project/resource-broker/internal/version"
 )
@@ -14,32 +16,40 @@ func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "rbctl",
 		Short: "rbctl operates and inspects the resource broker",
+		Long: `rbctl operates and inspects the resource broker.
+
+It talks to the broker as one member cluster, with that cluster's client
+certificate. With a kubeconfig (--kubeconfig, --context, as kubectl) it reads
+the certificate from the member's Secret resource-broker/rb-agent-tls and the
+broker's URL from the member's agent, and names reservations by their
+Reservation objects; --cert-dir and --broker-url name a certificate directory
+and the broker instead.`,
 		// Errors are printed once by main; a usage dump after a runtime
 		// error (e.g. an invalid cluster id) hides the message.
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
-	g := &globalOptions{}
+	g := &globalOptions{kube: &genericclioptions.ConfigFlags{
+		KubeConfig: ptr.To(""), Context: ptr.To(""), Namespace: ptr.To(""), Timeout: ptr.To("0"),
+	}}
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.brokerURL, "broker-url", envOr("RB_BROKER_URL", defaultBrokerURL),
-		"broker API URL (env RB_BROKER_URL)")
-	pf.StringVar(&g.certDir, "cert-dir", envOr("RB_CERT_DIR", defaultCertDir),
-		"directory with this cluster's tls.crt, tls.key and the broker's ca.crt, as written by rbctl certs (env RB_CERT_DIR)")
-	pf.StringVarP(&g.output, "output", "o", outputTable, "output format of broker commands: table, json or yaml")
+	g.kube.AddFlags(pf)
+	pf.StringVar(&g.brokerURL, "broker-url", os.Getenv("RB_BROKER_URL"),
+		"broker API URL (env RB_BROKER_URL; default: the BROKER_URL of the member's agent, with a kubeconfig)")
+	pf.StringVar(&g.certDir, "cert-dir", os.Getenv("RB_CERT_DIR"),
+		"directory with a member's tls.crt, tls.key and the broker's ca.crt, as written by rbctl certs, instead of the member's Secret (env RB_CERT_DIR)")
+	pf.StringVar(&g.agentNamespace, "agent-namespace", defaultAgentNamespace,
+		"namespace of the member's agent and of its Secret "+agentSecretName)
 	root.AddCommand(
 		newCertsCommand(),
-		newClustersCommand(g),
-		newReservationsCommand(g),
-		newExplainCommand(g),
+		newJoinCommand(g),
+		newLeaveCommand(g),
+		newGetCommand(g),
+		newDescribeCommand(g),
 		newUsageCommand(g),
+		newVersionCommand(),
 	)
+	root.AddCommand(deprecatedCommands(g)...)
 	version.AddFlag(root)
 	return root
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

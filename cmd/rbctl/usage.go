@@ -1,17 +1,18 @@
 package main
 
 import (
-	"io"
 	"strconv"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
 )
 
 func newUsageCommand(g *globalOptions) *cobra.Command {
-	return &cobra.Command{
+	p := &printFlags{}
+	cmd := &cobra.Command{
 		Use:   "usage",
 		Short: "Show what each member holds as a requester, against its limits",
 		Long: `usage lists, for each member cluster, its live reservations and the CPU,
@@ -24,7 +25,10 @@ back.`,
   rbctl usage -o yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.client()
+			if err := p.validate(); err != nil {
+				return err
+			}
+			c, err := g.client(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -32,17 +36,16 @@ back.`,
 			if err != nil {
 				return err
 			}
-			if done, err := g.printStructured(cmd.OutOrStdout(), list); done {
-				return err
-			}
-			return printUsage(cmd.OutOrStdout(), list)
+			return p.print(cmd.OutOrStdout(), cmd.ErrOrStderr(), usageListing(list))
 		},
 	}
+	p.addFlags(cmd)
+	return cmd
 }
 
-func printUsage(out io.Writer, list []api.MemberUsage) error {
-	w := newTabWriter(out)
-	row(w, "MEMBER", "RESERVATIONS", "CPU", "MEMORY", "GPU", "MAX-PRIORITY", "RESERVES/S")
+func usageListing(list []api.MemberUsage) listing {
+	out := listing{kind: "member", table: &metav1.Table{ColumnDefinitions: columns(
+		"MEMBER", "RESERVATIONS", "CPU", "MEMORY", "GPU", "MAX-PRIORITY", "RESERVES/S")}}
 	for _, u := range list {
 		l := u.Limits
 		maxRes := api.Quantities{}
@@ -55,10 +58,12 @@ func printUsage(out io.Writer, list []api.MemberUsage) error {
 		}
 		priority := orNone(l.MaxPriority != nil, func() string { return strconv.FormatInt(int64(*l.MaxPriority), 10) })
 		rate := orNone(l.ReservesPerSecond != "", func() string { return l.ReservesPerSecond + " (burst " + strconv.Itoa(l.ReserveBurst) + ")" })
-		row(w, u.Cluster, reservations, against(u.Resources.CPU, maxRes.CPU, cores), against(u.Resources.Memory, maxRes.Memory, bytesHuman),
-			against(u.Resources.GPU, maxRes.GPU, count), priority, rate)
+		out.table.Rows = append(out.table.Rows, tableRow(u.Cluster, reservations, against(u.Resources.CPU, maxRes.CPU, cores),
+			against(u.Resources.Memory, maxRes.Memory, bytesHuman), against(u.Resources.GPU, maxRes.GPU, count), priority, rate))
+		out.names = append(out.names, u.Cluster)
+		out.items = append(out.items, u)
 	}
-	return w.Flush()
+	return out
 }
 
 // orNone renders a limit, or "-" when there is none.

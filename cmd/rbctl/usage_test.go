@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -46,8 +45,7 @@ requesters:
 
 	out, err = runRbctl(t, brokerArgs(b, "rome", "usage", "-o", "json")...)
 	require.NoError(t, err, out)
-	var list []api.MemberUsage
-	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
+	list := decodeList[api.MemberUsage](t, out)
 	require.Len(t, list, 3)
 	assert.Equal(t, "mallory", list[0].Cluster)
 	assert.Equal(t, "4", list[0].Resources.CPU.String())

@@ -258,14 +258,81 @@ func (ca *CA) issue(tmpl *x509.Certificate) (Pair, error) {
 	if err != nil {
 		return Pair{}, fmt.Errorf("devcerts: generating key: %w", err)
 	}
-	serial, err := randomSerial()
+	certPEM, err := ca.sign(tmpl, key.Public(), leafValidity)
 	if err != nil {
 		return Pair{}, err
+	}
+	keyPEM, err := marshalKeyPEM(key)
+	if err != nil {
+		return Pair{}, err
+	}
+	return Pair{CertPEM: certPEM, KeyPEM: keyPEM}, nil
+}
+
+// SignClientCSR signs a cluster's certificate signing request (PEM
+// "CERTIFICATE REQUEST") as IssueClient would issue it: CN the cluster id,
+// client authentication only, valid for validity (at most the CA's own
+// end). The request must be signed by its key, name a valid cluster id and
+// ask for no subject alternative names: a member certificate names a
+// cluster, nothing else.
+func (ca *CA) SignClientCSR(csrPEM []byte, validity time.Duration) ([]byte, error) {
+	block, _ := pem.Decode(csrPEM)
+	if block == nil || block.Type != "CERTIFICATE REQUEST" {
+		return nil, errors.New("devcerts: no PEM CERTIFICATE REQUEST block")
+	}
+	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("devcerts: %w", err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("devcerts: certificate request: %w", err)
+	}
+	if err := ValidateClusterID(csr.Subject.CommonName); err != nil {
+		return nil, fmt.Errorf("devcerts: certificate request: %w", err)
+	}
+	if len(csr.DNSNames)+len(csr.IPAddresses)+len(csr.EmailAddresses)+len(csr.URIs) > 0 {
+		return nil, fmt.Errorf("devcerts: certificate request for %q asks for subject alternative names; a member certificate names only its cluster", csr.Subject.CommonName)
+	}
+	if validity <= 0 || validity > leafValidity {
+		validity = leafValidity
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: csr.Subject.CommonName},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	return ca.sign(tmpl, csr.PublicKey, validity)
+}
+
+// NewClientCSR returns a new key and a certificate signing request for it
+// with CN = id, as SignClientCSR signs it.
+func NewClientCSR(id string) (csrPEM, keyPEM []byte, err error) {
+	if err := ValidateClusterID(id); err != nil {
+		return nil, nil, fmt.Errorf("devcerts: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("devcerts: generating key: %w", err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: id}}, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("devcerts: certificate request: %w", err)
+	}
+	if keyPEM, err = marshalKeyPEM(key); err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), keyPEM, nil
+}
+
+// sign fills in the common fields of a leaf certificate for pub and signs it.
+func (ca *CA) sign(tmpl *x509.Certificate, pub crypto.PublicKey, validity time.Duration) ([]byte, error) {
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	tmpl.SerialNumber = serial
 	tmpl.NotBefore = now.Add(-clockSkew)
-	tmpl.NotAfter = now.Add(leafValidity)
+	tmpl.NotAfter = now.Add(validity)
 	if tmpl.NotAfter.After(ca.Cert.NotAfter) {
 		tmpl.NotAfter = ca.Cert.NotAfter
 	}
@@ -273,18 +340,11 @@ func (ca *CA) issue(tmpl *x509.Certificate) (Pair, error) {
 	tmpl.BasicConstraintsValid = true
 	tmpl.IsCA = false
 
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 	if err != nil {
-		return Pair{}, fmt.Errorf("devcerts: signing certificate %q: %w", tmpl.Subject.CommonName, err)
+		return nil, fmt.Errorf("devcerts: signing certificate %q: %w", tmpl.Subject.CommonName, err)
 	}
-	keyPEM, err := marshalKeyPEM(key)
-	if err != nil {
-		return Pair{}, err
-	}
-	return Pair{
-		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		KeyPEM:  keyPEM,
-	}, nil
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
 
 // randomSerial returns a random positive 128-bit serial number.

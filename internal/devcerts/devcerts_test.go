@@ -2,8 +2,10 @@ package devcerts
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"io"
@@ -493,5 +495,63 @@ func TestIssueUserCarriesGroups(t *testing.T) {
 	}
 	if _, err := ca.IssueUser(" ", nil); err == nil {
 		t.Fatal("an empty user name was accepted")
+	}
+}
+
+// TestSignClientCSR: a member's request is signed as IssueClient issues,
+// for its own key; a request for anything more is refused.
+func TestSignClientCSR(t *testing.T) {
+	ca := newCA(t, "members")
+	csrPEM, keyPEM, err := NewClientCSR("paris")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, err := ca.SignClientCSR(csrPEM, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair := Pair{CertPEM: certPEM, KeyPEM: keyPEM}
+	if _, err := pair.TLSCertificate(); err != nil {
+		t.Fatalf("the certificate is not for the request's key: %v", err)
+	}
+	block, _ := pem.Decode(certPEM)
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert.Subject.CommonName != "paris" || !slices.Equal(cert.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}) {
+		t.Errorf("CN %q, usages %v: want paris, client auth only", cert.Subject.CommonName, cert.ExtKeyUsage)
+	}
+	if d := cert.NotAfter.Sub(cert.NotBefore); d != time.Hour+clockSkew {
+		t.Errorf("valid for %s, want 1h (and the clock skew)", d)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("not a client certificate of the CA: %v", err)
+	}
+
+	// Subject alternative names: a member's certificate names its cluster only.
+	key, err := parseKeyPEM(keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "paris"}, DNSNames: []string{"broker.example"}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withSAN := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
+	for name, tc := range map[string]struct {
+		csr  []byte
+		want string
+	}{
+		"SANs":      {withSAN, "asks for subject alternative names"},
+		"not a CSR": {certPEM, "no PEM CERTIFICATE REQUEST block"},
+		"tampered":  {bytes.Replace(csrPEM, csrPEM[60:64], []byte("AAAA"), 1), "devcerts:"},
+	} {
+		if _, err := ca.SignClientCSR(tc.csr, time.Hour); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: SignClientCSR: %v, want an error with %q", name, err, tc.want)
+		}
+	}
+	if _, _, err := NewClientCSR("Paris"); err == nil {
+		t.Error("NewClientCSR(\"Paris\"): an invalid cluster id accepted")
 	}
 }

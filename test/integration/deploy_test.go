@@ -95,11 +95,14 @@ func TestDeployFromInstallGuide(t *testing.T) {
 	run("2. Redis and the broker")
 	run("2. Redis and the broker") // the Redis password
 	run("3. Certificates")
-	run("4. An agent in every member")
+	out := run("4. An agent in every member") // rbctl join
+	for _, c := range []string{"rome", "paris"} {
+		assert.Regexp(t, `(?m)^the broker at https://\S+ accepts "`+c+`"$`, out, "rbctl join: the broker takes %s's new certificate", c)
+	}
 	run("5. rb-scheduler in every requester")
-	out := run("5. rb-scheduler in every requester") // rbctl clusters
-	assert.Regexp(t, `(?m)^rome\s`, out, "rbctl clusters lists rome")
-	assert.Regexp(t, `(?m)^paris\s`, out, "rbctl clusters lists paris")
+	out = run("5. rb-scheduler in every requester") // rbctl get clusters
+	assert.Regexp(t, `(?m)^rome\s`, out, "rbctl get clusters lists rome")
+	assert.Regexp(t, `(?m)^paris\s`, out, "rbctl get clusters lists paris")
 	out = run("6. A pod that does not fit at home")
 	assert.Contains(t, out, "rb-paris", "the pod runs on paris's virtual node")
 

@@ -9,56 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/cobra"
-
 	"github.com/fluidos-project/resource-broker/broker/api"
 )
-
-func newExplainCommand(g *globalOptions) *cobra.Command {
-	var requester string
-	cmd := &cobra.Command{
-		Use:   "explain <reservation>",
-		Short: "Explain why the broker chose a reservation's provider",
-		Long: `explain shows a reservation's request and the broker's decision: the
-provider it chose, its score, and the best candidates it compared, with their
-resource score, cost score and the price of the request on each. Only the
-requester and the provider of a reservation may read it. Reservation ids are
-scoped per requester: a provider names the requester with --requester.`,
-		Example: `  rbctl explain r1
-  rbctl explain r1 --requester rome --cert-dir .certs/clusters/paris -o yaml`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			var r api.Reservation
-			if requester != "" && requester != c.Identity() {
-				r, err = c.ProvidedReservation(cmd.Context(), requester, args[0])
-			} else {
-				r, err = c.Reservation(cmd.Context(), args[0])
-			}
-			if err != nil {
-				return err
-			}
-			if done, err := g.printStructured(cmd.OutOrStdout(), r); done {
-				return err
-			}
-			// Currencies come with the clusters; without them prices are bare numbers.
-			currency := map[string]string{}
-			if clusters, err := c.Clusters(cmd.Context()); err == nil {
-				for _, cl := range clusters {
-					if cl.Prices != nil {
-						currency[cl.ClusterID] = cl.Prices.Currency
-					}
-				}
-			}
-			return printExplanation(cmd.OutOrStdout(), r, currency, time.Now())
-		},
-	}
-	cmd.Flags().StringVar(&requester, "requester", "", "the cluster that requested the reservation, for its provider (default: this cluster)")
-	return cmd
-}
 
 func printExplanation(out io.Writer, r api.Reservation, currency map[string]string, now time.Time) error {
 	w := newTabWriter(out)
