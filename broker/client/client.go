@@ -303,6 +303,18 @@ func (c *Client) Cluster(ctx context.Context, id string) (api.Cluster, error) {
 	return out, err
 }
 
+// Leave removes the caller's cluster, id, from the federation (rbctl
+// leave): the broker forgets its advertisement and it is no candidate any
+// more until it advertises again. Refused (IsConflict) while live
+// reservations name it; IsNotFound when the broker holds no advertisement
+// of it. Not retried: a second call after a lost answer would say not found.
+func (c *Client) Leave(ctx context.Context, id string) error {
+	if err := requireID("cluster id", id); err != nil {
+		return err
+	}
+	return c.call(ctx, http.MethodDelete, "/api/v2/clusters/"+url.PathEscape(id), nil, nil, false, nil)
+}
+
 // Reserve asks the broker to choose a provider and lock capacity for r. r.ID
 // is chosen by the caller and makes the call idempotent: asking again with
 // the same id returns the first decision, so the call is retried on

@@ -39,6 +39,7 @@ var (
 	Grant     = load("grant")
 	Reindex   = load("reindex")
 	Renew     = load("renew")
+	Forget    = load("forget")
 )
 
 // All lists every script, for loading at start-up and readiness checks.
@@ -50,4 +51,5 @@ var All = map[string]*redis.Script{
 	"grant":     Grant,
 	"reindex":   Reindex,
 	"renew":     Renew,
+	"forget":    Forget,
 }

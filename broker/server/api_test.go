@@ -324,3 +324,31 @@ func TestHealthAndMetrics(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, code, "%s", data)
 	assert.Equal(t, api.ReasonUnavailable, brokertest.Decode[api.Error](t, data).Reason)
 }
+
+// TestLeaveFederation: DELETE /api/v2/clusters/{id} is a member leaving:
+// only itself (403 for another), 409 while live reservations name it, 204
+// once forgotten (no longer listed), 404 for a cluster the broker does not
+// hold.
+func TestLeaveFederation(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", reservation("r1", "1", "1Gi"))
+	require.Equal(t, http.StatusCreated, code, "%s", data)
+
+	code, data = b.Do("rome", http.MethodDelete, "/api/v2/clusters/paris", nil)
+	assert.Equal(t, http.StatusForbidden, code)
+	assert.Equal(t, "cluster rome may only remove itself, not paris", brokertest.Decode[api.Error](t, data).Error)
+	code, data = b.Do("paris", http.MethodDelete, "/api/v2/clusters/paris", nil)
+	assert.Equal(t, http.StatusConflict, code)
+	assert.Contains(t, brokertest.Decode[api.Error](t, data).Error, "cluster paris still has live reservations (0 as requester, 1 as provider)")
+
+	code, _ = b.Do("rome", http.MethodDelete, "/api/v2/reservations/r1", nil)
+	require.Equal(t, http.StatusOK, code)
+	code, data = b.Do("paris", http.MethodDelete, "/api/v2/clusters/paris", nil)
+	require.Equal(t, http.StatusNoContent, code, "%s", data)
+	code, _ = b.Do("paris", http.MethodGet, "/api/v2/clusters/paris", nil)
+	assert.Equal(t, http.StatusNotFound, code)
+	code, data = b.Do("paris", http.MethodDelete, "/api/v2/clusters/paris", nil)
+	assert.Equal(t, http.StatusNotFound, code, "%s", data)
+	require.NoError(t, b.Store.CheckInvariant(context.Background()))
+}

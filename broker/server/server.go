@@ -102,6 +102,7 @@ func (s *Server) Handler() http.Handler {
 	handle("PUT /api/v2/clusters/{id}/advertisement", s.putAdvertisement)
 	handle("GET /api/v2/clusters", s.gated(s.listClusters))
 	handle("GET /api/v2/clusters/{id}", s.getCluster)
+	handle("DELETE /api/v2/clusters/{id}", s.deleteCluster)
 	handle("POST /api/v2/reservations", s.postReservation)
 	handle("GET /api/v2/reservations", s.gated(s.listReservations))
 	handle("GET /api/v2/reservations/{id}", s.getReservation)

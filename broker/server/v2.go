@@ -49,6 +49,24 @@ func (s *Server) getCluster(w http.ResponseWriter, r *http.Request, _ string) {
 	writeJSON(w, http.StatusOK, api.ClusterFromStore(c, c.Live)) // judged on the Redis clock
 }
 
+// deleteCluster serves DELETE /api/v2/clusters/{id}: a member leaving the
+// federation (rbctl leave). Only the cluster itself may; 204 once forgotten,
+// 404 when the broker holds no advertisement of it, 409 while live
+// reservations name it.
+func (s *Server) deleteCluster(w http.ResponseWriter, r *http.Request, caller string) {
+	id := r.PathValue("id")
+	if id != caller {
+		writeError(w, http.StatusForbidden, api.ReasonForbidden, "cluster "+caller+" may only remove itself, not "+id)
+		return
+	}
+	if err := s.store.Forget(r.Context(), id); err != nil {
+		s.writeStoreError(w, "forget", err)
+		return
+	}
+	s.log.Info("cluster left the federation", "cluster", id)
+	w.WriteHeader(http.StatusNoContent)
+}
+
 func (s *Server) postReservation(w http.ResponseWriter, r *http.Request, caller string) {
 	var body api.ReservationRequest
 	if err := api.Decode(r.Body, &body); err != nil {

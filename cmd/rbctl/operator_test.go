@@ -29,6 +29,7 @@ import (
 	"github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
@@ -184,7 +185,11 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	t.Logf("rbctl leave:\n%s", out)
 	assertRow(t, out, `secret/rb-agent-tls deleted from namespace resource-broker of context "paris" \(cluster id "paris"\)`)
 	assertRow(t, out, `certificatesigningrequest/rb-member-paris deleted from context "rome"`)
-	assertRow(t, out, `the certificate \(serial [0-9a-f]+\) stays valid until \S+: there is no revocation; the broker shows "paris" as stale once its agent stops advertising`)
+	assertRow(t, out, `the broker forgot "paris": its advertisement, nodes and index entries are gone`)
+	assertRow(t, out, `the certificate \(serial [0-9a-f]+\) stays valid until \S+: there is no revocation`)
+	_, err = b.Store.Cluster(ctx, "paris")
+	assert.ErrorIs(t, err, store.ErrNotFound, "the broker forgot paris")
+	require.NoError(t, b.Store.CheckInvariant(ctx))
 	err = bed.kube["paris"].Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: agentSecretName}, &secret)
 	assert.True(t, apierrors.IsNotFound(err), "the Secret is gone: %v", err)
 	err = bed.kube["rome"].Get(ctx, ctrlclient.ObjectKey{Name: "rb-member-paris"}, &csr)
