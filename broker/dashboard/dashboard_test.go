@@ -260,3 +260,71 @@ func TestDashboardKeyboardAndPhone(t *testing.T) {
 	pb.open(t, "")
 	pb.screenshot(t, "phone")
 }
+
+// TestDashboardReservationsPaginate: following the Next links in the
+// browser lists every live reservation once, as the API lists them, and a
+// bad filter is answered with a clear message.
+func TestDashboardReservationsPaginate(t *testing.T) {
+	b := startBed(t)
+	want := map[string]bool{}
+	for i := range 18 {
+		for _, requester := range []string{"rome", "paris"} {
+			id := fmt.Sprintf("p-%02d", i)
+			reserve(t, b.Broker, requester, id, "100m", "64Mi")
+			want[requester+"/"+id] = true
+		}
+	}
+	// The API's view, member by member (each lists its own).
+	api := map[string]bool{}
+	for _, requester := range []string{"rome", "paris"} {
+		cont := ""
+		for {
+			_, data := b.Do(requester, http.MethodGet, "/api/v2/reservations?role=requester&limit=10&continue="+cont, nil)
+			l := brokertest.Decode[apiList](t, data)
+			for _, r := range l.Items {
+				api[r.Requester+"/"+r.ID] = true
+			}
+			if cont = l.Continue; cont == "" {
+				break
+			}
+		}
+	}
+	require.Equal(t, want, api)
+
+	b.open(t, "reservations")
+	seen := map[string]bool{}
+	pages := 0
+	for {
+		pages++
+		// Each id at least once: like the API's lists (SSCAN), a page may
+		// repeat an id while Redis rehashes the set, and never misses one.
+		for _, id := range eval[[]string](t, b, `Array.from(document.querySelectorAll('[data-reservation]')).map(r => r.dataset.reservation)`) {
+			seen[id] = true
+		}
+		next := eval[string](t, b, `document.getElementById('next')?.getAttribute('href') ?? ''`)
+		if next == "" {
+			break
+		}
+		require.Less(t, pages, 10)
+		b.open(t, strings.TrimPrefix(next, "/dashboard/")) // the Next link
+	}
+	assert.Equal(t, want, seen)
+	assert.GreaterOrEqual(t, pages, 2, "36 reservations take two pages of 25")
+
+	for path, msg := range map[string]string{
+		"reservations?state=Gone":     "state: must be Reserved or Active",
+		"reservations?requester=Rome": "requester:",
+		"reservations?continue=!!!":   "continue: not a position of this list",
+		"audit?before=yesterday":      "before: not a stream id",
+		"reservations/rome/nope":      "no reservation nope of rome",
+	} {
+		resp, err := http.Get(b.Pages + path)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Contains(t, []int{http.StatusBadRequest, http.StatusNotFound}, resp.StatusCode, path)
+		assert.True(t, strings.Contains(string(body), msg), "%s: the page says %q", path, msg)
+	}
+}
+
+type apiList = api.ReservationList
