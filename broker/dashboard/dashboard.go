@@ -147,12 +147,11 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // fail answers an error page.
 func (d *Dashboard) fail(w http.ResponseWriter, r *http.Request, code int, msg string) {
-	w.WriteHeader(code)
-	d.render(w, r, "error", "Error", struct {
+	d.render(w, r, code, "error", "Error", struct {
 		Code    int
 		Status  string
 		Message string
-	}{code, http.StatusText(code), msg}, true)
+	}{code, http.StatusText(code), msg})
 }
 
 // page is what the layout reads.
@@ -163,12 +162,11 @@ type page struct {
 	Data     any
 }
 
-// render writes a page; with ?fragment=1 only its main content, which the
-// live script swaps in.
-func (d *Dashboard) render(w http.ResponseWriter, r *http.Request, name, title string, data any, headerWritten bool) {
-	if !headerWritten {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	}
+// render answers a page with code; with ?fragment=1 only its main
+// content, which the live script swaps in.
+func (d *Dashboard) render(w http.ResponseWriter, r *http.Request, code int, name, title string, data any) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
 	p := page{Title: title, Nav: name, Fragment: r.URL.Query().Get("fragment") == "1", Data: data}
 	tmpl := "layout.html"
 	if p.Fragment {

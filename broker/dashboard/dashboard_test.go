@@ -199,6 +199,7 @@ func TestDashboardRefusesMemberCertificate(t *testing.T) {
 		require.NoError(t, err)
 		resp.Body.Close()
 		assert.Equal(t, http.StatusForbidden, resp.StatusCode, path)
+		assert.Equal(t, "text/html; charset=utf-8", resp.Header.Get("Content-Type"), path)
 	}
 	// Without a certificate the broker ends the handshake.
 	_, err = b.HTTPClient(&tls.Config{RootCAs: b.CA.Pool()}).Get(b.URL + "/dashboard/")

@@ -164,9 +164,9 @@ func (d *Dashboard) history(w http.ResponseWriter, r *http.Request) {
 		d.storeError(w, r, err)
 		return
 	}
-	d.render(w, r, "history", "Capacity over time", struct {
+	d.render(w, r, http.StatusOK, "history", "Capacity over time", struct {
 		Charts []chart
 		Window time.Duration
 		Every  time.Duration
-	}{d.charts(samples, now), d.window, d.every}, false)
+	}{d.charts(samples, now), d.window, d.every})
 }

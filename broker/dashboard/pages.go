@@ -115,11 +115,11 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 					stale++
 				}
 			}
-			d.render(w, r, "overview", "Federation", struct {
+			d.render(w, r, http.StatusOK, "overview", "Federation", struct {
 				Clusters       []clusterRow
 				Live, Stale    int
 				StaleThreshold time.Duration
-			}{rows, len(rows) - stale, stale, d.store.Config().StaleThreshold}, false)
+			}{rows, len(rows) - stale, stale, d.store.Config().StaleThreshold})
 			return
 		}
 	}
@@ -180,8 +180,7 @@ func (d *Dashboard) reservations(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if p.Error != "" {
-		w.WriteHeader(http.StatusBadRequest)
-		d.render(w, r, "reservations", "Reservations", p, true)
+		d.render(w, r, http.StatusBadRequest, "reservations", "Reservations", p)
 		return
 	}
 	qids, next, err := d.scanReservations(r.Context(), p.Requester, p.Provider, tok)
@@ -204,7 +203,7 @@ func (d *Dashboard) reservations(w http.ResponseWriter, r *http.Request) {
 	if next != nil {
 		p.Continue = next.encode()
 	}
-	d.render(w, r, "reservations", "Reservations", p, false)
+	d.render(w, r, http.StatusOK, "reservations", "Reservations", p)
 }
 
 // scanReservations reads a page of qualified ids: of requester's set when
@@ -294,12 +293,11 @@ func (d *Dashboard) audit(w http.ResponseWriter, r *http.Request) {
 	end := "+"
 	if before != "" {
 		if !validStreamID(before) {
-			w.WriteHeader(http.StatusBadRequest)
-			d.render(w, r, "audit", "Audit log", struct {
+			d.render(w, r, http.StatusBadRequest, "audit", "Audit log", struct {
 				Entries []auditEntry
 				Before  string
 				Error   string
-			}{Error: "before: not a stream id such as 1700000000000-0 (follow the Older link)"}, true)
+			}{Error: "before: not a stream id such as 1700000000000-0 (follow the Older link)"})
 			return
 		}
 		end = "(" + before
@@ -317,11 +315,11 @@ func (d *Dashboard) audit(w http.ResponseWriter, r *http.Request) {
 	if len(msgs) == auditPageSize {
 		older = msgs[len(msgs)-1].ID
 	}
-	d.render(w, r, "audit", "Audit log", struct {
+	d.render(w, r, http.StatusOK, "audit", "Audit log", struct {
 		Entries []auditEntry
 		Before  string
 		Error   string
-	}{entries, older, ""}, false)
+	}{entries, older, ""})
 }
 
 // validStreamID reports whether s is a Redis stream id (ms-seq).
@@ -407,7 +405,7 @@ func (d *Dashboard) decision(w http.ResponseWriter, r *http.Request) {
 			p.Candidates = p.Decision.Candidates
 		}
 	}
-	d.render(w, r, "decision", "Reservation "+id, p, false)
+	d.render(w, r, http.StatusOK, "decision", "Reservation "+id, p)
 }
 
 // usageRow is one member's usage against its limits.
@@ -472,5 +470,5 @@ func (d *Dashboard) usage(w http.ResponseWriter, r *http.Request) {
 		add("gpu", "gpu", u.Resources.GPU, l.GPU)
 		rows = append(rows, row)
 	}
-	d.render(w, r, "usage", "Usage and limits", rows, false)
+	d.render(w, r, http.StatusOK, "usage", "Usage and limits", rows)
 }
