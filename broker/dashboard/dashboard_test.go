@@ -117,7 +117,7 @@ func TestDashboardLiveReservation(t *testing.T) {
 
 	start := time.Now()
 	r := reserve(t, b.Broker, "paris", "live-1", "2", "2Gi")
-	b.run(t, chromedp.Poll[chromedp.Void](fmt.Sprintf(`!!document.querySelector('[data-reservation="paris/live-1"]')`), chromedp.WithPollingTimeout(time.Second),
+	b.run(t, chromedp.Poll[chromedp.Void](`!!document.querySelector('[data-reservation="paris/live-1"]')`, chromedp.WithPollingTimeout(time.Second),
 		chromedp.WithPollingInterval(10*time.Millisecond)))
 	took := time.Since(start)
 	t.Logf("the new reservation appeared on the page %s after the API call began", took)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"math"
@@ -68,17 +69,15 @@ func (d *Dashboard) now(ctx context.Context) (time.Time, error) {
 
 // bar is one resource of a cluster split three ways.
 type bar struct {
-	Resource                           string // cpu, memory, gpu
-	Total, Owner, Reserved, Free       string // as the API writes them
-	OwnerPct, ReservedPct, FreePct     float64
-	None                               bool // nothing allocatable
-	allocatable, owner, reserved, free int64
+	Resource                       string // cpu, memory, gpu
+	Total, Owner, Reserved, Free   string // as the API writes them
+	OwnerPct, ReservedPct, FreePct float64
+	None                           bool // nothing allocatable
 }
 
 func newBar(res string, alloc, owner, reserved, free int64) bar {
 	b := bar{Resource: res, Total: store.Quantity(res, alloc), Owner: store.Quantity(res, owner),
-		Reserved: store.Quantity(res, reserved), Free: store.Quantity(res, free), None: alloc <= 0,
-		allocatable: alloc, owner: owner, reserved: reserved, free: free}
+		Reserved: store.Quantity(res, reserved), Free: store.Quantity(res, free), None: alloc <= 0}
 	if alloc > 0 {
 		f := func(v int64) float64 { return math.Max(0, 100*float64(v)/float64(alloc)) }
 		b.OwnerPct, b.ReservedPct, b.FreePct = f(owner), f(reserved), f(max(free, 0))
@@ -383,7 +382,7 @@ func (d *Dashboard) decision(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 		a := api.ReservationFromStore(res, false)
 		p.Reservation, p.Granted, p.Candidates = &a, len(res.Grant) > 0, res.Candidates
-	case err != store.ErrNotFound:
+	case !errors.Is(err, store.ErrNotFound):
 		d.storeError(w, r, err)
 		return
 	}
