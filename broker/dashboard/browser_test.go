@@ -40,12 +40,15 @@ type bed struct {
 	shots   string
 }
 
-func startBed(t *testing.T) *bed {
+func startBed(t *testing.T) *bed { return startBedWith(t, 0) }
+
+// startBedWith takes the stale threshold of the broker (0: its default).
+func startBedWith(t *testing.T, stale time.Duration) *bed {
 	t.Helper()
 	p, err := policy.Parse([]byte("apiVersion: broker.fluidos.eu/v1alpha1\nkind: BrokerPolicy\n" +
 		`requesters: {default: {maxReservations: 20, maxResources: {cpu: "12", memory: 48Gi}}}` + "\n"))
 	require.NoError(t, err)
-	b := brokertest.Start(t, brokertest.Options{Store: store.Config{Policy: p}, Operators: []string{operator},
+	b := brokertest.Start(t, brokertest.Options{Store: store.Config{Policy: p, StaleThreshold: stale}, Operators: []string{operator},
 		DashboardSample: 200 * time.Millisecond})
 	advertise(t, b, "rome", "16", "64Gi", "", "4", "8Gi", "0.03")
 	advertise(t, b, "paris", "8", "32Gi", "", "1", "2Gi", "0.02")

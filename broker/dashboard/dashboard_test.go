@@ -329,3 +329,25 @@ func TestDashboardReservationsPaginate(t *testing.T) {
 }
 
 type apiList = api.ReservationList
+
+// TestDashboardMarksStaleClusters: a cluster whose advertisements stopped
+// is marked stale on the federation page, as the API judges it.
+func TestDashboardMarksStaleClusters(t *testing.T) {
+	b := startBedWith(t, 2*time.Second)
+	time.Sleep(2500 * time.Millisecond)
+	advertise(t, b.Broker, "rome", "16", "64Gi", "", "4", "8Gi", "0.03") // rome only keeps advertising
+	b.open(t, "")
+	_, data := b.Do("rome", http.MethodGet, "/api/v2/clusters", nil)
+	page := eval[map[string]clusterCard](t, b, clusterFigures)
+	stale := 0
+	for _, c := range brokertest.Decode[api.ClusterList](t, data).Items {
+		assert.Equal(t, !c.Live, page[c.ClusterID].Stale, c.ClusterID)
+		if !c.Live {
+			stale++
+		}
+	}
+	assert.Equal(t, 2, stale, "paris and berlin went stale")
+	assert.Equal(t, "2", eval[string](t, b, `document.getElementById('stale-count').textContent`))
+	assert.Equal(t, "stale", eval[string](t, b, `document.querySelector('[data-cluster=paris] .badge').textContent`))
+	b.screenshot(t, "stale")
+}
