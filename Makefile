@@ -285,3 +285,13 @@ $(CERT_MANAGER_CRDS)/cert-manager-$(CERT_MANAGER_VERSION).stamp:
 	mkdir -p "$(CERT_MANAGER_CRDS)"; \
 	install -m 0644 "$$dir"/deploy/crds/*.yaml "$(CERT_MANAGER_CRDS)/"; \
 	touch "$@"
+
+# The web dashboard (broker/dashboard): rb-dashboard is built with the other
+# binaries, and its browser tests (TestDashboard*, part of `make test`) need
+# Debian's Chromium: without it they fail, they are not skipped.
+build: bin/rb-dashboard
+test: check-chromium
+
+.PHONY: check-chromium
+check-chromium:
+	@command -v chromium >/dev/null || [ -n "$$RB_CHROMIUM" ] || { echo "chromium not found: apt-get install -y chromium (the dashboard's browser tests, TestDashboard*, drive it; or set RB_CHROMIUM)" >&2; exit 1; }

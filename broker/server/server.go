@@ -39,6 +39,16 @@ type Config struct {
 	// progress on this replica; one more waits up to a second for a turn,
 	// then is answered 429. 0: DefaultMaxListsPerCluster; negative: no bound.
 	MaxListsPerCluster int
+	// Dashboard, when set, is served under /dashboard/ (broker/dashboard);
+	// the common names it takes for operators are refused on the API:
+	// an operator's certificate is not a member's.
+	Dashboard Dashboard
+}
+
+// Dashboard is the operators' web dashboard (broker/dashboard.Dashboard).
+type Dashboard interface {
+	http.Handler
+	IsOperator(cn string) bool
 }
 
 // DefaultMaxStreamsPerCluster is Config.MaxStreamsPerCluster's default: an
@@ -59,6 +69,7 @@ type Server struct {
 	hub       *eventHub
 	lists     *listGate
 	certs     *Certs // set by Run; nil: the TLS configuration is fixed
+	dashboard Dashboard
 	// draining is set when shutdown begins: /readyz fails from then on.
 	draining atomic.Bool
 	// streamsEnd is closed when the event streams must end (shutdown).
@@ -89,7 +100,7 @@ func New(cfg Config) *Server {
 	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store), keepAlive: cfg.EventKeepAlive,
 		hub:        newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
 		lists:      newListGate(cfg.MaxListsPerCluster),
-		streamsEnd: make(chan struct{})}
+		streamsEnd: make(chan struct{}), dashboard: cfg.Dashboard}
 }
 
 // Handler returns the API routes, to be served over mutual TLS.
@@ -117,6 +128,9 @@ func (s *Server) Handler() http.Handler {
 	handle("GET /api/v1/advertisements/{clusterID}", s.v1GetAdvertisement)
 	handle("POST /api/v1/reservations", s.v1PostReservation)
 	handle("GET /api/v1/instructions", s.v1Instructions)
+	if s.dashboard != nil {
+		mux.Handle("/dashboard/", s.trusted(s.dashboard))
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, api.ReasonNotFound, "no route for "+r.Method+" "+r.URL.Path)
 	})
@@ -181,6 +195,10 @@ func (s *Server) authenticated(route string, maxBody int64, h func(http.Response
 			writeError(rec, http.StatusForbidden, api.ReasonForbidden, "client certificate has an empty common name")
 			return
 		}
+		if s.dashboard != nil && s.dashboard.IsOperator(cn) {
+			writeError(rec, http.StatusForbidden, api.ReasonForbidden, "client certificate "+cn+" is an operator's: it reads the dashboard (/dashboard/), it is no member of the federation")
+			return
+		}
 		if err := validIdentities.check(cn); err != nil {
 			writeError(rec, http.StatusForbidden, api.ReasonForbidden, "client certificate: "+err.Error())
 			return
@@ -192,6 +210,19 @@ func (s *Server) authenticated(route string, maxBody int64, h func(http.Response
 		}
 		r.Body = http.MaxBytesReader(rec, r.Body, maxBody)
 		h(rec, r, cn)
+	})
+}
+
+// trusted serves h only on connections whose client certificate's CA the
+// broker still trusts (h judges the certificate itself).
+func (s *Server) trusted(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.certs != nil && r.TLS != nil && !s.certs.trusts(r) {
+			w.Header().Set("Connection", "close")
+			writeError(w, http.StatusUnauthorized, api.ReasonForbidden, errNoLongerTrusted)
+			return
+		}
+		h.ServeHTTP(w, r)
 	})
 }
 

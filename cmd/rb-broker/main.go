@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/dashboard"
 	"github.com/fluidos-project/resource-broker/broker/policy"
 	"github.com/fluidos-project/resource-broker/broker/server"
 	"github.com/fluidos-project/resource-broker/broker/store"
@@ -62,6 +63,7 @@ type options struct {
 	maxLists        int
 	shutdownDelay   time.Duration
 	shutdownTimeout time.Duration
+	operators       []string
 }
 
 func main() {
@@ -110,6 +112,8 @@ func newCommand() *cobra.Command {
 		"so that Services and load balancers stop sending it new clients; then its event streams end with a reconnection hint")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 15*time.Second, "after --shutdown-delay, how long requests in flight may take to finish; "+
 		"keep --shutdown-delay plus this under the pod's terminationGracePeriodSeconds (30s)")
+	f.StringSliceVar(&o.operators, "dashboard-operators", nil, "common names of the operators' client certificates that may read the web dashboard "+
+		"(/dashboard/ on --listen-address; read-only); these names are refused on the members' API. Empty: no dashboard")
 	f.Float64Var(&o.weightResources, "weight-resources", 0.7, "weight of the resource-availability score (weights sum to 1)")
 	f.Float64Var(&o.weightCost, "weight-cost", 0.3, "weight of the cost score (weights sum to 1)")
 	f.DurationVar(&o.staleThreshold, "stale-threshold", time.Minute, "a cluster not advertised for this long (Redis clock) is not a candidate")
@@ -140,6 +144,11 @@ func (o options) validate() error {
 	var errs []error
 	if o.weightResources < 0 || o.weightCost < 0 || math.Abs(o.weightResources+o.weightCost-1) > 1e-9 {
 		errs = append(errs, fmt.Errorf("--weight-resources (%g) and --weight-cost (%g) must be non-negative and sum to 1", o.weightResources, o.weightCost))
+	}
+	for _, op := range o.operators {
+		if strings.TrimSpace(op) == "" || strings.TrimSpace(op) != op {
+			errs = append(errs, fmt.Errorf("--dashboard-operators: %q is not a certificate common name (empty or with spaces around it)", op))
+		}
 	}
 	for name, d := range map[string]time.Duration{"--stale-threshold": o.staleThreshold, "--cert-check-interval": o.certCheck, "--default-duration": o.defaultDuration,
 		"--max-duration": o.maxDuration, "--expiry-interval": o.expiryInterval, "--wait-ttl": o.waitTTL} {
@@ -422,8 +431,18 @@ func run(ctx context.Context, o options) error {
 	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL,
 		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, Retention: o.retention, AuditRetention: o.auditRetention,
 		Policy: pol, GrantKeys: grantKeys})
-	srv := server.New(server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams, MaxListsPerCluster: o.maxLists,
-		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}})
+	cfg := server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams, MaxListsPerCluster: o.maxLists,
+		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}}
+	if len(o.operators) > 0 {
+		dash, err := dashboard.New(dashboard.Config{Store: st, Operators: o.operators, Log: log.WithName("dashboard")})
+		if err != nil {
+			return err
+		}
+		cfg.Dashboard = dash
+		go dash.Run(ctx)
+		log.Info("dashboard", "path", dashboard.Path, "operators", dash.Operators())
+	}
+	srv := server.New(cfg)
 
 	// Wait for Redis rather than crash-looping while it starts.
 	for retry := backoff.Exponential(500*time.Millisecond, 5*time.Second); ; {

@@ -47,6 +47,7 @@ func TestInvalidFlagsRefuseToStart(t *testing.T) {
 		{[]string{"--policy-file=" + badPolicy}, "--policy-file: policy file " + badPolicy + ": requesters.default.maxReservations: Invalid value: -1"},
 		{[]string{"--retention=0s"}, "--retention must be positive"},
 		{[]string{"--audit-retention=-1s"}, "--audit-retention must be positive"},
+		{[]string{"--dashboard-operators=alice, bob"}, `--dashboard-operators: " bob" is not a certificate common name`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			cmd := newCommand()

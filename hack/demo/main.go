@@ -26,11 +26,14 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -51,6 +54,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/dashboard"
+	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/realnode"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
@@ -263,6 +268,13 @@ func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool, nodesM
 		redisName = "embedded Redis (miniredis, in-process)"
 	}
 	say("%s on %s, brokers at %s (replicas %s)", redisName, bed.Redis.Addr, bed.BrokerURL, brokerAddrs(bed))
+	dash, err := startDashboard(bed, filepath.Join(dir, "certs", testbed.Operator))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo: dashboard:", err)
+		teardown()
+		return 1
+	}
+	say("dashboard: %s (the brokers' /dashboard/ with the certificate of operator %q)", bold(dash.url), testbed.Operator)
 
 	kubeconfigs, err := copyKubeconfigs(bed, filepath.Join(dir, "kubeconfigs"))
 	if err != nil {
@@ -276,7 +288,7 @@ func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool, nodesM
 		showTop(ctx, bed, assets, kubeconfigs["rome"])
 	}
 	if code == 0 {
-		printCommands(bed, kubeconfigs, real, metrics)
+		printCommands(bed, kubeconfigs, real, metrics, dash)
 	}
 	if ctx.Err() == nil {
 		switch {
@@ -778,12 +790,14 @@ func (tl *timeline) summary() string {
 		time.Since(tl.firstPod).Round(time.Millisecond))
 }
 
-func printCommands(bed *testbed.Bed, kubeconfigs map[string]string, real, metrics bool) {
+func printCommands(bed *testbed.Bed, kubeconfigs map[string]string, real, metrics bool, dash dashboardProxy) {
 	w := os.Stdout
 	kubectl := rel(filepath.Join(mustRoot(), "bin", "k8s", "kubectl"))
 	k := func(c string) string { return kubectl + " --kubeconfig " + rel(kubeconfigs[c]) }
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, bold("Look around while it runs:"))
+	fmt.Fprintf(w, "  dashboard: %s   # live; rb-dashboard does the same: %s --broker-url %s --cert-dir %s\n",
+		dash.url, rel(filepath.Join(mustRoot(), "bin", "rb-dashboard")), bed.BrokerURL, rel(dash.certDir))
 	fmt.Fprintln(w, "  kubeconfigs:", rel(filepath.Dir(kubeconfigs["rome"]))+"/{rome,paris,berlin}.kubeconfig")
 	fmt.Fprintf(w, "  %s get pods -n %s -o wide\n", k("rome"), namespace)
 	fmt.Fprintf(w, "  %s get nodes\n", k("rome"))
@@ -864,4 +878,39 @@ func mustRoot() string {
 		return "."
 	}
 	return r
+}
+
+// dashboardProxy is where the demo serves the brokers' dashboard.
+type dashboardProxy struct{ url, certDir string }
+
+// startDashboard serves the brokers' web dashboard on loopback, as
+// rb-dashboard does: a proxy that presents the operator's certificate
+// (written to certDir for rb-dashboard) to the brokers. Port 8080 when it is
+// free. It lives as long as the demo.
+func startDashboard(bed *testbed.Bed, certDir string) (dashboardProxy, error) {
+	pair, err := bed.CA.IssueClient(testbed.Operator)
+	if err != nil {
+		return dashboardProxy{}, err
+	}
+	if err := devcerts.WriteTLSDir(certDir, pair, bed.CA.CertPEM); err != nil {
+		return dashboardProxy{}, err
+	}
+	cert, err := pair.TLSCertificate()
+	if err != nil {
+		return dashboardProxy{}, err
+	}
+	u, err := url.Parse(bed.BrokerURL)
+	if err != nil {
+		return dashboardProxy{}, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:8080")
+	if err != nil {
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return dashboardProxy{}, err
+		}
+	}
+	h := dashboard.NewProxy(u, &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: bed.CA.Pool(), Certificates: []tls.Certificate{cert}})
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return dashboardProxy{url: "http://" + ln.Addr().String() + dashboard.Path, certDir: certDir}, nil
 }

@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/dashboard"
 	"github.com/fluidos-project/resource-broker/broker/server"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
@@ -44,6 +45,8 @@ type Broker struct {
 	Health string // http://127.0.0.1:<port>, /healthz /readyz /metrics
 	CA     *devcerts.CA
 	Dir    string // holds broker/ (the server's cert dir) and clusters/<id>/ once ClusterCertDir is called
+	// Dashboard is the broker's web dashboard when Options.Operators name operators.
+	Dashboard *dashboard.Dashboard
 
 	mu      sync.Mutex
 	clients map[string]*http.Client
@@ -62,6 +65,11 @@ type Options struct {
 	// CertCheckInterval: how often, at most, the broker reads its certificate
 	// directory (Dir/broker) again; default server.DefaultCertCheckInterval.
 	CertCheckInterval time.Duration
+	// Operators, when set, serve the web dashboard (broker/dashboard) to
+	// these client certificates' common names, sampling the capacity history
+	// every DashboardSample (default dashboard.DefaultSampleInterval).
+	Operators       []string
+	DashboardSample time.Duration
 }
 
 // Start runs a broker for t and stops it at cleanup.
@@ -101,9 +109,17 @@ func Start(t testing.TB, o Options) *Broker {
 	require.NoError(t, err)
 	healthLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := server.New(server.Config{Store: st, Limits: o.Limits, Log: log, EventKeepAlive: o.EventKeepAlive,
-		MaxStreamsPerCluster: o.MaxStreamsPerCluster, MaxListsPerCluster: o.MaxListsPerCluster})
+	cfg := server.Config{Store: st, Limits: o.Limits, Log: log, EventKeepAlive: o.EventKeepAlive,
+		MaxStreamsPerCluster: o.MaxStreamsPerCluster, MaxListsPerCluster: o.MaxListsPerCluster}
 	ctx, cancel := context.WithCancel(context.Background())
+	var dash *dashboard.Dashboard
+	if len(o.Operators) > 0 {
+		dash, err = dashboard.New(dashboard.Config{Store: st, Operators: o.Operators, Log: log.WithName("dashboard"), SampleInterval: o.DashboardSample})
+		require.NoError(t, err)
+		cfg.Dashboard = dash
+		go dash.Run(ctx)
+	}
+	srv := server.New(cfg)
 	done := make(chan error, 1)
 	// The broker's goroutines (its connections' included: they inherit the
 	// labels) carry the pprof label rb=broker, so that a CPU profile of a test
@@ -121,7 +137,7 @@ func Start(t testing.TB, o Options) *Broker {
 			t.Error("broker did not stop")
 		}
 	})
-	b := &Broker{t: t, Redis: rs, RDB: rdb, Store: st, CA: ca, Dir: base, clients: map[string]*http.Client{},
+	b := &Broker{t: t, Redis: rs, RDB: rdb, Store: st, CA: ca, Dir: base, clients: map[string]*http.Client{}, Dashboard: dash,
 		URL: "https://" + apiLn.Addr().String(), Health: "http://" + healthLn.Addr().String()}
 	require.Eventually(t, func() bool {
 		resp, err := http.Get(b.Health + "/readyz")

@@ -387,6 +387,10 @@ func (b *Bed) start(ctx context.Context) error {
 	return g.Wait()
 }
 
+// Operator is the common name of the operator's certificate that the bed's
+// brokers serve their web dashboard to (--dashboard-operators).
+const Operator = "operator"
+
 func (b *Bed) makeCerts() error {
 	ca, err := devcerts.NewCA("resource-broker testbed CA")
 	if err != nil {
@@ -470,7 +474,7 @@ func (br *Broker) start(ctx context.Context) error {
 		br.Args = []string{"--listen-address=" + br.Addr, "--health-address=" + br.HealthAddr,
 			"--cert-dir=" + br.bed.BrokerCertDir, "--redis-url=redis://" + br.bed.Redis.Addr + "/0",
 			"--stale-threshold=" + o.StaleThreshold.String(), "--expiry-interval=" + o.ExpiryInterval.String(),
-			"--v=" + strconv.Itoa(o.Verbosity)}
+			"--v=" + strconv.Itoa(o.Verbosity), "--dashboard-operators=" + Operator}
 		br.Args = append(br.Args, br.bed.Redis.BrokerFlags()...)
 		if err := br.Start(); err != nil {
 			return err
