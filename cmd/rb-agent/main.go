@@ -15,6 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/component-base/logs"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -72,6 +75,7 @@ type options struct {
 	leaseLength        time.Duration
 	holdTime           time.Duration
 	renewInterval      time.Duration
+	logging            *logsapi.LoggingConfiguration
 }
 
 func main() {
@@ -82,7 +86,7 @@ func main() {
 }
 
 func newCommand() *cobra.Command {
-	o := options{}
+	o := options{logging: logsapi.NewLoggingConfiguration()}
 	cmd := &cobra.Command{
 		Use:           "rb-agent",
 		Short:         "The resource-broker agent of one member cluster",
@@ -151,9 +155,9 @@ func newCommand() *cobra.Command {
 		"how long a reservation opened for a pod is held, once decided, for the pod to be bound (a Reservation's spec.duration overrides it)")
 	f.DurationVar(&o.renewInterval, "lease-renew-interval", reservation.DefaultRenewInterval,
 		"how often the leases of bound, running pods are renewed, in batches (at most a third of --lease-length and of --hold-time)")
-	gf := flag.NewFlagSet("klog", flag.ExitOnError)
-	klog.InitFlags(gf)
-	f.AddGoFlagSet(gf)
+	// Kubernetes components' logging flags (--logging-format, -v, --vmodule),
+	// without klog's legacy ones.
+	logsapi.AddFlags(o.logging, f)
 	f.AddGoFlagSet(flag.CommandLine) // controller-runtime's --kubeconfig
 	version.AddFlag(cmd)
 	return cmd
@@ -229,6 +233,10 @@ func (o options) validate() error {
 }
 
 func run(o options) error {
+	if err := logsapi.ValidateAndApply(o.logging, nil); err != nil {
+		return err
+	}
+	defer logs.FlushLogs()
 	if err := o.validate(); err != nil {
 		return err
 	}

@@ -1,0 +1,181 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
+	"github.com/fluidos-project/resource-broker/internal/testbed"
+	"github.com/fluidos-project/resource-broker/internal/testenv"
+)
+
+// operatorBinaries returns the directory of rb-broker, rb-agent and
+// rb-scheduler: RB_TESTBED_BIN's, or this checkout's, built now.
+func operatorBinaries(t *testing.T) string {
+	t.Helper()
+	root := testenv.ModulePath(t)
+	dir, err := testbed.DefaultBinDir(root)
+	require.NoError(t, err)
+	if os.Getenv(testbed.BinDirEnv) == "" {
+		_, err := testbed.Build(t.Context(), root, dir)
+		require.NoError(t, err)
+	}
+	return dir
+}
+
+// TestOperatorJSONLogs starts each binary as an operator would with
+// --logging-format=json (a real broker on a real Redis, a real API server for
+// the agent and the scheduler) and checks that everything it writes is a
+// JSON object with ts and msg, and v on every line that is not an error,
+// net/http's own errors included.
+func TestOperatorJSONLogs(t *testing.T) {
+	bin := operatorBinaries(t)
+	var env *envtest.Environment
+	testenv.Start(t, testenv.WithCRDDirectories(testenv.ModulePath(t, "manifests", "crds")),
+		testenv.WithEnvironment(func(e *envtest.Environment) { env = e }))
+	admin, err := env.AddUser(envtest.User{Name: "operator", Groups: []string{"system:masters"}}, nil)
+	require.NoError(t, err)
+	kc, err := admin.KubeConfig()
+	require.NoError(t, err)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, kc, 0o600))
+
+	b := brokertest.Start(t, brokertest.Options{})
+	broker := b.StartProcess(filepath.Join(bin, "rb-broker"), nil, "--logging-format=json", "-v=2")
+	// A client that does not speak TLS: net/http logs the handshake error
+	// through its ErrorLog, which must be klog's.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(broker.URL, "https://"))
+	require.NoError(t, err)
+	_, _ = conn.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+	_, _ = conn.Read(make([]byte, 64))
+	conn.Close()
+	brokerLines := waitJSONLines(t, func() ([]byte, error) { return os.ReadFile(broker.Log) }, "http: TLS handshake error")
+	assertServing(t, brokerLines, "serving")
+
+	agentProbe := freePort(t)
+	agent := startLogged(t, filepath.Join(bin, "rb-agent"), "--logging-format=json", "-v=2",
+		"--kubeconfig="+kubeconfig, "--cluster-id=rome", "--broker-url="+broker.URL, "--broker-cert-dir="+b.ClusterCertDir("rome"),
+		"--namespace=default", "--bridge=none", "--leader-elect=false", "--metrics-bind-address=0",
+		"--health-probe-bind-address=127.0.0.1:"+agentProbe, "--allow-local-api-server-address")
+	assertServing(t, waitJSONLines(t, agent, "starting rb-agent"), "starting rb-agent")
+
+	schedPort := freePort(t)
+	sched := startLogged(t, filepath.Join(bin, "rb-scheduler"), "--logging-format=json", "-v=2",
+		"--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
+		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port="+schedPort)
+	assertServing(t, waitJSONLines(t, sched, "Serving securely"), "Serving securely")
+}
+
+// startLogged runs bin with args until the end of the test and returns a
+// reader of what it wrote so far (standard output and error together).
+func startLogged(t *testing.T, bin string, args ...string) func() ([]byte, error) {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
+	logf, err := os.Create(logPath)
+	require.NoError(t, err)
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	return func() ([]byte, error) { return os.ReadFile(logPath) }
+}
+
+// waitJSONLines waits (60 s at most) until a log line's msg contains want,
+// checks that every line is a JSON log entry, and returns them.
+func waitJSONLines(t *testing.T, read func() ([]byte, error), want string) []map[string]any {
+	t.Helper()
+	var lines []map[string]any
+	var last []byte
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		data, err := read()
+		require.NoError(t, err)
+		last = data
+		lines = lines[:0]
+		found := false
+		if i := bytes.LastIndexByte(data, '\n'); i >= 0 {
+			data = data[:i+1] // not a line still being written
+		} else {
+			data = nil
+		}
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			if len(bytes.TrimSpace(line)) == 0 {
+				continue
+			}
+			var entry map[string]any
+			require.NoError(t, json.Unmarshal(line, &entry), "not a JSON log line: %s", line)
+			lines = append(lines, entry)
+			if strings.Contains(asString(entry["msg"]), want) && !found {
+				found = true
+				t.Logf("%s", line)
+			}
+		}
+		if found {
+			t.Logf("%d JSON lines so far", len(lines))
+			for _, e := range lines {
+				assert.IsType(t, float64(0), e["ts"], "ts of %v", e)
+				assert.NotEmpty(t, asString(e["msg"]), "msg of %v", e)
+				if _, isError := e["err"]; !isError && !strings.HasPrefix(asString(e["msg"]), "http: ") {
+					assert.IsType(t, float64(0), e["v"], "v of %v", e)
+				}
+			}
+			return lines
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("no log line with %q within 60s:\n%s", want, last)
+	return nil
+}
+
+// assertServing checks that the line whose msg contains msg was logged at
+// verbosity 0 with the binary's version.
+func assertServing(t *testing.T, lines []map[string]any, msg string) {
+	t.Helper()
+	for _, e := range lines {
+		if strings.Contains(asString(e["msg"]), msg) {
+			assert.Equal(t, float64(0), e["v"], "%v", e)
+			return
+		}
+	}
+	t.Errorf("no line %q", msg)
+}
+
+func asString(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
