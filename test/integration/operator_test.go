@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,8 +17,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
@@ -44,15 +49,7 @@ func operatorBinaries(t *testing.T) string {
 // net/http's own errors included.
 func TestOperatorJSONLogs(t *testing.T) {
 	bin := operatorBinaries(t)
-	var env *envtest.Environment
-	testenv.Start(t, testenv.WithCRDDirectories(testenv.ModulePath(t, "manifests", "crds")),
-		testenv.WithEnvironment(func(e *envtest.Environment) { env = e }))
-	admin, err := env.AddUser(envtest.User{Name: "operator", Groups: []string{"system:masters"}}, nil)
-	require.NoError(t, err)
-	kc, err := admin.KubeConfig()
-	require.NoError(t, err)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(kubeconfig, kc, 0o600))
+	kubeconfig, _ := operatorCluster(t)
 
 	b := brokertest.Start(t, brokertest.Options{})
 	broker := b.StartProcess(filepath.Join(bin, "rb-broker"), nil, "--logging-format=json", "-v=2")
@@ -78,6 +75,57 @@ func TestOperatorJSONLogs(t *testing.T) {
 		"--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
 		"--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port="+schedPort)
 	assertServing(t, waitJSONLines(t, sched, "Serving securely"), "Serving securely")
+}
+
+// operatorCluster starts a real API server with our CRDs and returns the
+// kubeconfig file and client of an administrator (system:masters).
+func operatorCluster(t *testing.T) (string, client.Client) {
+	t.Helper()
+	var env *envtest.Environment
+	cfg := testenv.Start(t, testenv.WithCRDDirectories(testenv.ModulePath(t, "manifests", "crds")),
+		testenv.WithEnvironment(func(e *envtest.Environment) { env = e }))
+	admin, err := env.AddUser(envtest.User{Name: "operator", Groups: []string{"system:masters"}}, nil)
+	require.NoError(t, err)
+	kc, err := admin.KubeConfig()
+	require.NoError(t, err)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, kc, 0o600))
+	c, err := client.New(cfg, client.Options{Scheme: testbed.Scheme})
+	require.NoError(t, err)
+	return kubeconfig, c
+}
+
+// TestOperatorPrinterColumns runs `kubectl get providerinstructions -A`
+// against a real API server: one NAMESPACE column (the object's), the
+// tenant's namespace under its own name.
+func TestOperatorPrinterColumns(t *testing.T) {
+	kubeconfig, c := operatorCluster(t)
+	ctx := t.Context()
+	require.NoError(t, c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testbed.AgentNamespace}}))
+	pi := &rbv1.ProviderInstruction{ObjectMeta: metav1.ObjectMeta{Namespace: testbed.AgentNamespace, Name: "rome.r-1"},
+		Spec: rbv1.ProviderInstructionSpec{ReservationID: "r-1", Requester: "rome", Resources: testbed.Resources("2", "4Gi")}}
+	require.NoError(t, c.Create(ctx, pi))
+	pi.Status.Enforced, pi.Status.TenantNamespace = true, "rb-rome"
+	require.NoError(t, c.Status().Update(ctx, pi))
+
+	kubectl := filepath.Join(testenv.ModulePath(t, "bin", "k8s"), "kubectl")
+	if dir, err := testenv.AssetsDir(); err == nil {
+		kubectl = filepath.Join(dir, "kubectl")
+	}
+	out, err := exec.Command(kubectl, "--kubeconfig="+kubeconfig, "get", "providerinstructions", "-A").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	t.Logf("kubectl get providerinstructions -A:\n%s", out)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	require.Len(t, lines, 2)
+	header := strings.Fields(lines[0])
+	assert.Equal(t, 1, slices.Index(header, "NAME"), "one NAMESPACE column, then NAME: %v", header)
+	assert.Equal(t, []string{"NAMESPACE"}, slices.DeleteFunc(slices.Clone(header), func(h string) bool { return h != "NAMESPACE" }))
+	// The cell under TENANT-NAMESPACE (kubectl aligns cells on the header).
+	at := strings.Index(lines[0], "TENANT-NAMESPACE")
+	require.GreaterOrEqual(t, at, 0, "%v", header)
+	require.Greater(t, len(lines[1]), at)
+	assert.Equal(t, "rb-rome", strings.Fields(lines[1][at:])[0])
+	assert.Equal(t, testbed.AgentNamespace, strings.Fields(lines[1])[0])
 }
 
 // startLogged runs bin with args until the end of the test and returns a
