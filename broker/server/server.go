@@ -79,6 +79,10 @@ func New(cfg Config) *Server {
 		streamsEnd: make(chan struct{})}
 }
 
+// eventsRoute is the event stream's route: its requests last as long as
+// their connection, so their durations are not observed.
+const eventsRoute = "GET /api/v2/events"
+
 // Handler returns the API routes, to be served over mutual TLS.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -96,7 +100,7 @@ func (s *Server) Handler() http.Handler {
 	handle("POST /api/v2/reservations/{id}/grant", s.postGrant)
 	// A renewal carries up to api.MaxRenewBatch ids: a larger body bound.
 	mux.Handle("POST /api/v2/renewals", s.authenticated("POST /api/v2/renewals", api.MaxRenewBodyBytes, s.postRenewals))
-	handle("GET /api/v2/events", s.streamEvents)
+	handle(eventsRoute, s.streamEvents)
 	handle("GET /api/v2/usage", s.getUsage)
 
 	handle("POST /api/v1/advertisements", s.v1PostAdvertisement)
@@ -149,12 +153,13 @@ func (s *Server) health(mux *http.ServeMux) {
 // authenticated resolves the caller's identity from its client certificate,
 // bounds the body to maxBody bytes, and counts the request.
 func (s *Server) authenticated(route string, maxBody int64, h func(http.ResponseWriter, *http.Request, string)) http.Handler {
-	requests := s.metrics.route(route)
+	requests := s.metrics.route(route, route == eventsRoute)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
 		rec := recorders.Get().(*statusRecorder)
 		rec.ResponseWriter, rec.code = w, http.StatusOK
 		defer func() {
-			requests.inc(rec.code)
+			requests.done(rec.code, start)
 			rec.ResponseWriter = nil // the handler has returned: nothing holds rec any more
 			recorders.Put(rec)
 		}()

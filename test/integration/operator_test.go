@@ -3,11 +3,17 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,14 +21,24 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
@@ -148,6 +164,11 @@ func startLogged(t *testing.T, bin string, args ...string) func() ([]byte, error
 			_ = cmd.Process.Kill()
 			<-exited
 		}
+		if t.Failed() {
+			data, _ := os.ReadFile(logPath)
+			lines := strings.Split(string(data), "\n")
+			t.Logf("%s, last lines:\n%s", filepath.Base(bin), strings.Join(lines[max(0, len(lines)-40):], "\n"))
+		}
 	})
 	return func() ([]byte, error) { return os.ReadFile(logPath) }
 }
@@ -226,4 +247,186 @@ func freePort(t *testing.T) string {
 	require.NoError(t, err)
 	defer ln.Close()
 	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// TestOperatorMetrics runs a real broker and agent as deployed: the agent's
+// /metrics is https and answers only callers the API server authenticates
+// and authorizes (manifests/monitoring/agent's ClusterRole); after a
+// reservation goes through both, every metric the federation's Grafana
+// dashboard (manifests/grafana/federation.json) queries is one they serve.
+func TestOperatorMetrics(t *testing.T) {
+	bin := operatorBinaries(t)
+	kubeconfig, c := operatorCluster(t)
+	ctx := t.Context()
+	b := brokertest.Start(t, brokertest.Options{})
+	broker := b.StartProcess(filepath.Join(bin, "rb-broker"), nil)
+	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
+
+	metricsPort, probe := freePort(t), freePort(t)
+	startLogged(t, filepath.Join(bin, "rb-agent"), "--kubeconfig="+kubeconfig, "--cluster-id=rome", "--broker-url="+broker.URL,
+		"--broker-cert-dir="+b.ClusterCertDir("rome"), "--namespace=default", "--bridge=none", "--leader-elect=false",
+		"--metrics-bind-address=127.0.0.1:"+metricsPort, "--health-probe-bind-address=127.0.0.1:"+probe, "--allow-local-api-server-address")
+	require.Eventually(t, func() bool { return testbed.HTTPOK("http://127.0.0.1:" + probe + "/readyz") }, 60*time.Second, 100*time.Millisecond)
+	agentMetrics := "https://127.0.0.1:" + metricsPort + "/metrics"
+	require.Eventually(t, func() bool { // the metrics server starts after the probes'
+		conn, err := net.Dial("tcp", "127.0.0.1:"+metricsPort)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	}, 60*time.Second, 100*time.Millisecond)
+
+	// Prometheus's ServiceAccount, bound as manifests/monitoring/agent binds
+	// it, and one that is not.
+	kc, err := kubernetes.NewForConfig(mustRESTConfig(t, kubeconfig))
+	require.NoError(t, err)
+	token := func(sa string) string {
+		_, err := kc.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		tr, err := kc.CoreV1().ServiceAccounts("default").CreateToken(ctx, sa, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		return tr.Status.Token
+	}
+	for _, u := range monitoringRBAC(t) {
+		if u.GetKind() == "ClusterRoleBinding" {
+			require.NoError(t, unstructured.SetNestedSlice(u.Object, []any{map[string]any{"kind": "ServiceAccount", "name": "prometheus", "namespace": "default"}}, "subjects"))
+		}
+		require.NoError(t, c.Create(ctx, u))
+	}
+	prometheus, stranger := token("prometheus"), token("stranger")
+
+	code, _ := scrape(t, agentMetrics, "")
+	assert.Equal(t, http.StatusUnauthorized, code, "no credentials")
+	code, _ = scrape(t, agentMetrics, stranger)
+	assert.Equal(t, http.StatusForbidden, code, "a token not allowed get on /metrics")
+	plain, err := http.Get(strings.Replace(agentMetrics, "https://", "http://", 1))
+	if err == nil {
+		plain.Body.Close()
+		assert.NotEqual(t, http.StatusOK, plain.StatusCode, "plain HTTP")
+	}
+
+	// A reservation through the agent and the broker, released, and a
+	// renewal: the series of both sides exist.
+	rsv := reservation("default", "web-0", "1", "1Gi")
+	require.NoError(t, c.Create(ctx, rsv))
+	eventually(t, 60*time.Second, "Reservation web-0 reserved on paris", func() (bool, string) {
+		require.NoError(t, c.Get(ctx, client.ObjectKeyFromObject(rsv), rsv))
+		return rsv.Status.Provider == "paris", fmt.Sprintf("phase %q provider %q", rsv.Status.Phase, rsv.Status.Provider)
+	})
+	require.NoError(t, c.Delete(ctx, rsv))
+	renew, err := json.Marshal(api.RenewRequest{IDs: []string{"nothing"}})
+	require.NoError(t, err)
+	resp, err := b.Client("rome").Post(broker.URL+"/api/v2/renewals", "application/json", bytes.NewReader(renew))
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	served := map[string]bool{}
+	var agentText string
+	eventually(t, 60*time.Second, "the release counted by the broker", func() (bool, string) {
+		code, text := scrape(t, broker.Health+"/metrics", "")
+		require.Equal(t, http.StatusOK, code)
+		return strings.Contains(text, `rb_broker_reservations_ended_total{how="released"} 1`), "not yet"
+	})
+	for _, target := range []struct{ url, token string }{{broker.Health + "/metrics", ""}, {agentMetrics, prometheus}} {
+		code, text := scrape(t, target.url, target.token)
+		require.Equal(t, http.StatusOK, code, target.url)
+		if target.token != "" {
+			agentText = text
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err := parser.TextToMetricFamilies(strings.NewReader(text))
+		require.NoError(t, err)
+		for name, f := range families {
+			served[name] = true
+			if f.GetType() == dto.MetricType_HISTOGRAM || f.GetType() == dto.MetricType_SUMMARY {
+				served[name+"_bucket"], served[name+"_sum"], served[name+"_count"] = true, true, true
+			}
+		}
+	}
+	assert.Contains(t, agentText, `rb_agent_info{cluster="rome",version=`)
+	assert.Contains(t, agentText, `rb_agent_broker_calls_total{call="reserve",outcome="ok"} 1`)
+
+	queried := dashboardMetrics(t)
+	require.NotEmpty(t, queried)
+	for _, name := range queried {
+		assert.True(t, served[name], "the dashboard queries %s, which neither rb-broker nor rb-agent serves", name)
+	}
+	t.Logf("the dashboard's %d metrics are all served: %v", len(queried), queried)
+}
+
+// dashboardMetrics are the metric names the queries of
+// manifests/grafana/federation.json name, checked to be a Grafana dashboard
+// whose every panel queries something.
+func dashboardMetrics(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile(testenv.ModulePath(t, "manifests", "grafana", "federation.json"))
+	require.NoError(t, err)
+	var dash struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			Type, Title string
+			Targets     []struct{ Expr string }
+		}
+	}
+	require.NoError(t, json.Unmarshal(data, &dash))
+	require.NotEmpty(t, dash.UID)
+	names := map[string]bool{}
+	// Our metrics and the process collectors' (a query's other words are
+	// PromQL's functions, labels and keywords).
+	metric := regexp.MustCompile(`\b(?:rb|process|go)_[a-z0-9_]+\b`)
+	for _, p := range dash.Panels {
+		if p.Type == "row" {
+			continue
+		}
+		assert.NotEmpty(t, p.Targets, "panel %q queries nothing", p.Title)
+		for _, q := range p.Targets {
+			found := metric.FindAllString(q.Expr, -1)
+			assert.NotEmpty(t, found, "panel %q: %s names no metric", p.Title, q.Expr)
+			for _, n := range found {
+				names[n] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(names))
+}
+
+// monitoringRBAC are the RBAC objects of manifests/monitoring/agent.
+func monitoringRBAC(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	data, err := os.ReadFile(testenv.ModulePath(t, "manifests", "monitoring", "agent", "rbac.yaml"))
+	require.NoError(t, err)
+	var out []*unstructured.Unstructured
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		u := &unstructured.Unstructured{}
+		require.NoError(t, yaml.Unmarshal([]byte(doc), &u.Object))
+		out = append(out, u)
+	}
+	require.Len(t, out, 2)
+	return out
+}
+
+// scrape GETs url with token as bearer (none if empty), accepting the
+// agent's self-signed certificate, and returns the status and body.
+func scrape(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // controller-runtime's self-signed certificate
+	resp, err := cl.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+func mustRESTConfig(t *testing.T, kubeconfig string) *rest.Config {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	require.NoError(t, err)
+	return cfg
 }
