@@ -102,7 +102,7 @@ func normalize(t *testing.T, u *unstructured.Unstructured) *unstructured.Unstruc
 		u.SetName(m[1])
 	}
 	if u.GetKind() == "ConfigMap" {
-		unstructured.RemoveNestedField(u.Object, "data", "API_SERVER_ADDRESS") // config.env leaves it to the operator
+		unstructured.RemoveNestedField(u.Object, "data", "API_SERVER_ADDRESS")     // config.env leaves it to the operator
 		if l, ok, _ := unstructured.NestedString(u.Object, "data", "LABELS"); ok { // the chart sorts them
 			kv := strings.Split(l, ",")
 			slices.Sort(kv)
