@@ -81,7 +81,8 @@ func decodeAll(t *testing.T, manifest string) []*unstructured.Unstructured {
 var agentValues = []string{"--set", "clusterId=rome", "--set", "brokerUrl=https://rb-broker.example.org",
 	"--set", "apiServerAddress=https://rome.example.org:6443"}
 
-var hashSuffix = regexp.MustCompile(`^(rb-agent-config)-[a-z0-9]{10}$`)
+// hashSuffix matches the names kustomize's configMapGenerator makes.
+var hashSuffix = regexp.MustCompile(`^(rb-agent-config|rb-broker-policy)-[a-z0-9]{10}$`)
 
 // normalize takes off what the chart and kustomize set differently on
 // purpose: the namespace (Helm's release namespace), kustomize's part-of
@@ -111,7 +112,11 @@ func normalize(t *testing.T, u *unstructured.Unstructured) *unstructured.Unstruc
 	}
 	if u.GetKind() == "Deployment" {
 		dep := as[appsv1.Deployment](t, u)
-		delete(dep.Spec.Template.Annotations, "checksum/config")
+		for k := range dep.Spec.Template.Annotations {
+			if strings.HasPrefix(k, "checksum/") {
+				delete(dep.Spec.Template.Annotations, k)
+			}
+		}
 		if len(dep.Spec.Template.Annotations) == 0 {
 			dep.Spec.Template.Annotations = nil
 		}
@@ -121,6 +126,13 @@ func normalize(t *testing.T, u *unstructured.Unstructured) *unstructured.Unstruc
 			if ref := c.EnvFrom[i].ConfigMapRef; ref != nil {
 				if m := hashSuffix.FindStringSubmatch(ref.Name); m != nil {
 					ref.Name = m[1]
+				}
+			}
+		}
+		for _, v := range dep.Spec.Template.Spec.Volumes {
+			if v.ConfigMap != nil {
+				if m := hashSuffix.FindStringSubmatch(v.ConfigMap.Name); m != nil {
+					v.ConfigMap.Name = m[1]
 				}
 			}
 		}
@@ -149,31 +161,7 @@ func TestHelmChartAgent(t *testing.T) {
 	rendered, err := helm(t, append([]string{"template", "rb-agent", "charts/rb-agent", "-n", namespace, "--include-crds"}, agentValues...)...)
 	require.NoError(t, err)
 
-	chart := map[string]*unstructured.Unstructured{}
-	for _, u := range decodeAll(t, rendered) {
-		chart[u.GetKind()+"/"+u.GetName()] = normalize(t, u)
-	}
-	kustomized := build(t, "agent")
-	for _, u := range kustomized {
-		if u.GetKind() == "Namespace" {
-			continue // the release's namespace (helm install --create-namespace)
-		}
-		want := normalize(t, u)
-		key := want.GetKind() + "/" + want.GetName()
-		got, ok := chart[key]
-		if !assert.True(t, ok, "the chart renders no %s", key) {
-			continue
-		}
-		if want.GetKind() == "Certificate" {
-			// kustomize fills the CN from the ConfigMap; the chart from clusterId.
-			assert.Equal(t, "rome", str(t, got, "spec", "commonName"))
-			unstructured.RemoveNestedField(got.Object, "spec", "commonName")
-			unstructured.RemoveNestedField(want.Object, "spec", "commonName")
-		}
-		assert.Equal(t, want.Object, got.Object, "%s differs between the chart and manifests/agent", key)
-		delete(chart, key)
-	}
-	assert.Empty(t, chart, "the chart renders objects manifests/agent has not")
+	sameAsKustomize(t, rendered, "agent")
 
 	for name, tc := range map[string]struct {
 		args []string
@@ -196,19 +184,8 @@ func TestHelmChartAgent(t *testing.T) {
 
 	// Installed, upgraded and uninstalled on a real API server (with
 	// cert-manager's CRDs; the chart brings ours).
-	var env *envtest.Environment
-	cfg := testenv.Start(t, testenv.WithCRDDirectories(testenv.ModulePath(t, certManagerCRDs...)),
-		testenv.WithEnvironment(func(e *envtest.Environment) { env = e }))
-	admin, err := env.AddUser(envtest.User{Name: "helm", Groups: []string{"system:masters"}}, nil)
-	require.NoError(t, err)
-	kc, err := admin.KubeConfig()
-	require.NoError(t, err)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(kubeconfig, kc, 0o600))
-	c, err := client.New(cfg, client.Options{})
-	require.NoError(t, err)
+	kubeconfig, c := helmCluster(t)
 	ctx := context.Background()
-
 	out, err = helm(t, append([]string{"install", "rb-agent", "charts/rb-agent", "-n", namespace, "--create-namespace", "--kubeconfig", kubeconfig}, agentValues...)...)
 	require.NoError(t, err, out)
 	t.Logf("helm install:\n%s", out)
@@ -233,4 +210,84 @@ func TestHelmChartAgent(t *testing.T) {
 	require.NoError(t, err, out)
 	err = c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "rb-agent"}, dep)
 	assert.True(t, apierrors.IsNotFound(err), "the Deployment is gone: %v", err)
+}
+
+// sameAsKustomize checks that a rendered chart is manifests/<base>'s build
+// but for what normalize takes off (and the Namespace, the release's).
+func sameAsKustomize(t *testing.T, rendered, base string) {
+	t.Helper()
+	chart := map[string]*unstructured.Unstructured{}
+	for _, u := range decodeAll(t, rendered) {
+		chart[u.GetKind()+"/"+u.GetName()] = normalize(t, u)
+	}
+	kustomized := build(t, base)
+	for _, u := range kustomized {
+		if u.GetKind() == "Namespace" {
+			continue // the release's namespace (helm install --create-namespace)
+		}
+		want := normalize(t, u)
+		key := want.GetKind() + "/" + want.GetName()
+		got, ok := chart[key]
+		if !assert.True(t, ok, "the chart renders no %s", key) {
+			continue
+		}
+		if key == "Certificate/rb-agent" {
+			// kustomize fills the CN from the ConfigMap; the chart from clusterId.
+			assert.Equal(t, "rome", str(t, got, "spec", "commonName"))
+			unstructured.RemoveNestedField(got.Object, "spec", "commonName")
+			unstructured.RemoveNestedField(want.Object, "spec", "commonName")
+		}
+		assert.Equal(t, want.Object, got.Object, "%s differs between the chart and manifests/%s", key, base)
+		delete(chart, key)
+	}
+	assert.Empty(t, chart, "the chart renders objects manifests/"+base+" has not")
+
+}
+
+// TestHelmChartBroker renders charts/rb-broker with its defaults and checks
+// that it makes manifests/broker's objects, then installs and uninstalls it
+// with helm against a real API server.
+func TestHelmChartBroker(t *testing.T) {
+	out, err := helm(t, "lint", "charts/rb-broker", "--strict", "-n", namespace)
+	require.NoError(t, err, out)
+	rendered, err := helm(t, "template", "rb-broker", "charts/rb-broker", "-n", namespace)
+	require.NoError(t, err)
+	sameAsKustomize(t, rendered, "broker")
+	_, err = helm(t, "template", "rb-broker", "charts/rb-broker", "-n", "default")
+	if assert.Error(t, err) {
+		assert.Contains(t, err.Error(), "install rb-broker in namespace resource-broker")
+	}
+
+	kubeconfig, c := helmCluster(t)
+	ctx := context.Background()
+	out, err = helm(t, "install", "rb-broker", "charts/rb-broker", "-n", namespace, "--create-namespace", "--kubeconfig", kubeconfig,
+		"--set", "logging.format=json", "--set", "extraArgs={--reserve-batch=32}")
+	require.NoError(t, err, out)
+	dep := &appsv1.Deployment{}
+	require.NoError(t, c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "rb-broker"}, dep))
+	args := dep.Spec.Template.Spec.Containers[0].Args
+	assert.Contains(t, args, "--logging-format=json")
+	assert.Contains(t, args, "--reserve-batch=32")
+	out, err = helm(t, "uninstall", "rb-broker", "-n", namespace, "--kubeconfig", kubeconfig)
+	require.NoError(t, err, out)
+	err = c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "rb-broker"}, dep)
+	assert.True(t, apierrors.IsNotFound(err), "the Deployment is gone: %v", err)
+}
+
+// helmCluster starts a real API server with cert-manager's CRDs and returns
+// an administrator's kubeconfig file and client.
+func helmCluster(t *testing.T) (string, client.Client) {
+	t.Helper()
+	var env *envtest.Environment
+	cfg := testenv.Start(t, testenv.WithCRDDirectories(testenv.ModulePath(t, certManagerCRDs...)),
+		testenv.WithEnvironment(func(e *envtest.Environment) { env = e }))
+	admin, err := env.AddUser(envtest.User{Name: "helm", Groups: []string{"system:masters"}}, nil)
+	require.NoError(t, err)
+	kc, err := admin.KubeConfig()
+	require.NoError(t, err)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, kc, 0o600))
+	c, err := client.New(cfg, client.Options{})
+	require.NoError(t, err)
+	return kubeconfig, c
 }
