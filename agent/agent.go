@@ -216,7 +216,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("pod tracker: %w", err)
 	}
 	rec := &reservation.Reconciler{
-		Client: mgr.GetClient(), Broker: rb, Recorder: mgr.GetEventRecorderFor("rb-agent"),
+		Client: mgr.GetClient(), Broker: rb, Recorder: mgr.GetEventRecorder("rb-agent"),
 		MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff, MaxConcurrentReconciles: o.ReservationWorkers,
 		LeaseLength: o.LeaseLength, HoldTime: o.HoldTime, Pods: pods,
 	}
@@ -256,7 +256,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return err
 	}
 	tenants := &provider.TenantReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Broker: o.Broker, Recorder: mgr.GetEventRecorderFor("rb-agent"),
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Broker: o.Broker, Recorder: mgr.GetEventRecorder("rb-agent"),
 		Namespace: o.Namespace, Endpoint: o.Endpoint, CABundle: o.CABundle, TokenTTL: o.TokenTTL,
 		Hold: !o.NoProviderHold, PlaceholderImage: o.PlaceholderImage, HoldTimeout: o.HoldTimeout, EvictionGrace: o.EvictionGrace,
 		PolicyReady: policy.Ready,
@@ -269,7 +269,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if err := mgr.Add(&follower.Follower{
 		Broker: o.Broker, Client: mgr.GetClient(), ClusterID: o.ClusterID, Namespace: o.Namespace, Reservations: rec,
-		Recorder: mgr.GetEventRecorderFor("rb-agent"),
+		Recorder: mgr.GetEventRecorder("rb-agent"),
 	}); err != nil {
 		return err
 	}

@@ -12,7 +12,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -41,7 +41,7 @@ type Follower struct {
 	// Reservations is asked to look again at a Reservation the broker changed.
 	Reservations *reservation.Reconciler
 	// Recorder records the end of provided reservations on their instructions (optional).
-	Recorder record.EventRecorder
+	Recorder events.EventRecorder
 	// MaxBackoff bounds the wait between reconnections (default 10s).
 	MaxBackoff time.Duration
 	// OnConnect, if set, is called after each successful resync (tests, metrics).

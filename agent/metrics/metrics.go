@@ -30,10 +30,17 @@ var (
 		Name: "rb_agent_broker_events_total",
 		Help: "Broker events handled, by type.",
 	}, []string{"type"})
+	// Info is 1, labelled with the agent's cluster id and version: a
+	// federation's dashboards join the agent's other series (which carry the
+	// scrape's labels only) to the member cluster they come from.
+	Info = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "rb_agent_info",
+		Help: "1, labelled with this agent's cluster id and version.",
+	}, []string{"cluster", "version"})
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(BrokerCalls, StreamConnected, StreamEvents)
+	ctrlmetrics.Registry.MustRegister(BrokerCalls, StreamConnected, StreamEvents, Info)
 }
 
 var reservationsDesc = prometheus.NewDesc("rb_agent_reservations",

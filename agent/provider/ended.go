@@ -10,7 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -39,7 +39,7 @@ func IsEnded(pi *rbv1.ProviderInstruction) bool {
 // pods are evicted a grace period later (TenantReconciler.EvictionGrace). A
 // lapsed lease is a Warning Event: the requester stopped renewing while its
 // pod may still run here. Idempotent.
-func MarkEnded(ctx context.Context, c client.Client, rec record.EventRecorder, pi *rbv1.ProviderInstruction, reason, message string) error {
+func MarkEnded(ctx context.Context, c client.Client, rec events.EventRecorder, pi *rbv1.ProviderInstruction, reason, message string) error {
 	if IsEnded(pi) {
 		return nil
 	}
@@ -56,7 +56,7 @@ func MarkEnded(ctx context.Context, c client.Client, rec record.EventRecorder, p
 		if reason == EndedLeaseLapsed {
 			typ = corev1.EventTypeWarning
 		}
-		rec.Eventf(pi, typ, reason, "%s; its tenant pods are evicted after the grace period", message)
+		rec.Eventf(pi, nil, typ, reason, "End", "%s; its tenant pods are evicted after the grace period", message)
 	}
 	return nil
 }
@@ -119,15 +119,15 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 			continue
 		case apierrors.IsTooManyRequests(err):
 			// A disruption budget holds it for now: try again shortly.
-			r.Recorder.Eventf(pi, corev1.EventTypeWarning, "EvictionDelayed", "pod %s/%s: %v", p.Namespace, p.Name, err)
+			r.Recorder.Eventf(pi, p, corev1.EventTypeWarning, "EvictionDelayed", "Evict", "pod %s/%s: %v", p.Namespace, p.Name, err)
 			return 5 * time.Second, nil
 		case err != nil:
 			return 0, fmt.Errorf("evict %s/%s: %w", p.Namespace, p.Name, err)
 		}
 		msg := fmt.Sprintf("reservation %s of %s ended (%s) and the grace of %s is over: pod %s/%s evicted",
 			id, pi.Spec.Requester, reason, r.EvictionGrace, p.Namespace, p.Name)
-		r.Recorder.Event(pi, corev1.EventTypeWarning, "Evicted", msg)
-		r.Recorder.Event(p, corev1.EventTypeWarning, "ReservationEnded", msg)
+		r.Recorder.Eventf(pi, p, corev1.EventTypeWarning, "Evicted", "Evict", "%s", msg)
+		r.Recorder.Eventf(p, pi, corev1.EventTypeWarning, "ReservationEnded", "Evict", "%s", msg)
 		evicted++
 	}
 	log.FromContext(ctx).Info("ended reservation cleaned up", "reservation", id, "requester", pi.Spec.Requester, "reason", reason, "evicted", evicted)

@@ -216,7 +216,7 @@ func (r *TenantReconciler) requeueStuckCopies(ctx context.Context, pi *rbv1.Prov
 		if client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
 			return 0, err
 		}
-		r.Recorder.Eventf(pi, corev1.EventTypeWarning, "CopyRequeued",
+		r.Recorder.Eventf(pi, nil, corev1.EventTypeWarning, "CopyRequeued", "Requeue",
 			"tenant pod %s/%s unschedulable for %s although node %s has room (kube-scheduler lost it after a preemption, kubernetes/kubernetes#141694): deleted so that the requester makes it anew",
 			p.Namespace, p.Name, time.Since(since).Round(time.Second), pi.Status.PlacementNode)
 	}
@@ -285,7 +285,7 @@ func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.Provide
 		// preempts it for a pinned copy) and is never made again.
 		pi.Status.Superseded = true
 		st.changed = true
-		r.Recorder.Eventf(pi, corev1.EventTypeNormal, "Superseded", "tenant pod %s/%s of the reservation appeared; the placeholder gives way to it",
+		r.Recorder.Eventf(pi, nil, corev1.EventTypeNormal, "Superseded", "Hold", "tenant pod %s/%s of the reservation appeared; the placeholder gives way to it",
 			ns, tenants[0].Name)
 	}
 	if pi.Status.Superseded {
@@ -323,7 +323,7 @@ func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.Provide
 			want := NewPlaceholder(pi, ns, r.PlaceholderImage)
 			if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
 				setHeld(false, "", "PlaceholderFailed", err.Error())
-				r.Recorder.Eventf(pi, corev1.EventTypeWarning, "PlaceholderFailed", "placeholder pod %s/%s: %v", ns, want.Name, err)
+				r.Recorder.Eventf(pi, nil, corev1.EventTypeWarning, "PlaceholderFailed", "Hold", "placeholder pod %s/%s: %v", ns, want.Name, err)
 				return st, err
 			}
 			logger.V(1).Info("placeholder created", "pod", ns+"/"+want.Name, "preferredNode", pi.Spec.Node)
@@ -343,7 +343,7 @@ func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.Provide
 	}
 	node := placeholder.Spec.NodeName
 	if !pi.Status.Held || pi.Status.HeldNode != node {
-		r.Recorder.Eventf(pi, corev1.EventTypeNormal, "Held", "placeholder pod %s/%s holds the capacity on node %s", ns, placeholder.Name, node)
+		r.Recorder.Eventf(pi, nil, corev1.EventTypeNormal, "Held", "Hold", "placeholder pod %s/%s holds the capacity on node %s", ns, placeholder.Name, node)
 	}
 	setHeld(true, node, "PlaceholderBound", "placeholder pod "+placeholder.Name+" bound to node "+node)
 	r.forgetHoldStart(pi)

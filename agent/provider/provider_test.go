@@ -105,7 +105,7 @@ func (e *env) start(r *provider.TenantReconciler) {
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 	require.NoError(e.t, err)
-	r.Client, r.Recorder, r.Namespace = mgr.GetClient(), mgr.GetEventRecorderFor("rb-agent"), agentNamespace
+	r.Client, r.Recorder, r.Namespace = mgr.GetClient(), mgr.GetEventRecorder("rb-agent"), agentNamespace
 	r.Endpoint, r.TokenTTL = e.cfg.Host, 10*time.Minute
 	require.NoError(e.t, r.SetupWithManager(mgr))
 	ctx, cancel := context.WithCancel(e.ctx)

@@ -27,7 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -79,7 +79,7 @@ type TenantReconciler struct {
 	// so its reservations are not held (nil: every requester pins).
 	Clusters ClusterReader
 	Broker   Granter
-	Recorder record.EventRecorder
+	Recorder events.EventRecorder
 	// Namespace holds this agent's ProviderInstructions.
 	Namespace string
 	// Endpoint and CABundle are this cluster's API server as requesters reach it.
@@ -290,7 +290,7 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 				soonest(hs.deadline) // the placeholder's binding wakes us earlier
 				continue
 			}
-			r.Recorder.Eventf(pi, corev1.EventTypeWarning, "HoldUnplaced",
+			r.Recorder.Eventf(pi, nil, corev1.EventTypeWarning, "HoldUnplaced", "Grant",
 				"placeholder pod not bound within %s: granting without placement (a later grant carries it once the placeholder lands)", r.HoldTimeout)
 		}
 		// A placement the requester has not been told of yet is due now.
@@ -618,7 +618,7 @@ func (r *TenantReconciler) grant(ctx context.Context, ns string, pi *rbv1.Provid
 		pi.Status.PlacementNode = placement.Node
 		msg += "; the tenant pod is pinned to node " + placement.Node + " at " + placement.PriorityClassName
 		if newPlacement {
-			r.Recorder.Eventf(pi, corev1.EventTypeNormal, "PlacementGranted", "requester %s told to pin the pod to node %s at PriorityClass %s",
+			r.Recorder.Eventf(pi, nil, corev1.EventTypeNormal, "PlacementGranted", "Grant", "requester %s told to pin the pod to node %s at PriorityClass %s",
 				pi.Spec.Requester, placement.Node, placement.PriorityClassName)
 		}
 	}
@@ -628,7 +628,7 @@ func (r *TenantReconciler) grant(ctx context.Context, ns string, pi *rbv1.Provid
 		return time.Time{}, err
 	}
 	if first {
-		r.Recorder.Eventf(pi, corev1.EventTypeNormal, "Enforced", "capacity set aside in %s for %s", ns, pi.Spec.Requester)
+		r.Recorder.Eventf(pi, nil, corev1.EventTypeNormal, "Enforced", "Enforce", "capacity set aside in %s for %s", ns, pi.Spec.Requester)
 	}
 	return renew(now.Time), nil
 }

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -74,8 +74,8 @@ func TestOneClock(t *testing.T) {
 	at := api.Reservation{ID: "u-1", Provider: "paris", Phase: string(rbv1.ReservationReserved), CreatedAt: brokerNow,
 		ExpiresAt: brokerNow.Add(2 * time.Minute), RemainingMs: 120_000, Lease: "2m0s"}
 	b := &fakeBroker{at: at}
-	events := record.NewFakeRecorder(10)
-	r := &Reconciler{Client: c, Broker: b, Recorder: events, Now: func() time.Time { return local }}
+	rec := events.NewFakeRecorder(10)
+	r := &Reconciler{Client: c, Broker: b, Recorder: rec, Now: func() time.Time { return local }}
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rsv)}
 	get := func() *rbv1.Reservation {
 		var got rbv1.Reservation
@@ -114,9 +114,9 @@ func TestOneClock(t *testing.T) {
 	assert.Equal(t, rbv1.ReservationExpired, got.Status.Phase)
 	assert.Equal(t, metav1.ConditionFalse, meta.FindStatusCondition(got.Status.Conditions, rbv1.ConditionReady).Status)
 	assert.Equal(t, metav1.ConditionFalse, meta.FindStatusCondition(got.Status.Conditions, rbv1.ConditionReserved).Status)
-	close(events.Events)
+	close(rec.Events)
 	var all []string
-	for e := range events.Events {
+	for e := range rec.Events {
 		all = append(all, e)
 	}
 	require.Len(t, all, 3, "%q", all)
@@ -131,7 +131,7 @@ func TestOneClock(t *testing.T) {
 	c = fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(manual).WithStatusSubresource(manual).Build()
 	b = &fakeBroker{at: api.Reservation{ID: "u-2", Provider: "paris", Phase: string(rbv1.ReservationReserved), CreatedAt: brokerNow,
 		ExpiresAt: brokerNow.Add(time.Hour), RemainingMs: 600_000}}
-	r = &Reconciler{Client: c, Broker: b, Recorder: record.NewFakeRecorder(10), Now: func() time.Time { return local }}
+	r = &Reconciler{Client: c, Broker: b, Recorder: events.NewFakeRecorder(10), Now: func() time.Time { return local }}
 	res, err = r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(manual)})
 	require.NoError(t, err)
 	assert.Equal(t, 10*time.Minute+2*time.Second, res.RequeueAfter, "from remainingMs, not from the broker's expiresAt")
@@ -145,7 +145,7 @@ func TestFailedIsFinal(t *testing.T) {
 	b := &scriptedBroker{reserve: func(api.ReservationRequest) (api.Reservation, error) { return api.Reservation{}, forbidden }}
 	rsv := testReservation(rbv1.ReleaseFinalizer)
 	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(rsv).WithStatusSubresource(rsv).Build()
-	r := &Reconciler{Client: c, Broker: b, Recorder: record.NewFakeRecorder(10)}
+	r := &Reconciler{Client: c, Broker: b, Recorder: events.NewFakeRecorder(10)}
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rsv)}
 	res, err := r.Reconcile(context.Background(), req)
 	require.NoError(t, err)
@@ -369,7 +369,7 @@ func TestPodGone(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(rsv).WithStatusSubresource(rsv).Build()
 			apiReader := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.api...).Build()
 			r := &Reconciler{Client: c, Broker: &fakeBroker{at: api.Reservation{ID: "id-rsv", Phase: "Active", Lease: "2m0s", RemainingMs: 1}},
-				Recorder: record.NewFakeRecorder(10), Pods: tc.pods, APIReader: apiReader}
+				Recorder: events.NewFakeRecorder(10), Pods: tc.pods, APIReader: apiReader}
 			_, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rsv)})
 			require.NoError(t, err)
 			var got rbv1.Reservation

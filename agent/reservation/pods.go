@@ -125,7 +125,7 @@ func (r *Reconciler) deleteForPod(ctx context.Context, rsv *rbv1.Reservation, wh
 		return err
 	}
 	log.FromContext(ctx).Info("pod ended: deleting its reservation to release it", "why", why, "phase", rsv.Status.Phase)
-	r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "PodEnded", "%s: releasing the reservation", why)
+	r.Recorder.Eventf(rsv, nil, corev1.EventTypeNormal, "PodEnded", "Release", "%s: releasing the reservation", why)
 	return nil
 }
 

@@ -32,7 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -83,7 +83,7 @@ type Broker interface {
 type Reconciler struct {
 	Client   client.Client
 	Broker   Broker
-	Recorder record.EventRecorder
+	Recorder events.EventRecorder
 	// MinBackoff and MaxBackoff bound the wait between attempts of a
 	// reservation the broker refused or could not be reached for (doubling,
 	// with jitter: internal/backoff).
@@ -346,7 +346,7 @@ func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation, finaliz
 		logger.Info("reserved", "provider", decision.Provider, "score", decision.Score, "attempts", rsv.Status.Attempts,
 			"phase", decision.Phase, "lease", decision.Lease, "remainingMs", decision.RemainingMs)
 		if isLive(rsv.Status.Phase) {
-			r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "Reserved", "reserved on %s (score %.2f), %s",
+			r.Recorder.Eventf(rsv, nil, corev1.EventTypeNormal, "Reserved", "Reserve", "reserved on %s (score %.2f), %s",
 				decision.Provider, decision.Score, lifetime(decision))
 		}
 		r.transitionEvent(rsv, before)
@@ -418,11 +418,11 @@ func (r *Reconciler) transitionEvent(rsv *rbv1.Reservation, before rbv1.Reservat
 	switch now := rsv.Status.Phase; {
 	case now == before || now == rbv1.ReservationReserved: // Reserved has its own event, with the decision
 	case now == rbv1.ReservationActive:
-		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "Active", "granted by %s: the reservation is Ready", rsv.Status.Provider)
+		r.Recorder.Eventf(rsv, nil, corev1.EventTypeNormal, "Active", "Sync", "granted by %s: the reservation is Ready", rsv.Status.Provider)
 	case now == rbv1.ReservationExpired:
-		r.Recorder.Eventf(rsv, corev1.EventTypeWarning, "Expired", "the broker ended the reservation: its time ran out")
+		r.Recorder.Eventf(rsv, nil, corev1.EventTypeWarning, "Expired", "Sync", "the broker ended the reservation: its time ran out")
 	default:
-		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, string(now), "reservation is %s at the broker", now)
+		r.Recorder.Eventf(rsv, nil, corev1.EventTypeNormal, string(now), "Sync", "reservation is %s at the broker", now)
 	}
 }
 
@@ -453,7 +453,7 @@ func (r *Reconciler) release(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 		return ctrl.Result{RequeueAfter: r.backoff(2)}, nil
 	}
 	if err == nil && res.Phase == string(rbv1.ReservationReleased) {
-		r.Recorder.Eventf(rsv, corev1.EventTypeNormal, "Released", "released at the broker")
+		r.Recorder.Eventf(rsv, nil, corev1.EventTypeNormal, "Released", "Release", "released at the broker")
 	}
 	before := rsv.DeepCopy()
 	controllerutil.RemoveFinalizer(rsv, rbv1.ReleaseFinalizer)
@@ -516,7 +516,7 @@ func (r *Reconciler) refused(ctx context.Context, rsv *rbv1.Reservation, phase r
 		return err
 	}
 	if changed {
-		r.Recorder.Event(rsv, corev1.EventTypeWarning, reason, event)
+		r.Recorder.Eventf(rsv, nil, corev1.EventTypeWarning, reason, "Reserve", "%s", event)
 	}
 	return nil
 }

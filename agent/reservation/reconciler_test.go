@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -64,7 +64,7 @@ func TestFinalizerWhileAskingTheBroker(t *testing.T) {
 	rsv := testReservation()
 	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(rsv).WithStatusSubresource(rsv).Build()
 	b := &fakeBroker{at: at}
-	r := &Reconciler{Client: c, Broker: b, Recorder: record.NewFakeRecorder(10), MinBackoff: time.Second, MaxBackoff: time.Minute}
+	r := &Reconciler{Client: c, Broker: b, Recorder: events.NewFakeRecorder(10), MinBackoff: time.Second, MaxBackoff: time.Minute}
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rsv)}
 	if _, err := r.Reconcile(context.Background(), req); err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func TestFinalizerWhileAskingTheBroker(t *testing.T) {
 			return c.Patch(ctx, o, p, opts...) // not found
 		}}).Build()
 	b = &fakeBroker{at: at}
-	r = &Reconciler{Client: c, Broker: b, Recorder: record.NewFakeRecorder(10), MinBackoff: time.Second, MaxBackoff: time.Minute}
+	r = &Reconciler{Client: c, Broker: b, Recorder: events.NewFakeRecorder(10), MinBackoff: time.Second, MaxBackoff: time.Minute}
 	if _, err := r.Reconcile(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
@@ -112,8 +112,8 @@ func TestRefreshWritesOnChangesOnly(t *testing.T) {
 	now := time.Now()
 	b := &fakeBroker{at: api.Reservation{ID: "u-1", Provider: "paris", Phase: string(rbv1.ReservationReserved), Score: 71.5,
 		CreatedAt: now, ExpiresAt: now.Add(30 * time.Minute), RemainingMs: (30 * time.Minute).Milliseconds()}}
-	events := record.NewFakeRecorder(10)
-	r := &Reconciler{Client: c, Broker: b, Recorder: events, MinBackoff: time.Second, MaxBackoff: time.Minute}
+	rec := events.NewFakeRecorder(10)
+	r := &Reconciler{Client: c, Broker: b, Recorder: rec, MinBackoff: time.Second, MaxBackoff: time.Minute}
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rsv)}
 	reconcile := func(what string) {
 		t.Helper()
@@ -149,9 +149,9 @@ func TestRefreshWritesOnChangesOnly(t *testing.T) {
 	if got.Status.Phase != rbv1.ReservationActive || got.Status.ExpiresAt == nil || got.Status.ExpiresAt.Unix() != now.Add(30*time.Minute).Unix() {
 		t.Errorf("status %+v", got.Status)
 	}
-	close(events.Events)
+	close(rec.Events)
 	var reasons []string
-	for e := range events.Events {
+	for e := range rec.Events {
 		reasons = append(reasons, e)
 	}
 	if len(reasons) != 2 {

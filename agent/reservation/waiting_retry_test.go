@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -33,7 +33,7 @@ func TestWaitingRetry(t *testing.T) {
 	rsv := testReservation(rbv1.ReleaseFinalizer)
 	rsv.Status.Attempts = 10 // the back-off alone would be MaxBackoff
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(rsv).WithStatusSubresource(rsv).Build()
-	r := &Reconciler{Client: c, Broker: &noCapacityBroker{}, Recorder: record.NewFakeRecorder(10),
+	r := &Reconciler{Client: c, Broker: &noCapacityBroker{}, Recorder: events.NewFakeRecorder(10),
 		MinBackoff: time.Second, MaxBackoff: time.Minute, WaitingRetry: DefaultWaitingRetry}
 	res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(rsv)})
 	if err != nil {

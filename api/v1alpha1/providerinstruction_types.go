@@ -96,7 +96,7 @@ type ProviderInstructionStatus struct {
 // +kubebuilder:printcolumn:name="Held",type=boolean,JSONPath=`.status.held`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.heldNode`
 // +kubebuilder:printcolumn:name="Ended",type=string,JSONPath=`.status.conditions[?(@.type=="Ended")].reason`
-// +kubebuilder:printcolumn:name="Namespace",type=string,JSONPath=`.status.tenantNamespace`
+// +kubebuilder:printcolumn:name="Tenant-Namespace",type=string,JSONPath=`.status.tenantNamespace`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ProviderInstruction struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -223,9 +223,9 @@ func TestRetriesAgainstUnavailableBroker(t *testing.T) {
 	var metrics string
 	require.Eventually(t, func() bool { metrics = scrape(t, b); return strings.Contains(metrics, "rb_broker_clusters") },
 		10*time.Second, 100*time.Millisecond)
-	assert.Contains(t, metrics, `rb_broker_http_requests_total{code="503",route="GET /api/v2/clusters"} 4`,
+	assert.Contains(t, metrics, `rb_broker_http_requests_total{code="503",method="GET",route="/api/v2/clusters"} 4`,
 		"1 + 2 retries by rome, 1 attempt by the client without retries")
-	assert.Contains(t, metrics, `rb_broker_http_requests_total{code="503",route="POST /api/v2/reservations/{id}/grant"} 1`,
+	assert.Contains(t, metrics, `rb_broker_http_requests_total{code="503",method="POST",route="/api/v2/reservations/{id}/grant"} 1`,
 		"a grant is not retried")
 
 	// Redis comes back during the retries of a patient call: it goes through.

@@ -288,7 +288,13 @@ func TestHealthAndMetrics(t *testing.T) {
 	for _, want := range []string{
 		`rb_broker_reservations_total{outcome="reserved"} 1`,
 		`rb_broker_reservations_total{outcome="no_fit"} 1`,
-		`rb_broker_decision_duration_seconds_count 2`,
+		`rb_broker_decision_duration_seconds_count{outcome="reserved"} 1`,
+		`rb_broker_decision_duration_seconds_count{outcome="no_fit"} 1`,
+		// Method and route apart, the route as registered, never the raw path.
+		`rb_broker_http_requests_total{code="201",method="POST",route="/api/v2/reservations"} 1`,
+		`rb_broker_http_requests_total{code="409",method="POST",route="/api/v2/reservations"} 1`,
+		`rb_broker_http_request_duration_seconds_count{method="POST",route="/api/v2/reservations"} 2`,
+		`rb_broker_http_request_duration_seconds_count{method="GET",route="/api/v2/clusters/{id}"} 0`,
 		`rb_broker_clusters{state="live"} 1`,
 		`rb_broker_clusters{state="stale"} 0`,
 	} {

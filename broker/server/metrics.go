@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -37,17 +38,19 @@ var renewOutcomes = [4]string{renewRenewed, renewNotFound, renewEnded, renewNotA
 type metrics struct {
 	registry     *prometheus.Registry
 	reservations *prometheus.CounterVec
-	decision     prometheus.Histogram
+	decision     *prometheus.HistogramVec
 	ended        *prometheus.CounterVec
 	scriptErrors *prometheus.CounterVec
 	clamps       prometheus.Counter
 	requests     *prometheus.CounterVec
+	latency      *prometheus.HistogramVec
 	streams      prometheus.Gauge
 	renewals     *prometheus.CounterVec
 	renewBatch   prometheus.Histogram
 
-	outcomes      map[string]*lazyCounter // reservations' children by outcome; read-only once built
-	renewOutcomes map[string]*lazyCounter // renewals' children by outcome; read-only once built
+	outcomes      map[string]*lazyCounter        // reservations' children by outcome; read-only once built
+	renewOutcomes map[string]*lazyCounter        // renewals' children by outcome; read-only once built
+	decisions     map[string]prometheus.Observer // decision's children by outcome; read-only once built
 }
 
 func newMetrics(st *store.Store) *metrics {
@@ -57,11 +60,12 @@ func newMetrics(st *store.Store) *metrics {
 			Name: "rb_broker_reservations_total",
 			Help: "Reservation requests by outcome (reserved, replayed, no_fit, conflict, invalid, error).",
 		}, []string{"outcome"}),
-		decision: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "rb_broker_decision_duration_seconds",
-			Help:    "Time to decide a reservation: the reserve script round trip to Redis.",
+		decision: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rb_broker_decision_duration_seconds",
+			Help: "Time to decide a reservation request, by outcome (reserved, replayed, no_fit, conflict, limited, error): " +
+				"its wait for a batch and the reserve script's round trip to Redis.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16), // 100µs .. 3.3s
-		}),
+		}, []string{"outcome"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rb_broker_reservations_ended_total",
 			Help: "Reservations ended, by how (released, expired).",
@@ -76,8 +80,14 @@ func newMetrics(st *store.Store) *metrics {
 		}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rb_broker_http_requests_total",
-			Help: "HTTP requests by route and status code.",
-		}, []string{"route", "code"}),
+			Help: "API requests by method, route (the registered pattern, e.g. /api/v2/reservations/{id}) and status code.",
+		}, []string{"method", "route", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rb_broker_http_request_duration_seconds",
+			Help: "Time to answer an API request, by method and route (the registered pattern); " +
+				"not the event streams (GET /api/v2/events), which last as long as their connection.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14), // 500µs .. 4s
+		}, []string{"method", "route"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rb_broker_event_streams",
 			Help: "Open event streams.",
@@ -92,13 +102,19 @@ func newMetrics(st *store.Store) *metrics {
 			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000},
 		}),
 	}
-	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.requests, m.streams,
+	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.requests, m.latency, m.streams,
 		m.renewals, m.renewBatch,
 		&clusterCollector{store: st},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.outcomes = map[string]*lazyCounter{}
 	for _, o := range []string{outcomeReserved, outcomeReplayed, outcomeNoFit, outcomeConflict, outcomeInvalid, outcomeError} {
 		m.outcomes[o] = &lazyCounter{vec: m.reservations, values: []string{o}}
+	}
+	// The decisions' series exist from the start: a dashboard's quantiles
+	// and rates need no first decision.
+	m.decisions = map[string]prometheus.Observer{}
+	for _, o := range []string{outcomeReserved, outcomeReplayed, outcomeNoFit, outcomeConflict, outcomeLimited, outcomeError} {
+		m.decisions[o] = m.decision.WithLabelValues(o)
 	}
 	m.renewOutcomes = map[string]*lazyCounter{}
 	for _, o := range []string{renewRenewed, renewNotFound, renewEnded, renewNotALease, renewError} {
@@ -136,6 +152,16 @@ func (m *metrics) reservation(outcome string) prometheus.Counter {
 	return m.reservations.WithLabelValues(outcome)
 }
 
+// decided counts a decision of a reservation request and its duration.
+func (m *metrics) decided(outcome string, took time.Duration) {
+	m.reservation(outcome).Inc()
+	if o, ok := m.decisions[outcome]; ok {
+		o.Observe(took.Seconds())
+		return
+	}
+	m.decision.WithLabelValues(outcome).Observe(took.Seconds())
+}
+
 // renewal returns the rb_broker_renewals_total counter of an outcome.
 func (m *metrics) renewal(outcome string) prometheus.Counter {
 	if l, ok := m.renewOutcomes[outcome]; ok {
@@ -144,20 +170,41 @@ func (m *metrics) renewal(outcome string) prometheus.Counter {
 	return m.renewals.WithLabelValues(outcome)
 }
 
-// routeCounters are one route's rb_broker_http_requests_total counters, by status code.
+// routeCounters are one route's rb_broker_http_requests_total counters, by
+// status code, and its rb_broker_http_request_duration_seconds histogram.
 type routeCounters struct {
-	vec   *prometheus.CounterVec
-	route string
-	codes [500]atomic.Pointer[prometheus.Counter] // status codes 100-599
+	vec           *prometheus.CounterVec
+	method, route string
+	latency       prometheus.Observer                     // nil: not observed (event streams)
+	codes         [500]atomic.Pointer[prometheus.Counter] // status codes 100-599
 }
 
-func (m *metrics) route(route string) *routeCounters {
-	return &routeCounters{vec: m.requests, route: route}
+// route returns the metrics of the route registered as pattern ("GET
+// /api/v2/clusters/{id}"): its method and path pattern are separate labels,
+// and a request is never labelled with its raw path.
+func (m *metrics) route(pattern string, streaming bool) *routeCounters {
+	method, path, ok := strings.Cut(pattern, " ")
+	if !ok {
+		method, path = "", pattern
+	}
+	r := &routeCounters{vec: m.requests, method: method, route: path}
+	if !streaming {
+		r.latency = m.latency.WithLabelValues(method, path)
+	}
+	return r
+}
+
+// done counts a request answered with code that began at start.
+func (r *routeCounters) done(code int, start time.Time) {
+	if r.latency != nil {
+		r.latency.Observe(time.Since(start).Seconds())
+	}
+	r.inc(code)
 }
 
 func (r *routeCounters) inc(code int) {
 	if code < 100 || code >= 600 {
-		r.vec.WithLabelValues(r.route, strconv.Itoa(code)).Inc()
+		r.vec.WithLabelValues(r.method, r.route, strconv.Itoa(code)).Inc()
 		return
 	}
 	slot := &r.codes[code-100]
@@ -165,7 +212,7 @@ func (r *routeCounters) inc(code int) {
 		(*c).Inc()
 		return
 	}
-	c := r.vec.WithLabelValues(r.route, strconv.Itoa(code))
+	c := r.vec.WithLabelValues(r.method, r.route, strconv.Itoa(code))
 	slot.Store(&c)
 	c.Inc()
 }

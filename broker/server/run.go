@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"k8s.io/klog/v2"
 )
 
 // RunOptions say where to listen.
@@ -44,6 +45,9 @@ func NewHTTPServer(h http.Handler, tlsConfig *tls.Config) *http.Server {
 		WriteTimeout:      15 * time.Second, // event streams extend their own deadline
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    32 << 10,
+		// net/http's own errors (TLS handshakes, panics in handlers) go to
+		// klog like the rest of the log, in its format.
+		ErrorLog: klog.NewStandardLogger("ERROR"),
 	}
 }
 

@@ -103,31 +103,69 @@ func New(cfg Config) *Server {
 		streamsEnd: make(chan struct{}), dashboard: cfg.Dashboard}
 }
 
+// eventsRoute is the event stream's route: its requests last as long as
+// their connection, so their durations are not observed.
+const eventsRoute = "GET /api/v2/events"
+
+// route is an API route: its pattern, the handler of an authenticated
+// caller and the bound of its request body.
+type route struct {
+	pattern string
+	h       func(http.ResponseWriter, *http.Request, string)
+	maxBody int64
+}
+
+// routes are the API's routes (broker/api/openapi.yaml documents each).
+func (s *Server) routes() []route {
+	return []route{
+		{"PUT /api/v2/clusters/{id}/advertisement", s.putAdvertisement, api.MaxBodyBytes},
+		{"GET /api/v2/clusters", s.gated(s.listClusters), api.MaxBodyBytes},
+		{"GET /api/v2/clusters/{id}", s.getCluster, api.MaxBodyBytes},
+		{"DELETE /api/v2/clusters/{id}", s.deleteCluster, api.MaxBodyBytes},
+		{"POST /api/v2/reservations", s.postReservation, api.MaxBodyBytes},
+		{"GET /api/v2/reservations", s.gated(s.listReservations), api.MaxBodyBytes},
+		{"GET /api/v2/reservations/{id}", s.getReservation, api.MaxBodyBytes},
+		{"DELETE /api/v2/reservations/{id}", s.deleteReservation, api.MaxBodyBytes},
+		{"POST /api/v2/reservations/{id}/grant", s.postGrant, api.MaxBodyBytes},
+		// A renewal carries up to api.MaxRenewBatch ids: a larger body bound.
+		{"POST /api/v2/renewals", s.postRenewals, api.MaxRenewBodyBytes},
+		{eventsRoute, s.streamEvents, api.MaxBodyBytes},
+		{"GET /api/v2/usage", s.gated(s.getUsage), api.MaxBodyBytes},
+
+		{"POST /api/v1/advertisements", s.v1PostAdvertisement, api.MaxBodyBytes},
+		{"GET /api/v1/advertisements/{clusterID}", s.v1GetAdvertisement, api.MaxBodyBytes},
+		{"POST /api/v1/reservations", s.v1PostReservation, api.MaxBodyBytes},
+		{"GET /api/v1/instructions", s.v1Instructions, api.MaxBodyBytes},
+	}
+}
+
+// The routes served on both ports, to anyone.
+const (
+	healthzRoute = "GET /healthz"
+	readyzRoute  = "GET /readyz"
+	metricsRoute = "GET /metrics"
+	openAPIRoute = "GET /openapi/v3" // broker/api/openapi.yaml, in JSON
+)
+
+var healthRoutes = []string{healthzRoute, readyzRoute, metricsRoute, openAPIRoute}
+
+// Routes lists the patterns of every route the server registers (the API's
+// and healthRoutes), as net/http's ServeMux takes them: "GET /api/v2/clusters/{id}".
+func Routes() []string {
+	var out []string
+	for _, r := range (&Server{}).routes() {
+		out = append(out, r.pattern)
+	}
+	return append(out, healthRoutes...)
+}
+
 // Handler returns the API routes, to be served over mutual TLS.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	s.health(mux)
-	handle := func(pattern string, h func(http.ResponseWriter, *http.Request, string)) {
-		mux.Handle(pattern, s.authenticated(pattern, api.MaxBodyBytes, h))
+	for _, r := range s.routes() {
+		mux.Handle(r.pattern, s.authenticated(r.pattern, r.maxBody, r.h))
 	}
-	handle("PUT /api/v2/clusters/{id}/advertisement", s.putAdvertisement)
-	handle("GET /api/v2/clusters", s.gated(s.listClusters))
-	handle("GET /api/v2/clusters/{id}", s.getCluster)
-	handle("DELETE /api/v2/clusters/{id}", s.deleteCluster)
-	handle("POST /api/v2/reservations", s.postReservation)
-	handle("GET /api/v2/reservations", s.gated(s.listReservations))
-	handle("GET /api/v2/reservations/{id}", s.getReservation)
-	handle("DELETE /api/v2/reservations/{id}", s.deleteReservation)
-	handle("POST /api/v2/reservations/{id}/grant", s.postGrant)
-	// A renewal carries up to api.MaxRenewBatch ids: a larger body bound.
-	mux.Handle("POST /api/v2/renewals", s.authenticated("POST /api/v2/renewals", api.MaxRenewBodyBytes, s.postRenewals))
-	handle("GET /api/v2/events", s.streamEvents)
-	handle("GET /api/v2/usage", s.gated(s.getUsage))
-
-	handle("POST /api/v1/advertisements", s.v1PostAdvertisement)
-	handle("GET /api/v1/advertisements/{clusterID}", s.v1GetAdvertisement)
-	handle("POST /api/v1/reservations", s.v1PostReservation)
-	handle("GET /api/v1/instructions", s.v1Instructions)
 	if s.dashboard != nil {
 		mux.Handle("/dashboard/", s.trusted(s.dashboard))
 	}
@@ -146,11 +184,11 @@ func (s *Server) HealthHandler() http.Handler {
 }
 
 func (s *Server) health(mux *http.ServeMux) {
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc(healthzRoute, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok"))
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc(readyzRoute, func(w http.ResponseWriter, r *http.Request) {
 		if s.draining.Load() {
 			writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "shutting down")
 			return
@@ -171,18 +209,23 @@ func (s *Server) health(mux *http.ServeMux) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok"))
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.Handle(metricsRoute, promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.HandleFunc(openAPIRoute, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(api.OpenAPI())
+	})
 }
 
 // authenticated resolves the caller's identity from its client certificate,
 // bounds the body to maxBody bytes, and counts the request.
 func (s *Server) authenticated(route string, maxBody int64, h func(http.ResponseWriter, *http.Request, string)) http.Handler {
-	requests := s.metrics.route(route)
+	requests := s.metrics.route(route, route == eventsRoute)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
 		rec := recorders.Get().(*statusRecorder)
 		rec.ResponseWriter, rec.code = w, http.StatusOK
 		defer func() {
-			requests.inc(rec.code)
+			requests.done(rec.code, start)
 			rec.ResponseWriter = nil // the handler has returned: nothing holds rec any more
 			recorders.Put(rec)
 		}()

@@ -95,7 +95,7 @@ func (s *Server) postReservation(w http.ResponseWriter, r *http.Request, caller 
 func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req store.ReserveRequest) (store.Decision, bool) {
 	start := time.Now()
 	d, err := s.store.Reserve(ctx, req)
-	s.metrics.decision.Observe(time.Since(start).Seconds())
+	took := time.Since(start)
 	var noFit *store.NoFitError
 	switch {
 	case err == nil:
@@ -106,19 +106,19 @@ func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req store.R
 			log.Info("reserved", "reservation", req.ID, "requester", req.Requester,
 				"provider", d.Reservation.Target, "score", d.Reservation.Score)
 		}
-		s.metrics.reservation(outcome).Inc()
+		s.metrics.decided(outcome, took)
 		return d, true
 	case errors.As(err, &noFit):
-		s.metrics.reservation(outcomeNoFit).Inc()
+		s.metrics.decided(outcomeNoFit, took)
 		writeJSON(w, http.StatusConflict, api.Error{Error: noFit.Error(), Reason: api.ReasonNoCapacity, Rejected: noFit.Rejected})
 	case errors.Is(err, store.ErrConflict):
-		s.metrics.reservation(outcomeConflict).Inc()
+		s.metrics.decided(outcomeConflict, took)
 		s.writeStoreError(w, "reserve", err)
 	case errors.As(err, new(*store.LimitError)):
-		s.metrics.reservation(outcomeLimited).Inc()
+		s.metrics.decided(outcomeLimited, took)
 		writeFairShareError(w, err)
 	default:
-		s.metrics.reservation(outcomeError).Inc()
+		s.metrics.decided(outcomeError, took)
 		s.writeStoreError(w, "reserve", err)
 	}
 	return store.Decision{}, false

@@ -15,14 +15,19 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/component-base/logs"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/fluidos-project/resource-broker/agent"
 	"github.com/fluidos-project/resource-broker/agent/bridge"
 	"github.com/fluidos-project/resource-broker/agent/bridge/virtualkubelet"
+	"github.com/fluidos-project/resource-broker/agent/metrics"
 	"github.com/fluidos-project/resource-broker/agent/provider"
 	"github.com/fluidos-project/resource-broker/agent/reservation"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
@@ -61,6 +66,8 @@ type options struct {
 	probePeriod        time.Duration
 	nodeStatusPeriod   time.Duration
 	metricsAddr        string
+	metricsSecure      bool
+	metricsCertDir     string
 	probeAddr          string
 	pprofAddr          string
 	reserveWorkers     int
@@ -72,6 +79,7 @@ type options struct {
 	leaseLength        time.Duration
 	holdTime           time.Duration
 	renewInterval      time.Duration
+	logging            *logsapi.LoggingConfiguration
 }
 
 func main() {
@@ -82,7 +90,7 @@ func main() {
 }
 
 func newCommand() *cobra.Command {
-	o := options{}
+	o := options{logging: logsapi.NewLoggingConfiguration()}
 	cmd := &cobra.Command{
 		Use:           "rb-agent",
 		Short:         "The resource-broker agent of one member cluster",
@@ -131,7 +139,12 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.unschedulableAfter, "provider-unschedulable-after", 30*time.Second,
 		"how long a provider's scheduler may leave a pod's copy unplaced before the pod and its reservation say so")
 	f.DurationVar(&o.nodeStatusPeriod, "virtual-node-status-period", time.Minute, "how often an unchanged virtual node status is rewritten")
-	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Prometheus metrics address (0 to disable)")
+	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "address of /metrics (0: off)")
+	f.BoolVar(&o.metricsSecure, "metrics-secure", true,
+		"serve /metrics over https to callers the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get on the non-resource URL /metrics), "+
+			"as Kubernetes components do; false: plain HTTP to anyone")
+	f.StringVar(&o.metricsCertDir, "metrics-cert-dir", "",
+		"directory with tls.crt and tls.key of the https /metrics, read again when they change (default: a self-signed certificate, which scrapers must not verify)")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "healthz/readyz address")
 	f.StringVar(&o.pprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints, e.g. 127.0.0.1:6060 (empty or 0: off)")
 	f.IntVar(&o.reserveWorkers, "reservation-workers", agent.DefaultReservationWorkers,
@@ -151,12 +164,24 @@ func newCommand() *cobra.Command {
 		"how long a reservation opened for a pod is held, once decided, for the pod to be bound (a Reservation's spec.duration overrides it)")
 	f.DurationVar(&o.renewInterval, "lease-renew-interval", reservation.DefaultRenewInterval,
 		"how often the leases of bound, running pods are renewed, in batches (at most a third of --lease-length and of --hold-time)")
-	gf := flag.NewFlagSet("klog", flag.ExitOnError)
-	klog.InitFlags(gf)
-	f.AddGoFlagSet(gf)
+	// Kubernetes components' logging flags (--logging-format, -v, --vmodule),
+	// without klog's legacy ones.
+	logsapi.AddFlags(o.logging, f)
 	f.AddGoFlagSet(flag.CommandLine) // controller-runtime's --kubeconfig
 	version.AddFlag(cmd)
 	return cmd
+}
+
+// metricsOptions are those of controller-runtime's metrics server: with
+// --metrics-secure, https and the API server's authentication and
+// authorization of every scrape (a Prometheus ServiceAccount bound to a
+// ClusterRole with get on /metrics, see manifests/monitoring).
+func (o options) metricsOptions() metricsserver.Options {
+	mo := metricsserver.Options{BindAddress: o.metricsAddr}
+	if o.metricsSecure {
+		mo.SecureServing, mo.FilterProvider, mo.CertDir = true, filters.WithAuthenticationAndAuthorization, o.metricsCertDir
+	}
+	return mo
 }
 
 func envOr(name, def string) string {
@@ -229,6 +254,10 @@ func (o options) validate() error {
 }
 
 func run(o options) error {
+	if err := logsapi.ValidateAndApply(o.logging, nil); err != nil {
+		return err
+	}
+	defer logs.FlushLogs()
 	if err := o.validate(); err != nil {
 		return err
 	}
@@ -286,7 +315,7 @@ func run(o options) error {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   agent.CacheOptions(o.namespace),
-		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		Metrics:                 o.metricsOptions(),
 		HealthProbeBindAddress:  o.probeAddr,
 		PprofBindAddress:        o.pprofAddr,
 		LeaderElection:          o.leaderElect,
@@ -305,6 +334,7 @@ func run(o options) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
+	metrics.Info.WithLabelValues(o.clusterID, version.Get().Version).Set(1)
 	klog.InfoS("starting rb-agent", "version", version.Get().Version, "cluster", o.clusterID, "broker", o.brokerURL, "endpoint", ao.Endpoint)
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

@@ -9,10 +9,15 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	logsapi "k8s.io/component-base/logs/api/v1"
 
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/version"
 )
+
+// The tests run the command many times in one process; the logging
+// configuration, the same every time, is applied once.
+func init() { logsapi.ReapplyHandling = logsapi.ReapplyHandlingIgnoreUnchanged }
 
 func TestStartupRefusesBadConfiguration(t *testing.T) {
 	ca, err := devcerts.NewCA("test")

@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"math"
 	"net"
@@ -22,6 +21,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/spf13/cobra"
+	"k8s.io/component-base/logs"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"k8s.io/klog/v2"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -64,6 +66,7 @@ type options struct {
 	shutdownDelay   time.Duration
 	shutdownTimeout time.Duration
 	operators       []string
+	logging         *logsapi.LoggingConfiguration
 }
 
 func main() {
@@ -74,7 +77,7 @@ func main() {
 }
 
 func newCommand() *cobra.Command {
-	o := options{}
+	o := options{logging: logsapi.NewLoggingConfiguration()}
 	cmd := &cobra.Command{
 		Use:           "rb-broker",
 		Short:         "The central Resource Broker: scores clusters and locks capacity in Redis, serves the API over mutual TLS",
@@ -82,6 +85,10 @@ func newCommand() *cobra.Command {
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := logsapi.ValidateAndApply(o.logging, nil); err != nil {
+				return err
+			}
+			defer logs.FlushLogs()
 			if err := o.validate(); err != nil {
 				return err
 			}
@@ -133,9 +140,9 @@ func newCommand() *cobra.Command {
 	f.StringVar(&o.pprofAddress, "pprof-bind-address", "", "address of Go's /debug/pprof endpoints in plain HTTP, e.g. 127.0.0.1:6060 (empty: off; keep it on loopback)")
 	f.IntVar(&o.gcPercent, "gc-percent", defaultGCPercent, "Go garbage collection target, as GOGC (the GOGC environment variable, when set, wins); "+
 		"a soft memory limit of 90% of the container's memory limit (cgroup v2 memory.max) applies unless GOMEMLIMIT is set")
-	gf := flag.NewFlagSet("klog", flag.ExitOnError)
-	klog.InitFlags(gf)
-	f.AddGoFlagSet(gf)
+	// Kubernetes components' logging flags (--logging-format, -v, --vmodule),
+	// without klog's legacy ones.
+	logsapi.AddFlags(o.logging, f)
 	version.AddFlag(cmd)
 	return cmd
 }
@@ -479,7 +486,7 @@ func run(ctx context.Context, o options) error {
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		pprofSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		pprofSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: klog.NewStandardLogger("ERROR")}
 		go func() { _ = pprofSrv.Serve(pprofLn) }()
 		defer pprofSrv.Close()
 		log.Info("pprof", "address", pprofLn.Addr().String())

@@ -11,9 +11,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	logsapi "k8s.io/component-base/logs/api/v1"
 
 	"github.com/fluidos-project/resource-broker/internal/version"
 )
+
+// The tests run the command many times in one process; the logging
+// configuration, the same every time, is applied once.
+func init() { logsapi.ReapplyHandling = logsapi.ReapplyHandlingIgnoreUnchanged }
 
 func TestInvalidFlagsRefuseToStart(t *testing.T) {
 	dir := t.TempDir()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -48,7 +49,17 @@ var (
 // gives the pods Services and DNS (testbed Options.Services). Then a pod
 // that does not fit in rome runs in paris, the deployment is upgraded with
 // that pod running, and uninstalled.
-func TestDeployFromInstallGuide(t *testing.T) {
+func TestDeployFromInstallGuide(t *testing.T) { deployFromGuide(t, false) }
+
+// TestOperatorHelmDeploy is TestDeployFromInstallGuide with the agents
+// installed by charts/rb-agent, as charts/README.md says in place of the
+// guide's section 4: the pod that does not fit in rome runs in paris through
+// them; then they are uninstalled with helm.
+func TestOperatorHelmDeploy(t *testing.T) { deployFromGuide(t, true) }
+
+// deployFromGuide runs docs/install.md; helmAgents: its section 4 by
+// charts/README.md's block, and it stops after the offloaded pod.
+func deployFromGuide(t *testing.T, helmAgents bool) {
 	ctx := context.Background()
 	root, err := testenv.ModuleRoot()
 	require.NoError(t, err)
@@ -62,13 +73,25 @@ func TestDeployFromInstallGuide(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(work) })
 	tmp := t.TempDir()
 	kubeconfig := filepath.Join(tmp, "kubeconfig")
+	imagesOut := filepath.Join(tmp, "release-images")
+	helmBin := os.Getenv("HELM")
+	if helmBin == "" {
+		helmBin = filepath.Join(root, "bin", "liqo", "helm") // `make liqo-bin` builds it
+	}
+	if helmAgents {
+		_, err := os.Stat(helmBin)
+		require.NoError(t, err, "helm: run `make liqo-bin` (it builds bin/liqo/helm) or set HELM")
+	}
 	redisImage, err := testimages.HostRedis(ctx, filepath.Join(tmp, "images"))
 	require.NoError(t, err)
 
 	sh := startGuideShell(t, root, filepath.Join(tmp, "guide.log"), map[string]string{
 		"BROKER_CONTEXT": "rome", "MEMBERS": "rome paris", "REQUESTERS": "rome",
 		"VERSION": "v0.1.0", "REDIS_IMAGE": redisImage.Name, "APP_IMAGE": testimages.TestApp, "PLACEHOLDER_IMAGE": testimages.Pause,
-		"WORKDIR": ".deploy-test", "KUBECONFIG": kubeconfig,
+		"WORKDIR": ".deploy-test", "KUBECONFIG": kubeconfig, "HELM": helmBin,
+		// make images writes here, not into the checkout's bin/images (which
+		// other checkouts may share).
+		"IMAGES_OUT": imagesOut,
 		// One platform: the nodes are this machine's.
 		"IMAGE_PLATFORMS": "linux/amd64",
 	})
@@ -84,7 +107,7 @@ func TestDeployFromInstallGuide(t *testing.T) {
 
 	run("0. Your settings")
 	run("1. Images")
-	images := releaseImages(t, root, "v0.1.0")
+	images := releaseImages(t, imagesOut, "v0.1.0")
 	bed := testbed.Start(t, testbed.Options{RealNodes: true, Services: true, Deployed: true,
 		Clusters: []testbed.ClusterSpec{deployRome, deployParis},
 		Images:   append(images, redisImage.Path), Logf: t.Logf})
@@ -95,7 +118,19 @@ func TestDeployFromInstallGuide(t *testing.T) {
 	run("2. Redis and the broker")
 	run("2. Redis and the broker") // the Redis password
 	run("3. Certificates")
-	out := run("4. An agent in every member") // rbctl join
+	var out string
+	if helmAgents {
+		require.Contains(t, blocks[next].section, "4. An agent in every member")
+		next++ // in its place:
+		readme, err := os.ReadFile(filepath.Join(root, "charts", "README.md"))
+		require.NoError(t, err)
+		helmBlocks := shellBlocks(string(readme))
+		require.Len(t, helmBlocks, 1, "charts/README.md: the agents' block")
+		out = sh.run(t, helmBlocks[0], 10*time.Minute)
+		t.Logf("helm:\n%s", out)
+	} else {
+		out = run("4. An agent in every member") // rbctl join
+	}
 	for _, c := range []string{"rome", "paris"} {
 		assert.Regexp(t, `(?m)^the broker at https://\S+ accepts "`+c+`"$`, out, "rbctl join: the broker takes %s's new certificate", c)
 	}
@@ -115,6 +150,25 @@ func TestDeployFromInstallGuide(t *testing.T) {
 		assert.Equal(t, corev1.PodRunning, remote[0].Status.Phase)
 		assert.True(t, strings.HasPrefix(remote[0].Spec.NodeName, "paris-node-"), "on a real node of paris: %s", remote[0].Spec.NodeName)
 	})
+	if helmAgents {
+		t.Run("helm releases", func(t *testing.T) {
+			for _, c := range []*testbed.Cluster{rome, paris} {
+				var dep appsv1.Deployment
+				require.NoError(t, c.Client.Get(ctx, client.ObjectKey{Namespace: "resource-broker", Name: "rb-agent"}, &dep))
+				assert.Equal(t, "Helm", dep.Labels["app.kubernetes.io/managed-by"], "%s: rb-agent is the chart's", c.Name)
+				assert.Equal(t, int32(2), dep.Status.ReadyReplicas, c.Name)
+			}
+		})
+		for _, c := range []string{"rome", "paris"} {
+			sh.run(t, guideBlock{section: "(the test)", text: `"$HELM" --kube-context ` + c + ` uninstall rb-agent -n resource-broker --wait`}, 5*time.Minute)
+		}
+		for _, c := range []*testbed.Cluster{rome, paris} {
+			var dep appsv1.Deployment
+			err := c.Client.Get(ctx, client.ObjectKey{Namespace: "resource-broker", Name: "rb-agent"}, &dep)
+			assert.True(t, apierrors.IsNotFound(err), "%s: rb-agent uninstalled: %v", c.Name, err)
+		}
+		return
+	}
 	t.Run("deployed as the manifests say", func(t *testing.T) {
 		checkDeployedPods(t, rome, map[string]int{"rb-broker": 2, "rb-redis": 1, "rb-agent": 2, "rb-scheduler": 2})
 		checkDeployedPods(t, paris, map[string]int{"rb-agent": 2})
@@ -135,7 +189,7 @@ func TestDeployFromInstallGuide(t *testing.T) {
 	sh.run(t, guideBlock{section: "(the test)", text: `make images VERSION="$VERSION"`}, 10*time.Minute)
 	for _, c := range bed.Clusters {
 		for _, name := range []string{c.Name + "-node-1"} {
-			require.NoError(t, c.RealNode(name).ImportImages(ctx, releaseImages(t, root, "v0.1.1")...))
+			require.NoError(t, c.RealNode(name).ImportImages(ctx, releaseImages(t, imagesOut, "v0.1.1")...))
 		}
 	}
 	run("Upgrading")
@@ -285,12 +339,12 @@ func (s *guideShell) set(t *testing.T, name, value string) {
 }
 
 // releaseImages are the archives `make images` wrote for version.
-func releaseImages(t *testing.T, root, version string) []string {
+func releaseImages(t *testing.T, dir, version string) []string {
 	var out []string
 	for _, c := range []string{"rb-broker", "rb-agent", "rb-scheduler"} {
-		matches, err := filepath.Glob(filepath.Join(root, "bin", "images", c+"*"+version+"*.tar"))
+		matches, err := filepath.Glob(filepath.Join(dir, c+"*"+version+"*.tar"))
 		require.NoError(t, err)
-		require.Len(t, matches, 1, "bin/images: the archive of %s %s", c, version)
+		require.Len(t, matches, 1, "%s: the archive of %s %s", dir, c, version)
 		out = append(out, matches[0])
 	}
 	return out

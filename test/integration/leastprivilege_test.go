@@ -774,7 +774,7 @@ func startTenantReconciler(t *testing.T, cfg *rest.Config, g provider.Granter) {
 	policy := &provider.ClusterObjects{Client: mgr.GetClient(), HoldPriority: provider.DefaultHoldPriority}
 	require.NoError(t, mgr.Add(policy))
 	r := &provider.TenantReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Broker: g,
-		Recorder: mgr.GetEventRecorderFor("rb-agent"), Namespace: lpNamespace, Endpoint: cfg.Host, CABundle: cfg.CAData,
+		Recorder: mgr.GetEventRecorder("rb-agent"), Namespace: lpNamespace, Endpoint: cfg.Host, CABundle: cfg.CAData,
 		TokenTTL: 10 * time.Minute, PolicyReady: policy.Ready}
 	require.NoError(t, r.SetupWithManager(mgr))
 	ctx, cancel := context.WithCancel(context.Background())

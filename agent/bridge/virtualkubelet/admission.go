@@ -359,7 +359,7 @@ func (a *admission) sync(ctx context.Context, key types.NamespacedName) error {
 		}
 		a.forget(pod.UID)
 		if wasRefused {
-			n.b.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonReserved, "Admitted on %s: %s", n.name, v.message)
+			n.b.recorder.Eventf(pod, nil, corev1.EventTypeNormal, ReasonReserved, "Admit", "Admitted on %s: %s", n.name, v.message)
 		}
 		n.log.V(1).Info("pod admitted", "pod", key.String(), "reservation", v.message)
 		return nil
@@ -387,7 +387,7 @@ func (a *admission) sync(ctx context.Context, key types.NamespacedName) error {
 	// One Event per refusal, not one per decision: a pod refused already
 	// (its status says so, whatever this process remembers) gets none.
 	if cond == nil || cond.Status != corev1.ConditionFalse {
-		n.b.recorder.Event(pod, corev1.EventTypeWarning, ReasonNotReserved, v.message)
+		n.b.recorder.Eventf(pod, nil, corev1.EventTypeWarning, ReasonNotReserved, "Admit", "%s", v.message)
 	}
 	n.log.Info("pod not admitted", "pod", key.String(), "reason", v.message)
 	return nil

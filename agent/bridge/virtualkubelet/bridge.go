@@ -37,7 +37,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -103,7 +103,7 @@ type Bridge struct {
 	client   client.Client
 	reader   client.Reader
 	local    kubernetes.Interface
-	recorder record.EventRecorder
+	recorder events.EventRecorder
 	kubelet  *kubeletServer
 
 	ctx    context.Context // the nodes' lifetime: until the manager stops
@@ -202,7 +202,7 @@ func (b *Bridge) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	b.local, b.client, b.reader = local, mgr.GetClient(), mgr.GetAPIReader()
-	b.recorder = mgr.GetEventRecorderFor("rb-virtual-kubelet") //nolint:staticcheck // virtual-kubelet takes a record.EventRecorder
+	b.recorder = mgr.GetEventRecorder("rb-virtual-kubelet")
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	if b.cfg.KubeletAddress != "off" {
 		if b.kubelet, err = newKubeletServer(b, b.cfg.KubeletAddress, b.cfg.KubeletPorts); err != nil {

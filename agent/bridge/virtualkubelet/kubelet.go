@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream/wsstream"
+	"k8s.io/klog/v2"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 )
 
@@ -223,6 +224,7 @@ func (e *nodeEndpoint) serve(ctx context.Context) {
 	srv := &http.Server{
 		Handler:           k.handler(e.n),
 		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          klog.NewStandardLogger("ERROR"), // net/http's errors in klog's format
 		TLSConfig: &tls.Config{
 			GetCertificate: k.cert.getCertificate,
 			// Verified in authenticate: a request without a certificate

@@ -135,7 +135,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 	pc, err := node.NewPodController(node.PodControllerConfig{
 		PodClient:                 b.local.CoreV1(),
 		PodInformer:               podInformer,
-		EventRecorder:             b.recorder,
+		EventRecorder:             podControllerRecorder{b.recorder},
 		Provider:                  n.pods,
 		ConfigMapInformer:         idle.Core().V1().ConfigMaps(),
 		SecretInformer:            idle.Core().V1().Secrets(),

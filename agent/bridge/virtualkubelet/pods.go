@@ -397,12 +397,12 @@ func (h *podHandler) remoteGone(remote *corev1.Pod) {
 	case local.Status.Phase == corev1.PodSucceeded || local.Status.Phase == corev1.PodFailed || byUs:
 	case local.Spec.RestartPolicy == corev1.RestartPolicyNever:
 		h.n.log.Info("copy deleted at the provider; restart policy Never: the pod failed", "pod", key.String())
-		h.n.b.recorder.Eventf(local, corev1.EventTypeWarning, "ProviderPodDeleted",
+		h.n.b.recorder.Eventf(local, nil, corev1.EventTypeWarning, "ProviderPodDeleted", "Sync",
 			"the copy of this pod was deleted on %s; restart policy Never: the pod failed", h.n.provider)
 		h.notifyStatus(goneStatus(local, h.n.provider))
 	default:
 		h.n.log.Info("copy deleted at the provider; recreating it", "pod", key.String(), "restartPolicy", local.Spec.RestartPolicy)
-		h.n.b.recorder.Eventf(local, corev1.EventTypeNormal, "ProviderPodRecreated",
+		h.n.b.recorder.Eventf(local, nil, corev1.EventTypeNormal, "ProviderPodRecreated", "Sync",
 			"the copy of this pod was deleted on %s; restart policy %s: recreating it", h.n.provider, local.Spec.RestartPolicy)
 		go func() {
 			err := h.n.retry(ctx, func(ctx context.Context) error {

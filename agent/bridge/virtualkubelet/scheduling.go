@@ -117,7 +117,7 @@ func (h *podHandler) forget(id types.UID) {
 
 // report records an Event on the pod and the condition on its reservation.
 func (h *podHandler) report(local *corev1.Pod, remoteName, eventType, reason string, cond metav1.Condition) {
-	h.n.b.recorder.Event(local, eventType, reason, cond.Message)
+	h.n.b.recorder.Eventf(local, nil, eventType, reason, "Schedule", "%s", cond.Message)
 	ctx, cancel := context.WithTimeout(h.n.ctx, 10*time.Second)
 	defer cancel()
 	if r := h.n.reservationOf(ctx, local); r != nil {

@@ -21,7 +21,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/internal/backoff"
@@ -64,7 +64,7 @@ const servingCertRenewal = 0.7
 // served at once, without restarting the listener.
 type servingCert struct {
 	client   kubernetes.Interface
-	recorder record.EventRecorder // may be nil
+	recorder events.EventRecorder // may be nil
 	log      logr.Logger
 	name     string // rb-<cluster>-vk: CN system:node:<name>, DNS SAN
 	address  string // the node address, an IP SAN (a DNS SAN if it is a name)
@@ -77,7 +77,7 @@ type servingCert struct {
 	selfSigned atomic.Bool
 }
 
-func newServingCert(client kubernetes.Interface, recorder record.EventRecorder, log logr.Logger, clusterID, address string, timeout time.Duration) (*servingCert, error) {
+func newServingCert(client kubernetes.Interface, recorder events.EventRecorder, log logr.Logger, clusterID, address string, timeout time.Duration) (*servingCert, error) {
 	s := &servingCert{client: client, recorder: recorder, log: log, name: NodePrefix + clusterID + "-vk", address: address,
 		timeout: timeout, poll: time.Second, slowPoll: 30 * time.Second}
 	if err := s.useSelfSigned(); err != nil {
@@ -255,7 +255,7 @@ func (s *servingCert) waitIssued(ctx context.Context, log logr.Logger, csr *cert
 
 func (s *servingCert) event(csr *certificatesv1.CertificateSigningRequest, eventType, reason, msg string) {
 	if s.recorder != nil {
-		s.recorder.Event(csr, eventType, reason, msg)
+		s.recorder.Eventf(csr, nil, eventType, reason, "Certify", "%s", msg)
 	}
 }
 

@@ -29,7 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/yaml"
 
 	"github.com/fluidos-project/resource-broker/agent/bridge/internal/bridgetest"
@@ -37,7 +37,7 @@ import (
 )
 
 // nextEvent waits for an Event of the fake recorder.
-func nextEvent(t *testing.T, rec *record.FakeRecorder, within time.Duration) string {
+func nextEvent(t *testing.T, rec *events.FakeRecorder, within time.Duration) string {
 	t.Helper()
 	select {
 	case e := <-rec.Events:
@@ -109,7 +109,7 @@ func agentClient(t *testing.T, c *bridgetest.Cluster) kubernetes.Interface {
 // agent has only the permissions of manifests/agent (approval included).
 func TestServingCertFromTheSigner(t *testing.T) {
 	c := bridgetest.Start(t, "rome", bridgetest.Options{})
-	rec := record.NewFakeRecorder(10)
+	rec := events.NewFakeRecorder(10)
 	s, err := newServingCert(agentClient(t, c), rec, bridgetest.Logger(t, 1), "rome", "127.0.0.1", 500*time.Millisecond)
 	require.NoError(t, err)
 	s.poll, s.slowPoll = 50*time.Millisecond, 100*time.Millisecond
