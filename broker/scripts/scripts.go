@@ -34,15 +34,18 @@ var (
 	Grant     = load("grant")
 	Reindex   = load("reindex")
 	Renew     = load("renew")
+	// ReserveGroup decides a gang, all or nothing (reserve_group.lua).
+	ReserveGroup = load("reserve_group")
 )
 
 // All lists every script, for loading at start-up and readiness checks.
 var All = map[string]*redis.Script{
-	"advertise": Advertise,
-	"reserve":   Reserve,
-	"release":   Release,
-	"expire":    Expire,
-	"grant":     Grant,
-	"reindex":   Reindex,
-	"renew":     Renew,
+	"advertise":     Advertise,
+	"reserve":       Reserve,
+	"release":       Release,
+	"expire":        Expire,
+	"grant":         Grant,
+	"reindex":       Reindex,
+	"renew":         Renew,
+	"reserve_group": ReserveGroup,
 }

@@ -75,6 +75,7 @@ func reservationFromMap(id string, m map[string]string, nowMs int64) (Reservatio
 		Owner:     m["owner"],
 		Priority:  int32(atoi(m["priority"])),
 		Node:      m["node"],
+		Group:     m["group"],
 	}
 	if exp := atoi(m["expires_ms"]); r.Live() && exp > nowMs {
 		r.Remaining = time.Duration(exp-nowMs) * time.Millisecond

@@ -254,6 +254,9 @@ type Reservation struct {
 	// Node is the node of Target the reservation debits; empty when Target
 	// advertises no nodes.
 	Node string
+	// Group names the gang the reservation was decided with (ReserveGroup);
+	// empty for a single reservation.
+	Group string
 }
 
 // QID is the reservation's qualified id (QualifiedID).

@@ -1,0 +1,328 @@
+-- reserve_group: decide a gang, all or nothing. One call places every member
+-- of a group (the pods of a scheduler-plugins PodGroup) across one or
+-- several live providers, each member on one node that holds it (per-node
+-- fit, as reserve.lua), and reserves them only if at least min_member of
+-- them are placed; otherwise it writes nothing (but the audit entry).
+-- Each placed member becomes an ordinary reservation (lib.lua resv:<qid>,
+-- with the field group): renew, grant, release and expiry treat it as any
+-- other. Idempotent: a call whose members all exist already, with the same
+-- group and amounts, replays them.
+--
+-- Placement, first fit decreasing: the members, largest first (cpu, then
+-- memory, gpu, storage, then id), each go to the first provider that holds
+-- them, trying the providers the group already uses before any other, and
+-- the others by most free cpu (then id): the group stays on as few providers
+-- as it can. On a provider that advertises nodes the member takes the best
+-- fit node (least free gpu, then cpu, memory, storage, then name), and its
+-- totals must hold it too; a provider without nodes is judged on its totals.
+-- Candidates are live (seen within the stale threshold), not the requester,
+-- match the selector, and have at least the smallest member's cpu free.
+--
+-- Fair share: the requester's limits on live reservations and on the cpu,
+-- memory and gpu they hold are checked against the members placed together;
+-- the priority ceiling clamps the priority. A group call takes no place on
+-- the waiting list (its requester retries it) and is not held back by
+-- waiting single requests.
+--
+-- KEYS[1]  prefix ("rb:{b}:"); reads and writes P.."idx:live", P.."idx:rec",
+--          P.."idx:free:cpu", P.."idx:label:*", P.."nodes:"..id,
+--          P.."node-resv:"..id, P.."cluster:"..id and the other index entries
+--          of the providers taken from (lib.lua index_free), P.."resv:"..qid,
+--          P.."expiry", P.."by-target:"..id, P.."by-requester:"..id,
+--          P.."usage", P.."events:"..id, P.."audit" (layout: lib.lua)
+-- ARGV[1]  stale threshold (ms)
+-- ARGV[2]  event stream max length   ARGV[3]  audit stream max length
+-- ARGV[4]  event stream TTL (ms)
+-- ARGV[5]  group name (unique per requester, e.g. namespace/podgroup)
+-- ARGV[6]  requester cluster id
+-- ARGV[7]  label selector (JSON object of required labels) or ""
+-- ARGV[8]  owner (free text)   ARGV[9]  priority (integer)
+-- ARGV[10] duration (ms, > 0)  ARGV[11] lease (ms; 0: a fixed duration)
+-- ARGV[12] min_member: how many members must be placed (1..members)
+-- ARGV[13..16] the requester's limits ("": none): live reservations, cpu
+--          (millicores), memory (bytes), gpu (count); ARGV[17] its priority ceiling
+-- ARGV[18..] the members, 5 values each: reservation id, cpu (millicores),
+--          memory (bytes), gpu (count), ephemeral storage (bytes)
+-- Reply: {outcome, members, rejections_json, now_ms}
+--   outcome     "reserved", "replay", "conflict" (a member id is taken by
+--               another group or for other amounts, or only some members
+--               exist), "nofit" (fewer than min_member placed: nothing
+--               written), "limited" (rejections {limit, max, used, asked})
+--   members     per member, in order, the flat field/value array of its
+--               reservation hash ({}: not placed; always {} unless reserved
+--               or replay)
+--   rejections  JSON object: members, min_member, placeable (how many the
+--               providers could hold together), and, per reason, how many
+--               live providers were excluded (stale, requester, selector,
+--               insufficient_cpu)
+local prefix = KEYS[1]
+local stale_ms = tonumber(ARGV[1])
+local so, audit_max = stream_opts(ARGV[2], ARGV[4]), ARGV[3]
+local group, requester, selector_json, owner = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local priority_str, duration, lease = ARGV[9], ARGV[10], ARGV[11]
+local min_member = tonumber(ARGV[12])
+local FIRST, WIDTH = 18, 5
+
+local now = now_ms()
+local cut = now - stale_ms
+
+local members = {}
+for a = FIRST, #ARGV, WIDTH do
+  local m = {id = ARGV[a], qid = qualify(requester, ARGV[a]),
+    str = {cpu = ARGV[a + 1], mem = ARGV[a + 2], gpu = ARGV[a + 3], sto = ARGV[a + 4]}}
+  for _, res in ipairs(RESOURCES) do m[res] = tonumber(m.str[res]) end
+  members[#members + 1] = m
+end
+
+-- Replay: every member exists, from this group and for the same amounts.
+local existing, found = {}, 0
+for i, m in ipairs(members) do
+  local flat = redis.call('HGETALL', prefix .. 'resv:' .. m.qid)
+  existing[i] = flat
+  if #flat > 0 then
+    local r = to_map(flat)
+    if r.group ~= group or r.cpu ~= m.str.cpu or r.mem ~= m.str.mem or r.gpu ~= m.str.gpu or r.sto ~= m.str.sto then
+      return {'conflict', {}, '{}', now}
+    end
+    found = found + 1
+  end
+end
+if found > 0 then
+  -- Those not placed the first time have no reservation: a replay as long as min_member exist.
+  if found >= min_member then return {'replay', existing, '{}', now} end
+  return {'conflict', {}, '{}', now}
+end
+
+-- Limits, on everything the members would hold together.
+local function opt(v) if v == '' then return nil end return tonumber(v) end
+local lim = {n = opt(ARGV[13]), cpu = opt(ARGV[14]), mem = opt(ARGV[15]), gpu = opt(ARGV[16])}
+local ceiling = opt(ARGV[17])
+local priority = tonumber(priority_str)
+local asked_priority = nil
+if ceiling and priority > ceiling then
+  asked_priority = priority_str
+  priority_str = string.format('%d', ceiling)
+end
+
+-- The candidates: live, not the requester, matching the selector, with the
+-- smallest member's cpu free; their records (lib.lua idx:rec).
+local least = {cpu = math.huge, mem = math.huge, gpu = math.huge, sto = math.huge}
+for _, m in ipairs(members) do
+  for _, res in ipairs(RESOURCES) do least[res] = math.min(least[res], m[res]) end
+end
+local rejected = {members = #members, min_member = min_member, stale = 0, requester = 0, selector = 0,
+  insufficient_cpu = 0}
+local live = {}
+for _, cid in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'idx:live', cut, '+inf')) do live[cid] = true end
+rejected.stale = redis.call('ZCOUNT', prefix .. 'idx:live', '-inf', '(' .. cut)
+local matching = nil
+local selector = nil
+if selector_json ~= '' then
+  selector = cjson.decode(selector_json)
+  local keys = {}
+  for k, v in pairs(selector) do keys[#keys + 1] = prefix .. 'idx:label:' .. k .. '=' .. tostring(v) end
+  matching = {}
+  if #keys > 0 then
+    for _, cid in ipairs(redis.call('SINTER', unpack(keys))) do matching[cid] = true end
+  end
+end
+-- eligible: live providers other than the requester that match the selector.
+local eligible = 0
+for cid in pairs(live) do
+  if cid == requester then
+    rejected.requester = 1
+  elseif matching and not matching[cid] then
+    rejected.selector = rejected.selector + 1
+  else
+    eligible = eligible + 1
+  end
+end
+local cands = {}
+local ids = redis.call('ZRANGE', prefix .. 'idx:live', 0, -1)
+if least.cpu > 0 then
+  ids = redis.call('ZRANGEBYSCORE', prefix .. 'idx:free:cpu', string.format('%d', least.cpu), '+inf')
+end
+for _, cid in ipairs(ids) do
+  if live[cid] and cid ~= requester and (not matching or matching[cid]) then cands[#cands + 1] = cid end
+end
+rejected.insufficient_cpu = eligible - #cands
+
+local clusters = {}
+for first = 1, #cands, 128 do
+  local last = math.min(first + 127, #cands)
+  local raw = redis.call('HMGET', prefix .. 'idx:rec', unpack(cands, first, last))
+  for i = 1, last - first + 1 do
+    if raw[i] then
+      local r = read_rec(raw[i])
+      clusters[#clusters + 1] = {id = cands[first + i - 1],
+        free = {cpu = r[REC_AT.cpu + 1], mem = r[REC_AT.mem + 1], gpu = r[REC_AT.gpu + 1], sto = r[REC_AT.sto + 1]},
+        has_nodes = r[REC_NODES] > 0, prices = {r[9], r[10], r[11]}}
+    end
+  end
+end
+table.sort(clusters, function(x, y)
+  if x.free.cpu ~= y.free.cpu then return x.free.cpu > y.free.cpu end
+  return x.id < y.id
+end)
+
+-- fits tells whether cluster c holds member m (totals and, with nodes, one
+-- node); it returns the node (or true without nodes).
+local function fits(c, m)
+  for _, res in ipairs(RESOURCES) do
+    if m[res] > 0 and c.free[res] < m[res] then return nil end
+  end
+  if not c.has_nodes then return true end
+  if not c.nodes then c.nodes = node_list(prefix, c.id) or {} end
+  local best = nil
+  for _, e in ipairs(c.nodes) do
+    local ok = true
+    for _, res in ipairs(RESOURCES) do
+      if m[res] > 0 and e[res] < m[res] then ok = false break end
+    end
+    if ok then
+      if best == nil then
+        best = e
+      else
+        local order = {'gpu', 'cpu', 'mem', 'sto'}
+        local decided = false
+        for _, res in ipairs(order) do
+          if e[res] ~= best[res] then
+            if e[res] < best[res] then best = e end
+            decided = true
+            break
+          end
+        end
+        if not decided and e.name < best.name then best = e end
+      end
+    end
+  end
+  return best
+end
+
+-- Place the members, largest first.
+local order = {}
+for i = 1, #members do order[i] = i end
+table.sort(order, function(x, y)
+  local a, b = members[x], members[y]
+  for _, res in ipairs({'cpu', 'mem', 'gpu', 'sto'}) do
+    if a[res] ~= b[res] then return a[res] > b[res] end
+  end
+  return a.id < b.id
+end)
+local used, used_list, placed = {}, {}, 0
+for _, i in ipairs(order) do
+  local m = members[i]
+  local chosen, node = nil, nil
+  for _, list in ipairs({used_list, clusters}) do
+    for _, c in ipairs(list) do
+      if list == used_list or not used[c.id] then
+        local n = fits(c, m)
+        if n then
+          chosen, node = c, n
+          break
+        end
+      end
+    end
+    if chosen then break end
+  end
+  if chosen then
+    placed = placed + 1
+    m.cluster = chosen
+    for _, res in ipairs(RESOURCES) do chosen.free[res] = chosen.free[res] - m[res] end
+    if node ~= true then
+      m.node = node.name
+      for _, res in ipairs(RESOURCES) do node[res] = node[res] - m[res] end
+    end
+    if not used[chosen.id] then
+      used[chosen.id] = true
+      used_list[#used_list + 1] = chosen
+    end
+  end
+end
+rejected.placeable = placed
+
+local request_json = cjson.encode({selector = selector_json, priority = priority_str,
+  priority_asked = asked_priority, owner = owner, min_member = min_member})
+local function audit(outcome, placement_json, extra)
+  local fields = {'reservation', group, 'requester', requester, 'outcome', outcome, 'group', group,
+    'method', 'group', 'request', request_json, 'placement', placement_json,
+    'considered', #clusters, 'rejected', cjson.encode(rejected), 'ts_ms', now}
+  for _, x in ipairs(extra or {}) do fields[#fields + 1] = x end
+  redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*', unpack(fields))
+end
+
+if placed < min_member then
+  audit('nofit', '[]')
+  return {'nofit', {}, cjson.encode(rejected), now}
+end
+
+-- Limits on what the placed members hold together.
+local u = read_usage(prefix, requester)
+local want = {n = 0, cpu = 0, mem = 0, gpu = 0, sto = 0}
+for _, m in ipairs(members) do
+  if m.cluster then
+    want.n = want.n + 1
+    for _, res in ipairs(RESOURCES) do want[res] = want[res] + m[res] end
+  end
+end
+for _, k in ipairs({'n', 'cpu', 'mem', 'gpu'}) do
+  if lim[k] and want[k] > 0 and u[k] + want[k] > lim[k] then
+    local name = k
+    if k == 'n' then name = 'reservations' end
+    local l = {limit = name, max = lim[k], used = u[k], asked = want[k]}
+    return {'limited', {}, cjson.encode(l), now}
+  end
+end
+
+-- Write: the capacity, the reservations, their indexes and events.
+local expires = now + tonumber(duration)
+local replies, placement = {}, {}
+for i, m in ipairs(members) do
+  replies[i] = {}
+  local c = m.cluster
+  if c then
+    local ck = prefix .. 'cluster:' .. c.id
+    for _, res in ipairs(RESOURCES) do
+      if m[res] > 0 then redis.call('HINCRBY', ck, 'resv_' .. res, m.str[res]) end
+    end
+    if m.node then node_debit(prefix, c.id, m.node, m.str, 1) end
+    local price = price_of(m, c.prices[1], c.prices[2], c.prices[3])
+    local r = {requester = requester, target = c.id, phase = 'Reserved',
+      cpu = m.str.cpu, mem = m.str.mem, gpu = m.str.gpu, sto = m.str.sto,
+      expires_ms = tostring(expires), node = m.node}
+    local hash = {'requester', requester, 'target', c.id, 'phase', 'Reserved',
+      'cpu', r.cpu, 'mem', r.mem, 'gpu', r.gpu, 'sto', r.sto,
+      'created_ms', tostring(now), 'expires_ms', r.expires_ms, 'duration_ms', duration,
+      'score', '0', 'price', tostring(math.floor(price + 0.5)),
+      'owner', owner, 'priority', priority_str, 'selector', selector_json,
+      'candidates', '[]', 'group', group}
+    if tonumber(lease) > 0 then
+      hash[#hash + 1] = 'lease_ms'
+      hash[#hash + 1] = lease
+    end
+    if m.node then
+      hash[#hash + 1] = 'node'
+      hash[#hash + 1] = m.node
+    end
+    redis.call('HSET', prefix .. 'resv:' .. m.qid, unpack(hash))
+    redis.call('ZADD', prefix .. 'expiry', expires, m.qid)
+    redis.call('SADD', prefix .. 'by-target:' .. c.id, m.qid)
+    redis.call('SADD', prefix .. 'by-requester:' .. requester, m.qid)
+    local ev = event_fields('Reserved', m.id, r, now)
+    ev[#ev + 1] = 'group'
+    ev[#ev + 1] = group
+    emit(prefix, requester, so, ev)
+    emit(prefix, c.id, so, ev)
+    stop_waiting(prefix, m.qid) -- a member once asked for alone no longer waits
+    replies[i] = hash
+    placement[#placement + 1] = {reservation = m.id, cluster = c.id, node = m.node or ''}
+  end
+end
+for _, c in ipairs(used_list) do index_free(prefix, c.id, RESOURCES) end
+u.n = u.n + want.n
+for _, res in ipairs(RESOURCES) do u[res] = u[res] + want[res] end
+write_usage(prefix, requester, u)
+local providers = {}
+for _, c in ipairs(used_list) do providers[#providers + 1] = c.id end
+audit('reserved', cjson.encode(placement), {'winner', table.concat(providers, ',')})
+return {'reserved', replies, cjson.encode(rejected), now}
