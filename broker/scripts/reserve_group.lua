@@ -110,60 +110,68 @@ local least = {cpu = math.huge, mem = math.huge, gpu = math.huge, sto = math.hug
 for _, m in ipairs(members) do
   for _, res in ipairs(RESOURCES) do least[res] = math.min(least[res], m[res]) end
 end
-local rejected = {members = #members, min_member = min_member, stale = 0, requester = 0, selector = 0,
-  insufficient_cpu = 0}
-local live = {}
-for _, cid in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'idx:live', cut, '+inf')) do live[cid] = true end
-rejected.stale = redis.call('ZCOUNT', prefix .. 'idx:live', '-inf', '(' .. cut)
+local rejected = {members = #members, min_member = min_member, placeable = 0}
+local live = redis.call('ZCOUNT', prefix .. 'idx:live', cut, '+inf')
 local matching = nil
-local selector = nil
 if selector_json ~= '' then
-  selector = cjson.decode(selector_json)
   local keys = {}
-  for k, v in pairs(selector) do keys[#keys + 1] = prefix .. 'idx:label:' .. k .. '=' .. tostring(v) end
+  for k, v in pairs(cjson.decode(selector_json)) do keys[#keys + 1] = prefix .. 'idx:label:' .. k .. '=' .. tostring(v) end
   matching = {}
   if #keys > 0 then
     for _, cid in ipairs(redis.call('SINTER', unpack(keys))) do matching[cid] = true end
   end
 end
--- eligible: live providers other than the requester that match the selector.
-local eligible = 0
-for cid in pairs(live) do
-  if cid == requester then
-    rejected.requester = 1
-  elseif matching and not matching[cid] then
-    rejected.selector = rejected.selector + 1
-  else
-    eligible = eligible + 1
-  end
+local function is_live(cid)
+  local seen = redis.call('ZSCORE', prefix .. 'idx:live', cid)
+  return seen and tonumber(seen) >= cut
 end
-local cands = {}
-local ids = redis.call('ZRANGE', prefix .. 'idx:live', 0, -1)
-if least.cpu > 0 then
-  ids = redis.call('ZRANGEBYSCORE', prefix .. 'idx:free:cpu', string.format('%d', least.cpu), '+inf')
-end
-for _, cid in ipairs(ids) do
-  if live[cid] and cid ~= requester and (not matching or matching[cid]) then cands[#cands + 1] = cid end
-end
-rejected.insufficient_cpu = eligible - #cands
 
-local clusters = {}
-for first = 1, #cands, 128 do
-  local last = math.min(first + 127, #cands)
-  local raw = redis.call('HMGET', prefix .. 'idx:rec', unpack(cands, first, last))
-  for i = 1, last - first + 1 do
+-- clusters: the candidates read so far, most free cpu first (the order of
+-- idx:free:cpu), from the smallest member's cpu up; more_clusters reads the
+-- next chunk of them (false: none left). A group that fits reads only the
+-- first chunks.
+local clusters, offset, exhausted = {}, 0, false
+local CHUNK = 64
+local function more_clusters()
+  if exhausted then return false end
+  local ids = redis.call('ZREVRANGEBYSCORE', prefix .. 'idx:free:cpu', '+inf', string.format('%d', least.cpu),
+    'LIMIT', offset, CHUNK)
+  offset = offset + CHUNK
+  if #ids < CHUNK then exhausted = true end
+  local cands = {}
+  for _, cid in ipairs(ids) do
+    if cid ~= requester and (not matching or matching[cid]) and is_live(cid) then cands[#cands + 1] = cid end
+  end
+  if #cands == 0 then return not exhausted end
+  local raw = redis.call('HMGET', prefix .. 'idx:rec', unpack(cands))
+  for i, cid in ipairs(cands) do
     if raw[i] then
       local r = read_rec(raw[i])
-      clusters[#clusters + 1] = {id = cands[first + i - 1],
+      clusters[#clusters + 1] = {id = cid,
         free = {cpu = r[REC_AT.cpu + 1], mem = r[REC_AT.mem + 1], gpu = r[REC_AT.gpu + 1], sto = r[REC_AT.sto + 1]},
         has_nodes = r[REC_NODES] > 0, prices = {r[9], r[10], r[11]}}
     end
   end
+  return true
 end
-table.sort(clusters, function(x, y)
-  if x.free.cpu ~= y.free.cpu then return x.free.cpu > y.free.cpu end
-  return x.id < y.id
-end)
+
+-- count_rejections says, once nothing more can be placed (every candidate
+-- read), why the live providers were excluded: how many are the requester,
+-- miss the selector's labels, lack the smallest member's cpu.
+local function count_rejections()
+  rejected.stale = redis.call('ZCOUNT', prefix .. 'idx:live', '-inf', '(' .. cut)
+  rejected.requester = is_live(requester) and 1 or 0
+  local eligible = live - rejected.requester
+  if matching then
+    local n = 0
+    for cid in pairs(matching) do
+      if cid ~= requester and is_live(cid) then n = n + 1 end
+    end
+    rejected.selector = eligible - n
+    eligible = n
+  end
+  rejected.insufficient_cpu = eligible - #clusters
+end
 
 -- fits tells whether cluster c holds member m (totals and, with nodes, one
 -- node); it returns the node (or true without nodes).
@@ -213,17 +221,22 @@ local used, used_list, placed = {}, {}, 0
 for _, i in ipairs(order) do
   local m = members[i]
   local chosen, node = nil, nil
-  for _, list in ipairs({used_list, clusters}) do
-    for _, c in ipairs(list) do
-      if list == used_list or not used[c.id] then
-        local n = fits(c, m)
-        if n then
-          chosen, node = c, n
-          break
-        end
-      end
+  for _, c in ipairs(used_list) do
+    node = fits(c, m)
+    if node then
+      chosen = c
+      break
     end
-    if chosen then break end
+  end
+  local k = 1
+  while not chosen do
+    if k > #clusters and not more_clusters() then break end
+    local c = clusters[k]
+    if c and not used[c.id] then
+      node = fits(c, m)
+      if node then chosen = c end
+    end
+    k = k + 1
   end
   if chosen then
     placed = placed + 1
@@ -246,12 +259,13 @@ local request_json = cjson.encode({selector = selector_json, priority = priority
 local function audit(outcome, placement_json, extra)
   local fields = {'reservation', group, 'requester', requester, 'outcome', outcome, 'group', group,
     'method', 'group', 'request', request_json, 'placement', placement_json,
-    'considered', #clusters, 'rejected', cjson.encode(rejected), 'ts_ms', now}
+    'considered', live, 'examined', #clusters, 'rejected', cjson.encode(rejected), 'ts_ms', now}
   for _, x in ipairs(extra or {}) do fields[#fields + 1] = x end
   redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*', unpack(fields))
 end
 
 if placed < min_member then
+  count_rejections()
   audit('nofit', '[]')
   return {'nofit', {}, cjson.encode(rejected), now}
 end

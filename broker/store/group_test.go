@@ -90,20 +90,22 @@ func TestGroupAllOrNothing(t *testing.T) {
 	require.NoError(t, s.CheckInvariant(ctx))
 }
 
-// TestGroupKeepsToFewProviders: a provider that holds the whole group takes
-// it all, though another has more free capacity per node.
+// TestGroupKeepsToFewProviders: 6 members of 2 CPUs on providers with 10,
+// 8 and 6 CPUs free: the one with the most takes 5 and the next the last
+// one; the third is not used.
 func TestGroupKeepsToFewProviders(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, store.Config{})
-	advertise(t, s, "paris", withNodes(30_000, node("p1", 16000, 16000, 0)))
-	advertise(t, s, "rome", withNodes(30_000, node("r1", 8000, 8000, 0), node("r2", 8000, 8000, 0)))
+	advertise(t, s, "paris", withNodes(30_000, node("p1", 16000, 10000, 0)))
+	advertise(t, s, "rome", withNodes(30_000, node("r1", 8000, 4000, 0), node("r2", 8000, 4000, 0)))
+	advertise(t, s, "berlin", withNodes(30_000, node("b1", 8000, 6000, 0)))
 	d, err := s.ReserveGroup(ctx, gang("g", "lyon", 6, 6, 2000))
 	require.NoError(t, err)
 	targets := map[string]int{}
 	for _, r := range d.Reservations {
 		targets[r.Target]++
 	}
-	assert.Equal(t, map[string]int{"paris": 6}, targets)
+	assert.Equal(t, map[string]int{"paris": 5, "rome": 1}, targets)
 	require.NoError(t, s.CheckInvariant(ctx))
 }
 
