@@ -390,6 +390,8 @@ type Reservation struct {
 	// Lease is the lease length (a Go duration) of a renewable reservation;
 	// empty for a fixed-duration one.
 	Lease string `json:"lease,omitempty"`
+	// Group names the gang it was reserved with (POST /api/v2/groups).
+	Group string `json:"group,omitempty"`
 	// RemainingMs is how long the reservation still lives unless renewed,
 	// measured on the broker's clock when the answer was made (0 once
 	// ended). Agents act on it, never on ExpiresAt, which is for people:
@@ -404,7 +406,7 @@ func ReservationFromStore(r store.Reservation, withGrant bool) Reservation {
 		ID: r.ID, Requester: r.Requester, Provider: r.Target, Phase: r.Phase,
 		Resources: FromResources(r.Resources), Score: r.Score, Price: r.Price,
 		Owner: r.Owner, Priority: r.Priority, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, Node: r.Node,
-		RemainingMs: r.Remaining.Milliseconds(),
+		Group: r.Group, RemainingMs: r.Remaining.Milliseconds(),
 	}
 	if r.Lease > 0 {
 		out.Lease = r.Lease.String()

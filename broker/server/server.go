@@ -94,6 +94,7 @@ func (s *Server) Handler() http.Handler {
 	handle("GET /api/v2/reservations/{id}", s.getReservation)
 	handle("DELETE /api/v2/reservations/{id}", s.deleteReservation)
 	handle("POST /api/v2/reservations/{id}/grant", s.postGrant)
+	handle("POST /api/v2/groups", s.postGroup)
 	// A renewal carries up to api.MaxRenewBatch ids: a larger body bound.
 	mux.Handle("POST /api/v2/renewals", s.authenticated("POST /api/v2/renewals", api.MaxRenewBodyBytes, s.postRenewals))
 	handle("GET /api/v2/events", s.streamEvents)
