@@ -64,6 +64,25 @@ type ReservationSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	PodName string `json:"podName,omitempty"`
+
+	// Group makes the reservation one member of a gang (the pods of a
+	// scheduler-plugins PodGroup, set by the scheduler plugin): the agent
+	// asks the broker for the group's members together, all or nothing,
+	// once MinMember of them exist in the namespace.
+	// +optional
+	Group *ReservationGroup `json:"group,omitempty"`
+}
+
+// ReservationGroup names the gang a reservation belongs to.
+type ReservationGroup struct {
+	// Name of the PodGroup, in the reservation's namespace.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// MinMember is how many members must be reserved together.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=256
+	MinMember int32 `json:"minMember"`
 }
 
 // ReservationStatus mirrors the broker's decision.
