@@ -73,7 +73,7 @@ func (r *Reconciler) reserveGroup(ctx context.Context, rsv *rbv1.Reservation, re
 		return ctrl.Result{RequeueAfter: r.WaitingRetry}, nil
 	}
 	g := api.GroupRequest{Group: name, MinMember: minMember, Duration: req.Duration, Lease: req.Lease,
-		Selector: req.Selector, Owner: name, Priority: req.Priority}
+		Selector: req.Selector, Owner: name, Priority: req.Priority, Spread: req.Spread}
 	for _, m := range members {
 		mreq, err := r.requestFor(m)
 		if err != nil {

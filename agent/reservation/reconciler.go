@@ -657,6 +657,9 @@ func (r *Reconciler) requestFor(rsv *rbv1.Reservation) (api.ReservationRequest, 
 	if len(rsv.Spec.ProviderSelector) > 0 {
 		req.Selector = &api.LabelSelector{MatchLabels: rsv.Spec.ProviderSelector}
 	}
+	if sp := rsv.Spec.Spread; sp != nil {
+		req.Spread = &api.Spread{Group: sp.Group, TopologyKey: sp.TopologyKey, MaxSkew: sp.MaxSkew, WhenUnsatisfiable: sp.WhenUnsatisfiable}
+	}
 	return req, nil
 }
 

@@ -71,6 +71,33 @@ type ReservationSpec struct {
 	// once MinMember of them exist in the namespace.
 	// +optional
 	Group *ReservationGroup `json:"group,omitempty"`
+
+	// Spread places the reservation among the earlier replicas of its
+	// spread group at the broker (set by the scheduler plugin from the pod's
+	// topologySpreadConstraints over the labels providers advertise).
+	// +optional
+	Spread *ReservationSpread `json:"spread,omitempty"`
+}
+
+// ReservationSpread is a topology spread constraint over provider labels.
+type ReservationSpread struct {
+	// Group names the replicas counted together: <namespace>/<the
+	// constraint's label selector>/<topology key>.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	Group string `json:"group"`
+	// TopologyKey is the provider label whose values are the domains.
+	// +optional
+	// +kubebuilder:validation:MaxLength=317
+	TopologyKey string `json:"topologyKey,omitempty"`
+	// MaxSkew is the most a domain may hold beyond the least-used one.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	MaxSkew int32 `json:"maxSkew,omitempty"`
+	// WhenUnsatisfiable: DoNotSchedule (a hard rule) or ScheduleAnyway.
+	// +optional
+	// +kubebuilder:validation:Enum=DoNotSchedule;ScheduleAnyway
+	WhenUnsatisfiable string `json:"whenUnsatisfiable,omitempty"`
 }
 
 // ReservationGroup names the gang a reservation belongs to.

@@ -23,6 +23,8 @@ type GroupRequest struct {
 	Selector *LabelSelector `json:"selector,omitempty"`
 	Owner    string         `json:"owner,omitempty"`
 	Priority int32          `json:"priority,omitempty"`
+	// Spread spreads the members with the earlier replicas of its group.
+	Spread *Spread `json:"spread,omitempty"`
 }
 
 // GroupMember is one member of a group request: a reservation id
@@ -89,6 +91,9 @@ func (g GroupRequest) ToStore(requester string, lim Limits) (store.GroupRequest,
 		}
 		out.Selector = g.Selector.MatchLabels
 	}
+	if out.Spread, err = g.Spread.toStore(); err != nil {
+		return out, err
+	}
 	return out, validateText("owner", g.Owner, 253)
 }
 
@@ -100,4 +105,47 @@ func GroupFromStore(group string, d store.GroupDecision) Group {
 		out.Reservations = append(out.Reservations, ReservationFromStore(r, false))
 	}
 	return out
+}
+
+// Spread places a reservation among the live reservations of its spread
+// group (the replicas of one owner): a topologySpreadConstraint over the
+// labels providers advertise (topologyKey, maxSkew, whenUnsatisfiable), and
+// the broker's share policy (rb-broker --max-owner-share). A request with a
+// topologyKey, or any when the policy is on, is decided by the spread rules
+// (the domain with the fewest replicas first, then the most free cpu), not
+// by the score, and does not wait on the priority list.
+type Spread struct {
+	// Group names the replicas counted together, unique per requester (the
+	// plugin sends <namespace>/<the constraint's label selector>).
+	Group             string `json:"group"`
+	TopologyKey       string `json:"topologyKey,omitempty"`
+	MaxSkew           int32  `json:"maxSkew,omitempty"`
+	WhenUnsatisfiable string `json:"whenUnsatisfiable,omitempty"` // DoNotSchedule (default) or ScheduleAnyway
+}
+
+func (sp *Spread) toStore() (*store.Spread, error) {
+	if sp == nil {
+		return nil, nil
+	}
+	if sp.Group == "" {
+		return nil, invalid("spread.group: required")
+	}
+	if err := validateText("spread.group", sp.Group, 512); err != nil {
+		return nil, err
+	}
+	out := &store.Spread{Group: sp.Group, TopologyKey: sp.TopologyKey, MaxSkew: max(sp.MaxSkew, 1), WhenUnsatisfiable: sp.WhenUnsatisfiable}
+	if sp.TopologyKey == "" {
+		return out, nil
+	}
+	if err := validateLabels("spread.topologyKey", map[string]string{sp.TopologyKey: ""}); err != nil {
+		return nil, err
+	}
+	switch sp.WhenUnsatisfiable {
+	case "":
+		out.WhenUnsatisfiable = store.DoNotSchedule
+	case store.DoNotSchedule, store.ScheduleAnyway:
+	default:
+		return nil, invalid("spread.whenUnsatisfiable: %q, not DoNotSchedule or ScheduleAnyway", sp.WhenUnsatisfiable)
+	}
+	return out, nil
 }

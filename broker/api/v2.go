@@ -310,6 +310,9 @@ type ReservationRequest struct {
 	// renewal makes it end Lease after the renewal, on the broker's clock.
 	// Empty: a fixed Duration, never renewed (manual reservations, v1).
 	Lease string `json:"lease,omitempty"`
+	// Spread places it among the earlier replicas of its spread group
+	// (see Spread); nil: none.
+	Spread *Spread `json:"spread,omitempty"`
 }
 
 // ToStore validates the request of requester and converts it.
@@ -337,6 +340,9 @@ func (r ReservationRequest) ToStore(requester string, lim Limits) (store.Reserve
 			return out, err
 		}
 		out.Selector = r.Selector.MatchLabels
+	}
+	if out.Spread, err = r.Spread.toStore(); err != nil {
+		return out, err
 	}
 	return out, validateText("owner", r.Owner, 253)
 }
@@ -392,6 +398,8 @@ type Reservation struct {
 	Lease string `json:"lease,omitempty"`
 	// Group names the gang it was reserved with (POST /api/v2/groups).
 	Group string `json:"group,omitempty"`
+	// SpreadGroup names the spread group it counts in (ReservationRequest.Spread).
+	SpreadGroup string `json:"spreadGroup,omitempty"`
 	// RemainingMs is how long the reservation still lives unless renewed,
 	// measured on the broker's clock when the answer was made (0 once
 	// ended). Agents act on it, never on ExpiresAt, which is for people:
@@ -406,7 +414,7 @@ func ReservationFromStore(r store.Reservation, withGrant bool) Reservation {
 		ID: r.ID, Requester: r.Requester, Provider: r.Target, Phase: r.Phase,
 		Resources: FromResources(r.Resources), Score: r.Score, Price: r.Price,
 		Owner: r.Owner, Priority: r.Priority, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, Node: r.Node,
-		Group: r.Group, RemainingMs: r.Remaining.Milliseconds(),
+		Group: r.Group, SpreadGroup: r.Spread, RemainingMs: r.Remaining.Milliseconds(),
 	}
 	if r.Lease > 0 {
 		out.Lease = r.Lease.String()

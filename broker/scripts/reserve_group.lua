@@ -18,6 +18,21 @@
 -- Candidates are live (seen within the stale threshold), not the requester,
 -- match the selector, and have at least the smallest member's cpu free.
 --
+-- Spread (with a spread group: the replicas of one owner, e.g. the pods
+-- matching one topologySpreadConstraint). The group's live reservations per
+-- provider are counted (P.."spread:"..requester.."/"..spread group, kept by
+-- lib.lua end_reservation). With a topology key, providers are grouped into
+-- domains by the value of that advertised label, and each member goes to a
+-- domain of fewest replicas first (then most free cpu); with
+-- whenUnsatisfiable DoNotSchedule, only to a domain whose count after it
+-- exceeds the smallest count of any domain (every live provider matching
+-- the selector and carrying the key is a domain, with room or not) by at
+-- most max_skew, and never to a provider without the key; ScheduleAnyway
+-- only prefers. The broker's share policy (max_share > 0) prefers the
+-- providers that would hold at most max(1, ceil(max_share * replicas)) of
+-- the group after it. The audit entry's spread field says what the first
+-- fit alone would have chosen and what spread chose instead.
+--
 -- Fair share: the requester's limits on live reservations and on the cpu,
 -- memory and gpu they hold are checked against the members placed together;
 -- the priority ceiling clamps the priority. A group call takes no place on
@@ -29,7 +44,8 @@
 --          P.."node-resv:"..id, P.."cluster:"..id and the other index entries
 --          of the providers taken from (lib.lua index_free), P.."resv:"..qid,
 --          P.."expiry", P.."by-target:"..id, P.."by-requester:"..id,
---          P.."usage", P.."events:"..id, P.."audit" (layout: lib.lua)
+--          P.."usage", P.."events:"..id, P.."audit" (layout: lib.lua),
+--          P.."idx:labels" and P.."spread:"..requester.."/"..group (spread)
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  event stream max length   ARGV[3]  audit stream max length
 -- ARGV[4]  event stream TTL (ms)
@@ -41,7 +57,10 @@
 -- ARGV[12] min_member: how many members must be placed (1..members)
 -- ARGV[13..16] the requester's limits ("": none): live reservations, cpu
 --          (millicores), memory (bytes), gpu (count); ARGV[17] its priority ceiling
--- ARGV[18..] the members, 5 values each: reservation id, cpu (millicores),
+-- ARGV[18] spread group ("": none)  ARGV[19] topology key ("": none)
+-- ARGV[20] max skew  ARGV[21] whenUnsatisfiable (DoNotSchedule | ScheduleAnyway)
+-- ARGV[22] max share of the spread group per provider (0: no policy)
+-- ARGV[23..] the members, 5 values each: reservation id, cpu (millicores),
 --          memory (bytes), gpu (count), ephemeral storage (bytes)
 -- Reply: {outcome, members, rejections_json, now_ms}
 --   outcome     "reserved", "replay", "conflict" (a member id is taken by
@@ -61,7 +80,9 @@ local so, audit_max = stream_opts(ARGV[2], ARGV[4]), ARGV[3]
 local group, requester, selector_json, owner = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local priority_str, duration, lease = ARGV[9], ARGV[10], ARGV[11]
 local min_member = tonumber(ARGV[12])
-local FIRST, WIDTH = 18, 5
+local spread_group, spread_key = ARGV[18], ARGV[19]
+local max_skew, when, max_share = tonumber(ARGV[20]), ARGV[21], tonumber(ARGV[22])
+local FIRST, WIDTH = 23, 5
 
 local now = now_ms()
 local cut = now - stale_ms
@@ -81,7 +102,7 @@ for i, m in ipairs(members) do
   existing[i] = flat
   if #flat > 0 then
     local r = to_map(flat)
-    if r.group ~= group or r.cpu ~= m.str.cpu or r.mem ~= m.str.mem or r.gpu ~= m.str.gpu or r.sto ~= m.str.sto then
+    if (r.group or '') ~= group or r.cpu ~= m.str.cpu or r.mem ~= m.str.mem or r.gpu ~= m.str.gpu or r.sto ~= m.str.sto then
       return {'conflict', {}, '{}', now}
     end
     found = found + 1
@@ -218,38 +239,134 @@ table.sort(order, function(x, y)
   return a.id < b.id
 end)
 local used, used_list, placed = {}, {}, 0
-for _, i in ipairs(order) do
-  local m = members[i]
-  local chosen, node = nil, nil
+local function take(m, c, node)
+  placed = placed + 1
+  m.cluster = c
+  for _, res in ipairs(RESOURCES) do c.free[res] = c.free[res] - m[res] end
+  if node ~= true then
+    m.node = node.name
+    for _, res in ipairs(RESOURCES) do node[res] = node[res] - m[res] end
+  end
+  if not used[c.id] then
+    used[c.id] = true
+    used_list[#used_list + 1] = c
+  end
+end
+
+-- first_fit places m on the providers the group uses, then on the others.
+local function first_fit(m)
   for _, c in ipairs(used_list) do
-    node = fits(c, m)
-    if node then
-      chosen = c
-      break
-    end
+    local node = fits(c, m)
+    if node then return c, node end
   end
   local k = 1
-  while not chosen do
-    if k > #clusters and not more_clusters() then break end
+  while true do
+    if k > #clusters and not more_clusters() then return nil end
     local c = clusters[k]
     if c and not used[c.id] then
-      node = fits(c, m)
-      if node then chosen = c end
+      local node = fits(c, m)
+      if node then return c, node end
     end
     k = k + 1
   end
-  if chosen then
-    placed = placed + 1
-    m.cluster = chosen
-    for _, res in ipairs(RESOURCES) do chosen.free[res] = chosen.free[res] - m[res] end
-    if node ~= true then
-      m.node = node.name
-      for _, res in ipairs(RESOURCES) do node[res] = node[res] - m[res] end
+end
+
+-- Spread: every candidate read, its domain, the group's counts.
+local spread = nil
+if spread_group ~= '' then
+  while more_clusters() do end
+  spread = {per = {}, total = 0, domain_of = {}, count = {}, unconstrained = {}, chosen = {}}
+  local flat = redis.call('HGETALL', prefix .. 'spread:' .. requester .. '/' .. spread_group)
+  for i = 1, #flat, 2 do
+    spread.per[flat[i]] = tonumber(flat[i + 1])
+    spread.total = spread.total + tonumber(flat[i + 1])
+  end
+  if spread_key ~= '' then
+    -- Domains: every live provider matching the selector with the key, room or not.
+    local ids = redis.call('ZRANGEBYSCORE', prefix .. 'idx:live', cut, '+inf')
+    local labels = {}
+    for first = 1, #ids, 128 do
+      local last = math.min(first + 127, #ids)
+      local raw = redis.call('HMGET', prefix .. 'idx:labels', unpack(ids, first, last))
+      for i = 1, last - first + 1 do labels[ids[first + i - 1]] = decode_labels(raw[i]) end
     end
-    if not used[chosen.id] then
-      used[chosen.id] = true
-      used_list[#used_list + 1] = chosen
+    for _, cid in ipairs(ids) do
+      local v = labels[cid][spread_key]
+      if cid ~= requester and (not matching or matching[cid]) and v ~= nil then
+        v = tostring(v)
+        spread.domain_of[cid] = v
+        spread.count[v] = (spread.count[v] or 0) + (spread.per[cid] or 0)
+      end
     end
+  end
+end
+local function domain_min()
+  local low = nil
+  for _, n in pairs(spread.count) do
+    if low == nil or n < low then low = n end
+  end
+  return low or 0
+end
+local function copy(t)
+  local out = {}
+  for k, v in pairs(t) do out[k] = v end
+  return out
+end
+
+-- spread_fit places m by the spread rules: the candidates in order of
+-- (share policy kept, domain count, free cpu, id), those a DoNotSchedule
+-- constraint allows, first that holds m.
+local function spread_fit(m)
+  local low = domain_min()
+  local cap = math.max(1, math.ceil(max_share * (spread.total + 1)))
+  local ranked, refused = {}, 0
+  for _, c in ipairs(clusters) do
+    local d = spread.domain_of[c.id]
+    local allowed = true
+    if spread_key ~= '' and when == 'DoNotSchedule' then
+      allowed = d ~= nil and spread.count[d] + 1 - low <= max_skew
+    end
+    if not allowed then refused = refused + 1 end
+    if allowed then
+      ranked[#ranked + 1] = {c = c, over = (max_share > 0 and (spread.per[c.id] or 0) + 1 > cap) and 1 or 0,
+        n = d and spread.count[d] or math.huge}
+    end
+  end
+  table.sort(ranked, function(x, y)
+    if x.over ~= y.over then return x.over < y.over end
+    if x.n ~= y.n then return x.n < y.n end
+    if x.c.free.cpu ~= y.c.free.cpu then return x.c.free.cpu > y.c.free.cpu end
+    return x.c.id < y.c.id
+  end)
+  for _, e in ipairs(ranked) do
+    local node = fits(e.c, m)
+    if node then return e.c, node end
+  end
+  -- Nothing allowed holds it: how many providers the constraint kept out.
+  if refused > 0 then rejected.spread_max_skew = refused end
+  return nil
+end
+
+for _, i in ipairs(order) do
+  local m = members[i]
+  if spread then
+    -- What the first fit alone would choose, for the audit (nothing taken).
+    local saved = {used_list = {unpack(used_list)}, used = copy(used)}
+    local c0 = first_fit(m)
+    used_list, used = saved.used_list, saved.used
+    spread.unconstrained[#spread.unconstrained + 1] = c0 and c0.id or ''
+    local c, node = spread_fit(m)
+    if c then
+      take(m, c, node)
+      spread.per[c.id] = (spread.per[c.id] or 0) + 1
+      spread.total = spread.total + 1
+      local d = spread.domain_of[c.id]
+      if d then spread.count[d] = spread.count[d] + 1 end
+    end
+    spread.chosen[#spread.chosen + 1] = c and c.id or ''
+  else
+    local c, node = first_fit(m)
+    if c then take(m, c, node) end
   end
 end
 rejected.placeable = placed
@@ -257,10 +374,22 @@ rejected.placeable = placed
 local request_json = cjson.encode({selector = selector_json, priority = priority_str,
   priority_asked = asked_priority, owner = owner, min_member = min_member})
 local function audit(outcome, placement_json, extra)
-  local fields = {'reservation', group, 'requester', requester, 'outcome', outcome, 'group', group,
-    'method', 'group', 'request', request_json, 'placement', placement_json,
+  local name, method = group, 'group'
+  if group == '' then name, method = members[1].id, 'spread' end
+  local fields = {'reservation', name, 'requester', requester, 'outcome', outcome, 'group', group,
+    'method', method, 'request', request_json, 'placement', placement_json,
     'considered', live, 'examined', #clusters, 'rejected', cjson.encode(rejected), 'ts_ms', now}
   for _, x in ipairs(extra or {}) do fields[#fields + 1] = x end
+  if spread then
+    -- How spread changed the choice: per member (largest first), the first
+    -- fit's provider and spread's, and the domains' counts after.
+    local counts = spread.count
+    if next(counts) == nil then counts = nil end
+    fields[#fields + 1] = 'spread'
+    fields[#fields + 1] = cjson.encode({group = spread_group, topology_key = spread_key, max_skew = max_skew,
+      when_unsatisfiable = when, max_share = max_share, domains = counts,
+      first_fit = spread.unconstrained, chosen = spread.chosen})
+  end
   redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*', unpack(fields))
 end
 
@@ -309,7 +438,16 @@ for i, m in ipairs(members) do
       'created_ms', tostring(now), 'expires_ms', r.expires_ms, 'duration_ms', duration,
       'score', '0', 'price', tostring(math.floor(price + 0.5)),
       'owner', owner, 'priority', priority_str, 'selector', selector_json,
-      'candidates', '[]', 'group', group}
+      'candidates', '[]'}
+    if group ~= '' then
+      hash[#hash + 1] = 'group'
+      hash[#hash + 1] = group
+    end
+    if spread_group ~= '' then
+      hash[#hash + 1] = 'spread'
+      hash[#hash + 1] = spread_group
+      spread_count(prefix, requester, spread_group, c.id, 1)
+    end
     if tonumber(lease) > 0 then
       hash[#hash + 1] = 'lease_ms'
       hash[#hash + 1] = lease
@@ -323,8 +461,10 @@ for i, m in ipairs(members) do
     redis.call('SADD', prefix .. 'by-target:' .. c.id, m.qid)
     redis.call('SADD', prefix .. 'by-requester:' .. requester, m.qid)
     local ev = event_fields('Reserved', m.id, r, now)
-    ev[#ev + 1] = 'group'
-    ev[#ev + 1] = group
+    if group ~= '' then
+      ev[#ev + 1] = 'group'
+      ev[#ev + 1] = group
+    end
     emit(prefix, requester, so, ev)
     emit(prefix, c.id, so, ev)
     stop_waiting(prefix, m.qid) -- a member once asked for alone no longer waits

@@ -80,3 +80,31 @@ func TestGroupAPI(t *testing.T) {
 		assert.Contains(t, string(data), tc.want)
 	}
 }
+
+// TestSpreadAPI: POST /api/v2/reservations with a spread over zones: the
+// replicas alternate between the zones, each naming its spread group; a bad
+// whenUnsatisfiable is a 400 that says so.
+func TestSpreadAPI(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	b.Advertise("paris", "16", "64Gi", "", "0.03", map[string]string{"topology.kubernetes.io/zone": "a"})
+	b.Advertise("berlin", "8", "64Gi", "", "0.05", map[string]string{"topology.kubernetes.io/zone": "b"})
+	sp := &api.Spread{Group: "shop/app=web", TopologyKey: "topology.kubernetes.io/zone", MaxSkew: 1}
+	providers := map[string]int{}
+	for i := range 4 {
+		req := reservation(fmt.Sprintf("web-%d", i), "1", "1Gi")
+		req.Spread = sp
+		code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", req)
+		require.Equal(t, http.StatusCreated, code, "%s", data)
+		r := brokertest.Decode[api.Reservation](t, data)
+		assert.Equal(t, "shop/app=web", r.SpreadGroup)
+		providers[r.Provider]++
+	}
+	assert.Equal(t, map[string]int{"paris": 2, "berlin": 2}, providers)
+	require.NoError(t, b.Store.CheckInvariant(context.Background()))
+
+	req := reservation("web-9", "1", "1Gi")
+	req.Spread = &api.Spread{Group: "g", TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: "Sometimes"}
+	code, data := b.Do("rome", http.MethodPost, "/api/v2/reservations", req)
+	assert.Equal(t, http.StatusBadRequest, code, "%s", data)
+	assert.Contains(t, string(data), `spread.whenUnsatisfiable: \"Sometimes\", not DoNotSchedule or ScheduleAnyway`)
+}

@@ -30,9 +30,52 @@ type GroupRequest struct {
 	Selector  map[string]string
 	Owner     string
 	Priority  int32
+	// Spread spreads the members with the earlier replicas of their spread
+	// group (nil: none).
+	Spread *Spread
 	// Limits are the requester's; Store.ReserveGroup sets them from
 	// Config.Policy when it has one.
 	Limits Limits
+}
+
+// Spread places a reservation among the live reservations of its spread
+// group (the replicas of one owner, scoped per requester): by the domains
+// of an advertised label, as a topologySpreadConstraint over provider
+// labels, and by the broker's share policy (Config.MaxOwnerShare).
+type Spread struct {
+	// Group names the replicas counted together (e.g. the pods matching
+	// one constraint: namespace and label selector).
+	Group string
+	// TopologyKey is the provider label whose values are the domains
+	// (e.g. topology.kubernetes.io/zone); empty: the share policy only.
+	TopologyKey string
+	// MaxSkew is the most a domain may hold beyond the least-used domain.
+	MaxSkew int32
+	// WhenUnsatisfiable: DoNotSchedule (a hard rule) or ScheduleAnyway (a preference).
+	WhenUnsatisfiable string
+}
+
+// Spread's WhenUnsatisfiable values (corev1.UnsatisfiableConstraintAction's).
+const (
+	DoNotSchedule  = "DoNotSchedule"
+	ScheduleAnyway = "ScheduleAnyway"
+)
+
+func (sp *Spread) validate() error {
+	if sp == nil {
+		return nil
+	}
+	switch {
+	case sp.Group == "":
+		return fmt.Errorf("%w: spread group is empty", ErrInvalidRequest)
+	case sp.TopologyKey == "":
+		return nil
+	case sp.MaxSkew < 1:
+		return fmt.Errorf("%w: spread maxSkew must be at least 1", ErrInvalidRequest)
+	case sp.WhenUnsatisfiable != DoNotSchedule && sp.WhenUnsatisfiable != ScheduleAnyway:
+		return fmt.Errorf("%w: spread whenUnsatisfiable must be %s or %s, not %q", ErrInvalidRequest, DoNotSchedule, ScheduleAnyway, sp.WhenUnsatisfiable)
+	}
+	return nil
 }
 
 // MaxGroupMembers bounds a group request (one Lua call decides it).
@@ -40,8 +83,11 @@ const MaxGroupMembers = 1000
 
 // Validate refuses a malformed group request (ErrInvalidRequest).
 func (g GroupRequest) Validate() error {
+	if err := g.Spread.validate(); err != nil {
+		return err
+	}
 	switch {
-	case g.Group == "":
+	case g.Group == "" && (g.Spread == nil || len(g.Members) != 1):
 		return fmt.Errorf("%w: group name is empty", ErrInvalidRequest)
 	case g.Requester == "":
 		return fmt.Errorf("%w: requester is empty", ErrInvalidRequest)
@@ -119,11 +165,16 @@ func (s *Store) ReserveGroup(ctx context.Context, req GroupRequest) (GroupDecisi
 		selector = string(b)
 	}
 	lim := req.Limits.args()
-	args := make([]any, 0, 17+5*len(req.Members))
+	args := make([]any, 0, 22+5*len(req.Members))
 	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
 		s.cfg.EventsTTL.Milliseconds(), req.Group, req.Requester, selector, req.Owner, req.Priority,
 		req.Duration.Milliseconds(), req.Lease.Milliseconds(), req.MinMember)
 	args = append(args, lim[:5]...) // live reservations, cpu, memory, gpu, priority ceiling
+	if sp := req.Spread; sp != nil {
+		args = append(args, sp.Group, sp.TopologyKey, max(sp.MaxSkew, 1), sp.WhenUnsatisfiable, s.cfg.MaxOwnerShare)
+	} else {
+		args = append(args, "", "", 1, "", 0)
+	}
 	for _, m := range req.Members {
 		r := m.Resources
 		args = append(args, m.ID, r.CPU, r.Memory, r.GPU, r.Storage)
@@ -191,4 +242,57 @@ func (s *Store) ReserveGroup(ctx context.Context, req GroupRequest) (GroupDecisi
 		return GroupDecision{}, nf
 	}
 	return GroupDecision{}, fmt.Errorf("unexpected reserve_group outcome %q", outcome)
+}
+
+// reserveSpread decides a single request with a spread
+// (scripts/reserve_group.lua, one member) and answers as Reserve does.
+func (s *Store) reserveSpread(ctx context.Context, req ReserveRequest) (Decision, error) {
+	d, err := s.ReserveGroup(ctx, GroupRequest{Requester: req.Requester, MinMember: 1,
+		Members: []GroupMember{{ID: req.ID, Resources: req.Resources}}, Duration: req.Duration, Lease: req.Lease,
+		Selector: req.Selector, Owner: req.Owner, Priority: req.Priority, Spread: req.Spread, Limits: req.Limits})
+	var nf *GroupNoFitError
+	switch {
+	case errors.As(err, &nf):
+		return Decision{}, &NoFitError{Rejected: nf.Rejected}
+	case err != nil:
+		return Decision{}, err
+	case len(d.Reservations) != 1:
+		return Decision{}, fmt.Errorf("reserve %s: no reservation in the answer", req.ID)
+	}
+	return Decision{Reservation: d.Reservations[0], Replayed: d.Replayed}, nil
+}
+
+// checkSpread verifies the spread counts (scripts/lib.lua, Spread): for
+// every spread group that live reservations name, the count of each
+// provider equals its live reservations of the group.
+func (s *Store) checkSpread(ctx context.Context, live []Reservation) ([]error, error) {
+	want := map[string]map[string]int64{} // requester/group -> provider -> count
+	for _, r := range live {
+		if r.Spread == "" {
+			continue
+		}
+		k := r.Requester + "/" + r.Spread
+		if want[k] == nil {
+			want[k] = map[string]int64{}
+		}
+		want[k][r.Target]++
+	}
+	var errs []error
+	for k, per := range want {
+		got, err := s.rdb.HGetAll(ctx, s.Key("spread:", k)).Result()
+		if err != nil {
+			return nil, err
+		}
+		for provider, n := range per {
+			if atoi(got[provider]) != n {
+				errs = append(errs, fmt.Errorf("spread %s: provider %s counts %s, holds %d live reservations of it", k, provider, got[provider], n))
+			}
+		}
+		for provider, v := range got {
+			if per[provider] == 0 {
+				errs = append(errs, fmt.Errorf("spread %s: provider %s counts %s, holds none of it", k, provider, v))
+			}
+		}
+	}
+	return errs, nil
 }

@@ -76,6 +76,7 @@ func reservationFromMap(id string, m map[string]string, nowMs int64) (Reservatio
 		Priority:  int32(atoi(m["priority"])),
 		Node:      m["node"],
 		Group:     m["group"],
+		Spread:    m["spread"],
 	}
 	if exp := atoi(m["expires_ms"]); r.Live() && exp > nowMs {
 		r.Remaining = time.Duration(exp-nowMs) * time.Millisecond

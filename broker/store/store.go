@@ -77,6 +77,11 @@ type Config struct {
 	// Policy holds the operator's per-requester limits and the bounds of
 	// what a provider may advertise (broker/policy); nil: none.
 	Policy Policy
+	// MaxOwnerShare, in (0, 1], is the broker's spread policy: a provider
+	// should hold at most max(1, ceil(share × replicas)) of one spread
+	// group's live reservations (a preference, ScheduleAnyway-like; see
+	// scripts/reserve_group.lua). 0: no policy.
+	MaxOwnerShare float64
 	// GrantKeys seal the grants in Redis; nil: a key of this process only
 	// (RandomGrantKeys), which does for one broker, never for replicas.
 	GrantKeys *GrantKeys
@@ -294,6 +299,12 @@ func appendResources(args []any, prefix string, r Resources) []any {
 // batches (Config.ReserveBatch), each exactly as if alone. With a
 // Config.Policy, the requester's limits are the policy's.
 func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, error) {
+	if sp := req.Spread; sp != nil && (sp.TopologyKey != "" || s.cfg.MaxOwnerShare > 0) {
+		if s.cfg.Policy != nil {
+			req.Limits = s.cfg.Policy.Limits(req.Requester)
+		}
+		return s.reserveSpread(ctx, req)
+	}
 	p, err := newPendingReserve(ctx, s.withLimits(req))
 	if err != nil {
 		return Decision{}, err

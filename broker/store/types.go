@@ -149,6 +149,12 @@ type ReserveRequest struct {
 	// Limits are the requester's; Store.Reserve sets them from
 	// Config.Policy when it has one.
 	Limits Limits
+	// Spread, with a topology key or under the broker's share policy, has
+	// the request decided among its spread group's replicas
+	// (scripts/reserve_group.lua): its provider is chosen by the spread
+	// rules and the most free cpu, not by reserve.lua's score, and it does
+	// not wait on the priority list (its requester retries it).
+	Spread *Spread
 }
 
 // Limits are the operator's fair-share limits of one requester
@@ -257,6 +263,8 @@ type Reservation struct {
 	// Group names the gang the reservation was decided with (ReserveGroup);
 	// empty for a single reservation.
 	Group string
+	// Spread names the spread group it counts in (ReserveRequest.Spread).
+	Spread string
 }
 
 // QID is the reservation's qualified id (QualifiedID).

@@ -33,6 +33,7 @@ func (pl *ResourceBroker) buildReservation(namespace, name string, uid types.UID
 			"Could not create broker reservation %s: %v", rsv.Name, err)
 		return nil
 	}
+	rsv.Spec.Spread = spreadOf(pod)
 	u, err := toUnstructured(rsv)
 	if err != nil {
 		return nil
