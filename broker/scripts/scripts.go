@@ -36,6 +36,8 @@ var (
 	Renew     = load("renew")
 	// ReserveGroup decides a gang, all or nothing (reserve_group.lua).
 	ReserveGroup = load("reserve_group")
+	// Preempt reserves by taking lower-priority reservations' capacity (preempt.lua).
+	Preempt = load("preempt")
 )
 
 // All lists every script, for loading at start-up and readiness checks.
@@ -48,4 +50,5 @@ var All = map[string]*redis.Script{
 	"reindex":       Reindex,
 	"renew":         Renew,
 	"reserve_group": ReserveGroup,
+	"preempt":       Preempt,
 }
