@@ -16,7 +16,12 @@
 -- priority (then the smallest) first, while the others still make room: the
 -- lowest priorities go first and none is taken that is not needed. The node
 -- chosen has the fewest victims, then the lowest highest victim priority,
--- then the lowest sum of priorities, then provider id and node name.
+-- then the lowest sum of priorities, then provider id and node name. As
+-- kube-scheduler's DefaultPreemption, the search stops once it has found
+-- nodes that could make room on max(100, 10% of the candidates) nodes,
+-- starting at an offset that moves with the clock (so that the same
+-- providers are not always the first victims); the fit and wait checks
+-- cover the nodes it read.
 --
 -- Moving the capacity: each victim ends (phase Released, field preempted_by
 -- naming the request; lib.lua end_reservation gives its capacity back and
@@ -98,9 +103,31 @@ for _, cid in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'idx:alloc:cpu', str.
   end
 end
 
+-- Fits as it is: the providers with its cpu free, on a node (as reserve.lua judges them).
+local in_cands = {}
+for _, cid in ipairs(cands) do in_cands[cid] = true end
+for _, cid in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'idx:free:' .. (req.cpu > 0 and 'cpu' or 'mem'),
+    req.cpu > 0 and str.cpu or str.mem, '+inf')) do
+  if in_cands[cid] then
+    local raw = redis.call('HGET', prefix .. 'idx:rec', cid)
+    local rec = raw and read_rec(raw)
+    if rec and holds({cpu = rec[REC_AT.cpu + 1], mem = rec[REC_AT.mem + 1], gpu = rec[REC_AT.gpu + 1], sto = rec[REC_AT.sto + 1]}) then
+      local nodes = node_list(prefix, cid)
+      if not nodes then return {'fits', {}, '[]', cjson.encode({provider = cid, node = ''}), now} end
+      for _, n in ipairs(nodes) do
+        if holds(n) then return {'fits', {}, '[]', cjson.encode({provider = cid, node = n.name}), now} end
+      end
+    end
+  end
+end
+
 local RESV_FIELDS = {'requester', 'priority', 'cpu', 'mem', 'gpu', 'sto', 'node', 'phase', 'expires_ms', 'lease_ms'}
-local best, lower_seen = nil, 0
-for _, cid in ipairs(cands) do
+local best, lower_seen, feasible = nil, 0, 0
+local enough = math.max(100, math.ceil(#cands / 10))
+local start = #cands > 0 and (now % #cands) or 0
+for k = 1, #cands do
+  if feasible >= enough then break end
+  local cid = cands[(start + k - 1) % #cands + 1]
   local raw = redis.call('HGET', prefix .. 'idx:rec', cid)
   local rec = raw and read_rec(raw) or {0, 0, 0, 0, 0, 0, 0, 0}
   local total = {cpu = rec[REC_AT.cpu + 1], mem = rec[REC_AT.mem + 1], gpu = rec[REC_AT.gpu + 1], sto = rec[REC_AT.sto + 1]}
@@ -147,6 +174,7 @@ for _, cid in ipairs(cands) do
       end
     end
     if #lower > 0 and holds(with_all) and holds(twith) then
+      feasible = feasible + 1
       -- Spare victims again, highest priority (then smallest cpu) first, while the rest makes room.
       table.sort(lower, function(x, y)
         if x.priority ~= y.priority then return x.priority > y.priority end
