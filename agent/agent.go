@@ -269,7 +269,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if err := mgr.Add(&follower.Follower{
 		Broker: o.Broker, Client: mgr.GetClient(), ClusterID: o.ClusterID, Namespace: o.Namespace, Reservations: rec,
-		Recorder: mgr.GetEventRecorderFor("rb-agent"),
+		Recorder: mgr.GetEventRecorderFor("rb-agent"), APIReader: mgr.GetAPIReader(),
 	}); err != nil {
 		return err
 	}

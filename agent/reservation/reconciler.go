@@ -657,6 +657,7 @@ func (r *Reconciler) requestFor(rsv *rbv1.Reservation) (api.ReservationRequest, 
 	if len(rsv.Spec.ProviderSelector) > 0 {
 		req.Selector = &api.LabelSelector{MatchLabels: rsv.Spec.ProviderSelector}
 	}
+	req.Preempt = rsv.Spec.PreemptionPolicy != nil && *rsv.Spec.PreemptionPolicy == corev1.PreemptLowerPriority
 	if sp := rsv.Spec.Spread; sp != nil {
 		req.Spread = &api.Spread{Group: sp.Group, TopologyKey: sp.TopologyKey, MaxSkew: sp.MaxSkew, WhenUnsatisfiable: sp.WhenUnsatisfiable}
 	}

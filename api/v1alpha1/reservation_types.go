@@ -77,6 +77,13 @@ type ReservationSpec struct {
 	// topologySpreadConstraints over the labels providers advertise).
 	// +optional
 	Spread *ReservationSpread `json:"spread,omitempty"`
+
+	// PreemptionPolicy is its pod's: PreemptLowerPriority lets the broker,
+	// when the reservation fits nowhere, take the capacity of reservations
+	// of lower priority; Never (the default) waits.
+	// +optional
+	// +kubebuilder:validation:Enum=PreemptLowerPriority;Never
+	PreemptionPolicy *corev1.PreemptionPolicy `json:"preemptionPolicy,omitempty"`
 }
 
 // ReservationSpread is a topology spread constraint over provider labels.

@@ -313,6 +313,11 @@ type ReservationRequest struct {
 	// Spread places it among the earlier replicas of its spread group
 	// (see Spread); nil: none.
 	Spread *Spread `json:"spread,omitempty"`
+	// Preempt lets it, when it fits nowhere, take the capacity of
+	// reservations of lower priority (its pod's preemptionPolicy is
+	// PreemptLowerPriority): the fewest, lowest priority first, unless
+	// capacity being released would hold it.
+	Preempt bool `json:"preempt,omitempty"`
 }
 
 // ToStore validates the request of requester and converts it.
@@ -344,6 +349,7 @@ func (r ReservationRequest) ToStore(requester string, lim Limits) (store.Reserve
 	if out.Spread, err = r.Spread.toStore(); err != nil {
 		return out, err
 	}
+	out.Preempt = r.Preempt
 	return out, validateText("owner", r.Owner, 253)
 }
 
@@ -496,7 +502,14 @@ type Event struct {
 	// RemainingMs: how long the reservation still lives unless renewed, on
 	// the broker's clock when the event was made (see Reservation).
 	RemainingMs int64 `json:"remainingMs,omitempty"`
+	// PreemptedBy names, in a Preempted event, the reservation of higher
+	// priority that took its capacity (<requester>/<id>).
+	PreemptedBy string `json:"preemptedBy,omitempty"`
 }
+
+// EventPreempted tells a reservation's requester and provider that a
+// reservation of higher priority took its capacity (it is Released).
+const EventPreempted = "Preempted"
 
 // MaxRenewBatch is the most ids one renewal request may carry.
 const MaxRenewBatch = 5000
@@ -561,5 +574,5 @@ const EventCapacityAvailable = "CapacityAvailable"
 func EventFromStore(e store.Event) Event {
 	return Event{Type: e.Type, Reservation: e.Reservation, Requester: e.Requester, Provider: e.Provider,
 		Phase: e.Phase, Resources: FromResources(e.Resources), ExpiresAt: e.ExpiresAt, Node: e.Node,
-		RemainingMs: e.Remaining.Milliseconds()}
+		RemainingMs: e.Remaining.Milliseconds(), PreemptedBy: e.PreemptedBy}
 }

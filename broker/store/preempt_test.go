@@ -131,3 +131,23 @@ func TestPreemptListedVictim(t *testing.T) {
 	assert.Equal(t, int64(0), c.StoredNodes()[0].Free().CPU, "the new reservation holds what the victim's pod held")
 	require.NoError(t, s.CheckInvariant(ctx))
 }
+
+// TestReservePreempts: Reserve with Preempt set preempts when the request
+// fits nowhere (the decision names the victims); without it, it waits.
+func TestReservePreempts(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	advertise(t, s, "paris", withNodes(30_000, node("p1", 2000, 2000, 0)))
+	_, err := s.Reserve(ctx, prioritized("low", "rome", 2000, 1))
+	require.NoError(t, err)
+	_, err = s.Reserve(ctx, prioritized("polite", "milan", 2000, 9))
+	var nf *store.NoFitError
+	require.ErrorAs(t, err, &nf, "no preemption unless asked")
+	req := prioritized("urgent", "milan", 2000, 9)
+	req.Preempt = true
+	d, err := s.Reserve(ctx, req)
+	require.NoError(t, err)
+	require.Len(t, d.Victims, 1)
+	assert.Equal(t, "low", d.Victims[0].Reservation)
+	require.NoError(t, s.CheckInvariant(ctx))
+}

@@ -309,7 +309,38 @@ func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, erro
 	if err != nil {
 		return Decision{}, err
 	}
-	return s.reserve.do(ctx, p)
+	d, err := s.reserve.do(ctx, p)
+	var nf *NoFitError
+	if req.Preempt && errors.As(err, &nf) && nf.Rejected["waiting_higher_priority"] == 0 {
+		return s.preemptFor(ctx, req, nf)
+	}
+	return d, err
+}
+
+// preemptFor runs Preempt for a request reserve.lua refused (nf): the
+// decision, or the refusal, saying why nothing was preempted.
+func (s *Store) preemptFor(ctx context.Context, req ReserveRequest, nf *NoFitError) (Decision, error) {
+	pd, err := s.Preempt(ctx, req)
+	var pnf *NoFitError
+	switch {
+	case err == nil:
+		return Decision{Reservation: pd.Reservation, Replayed: pd.Replayed, Victims: pd.Victims}, nil
+	case errors.Is(err, ErrFitsWithoutPreemption): // capacity came back meanwhile
+		p, err := newPendingReserve(ctx, s.withLimits(req))
+		if err != nil {
+			return Decision{}, err
+		}
+		return s.reserve.do(ctx, p)
+	case errors.Is(err, ErrCapacityComing):
+		nf.Rejected["capacity_being_released"] = 1
+		return Decision{}, nf
+	case errors.As(err, &pnf):
+		for k, n := range pnf.Rejected {
+			nf.Rejected[k] = n
+		}
+		return Decision{}, nf
+	}
+	return Decision{}, err
 }
 
 // withLimits sets req's limits from the policy, if any.

@@ -155,6 +155,10 @@ type ReserveRequest struct {
 	// rules and the most free cpu, not by reserve.lua's score, and it does
 	// not wait on the priority list (its requester retries it).
 	Spread *Spread
+	// Preempt lets a request that fits nowhere take the capacity of
+	// reservations of lower priority (Store.Preempt; its pod's
+	// preemptionPolicy is PreemptLowerPriority).
+	Preempt bool
 }
 
 // Limits are the operator's fair-share limits of one requester
@@ -277,6 +281,8 @@ func (r Reservation) Live() bool { return r.Phase == PhaseReserved || r.Phase ==
 type Decision struct {
 	Reservation Reservation
 	Replayed    bool // the id was decided before; this is the first answer again
+	// Victims are the reservations it preempted (Preempt).
+	Victims []Victim
 }
 
 // Event is one notification on a cluster's stream.
@@ -291,6 +297,9 @@ type Event struct {
 	ExpiresAt   time.Time
 	Remaining   time.Duration // left when the event was made (Redis clock); 0 once ended
 	Node        string        // the node the reservation debits, if any
+	// PreemptedBy names, in a Preempted event, the reservation that took
+	// its capacity (<requester>/<id>).
+	PreemptedBy string
 }
 
 // RenewOutcome is what a renewal did to one id.
