@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,34 +180,59 @@ requesters:
 	require.NoError(t, s.CheckInvariant(ctx))
 }
 
-// TestGroupInvariantUnderConcurrentMixedRequests: 1,000 concurrent requests,
-// single reservations, groups and releases, on 20 providers of 4 nodes: no
-// node and no provider is overbooked, every counter equals its live
-// reservations, and every group is whole or absent.
+// TestGroupInvariantUnderConcurrentMixedRequests: 1,000 concurrent requests
+// of every kind, single reservations (some of low priority), groups, spread
+// replicas over two zones, preempting requests and releases, on 20 providers
+// of 4 nodes: no node and no provider is overbooked, every counter (spread
+// counts included) equals its live reservations, and every group is whole
+// or absent.
 func TestGroupInvariantUnderConcurrentMixedRequests(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, store.Config{})
 	for c := range 20 {
-		advertise(t, s, fmt.Sprintf("p%02d", c), withNodes(30_000,
-			node("n1", 8000, 8000, 0), node("n2", 8000, 6000, 0), node("n3", 4000, 4000, 0), node("n4", 4000, 1000, 0)))
+		advertise(t, s, fmt.Sprintf("p%02d", c), inZone(withNodes(30_000,
+			node("n1", 8000, 8000, 0), node("n2", 8000, 6000, 0), node("n3", 4000, 4000, 0), node("n4", 4000, 1000, 0)),
+			[]string{"a", "b"}[c%2]))
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 1000)
 	var mu sync.Mutex
 	groups, refused := map[string]store.GroupRequest{}, map[string]store.GroupRequest{}
+	spread := &store.Spread{Group: "shop/app=web", TopologyKey: zoneKey, MaxSkew: 2, WhenUnsatisfiable: store.DoNotSchedule}
+	var preemptions, spreads atomic.Int32
 	for i := range 1000 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(i), 7))
 			requester := fmt.Sprintf("r%d", i%5)
-			switch i % 4 {
-			case 0, 1:
-				_, err := s.Reserve(ctx, request(fmt.Sprintf("s%d", i), requester, int64(500+rng.IntN(4)*500), 1, 0))
+			single := func(req store.ReserveRequest) {
+				d, err := s.Reserve(ctx, req)
 				var nf *store.NoFitError
-				if err != nil && !errors.As(err, &nf) {
+				switch {
+				case err == nil && len(d.Victims) > 0:
+					preemptions.Add(1)
+				case err == nil && d.Reservation.Spread != "":
+					spreads.Add(1)
+				case err != nil && !errors.As(err, &nf):
 					errs <- err
 				}
+			}
+			id := fmt.Sprintf("s%d", i)
+			size := int64(500 + rng.IntN(4)*500)
+			switch i % 8 {
+			case 0, 1:
+				single(request(id, requester, size, 1, 0))
+			case 6:
+				single(prioritized(id, requester, size, 1))
+			case 4:
+				req := request(id, requester, size, 1, 0)
+				req.Spread = spread
+				single(req)
+			case 5:
+				req := prioritized(id, requester, size, 100)
+				req.Preempt = true
+				single(req)
 			case 2:
 				g := gang(fmt.Sprintf("g%d", i), requester, 2+rng.IntN(7), 2, int64(500+rng.IntN(3)*1000))
 				g.MinMember = len(g.Members)
@@ -224,8 +250,9 @@ func TestGroupInvariantUnderConcurrentMixedRequests(t *testing.T) {
 				default:
 					errs <- err
 				}
-			case 3:
-				if _, err := s.Release(ctx, fmt.Sprintf("r%d", (i-1)%5), fmt.Sprintf("s%d", i-3), fmt.Sprintf("r%d", (i-1)%5)); err != nil && !errors.Is(err, store.ErrNotFound) {
+			case 3, 7: // the single (3) or spread (7) request made 3 before
+				owner := fmt.Sprintf("r%d", (i-3)%5)
+				if _, err := s.Release(ctx, owner, fmt.Sprintf("s%d", i-3), owner); err != nil && !errors.Is(err, store.ErrNotFound) {
 					errs <- err
 				}
 			}
@@ -238,11 +265,13 @@ func TestGroupInvariantUnderConcurrentMixedRequests(t *testing.T) {
 	}
 	require.NoError(t, s.CheckInvariant(ctx))
 	require.NotEmpty(t, groups, "some groups fit")
+	assert.Positive(t, preemptions.Load(), "some requests preempted")
+	assert.Positive(t, spreads.Load(), "some replicas were spread")
 	for _, g := range groups {
 		for _, m := range g.Members {
 			r, err := s.Reservation(ctx, g.Requester, m.ID)
 			require.NoError(t, err, "member %s of a reserved group", m.ID)
-			assert.True(t, r.Live())
+			assert.True(t, r.Live() || r.PreemptedBy != "", "member %s live, or taken by a preemption", m.ID)
 			assert.Equal(t, g.Group, r.Group)
 		}
 	}

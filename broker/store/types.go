@@ -269,6 +269,9 @@ type Reservation struct {
 	Group string
 	// Spread names the spread group it counts in (ReserveRequest.Spread).
 	Spread string
+	// PreemptedBy names the reservation that took its capacity
+	// (<requester>/<id>, Preempt); empty unless it was preempted.
+	PreemptedBy string
 }
 
 // QID is the reservation's qualified id (QualifiedID).
