@@ -236,6 +236,13 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := mgr.Add(renewer); err != nil {
 		return fmt.Errorf("renewer: %w", err)
 	}
+	if o.Broker != nil {
+		protector := &reservation.Protector{Client: mgr.GetClient(), Pods: mgr.GetAPIReader(), Broker: o.Broker,
+			Log: mgr.GetLogger().WithName("protector")}
+		if err := mgr.Add(protector); err != nil {
+			return fmt.Errorf("protector: %w", err)
+		}
+	}
 	if o.Bridge != "" {
 		bo := o.BridgeOptions
 		bo.ClusterID, bo.Grants = o.ClusterID, o.Broker

@@ -149,3 +149,21 @@ func (sp *Spread) toStore() (*store.Spread, error) {
 	}
 	return out, nil
 }
+
+// ProtectRequest is the body of PUT /api/v2/protections: the caller's
+// reservations (ids as it chose them) whose pods a PodDisruptionBudget
+// protects now (no disruption allowed). It replaces the caller's previous
+// report, which holds a minute: the broker never preempts those.
+type ProtectRequest struct {
+	IDs []string `json:"ids"`
+}
+
+// Validate checks the ids (at most MaxRenewBatch).
+func (p ProtectRequest) Validate() error {
+	return RenewRequest(p).Validate()
+}
+
+// ProtectResponse answers a protection report.
+type ProtectResponse struct {
+	Protected int64 `json:"protected"`
+}

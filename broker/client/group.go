@@ -23,3 +23,12 @@ func (c *Client) ReserveGroup(ctx context.Context, g api.GroupRequest) (api.Grou
 	err := c.call(ctx, http.MethodPost, "/api/v2/groups", nil, g, true, &out)
 	return out, err
 }
+
+// Protect replaces the caller's report of the reservations whose pods a
+// PodDisruptionBudget protects now (PUT /api/v2/protections; idempotent,
+// retried).
+func (c *Client) Protect(ctx context.Context, ids []string) (api.ProtectResponse, error) {
+	var out api.ProtectResponse
+	err := c.call(ctx, http.MethodPut, "/api/v2/protections", nil, api.ProtectRequest{IDs: ids}, true, &out)
+	return out, err
+}

@@ -23,6 +23,10 @@
 -- providers are not always the first victims); the fit and wait checks
 -- cover the nodes it read.
 --
+-- A reservation its requester's agent reports protected (P.."protected:"..
+-- requester, protect.lua: its pod's PodDisruptionBudget allows no disruption
+-- now) is never a victim.
+--
 -- Moving the capacity: each victim ends (phase Released, field preempted_by
 -- naming the request; lib.lua end_reservation gives its capacity back and
 -- sends Released to its requester and provider), a Preempted event tells
@@ -39,6 +43,7 @@
 --          P.."nodes:"..id, P.."node-resv:"..id, P.."node-listed:"..id,
 --          P.."by-target:"..id, P.."by-requester:"..id, P.."resv:"..qid,
 --          P.."expiry", P.."usage", P.."spread:"..requester.."/"..group,
+--          P.."protected:"..requester,
 --          P.."events:"..id, P.."audit" (layout: lib.lua)
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  event stream max length   ARGV[3]  audit stream max length
@@ -122,7 +127,7 @@ for _, cid in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'idx:free:' .. (req.c
 end
 
 local RESV_FIELDS = {'requester', 'priority', 'cpu', 'mem', 'gpu', 'sto', 'node', 'phase', 'expires_ms', 'lease_ms'}
-local best, lower_seen, feasible = nil, 0, 0
+local best, lower_seen, feasible, protected_seen = nil, 0, 0, 0
 local enough = math.max(100, math.ceil(#cands / 10))
 local start = #cands > 0 and (now % #cands) or 0
 for k = 1, #cands do
@@ -157,7 +162,13 @@ for k = 1, #cands do
       if not r.lease and r.expires <= now + grace then
         for _, res in ipairs(RESOURCES) do soon[res] = soon[res] + r[res] end
       end
-      if r.priority < priority then lower[#lower + 1] = r end
+      if r.priority < priority then
+        if redis.call('SISMEMBER', prefix .. 'protected:' .. r.requester, bare_id(r.qid)) == 1 then
+          protected_seen = protected_seen + 1 -- its pod's disruption budget allows none now
+        else
+          lower[#lower + 1] = r
+        end
+      end
     end
     if holds(soon) then
       return {'wait', {}, '[]', cjson.encode({provider = cid, node = n.name}), now}
@@ -215,7 +226,8 @@ for k = 1, #cands do
 end
 
 if not best then
-  return {'nofit', {}, '[]', cjson.encode({candidates = #cands, lower_priority = lower_seen}), now}
+  return {'nofit', {}, '[]', cjson.encode({candidates = #cands, lower_priority = lower_seen,
+    protected = protected_seen}), now}
 end
 
 -- Move the capacity: end the victims, then reserve.

@@ -38,6 +38,8 @@ var (
 	ReserveGroup = load("reserve_group")
 	// Preempt reserves by taking lower-priority reservations' capacity (preempt.lua).
 	Preempt = load("preempt")
+	// Protect records the reservations PodDisruptionBudgets protect (protect.lua).
+	Protect = load("protect")
 )
 
 // All lists every script, for loading at start-up and readiness checks.
@@ -51,4 +53,5 @@ var All = map[string]*redis.Script{
 	"renew":         Renew,
 	"reserve_group": ReserveGroup,
 	"preempt":       Preempt,
+	"protect":       Protect,
 }

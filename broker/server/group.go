@@ -64,3 +64,23 @@ func (s *Server) postGroup(w http.ResponseWriter, r *http.Request, caller string
 		s.writeStoreError(w, "reserve_group", err)
 	}
 }
+
+// putProtections replaces the caller's report of the reservations its pods'
+// disruption budgets protect (store.Protect).
+func (s *Server) putProtections(w http.ResponseWriter, r *http.Request, caller string) {
+	var body api.ProtectRequest
+	if err := api.Decode(r.Body, &body); err != nil {
+		writeDecodeError(w, err)
+		return
+	}
+	if err := body.Validate(); err != nil {
+		writeDecodeError(w, err)
+		return
+	}
+	n, err := s.store.Protect(r.Context(), caller, body.IDs)
+	if err != nil {
+		s.writeStoreError(w, "protect", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.ProtectResponse{Protected: n})
+}

@@ -108,3 +108,18 @@ func TestSpreadAPI(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, code, "%s", data)
 	assert.Contains(t, string(data), `spread.whenUnsatisfiable: \"Sometimes\", not DoNotSchedule or ScheduleAnyway`)
 }
+
+// TestProtectionsAPI: PUT /api/v2/protections replaces the caller's report;
+// bad ids are a 400.
+func TestProtectionsAPI(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	code, data := b.Do("rome", http.MethodPut, "/api/v2/protections", api.ProtectRequest{IDs: []string{"a", "b"}})
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	assert.Equal(t, int64(2), brokertest.Decode[api.ProtectResponse](t, data).Protected)
+	code, data = b.Do("rome", http.MethodPut, "/api/v2/protections", api.ProtectRequest{IDs: []string{"Not An Id"}})
+	assert.Equal(t, http.StatusBadRequest, code, "%s", data)
+	assert.Contains(t, string(data), "ids[0]")
+	code, data = b.Do("rome", http.MethodPut, "/api/v2/protections", api.ProtectRequest{})
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	assert.Zero(t, brokertest.Decode[api.ProtectResponse](t, data).Protected)
+}

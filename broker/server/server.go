@@ -97,6 +97,7 @@ func (s *Server) Handler() http.Handler {
 	handle("POST /api/v2/groups", s.postGroup)
 	// A renewal carries up to api.MaxRenewBatch ids: a larger body bound.
 	mux.Handle("POST /api/v2/renewals", s.authenticated("POST /api/v2/renewals", api.MaxRenewBodyBytes, s.postRenewals))
+	mux.Handle("PUT /api/v2/protections", s.authenticated("PUT /api/v2/protections", api.MaxRenewBodyBytes, s.putProtections))
 	handle("GET /api/v2/events", s.streamEvents)
 	handle("GET /api/v2/usage", s.getUsage)
 

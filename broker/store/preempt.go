@@ -106,10 +106,28 @@ func (s *Store) Preempt(ctx context.Context, req ReserveRequest) (PreemptDecisio
 		var d struct {
 			Candidates    int64 `json:"candidates"`
 			LowerPriority int64 `json:"lower_priority"`
+			Protected     int64 `json:"protected"`
 		}
 		_ = json.Unmarshal([]byte(detail), &d)
 		return PreemptDecision{}, &NoFitError{Rejected: map[string]int64{"preemption_candidates": d.Candidates,
-			"lower_priority_reservations": d.LowerPriority}}
+			"lower_priority_reservations": d.LowerPriority, "protected_by_disruption_budget": d.Protected}}
 	}
 	return PreemptDecision{}, fmt.Errorf("unexpected preempt outcome %q", outcome)
+}
+
+// ProtectTTL is how long a requester's report of protected reservations
+// holds (Protect); its agent reports more often.
+const ProtectTTL = time.Minute
+
+// Protect replaces the set of requester's reservations (ids as it chose
+// them) that PodDisruptionBudgets protect now: Preempt never takes them.
+// The report holds ProtectTTL.
+func (s *Store) Protect(ctx context.Context, requester string, ids []string) (int64, error) {
+	args := make([]any, 0, 2+len(ids))
+	args = append(args, requester, ProtectTTL.Milliseconds())
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	n, err := scripts.Protect.Run(ctx, s.rdb, []string{s.cfg.Prefix}, args...).Int64()
+	return n, err
 }

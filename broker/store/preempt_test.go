@@ -151,3 +151,33 @@ func TestReservePreempts(t *testing.T) {
 	assert.Equal(t, "low", d.Victims[0].Reservation)
 	require.NoError(t, s.CheckInvariant(ctx))
 }
+
+// TestPreemptSparesProtected: the lowest-priority reservation is protected
+// by its pod's disruption budget (its requester reported it): the next one
+// up is taken instead; with both protected, nothing is, and the refusal
+// says why.
+func TestPreemptSparesProtected(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	advertise(t, s, "paris", withNodes(30_000, node("p1", 2000, 2000, 0), node("p2", 2000, 2000, 0)))
+	_, err := s.Reserve(ctx, prioritized("lowest", "rome", 2000, 1))
+	require.NoError(t, err)
+	_, err = s.Reserve(ctx, prioritized("low", "lyon", 2000, 2))
+	require.NoError(t, err)
+	n, err := s.Protect(ctx, "rome", []string{"lowest"})
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n)
+
+	d, err := s.Preempt(ctx, prioritized("urgent", "milan", 2000, 9))
+	require.NoError(t, err)
+	require.Len(t, d.Victims, 1)
+	assert.Equal(t, "low", d.Victims[0].Reservation, "lowest is protected")
+
+	_, err = s.Protect(ctx, "milan", []string{"urgent"})
+	require.NoError(t, err)
+	_, err = s.Preempt(ctx, prioritized("more", "milan", 2000, 50))
+	var nf *store.NoFitError
+	require.ErrorAs(t, err, &nf)
+	assert.Equal(t, int64(2), nf.Rejected["protected_by_disruption_budget"])
+	require.NoError(t, s.CheckInvariant(ctx))
+}
