@@ -236,6 +236,13 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := mgr.Add(renewer); err != nil {
 		return fmt.Errorf("renewer: %w", err)
 	}
+	if o.Broker != nil {
+		protector := &reservation.Protector{Client: mgr.GetClient(), Pods: mgr.GetAPIReader(), Broker: o.Broker,
+			Log: mgr.GetLogger().WithName("protector")}
+		if err := mgr.Add(protector); err != nil {
+			return fmt.Errorf("protector: %w", err)
+		}
+	}
 	if o.Bridge != "" {
 		bo := o.BridgeOptions
 		bo.ClusterID, bo.Grants = o.ClusterID, o.Broker
@@ -269,7 +276,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if err := mgr.Add(&follower.Follower{
 		Broker: o.Broker, Client: mgr.GetClient(), ClusterID: o.ClusterID, Namespace: o.Namespace, Reservations: rec,
-		Recorder: mgr.GetEventRecorder("rb-agent"),
+		Recorder: mgr.GetEventRecorder("rb-agent"), APIReader: mgr.GetAPIReader(),
 	}); err != nil {
 		return err
 	}

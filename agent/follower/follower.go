@@ -46,6 +46,9 @@ type Follower struct {
 	MaxBackoff time.Duration
 	// OnConnect, if set, is called after each successful resync (tests, metrics).
 	OnConnect func()
+	// APIReader reads the pods of preempted reservations (the manager's
+	// cache holds only reservation pods); nil: Client.
+	APIReader client.Reader
 }
 
 // NeedLeaderElection keeps one follower per cluster.
@@ -128,6 +131,11 @@ func (f *Follower) handle(ctx context.Context, e api.Event) error {
 			return err
 		}
 		switch {
+		case rsv != nil && e.Type == api.EventPreempted:
+			if err := f.preempted(ctx, rsv, e); err != nil {
+				return err
+			}
+			f.Reservations.Enqueue(types.NamespacedName{Namespace: rsv.Namespace, Name: rsv.Name})
 		case rsv != nil:
 			f.Reservations.Enqueue(types.NamespacedName{Namespace: rsv.Namespace, Name: rsv.Name})
 		case e.Type == api.EventCapacityAvailable:

@@ -205,6 +205,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &rbv1.Reservation{}, PodIndex, indexPod); err != nil {
 		return err
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &rbv1.Reservation{}, GroupIndex, indexGroup); err != nil {
+		return err
+	}
 	if err := metrics.RegisterReservationCollector(mgr.GetCache()); err != nil {
 		return err
 	}
@@ -317,7 +320,6 @@ func (r *Reconciler) addFinalizer(ctx context.Context, rsv *rbv1.Reservation) fu
 // from the waiting list), as the object may be gone with nothing left to
 // release it; the next attempt asks again.
 func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation, finalizer func() error) (ctrl.Result, error) {
-	logger := log.FromContext(ctx)
 	req, err := r.requestFor(rsv)
 	if err != nil {
 		if err := finalizer(); err != nil {
@@ -325,9 +327,19 @@ func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation, finaliz
 		}
 		return r.fail(ctx, rsv, "Invalid", err.Error())
 	}
+	if rsv.Spec.Group != nil {
+		return r.reserveGroup(ctx, rsv, req, finalizer)
+	}
 	rsv.Status.Attempts++
 	decision, err := r.Broker.Reserve(ctx, req)
 	metrics.BrokerCalls.WithLabelValues("reserve", outcome(err)).Inc()
+	return r.settle(ctx, rsv, decision, err, finalizer)
+}
+
+// settle writes the broker's answer to a reservation request (a decision or
+// err) into status, once finalizer has put the release finalizer in place.
+func (r *Reconciler) settle(ctx context.Context, rsv *rbv1.Reservation, decision api.Reservation, err error, finalizer func() error) (ctrl.Result, error) {
+	logger := log.FromContext(ctx)
 	if ferr := finalizer(); ferr != nil {
 		if _, rerr := r.Broker.Release(ctx, string(rsv.UID)); rerr != nil && !brokerclient.IsNotFound(rerr) {
 			logger.Info("could not release after failing to add the finalizer; the broker expires it", "error", rerr.Error())
@@ -344,10 +356,15 @@ func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation, finaliz
 			return ctrl.Result{}, err
 		}
 		logger.Info("reserved", "provider", decision.Provider, "score", decision.Score, "attempts", rsv.Status.Attempts,
-			"phase", decision.Phase, "lease", decision.Lease, "remainingMs", decision.RemainingMs)
+			"phase", decision.Phase, "lease", decision.Lease, "remainingMs", decision.RemainingMs, "group", decision.Group)
 		if isLive(rsv.Status.Phase) {
-			r.Recorder.Eventf(rsv, nil, corev1.EventTypeNormal, "Reserved", "Reserve", "reserved on %s (score %.2f), %s",
-				decision.Provider, decision.Score, lifetime(decision))
+			if decision.Group != "" {
+				r.Recorder.Eventf(rsv, nil, corev1.EventTypeNormal, "Reserved", "Reserve", "reserved on %s with group %s, %s",
+					decision.Provider, decision.Group, lifetime(decision))
+			} else {
+				r.Recorder.Eventf(rsv, nil, corev1.EventTypeNormal, "Reserved", "Reserve", "reserved on %s (score %.2f), %s",
+					decision.Provider, decision.Score, lifetime(decision))
+			}
 		}
 		r.transitionEvent(rsv, before)
 		return r.untilExpiry(decision), nil
@@ -659,6 +676,10 @@ func (r *Reconciler) requestFor(rsv *rbv1.Reservation) (api.ReservationRequest, 
 	}
 	if len(rsv.Spec.ProviderSelector) > 0 {
 		req.Selector = &api.LabelSelector{MatchLabels: rsv.Spec.ProviderSelector}
+	}
+	req.Preempt = rsv.Spec.PreemptionPolicy != nil && *rsv.Spec.PreemptionPolicy == corev1.PreemptLowerPriority
+	if sp := rsv.Spec.Spread; sp != nil {
+		req.Spread = &api.Spread{Group: sp.Group, TopologyKey: sp.TopologyKey, MaxSkew: sp.MaxSkew, WhenUnsatisfiable: sp.WhenUnsatisfiable}
 	}
 	return req, nil
 }

@@ -64,6 +64,59 @@ type ReservationSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	PodName string `json:"podName,omitempty"`
+
+	// Group makes the reservation one member of a gang (the pods of a
+	// scheduler-plugins PodGroup, set by the scheduler plugin): the agent
+	// asks the broker for the group's members together, all or nothing,
+	// once MinMember of them exist in the namespace.
+	// +optional
+	Group *ReservationGroup `json:"group,omitempty"`
+
+	// Spread places the reservation among the earlier replicas of its
+	// spread group at the broker (set by the scheduler plugin from the pod's
+	// topologySpreadConstraints over the labels providers advertise).
+	// +optional
+	Spread *ReservationSpread `json:"spread,omitempty"`
+
+	// PreemptionPolicy is its pod's: PreemptLowerPriority lets the broker,
+	// when the reservation fits nowhere, take the capacity of reservations
+	// of lower priority; Never (the default) waits.
+	// +optional
+	// +kubebuilder:validation:Enum=PreemptLowerPriority;Never
+	PreemptionPolicy *corev1.PreemptionPolicy `json:"preemptionPolicy,omitempty"`
+}
+
+// ReservationSpread is a topology spread constraint over provider labels.
+type ReservationSpread struct {
+	// Group names the replicas counted together: <namespace>/<the
+	// constraint's label selector>/<topology key>.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	Group string `json:"group"`
+	// TopologyKey is the provider label whose values are the domains.
+	// +optional
+	// +kubebuilder:validation:MaxLength=317
+	TopologyKey string `json:"topologyKey,omitempty"`
+	// MaxSkew is the most a domain may hold beyond the least-used one.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	MaxSkew int32 `json:"maxSkew,omitempty"`
+	// WhenUnsatisfiable: DoNotSchedule (a hard rule) or ScheduleAnyway.
+	// +optional
+	// +kubebuilder:validation:Enum=DoNotSchedule;ScheduleAnyway
+	WhenUnsatisfiable string `json:"whenUnsatisfiable,omitempty"`
+}
+
+// ReservationGroup names the gang a reservation belongs to.
+type ReservationGroup struct {
+	// Name of the PodGroup, in the reservation's namespace.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// MinMember is how many members must be reserved together.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=256
+	MinMember int32 `json:"minMember"`
 }
 
 // ReservationStatus mirrors the broker's decision.

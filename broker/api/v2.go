@@ -310,6 +310,14 @@ type ReservationRequest struct {
 	// renewal makes it end Lease after the renewal, on the broker's clock.
 	// Empty: a fixed Duration, never renewed (manual reservations, v1).
 	Lease string `json:"lease,omitempty"`
+	// Spread places it among the earlier replicas of its spread group
+	// (see Spread); nil: none.
+	Spread *Spread `json:"spread,omitempty"`
+	// Preempt lets it, when it fits nowhere, take the capacity of
+	// reservations of lower priority (its pod's preemptionPolicy is
+	// PreemptLowerPriority): the fewest, lowest priority first, unless
+	// capacity being released would hold it.
+	Preempt bool `json:"preempt,omitempty"`
 }
 
 // ToStore validates the request of requester and converts it.
@@ -338,6 +346,10 @@ func (r ReservationRequest) ToStore(requester string, lim Limits) (store.Reserve
 		}
 		out.Selector = r.Selector.MatchLabels
 	}
+	if out.Spread, err = r.Spread.toStore(); err != nil {
+		return out, err
+	}
+	out.Preempt = r.Preempt
 	return out, validateText("owner", r.Owner, 253)
 }
 
@@ -390,6 +402,10 @@ type Reservation struct {
 	// Lease is the lease length (a Go duration) of a renewable reservation;
 	// empty for a fixed-duration one.
 	Lease string `json:"lease,omitempty"`
+	// Group names the gang it was reserved with (POST /api/v2/groups).
+	Group string `json:"group,omitempty"`
+	// SpreadGroup names the spread group it counts in (ReservationRequest.Spread).
+	SpreadGroup string `json:"spreadGroup,omitempty"`
 	// RemainingMs is how long the reservation still lives unless renewed,
 	// measured on the broker's clock when the answer was made (0 once
 	// ended). Agents act on it, never on ExpiresAt, which is for people:
@@ -404,7 +420,7 @@ func ReservationFromStore(r store.Reservation, withGrant bool) Reservation {
 		ID: r.ID, Requester: r.Requester, Provider: r.Target, Phase: r.Phase,
 		Resources: FromResources(r.Resources), Score: r.Score, Price: r.Price,
 		Owner: r.Owner, Priority: r.Priority, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, Node: r.Node,
-		RemainingMs: r.Remaining.Milliseconds(),
+		Group: r.Group, SpreadGroup: r.Spread, RemainingMs: r.Remaining.Milliseconds(),
 	}
 	if r.Lease > 0 {
 		out.Lease = r.Lease.String()
@@ -486,7 +502,14 @@ type Event struct {
 	// RemainingMs: how long the reservation still lives unless renewed, on
 	// the broker's clock when the event was made (see Reservation).
 	RemainingMs int64 `json:"remainingMs,omitempty"`
+	// PreemptedBy names, in a Preempted event, the reservation of higher
+	// priority that took its capacity (<requester>/<id>).
+	PreemptedBy string `json:"preemptedBy,omitempty"`
 }
+
+// EventPreempted tells a reservation's requester and provider that a
+// reservation of higher priority took its capacity (it is Released).
+const EventPreempted = "Preempted"
 
 // MaxRenewBatch is the most ids one renewal request may carry.
 const MaxRenewBatch = 5000
@@ -551,5 +574,5 @@ const EventCapacityAvailable = "CapacityAvailable"
 func EventFromStore(e store.Event) Event {
 	return Event{Type: e.Type, Reservation: e.Reservation, Requester: e.Requester, Provider: e.Provider,
 		Phase: e.Phase, Resources: FromResources(e.Resources), ExpiresAt: e.ExpiresAt, Node: e.Node,
-		RemainingMs: e.Remaining.Milliseconds()}
+		RemainingMs: e.Remaining.Milliseconds(), PreemptedBy: e.PreemptedBy}
 }

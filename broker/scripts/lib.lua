@@ -95,6 +95,11 @@
 --   P.."wait-due"           zset    waiting member -> when its wait hash expires (ms): expire.lua
 --                                   removes the members due, so that none outlives its request
 --
+-- Spread (reserve_group.lua):
+--   P.."spread:"..requester.."/"..group  hash  provider id -> how many live reservations of
+--                                   that spread group (an owner's replicas) it holds; the
+--                                   reservations carry the group in their field spread
+--
 -- Leases (renew.lua): a reservation with lease_ms ends at expires_ms unless its
 -- requester renews it; a renewal sets expires_ms (and its expiry score) to
 -- now + lease_ms when that is later. All times are the Redis server's (TIME).
@@ -551,6 +556,13 @@ local function node_debit(prefix, cid, node, amounts, sign)
   return clamped
 end
 
+-- spread_count adds delta to the live reservations of a requester's spread
+-- group on provider cid (header); a count back at zero is removed.
+local function spread_count(prefix, requester, group, cid, delta)
+  local key = prefix .. 'spread:' .. requester .. '/' .. group
+  if redis.call('HINCRBY', key, cid, delta) <= 0 then redis.call('HDEL', key, cid) end
+end
+
 -- end_reservation moves a live reservation (qualified id qid, map r) to a final phase and gives
 -- its capacity back to the target exactly once: the cluster's counters, and
 -- the debit of its node unless the target's last advertisement listed it
@@ -579,6 +591,7 @@ local function end_reservation(prefix, qid, r, phase, now, so, retention_ms)
   elseif r.node and r.node ~= '' then
     redis.call('SREM', prefix .. 'node-listed:' .. r.target, qid)
   end
+  if r.spread and r.spread ~= '' then spread_count(prefix, r.requester, r.spread, r.target, -1) end
   local u = read_usage(prefix, r.requester)
   u.n = u.n - 1
   for _, res in ipairs(RESOURCES) do

@@ -40,16 +40,25 @@ var (
 	Reindex   = load("reindex")
 	Renew     = load("renew")
 	Forget    = load("forget")
+	// ReserveGroup decides a gang, all or nothing (reserve_group.lua).
+	ReserveGroup = load("reserve_group")
+	// Preempt reserves by taking lower-priority reservations' capacity (preempt.lua).
+	Preempt = load("preempt")
+	// Protect records the reservations PodDisruptionBudgets protect (protect.lua).
+	Protect = load("protect")
 )
 
 // All lists every script, for loading at start-up and readiness checks.
 var All = map[string]*redis.Script{
-	"advertise": Advertise,
-	"reserve":   Reserve,
-	"release":   Release,
-	"expire":    Expire,
-	"grant":     Grant,
-	"reindex":   Reindex,
-	"renew":     Renew,
-	"forget":    Forget,
+	"advertise":     Advertise,
+	"reserve":       Reserve,
+	"release":       Release,
+	"expire":        Expire,
+	"grant":         Grant,
+	"reindex":       Reindex,
+	"renew":         Renew,
+	"reserve_group": ReserveGroup,
+	"preempt":       Preempt,
+	"protect":       Protect,
+	"forget":        Forget,
 }

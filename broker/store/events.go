@@ -85,7 +85,7 @@ func (s *Store) ReadStreams(ctx context.Context, clusters, cursors []string, cou
 
 func eventFromMessage(m redis.XMessage) Event {
 	str := func(k string) string { v, _ := m.Values[k].(string); return v }
-	return Event{
+	e := Event{
 		ID:          m.ID,
 		Type:        str("type"),
 		Reservation: str("reservation"),
@@ -97,4 +97,8 @@ func eventFromMessage(m redis.XMessage) Event {
 		Remaining:   time.Duration(atoi(str("remaining_ms"))) * time.Millisecond,
 		Node:        str("node"),
 	}
+	if by := str("by"); by != "" {
+		e.PreemptedBy = str("by_requester") + "/" + by
+	}
+	return e
 }

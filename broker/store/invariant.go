@@ -30,11 +30,13 @@ func (s *Store) CheckInvariant(ctx context.Context) error {
 		return err
 	}
 	var errs []error
+	var allLive []Reservation
 	for _, c := range clusters {
 		live, err := s.LiveReservations(ctx, "by-target", c.ID)
 		if err != nil {
 			return err
 		}
+		allLive = append(allLive, live...)
 		var sum Resources
 		for _, r := range live {
 			if !r.Live() {
@@ -60,6 +62,11 @@ func (s *Store) CheckInvariant(ctx context.Context) error {
 
 		errs = append(errs, err)
 	}
+	spreadErrs, err := s.checkSpread(ctx, allLive)
+	if err != nil {
+		return err
+	}
+	errs = append(errs, spreadErrs...)
 	usageErrs, err := s.checkUsage(ctx)
 	if err != nil {
 		return err

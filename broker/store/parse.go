@@ -61,20 +61,23 @@ func resourcesFrom(m map[string]string, prefix string) Resources {
 // the read, for Remaining.
 func reservationFromMap(id string, m map[string]string, nowMs int64) (Reservation, error) {
 	r := Reservation{
-		ID:        id,
-		Requester: m["requester"],
-		Target:    m["target"],
-		Phase:     m["phase"],
-		Resources: resourcesFrom(m, ""),
-		CreatedAt: msTime(atoi(m["created_ms"])),
-		ExpiresAt: msTime(atoi(m["expires_ms"])),
-		EndedAt:   msTime(atoi(m["ended_ms"])),
-		Duration:  time.Duration(atoi(m["duration_ms"])) * time.Millisecond,
-		Lease:     time.Duration(atoi(m["lease_ms"])) * time.Millisecond,
-		Price:     atoi(m["price"]),
-		Owner:     m["owner"],
-		Priority:  int32(atoi(m["priority"])),
-		Node:      m["node"],
+		ID:          id,
+		Requester:   m["requester"],
+		Target:      m["target"],
+		Phase:       m["phase"],
+		Resources:   resourcesFrom(m, ""),
+		CreatedAt:   msTime(atoi(m["created_ms"])),
+		ExpiresAt:   msTime(atoi(m["expires_ms"])),
+		EndedAt:     msTime(atoi(m["ended_ms"])),
+		Duration:    time.Duration(atoi(m["duration_ms"])) * time.Millisecond,
+		Lease:       time.Duration(atoi(m["lease_ms"])) * time.Millisecond,
+		Price:       atoi(m["price"]),
+		Owner:       m["owner"],
+		Priority:    int32(atoi(m["priority"])),
+		Node:        m["node"],
+		Group:       m["group"],
+		Spread:      m["spread"],
+		PreemptedBy: m["preempted_by"],
 	}
 	if exp := atoi(m["expires_ms"]); r.Live() && exp > nowMs {
 		r.Remaining = time.Duration(exp-nowMs) * time.Millisecond

@@ -73,6 +73,11 @@ type Config struct {
 	// Policy holds the operator's per-requester limits and the bounds of
 	// what a provider may advertise (broker/policy); nil: none.
 	Policy Policy
+	// MaxOwnerShare, in (0, 1], is the broker's spread policy: a provider
+	// should hold at most max(1, ceil(share × replicas)) of one spread
+	// group's live reservations (a preference, ScheduleAnyway-like; see
+	// scripts/reserve_group.lua). 0: no policy.
+	MaxOwnerShare float64
 	// GrantKeys seal the grants in Redis; nil: a key of this process only
 	// (RandomGrantKeys), which does for one broker, never for replicas.
 	GrantKeys *GrantKeys
@@ -293,11 +298,48 @@ func appendResources(args []any, prefix string, r Resources) []any {
 // batches (Config.ReserveBatch), each exactly as if alone. With a
 // Config.Policy, the requester's limits are the policy's.
 func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, error) {
+	if sp := req.Spread; sp != nil && (sp.TopologyKey != "" || s.cfg.MaxOwnerShare > 0) {
+		if s.cfg.Policy != nil {
+			req.Limits = s.cfg.Policy.Limits(req.Requester)
+		}
+		return s.reserveSpread(ctx, req)
+	}
 	p, err := newPendingReserve(ctx, s.withLimits(req))
 	if err != nil {
 		return Decision{}, err
 	}
-	return s.reserve.do(ctx, p)
+	d, err := s.reserve.do(ctx, p)
+	var nf *NoFitError
+	if req.Preempt && errors.As(err, &nf) && nf.Rejected["waiting_higher_priority"] == 0 {
+		return s.preemptFor(ctx, req, nf)
+	}
+	return d, err
+}
+
+// preemptFor runs Preempt for a request reserve.lua refused (nf): the
+// decision, or the refusal, saying why nothing was preempted.
+func (s *Store) preemptFor(ctx context.Context, req ReserveRequest, nf *NoFitError) (Decision, error) {
+	pd, err := s.Preempt(ctx, req)
+	var pnf *NoFitError
+	switch {
+	case err == nil:
+		return Decision{Reservation: pd.Reservation, Replayed: pd.Replayed, Victims: pd.Victims}, nil
+	case errors.Is(err, ErrFitsWithoutPreemption): // capacity came back meanwhile
+		p, err := newPendingReserve(ctx, s.withLimits(req))
+		if err != nil {
+			return Decision{}, err
+		}
+		return s.reserve.do(ctx, p)
+	case errors.Is(err, ErrCapacityComing):
+		nf.Rejected["capacity_being_released"] = 1
+		return Decision{}, nf
+	case errors.As(err, &pnf):
+		for k, n := range pnf.Rejected {
+			nf.Rejected[k] = n
+		}
+		return Decision{}, nf
+	}
+	return Decision{}, err
 }
 
 // withLimits sets req's limits from the policy, if any.

@@ -149,6 +149,16 @@ type ReserveRequest struct {
 	// Limits are the requester's; Store.Reserve sets them from
 	// Config.Policy when it has one.
 	Limits Limits
+	// Spread, with a topology key or under the broker's share policy, has
+	// the request decided among its spread group's replicas
+	// (scripts/reserve_group.lua): its provider is chosen by the spread
+	// rules and the most free cpu, not by reserve.lua's score, and it does
+	// not wait on the priority list (its requester retries it).
+	Spread *Spread
+	// Preempt lets a request that fits nowhere take the capacity of
+	// reservations of lower priority (Store.Preempt; its pod's
+	// preemptionPolicy is PreemptLowerPriority).
+	Preempt bool
 }
 
 // Limits are the operator's fair-share limits of one requester
@@ -254,6 +264,14 @@ type Reservation struct {
 	// Node is the node of Target the reservation debits; empty when Target
 	// advertises no nodes.
 	Node string
+	// Group names the gang the reservation was decided with (ReserveGroup);
+	// empty for a single reservation.
+	Group string
+	// Spread names the spread group it counts in (ReserveRequest.Spread).
+	Spread string
+	// PreemptedBy names the reservation that took its capacity
+	// (<requester>/<id>, Preempt); empty unless it was preempted.
+	PreemptedBy string
 }
 
 // QID is the reservation's qualified id (QualifiedID).
@@ -266,6 +284,8 @@ func (r Reservation) Live() bool { return r.Phase == PhaseReserved || r.Phase ==
 type Decision struct {
 	Reservation Reservation
 	Replayed    bool // the id was decided before; this is the first answer again
+	// Victims are the reservations it preempted (Preempt).
+	Victims []Victim
 }
 
 // Event is one notification on a cluster's stream.
@@ -280,6 +300,9 @@ type Event struct {
 	ExpiresAt   time.Time
 	Remaining   time.Duration // left when the event was made (Redis clock); 0 once ended
 	Node        string        // the node the reservation debits, if any
+	// PreemptedBy names, in a Preempted event, the reservation that took
+	// its capacity (<requester>/<id>).
+	PreemptedBy string
 }
 
 // RenewOutcome is what a renewal did to one id.

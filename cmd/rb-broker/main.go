@@ -53,6 +53,7 @@ type options struct {
 	maxDuration     time.Duration
 	expiryInterval  time.Duration
 	waitTTL         time.Duration
+	maxOwnerShare   float64
 	reserveBatch    int
 	reserveInFlight int
 	gcPercent       int
@@ -126,6 +127,7 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.staleThreshold, "stale-threshold", time.Minute, "a cluster not advertised for this long (Redis clock) is not a candidate")
 	f.DurationVar(&o.defaultDuration, "default-duration", time.Hour, "duration of a reservation that names none")
 	f.DurationVar(&o.maxDuration, "max-duration", 24*time.Hour, "longest duration a reservation may ask for")
+	f.Float64Var(&o.maxOwnerShare, "max-owner-share", 0, "spread policy: a provider should hold at most this share (0 to 1) of one spread group's replicas, at least one (a preference; 0: no policy). Requests that name a spread group are then decided by the spread rules")
 	f.DurationVar(&o.waitTTL, "wait-ttl", store.DefaultWaitTTL, "how long a request nothing fits keeps its place on the priority-ordered waiting list without a retry of it (must exceed the agents' waiting retry, 2s)")
 	f.IntVar(&o.reserveBatch, "reserve-batch", 64, "most reservation requests decided in one Redis script call (those that queued while earlier calls were in flight; 1: one call each)")
 	f.IntVar(&o.reserveInFlight, "reserve-in-flight", 2, "Redis script calls deciding reservations that one replica keeps in flight at once")
@@ -162,6 +164,9 @@ func (o options) validate() error {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
 		}
+	}
+	if o.maxOwnerShare < 0 || o.maxOwnerShare > 1 {
+		errs = append(errs, fmt.Errorf("--max-owner-share must be between 0 and 1, got %g", o.maxOwnerShare))
 	}
 	if o.defaultDuration > o.maxDuration {
 		errs = append(errs, fmt.Errorf("--default-duration (%s) exceeds --max-duration (%s)", o.defaultDuration, o.maxDuration))
@@ -435,7 +440,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL,
+	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL, MaxOwnerShare: o.maxOwnerShare,
 		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, Retention: o.retention, AuditRetention: o.auditRetention,
 		Policy: pol, GrantKeys: grantKeys})
 	cfg := server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams, MaxListsPerCluster: o.maxLists,

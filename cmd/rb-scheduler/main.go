@@ -4,6 +4,8 @@
 // fit no local node get a broker Reservation and are bound to the
 // provider's virtual node. Every kube-scheduler flag applies; the plugin is
 // configured in the KubeSchedulerConfiguration given with --config.
+// scheduler-plugins' Coscheduling is built in too, for gangs (PodGroups):
+// a profile that enables it binds a group's members together.
 package main
 
 import (
@@ -16,6 +18,8 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
 	_ "k8s.io/component-base/metrics/prometheus/version" // for version metric registration
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+	_ "sigs.k8s.io/scheduler-plugins/apis/config/scheme" // CoschedulingArgs in the configuration's scheme
+	"sigs.k8s.io/scheduler-plugins/pkg/coscheduling"
 
 	"github.com/fluidos-project/resource-broker/internal/version"
 	"github.com/fluidos-project/resource-broker/plugins/resourcebroker"
@@ -23,7 +27,8 @@ import (
 
 // newCommand is kube-scheduler's command with our plugin registered.
 func newCommand() *cobra.Command {
-	cmd := app.NewSchedulerCommand(app.WithPlugin(resourcebroker.Name, resourcebroker.New))
+	cmd := app.NewSchedulerCommand(app.WithPlugin(resourcebroker.Name, resourcebroker.New),
+		app.WithPlugin(coscheduling.Name, coscheduling.New))
 	cmd.Use = "rb-scheduler"
 	// kube-scheduler's --version (component-base's verflag) prints
 	// component-base's version, which the build stamps with the Kubernetes

@@ -170,8 +170,8 @@ type Cluster struct {
 // the agent's namespace and the agent's and scheduler's identities and
 // permissions from the manifests (identities.go), Ready nodes, an admin
 // kubeconfig.
-func (c *Cluster) startControlPlane(ctx context.Context, crdDir string) error {
-	opts := []testenv.Option{testenv.WithCRDDirectories(crdDir),
+func (c *Cluster) startControlPlane(ctx context.Context, crdDirs ...string) error {
+	opts := []testenv.Option{testenv.WithCRDDirectories(crdDirs...),
 		testenv.WithAPIServerArg("service-cluster-ip-range", serviceCIDR(c.index))}
 	if c.bed.opts.RealNodes {
 		real, err := c.controlPlaneOptions(ctx)
@@ -496,6 +496,11 @@ func (c *Cluster) schedulerConfig(moduleRoot string) ([]byte, error) {
 	def := map[string]any{"schedulerName": corev1.DefaultSchedulerName}
 	if c.Spec.Requester {
 		profiles, _ := cfg["profiles"].([]any)
+		if c.bed.opts.Gangs {
+			if err := enableCoscheduling(profiles); err != nil {
+				return nil, err
+			}
+		}
 		cfg["profiles"] = append(profiles, def)
 	} else {
 		cfg["profiles"] = []any{def}

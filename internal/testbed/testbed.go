@@ -107,6 +107,10 @@ type Options struct {
 	// Images are image tarballs imported into every real node besides the
 	// bed's own (testimages).
 	Images []string
+	// Gangs installs scheduler-plugins' PodGroup CRD in every cluster and
+	// enables its Coscheduling plugin in the requesters' resource-broker
+	// profile (gangs.go).
+	Gangs bool
 }
 
 func (o *Options) defaults() {
@@ -331,9 +335,16 @@ func (b *Bed) start(ctx context.Context) error {
 			return err
 		}))
 	}
-	crdDir := filepath.Join(b.moduleRoot, "manifests", "crds")
+	crdDirs := []string{filepath.Join(b.moduleRoot, "manifests", "crds")}
+	if o.Gangs {
+		dir, err := podGroupCRDDir(b.moduleRoot)
+		if err != nil {
+			return err
+		}
+		crdDirs = append(crdDirs, dir)
+	}
 	for _, c := range b.Clusters {
-		g.Go(timed("control plane "+c.Name, func() error { return c.startControlPlane(gctx, crdDir) }))
+		g.Go(timed("control plane "+c.Name, func() error { return c.startControlPlane(gctx, crdDirs...) }))
 	}
 	g.Go(timed("certificates", b.makeCerts))
 	if o.RealNodes {

@@ -26,7 +26,15 @@ func (pl *ResourceBroker) buildReservation(namespace, name string, uid types.UID
 	if v.reason != "" {
 		return nil // changed since PostFilter (e.g. annotated not to be offloaded)
 	}
-	u, err := toUnstructured(newReservation(pod, pl.args, v.selector))
+	rsv := newReservation(pod, pl.args, v.selector)
+	if rsv.Spec.Group, err = pl.podGroup(pod); err != nil {
+		// The pod is tried again when its PodGroup appears (Coscheduling's queueing hint).
+		pl.handle.EventRecorder().Eventf(pod, nil, v1.EventTypeWarning, "BrokerReservationFailed", "Create",
+			"Could not create broker reservation %s: %v", rsv.Name, err)
+		return nil
+	}
+	rsv.Spec.Spread = spreadOf(pod)
+	u, err := toUnstructured(rsv)
 	if err != nil {
 		return nil
 	}

@@ -389,11 +389,26 @@ func newReservation(pod *v1.Pod, args *config.ResourceBrokerArgs, selector map[s
 			ProviderSelector: selector,
 			Priority:         priority,
 			PodName:          pod.Name,
+			// A pod that may preempt here may preempt at the broker (its priority above 0).
+			PreemptionPolicy: preemptionPolicy(pod),
 		},
 	}
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// preemptionPolicy is the pod's preemption policy for its reservation:
+// PreemptLowerPriority when the pod has a priority above 0 and may preempt
+// (kube-scheduler's default for such a pod), else nil (it waits).
+func preemptionPolicy(pod *v1.Pod) *v1.PreemptionPolicy {
+	if pod.Spec.Priority == nil || *pod.Spec.Priority <= 0 {
+		return nil
+	}
+	if p := pod.Spec.PreemptionPolicy; p != nil && *p == v1.PreemptNever {
+		return nil
+	}
+	return ptrTo(v1.PreemptLowerPriority)
+}
 
 // fitsReservation reports whether requests fit in what is left of the
 // reservation's resources after used; it names the first resource short.

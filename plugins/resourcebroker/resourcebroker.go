@@ -83,6 +83,7 @@ type ResourceBroker struct {
 	nodes     *nodeTracker
 	worker    *worker
 	podLister corelisters.PodLister
+	dyn       dynamic.Interface // reads PodGroups (gang.go)
 
 	// hintsOnly turns off the retries by the plugin's own informers (a pod
 	// moved to the active queue when its reservation or its virtual node
@@ -142,6 +143,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		rsvs:                rsvs,
 		nodes:               newNodeTracker(),
 		worker:              newWorker(client),
+		dyn:                 client,
 		podLister:           h.SharedInformerFactory().Core().V1().Pods().Lister(),
 		claims:              map[types.UID]claim{},
 		blocked:             map[string]sets.Set[types.UID]{},

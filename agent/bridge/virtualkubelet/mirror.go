@@ -152,7 +152,10 @@ func (e errUnsupported) Error() string { return e.msg }
 //   - name mapped by RemoteName, labels and annotations carried with the marks of origin;
 //   - the service account token and its mounts dropped, no token automounted;
 //   - node-specific fields dropped: node name, scheduler, priority class,
-//     overhead, the virtual node's selectors, affinity terms and tolerations;
+//     overhead, the virtual node's selectors, affinity terms and tolerations,
+//     topology spread constraints (a spread over this cluster's nodes, which
+//     the scheduler and the broker honoured among the providers; the copy
+//     goes to the provider node that holds its reservation);
 //   - ConfigMaps, Secrets and image pull secrets renamed to their copies;
 //   - downward API fields that would read the provider's copy (name,
 //     namespace, uid, node, service account) resolved to the local pod's values.
@@ -171,6 +174,7 @@ func remotePod(local *corev1.Pod, p mirrorParams) (*corev1.Pod, error) {
 	spec.Priority, spec.PriorityClassName, spec.PreemptionPolicy = nil, "", nil
 	spec.Overhead = nil
 	spec.SchedulingGates = nil
+	spec.TopologySpreadConstraints = nil
 	spec.ServiceAccountName, spec.DeprecatedServiceAccount = "", ""
 	spec.AutomountServiceAccountToken = ptrTo(false)
 	if spec.Hostname == "" && len(validation.IsDNS1123Label(local.Name)) == 0 {

@@ -88,6 +88,8 @@ func TestRemotePod(t *testing.T) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "rb-paris", Labels: map[string]string{rbv1.ProviderLabel: "paris", TypeLabel: TypeValue}},
 		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: rbv1.VirtualNodeTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule}}}}
 	local := testPod()
+	local.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone,
+		WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}
 	remote, err := remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", node: node})
 	require.NoError(t, err)
 
@@ -114,6 +116,7 @@ func TestRemotePod(t *testing.T) {
 	require.Len(t, s.Tolerations, 1)
 	assert.Equal(t, "node.kubernetes.io/not-ready", s.Tolerations[0].Key)
 	assert.Equal(t, []corev1.LocalObjectReference{{Name: "shop.regcred"}}, s.ImagePullSecrets)
+	assert.Empty(t, s.TopologySpreadConstraints, "a spread over this cluster's nodes: the providers, done here")
 
 	require.Len(t, s.Volumes, 2, "the service account token volume is dropped")
 	assert.Equal(t, "shop.web-config", s.Volumes[0].ConfigMap.Name)

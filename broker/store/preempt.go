@@ -1,0 +1,133 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fluidos-project/resource-broker/broker/scripts"
+)
+
+// Victim is a reservation a preemption ended.
+type Victim struct {
+	Reservation string    `json:"reservation"`
+	Requester   string    `json:"requester"`
+	Provider    string    `json:"provider"`
+	Node        string    `json:"node"`
+	Priority    int32     `json:"priority"`
+	CPU         int64     `json:"cpu"`
+	Memory      int64     `json:"mem"`
+	GPU         int64     `json:"gpu"`
+	Storage     int64     `json:"sto"`
+	Resources   Resources `json:"-"`
+}
+
+// PreemptDecision is the outcome of a successful Preempt.
+type PreemptDecision struct {
+	Reservation Reservation
+	Victims     []Victim // none for a replay
+	Replayed    bool
+	Reason      string // why, as the audit says it
+}
+
+// Preempt outcomes that reserve nothing.
+var (
+	// ErrFitsWithoutPreemption: the request fits somewhere as it is; reserve it.
+	ErrFitsWithoutPreemption = errors.New("the request fits without preemption")
+	// ErrCapacityComing: capacity expiring within the grace period would
+	// hold it: it waits for that instead of preempting.
+	ErrCapacityComing = errors.New("capacity being released would hold the request: nothing preempted")
+)
+
+// DefaultPreemptGrace is how soon capacity must be on its way back for a
+// request to wait for it rather than preempt.
+const DefaultPreemptGrace = 30 * time.Second
+
+// Preempt reserves for req, which fits nowhere, the capacity of live
+// reservations of lower priority (scripts/preempt.lua): the fewest victims,
+// lowest priority first, on one node, ended and their capacity moved in one
+// atomic step. It returns ErrFitsWithoutPreemption, ErrCapacityComing, a
+// *NoFitError (no set of lower-priority reservations makes room) or
+// ErrConflict.
+func (s *Store) Preempt(ctx context.Context, req ReserveRequest) (PreemptDecision, error) {
+	selector := ""
+	if len(req.Selector) > 0 {
+		b, err := json.Marshal(req.Selector)
+		if err != nil {
+			return PreemptDecision{}, err
+		}
+		selector = string(b)
+	}
+	r := req.Resources
+	reply, err := s.run(ctx, scripts.Preempt, s.cfg.StaleThreshold.Milliseconds(), s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
+		s.cfg.EventsTTL.Milliseconds(), s.cfg.Retention.Milliseconds(), DefaultPreemptGrace.Milliseconds(),
+		req.ID, req.Requester, r.CPU, r.Memory, r.GPU, r.Storage, req.Duration.Milliseconds(), req.Lease.Milliseconds(),
+		selector, req.Owner, req.Priority)
+	if err != nil {
+		return PreemptDecision{}, err
+	}
+	if len(reply) != 5 {
+		return PreemptDecision{}, fmt.Errorf("unexpected preempt reply %v", reply)
+	}
+	outcome, _ := reply[0].(string)
+	detail, _ := reply[3].(string)
+	switch outcome {
+	case "preempted", "replay":
+		flat, _ := reply[1].([]any)
+		now, _ := reply[4].(int64)
+		res, err := s.readReservation(req.ID, flatMap(toStrings(flat)), now)
+		if err != nil {
+			return PreemptDecision{}, err
+		}
+		d := PreemptDecision{Reservation: res, Replayed: outcome == "replay"}
+		victims, _ := reply[2].(string)
+		if err := json.Unmarshal([]byte(victims), &d.Victims); err != nil && victims != "{}" {
+			return PreemptDecision{}, fmt.Errorf("decode victims: %w", err)
+		}
+		for i := range d.Victims {
+			v := &d.Victims[i]
+			v.Resources = Resources{CPU: v.CPU, Memory: v.Memory, GPU: v.GPU, Storage: v.Storage}
+		}
+		var why struct {
+			Reason string `json:"reason"`
+		}
+		_ = json.Unmarshal([]byte(detail), &why)
+		d.Reason = why.Reason
+		return d, nil
+	case "conflict":
+		return PreemptDecision{}, ErrConflict
+	case "fits":
+		return PreemptDecision{}, ErrFitsWithoutPreemption
+	case "wait":
+		return PreemptDecision{}, fmt.Errorf("%w (%s)", ErrCapacityComing, detail)
+	case "nofit":
+		var d struct {
+			Candidates    int64 `json:"candidates"`
+			LowerPriority int64 `json:"lower_priority"`
+			Protected     int64 `json:"protected"`
+		}
+		_ = json.Unmarshal([]byte(detail), &d)
+		return PreemptDecision{}, &NoFitError{Rejected: map[string]int64{"preemption_candidates": d.Candidates,
+			"lower_priority_reservations": d.LowerPriority, "protected_by_disruption_budget": d.Protected}}
+	}
+	return PreemptDecision{}, fmt.Errorf("unexpected preempt outcome %q", outcome)
+}
+
+// ProtectTTL is how long a requester's report of protected reservations
+// holds (Protect); its agent reports more often.
+const ProtectTTL = time.Minute
+
+// Protect replaces the set of requester's reservations (ids as it chose
+// them) that PodDisruptionBudgets protect now: Preempt never takes them.
+// The report holds ProtectTTL.
+func (s *Store) Protect(ctx context.Context, requester string, ids []string) (int64, error) {
+	args := make([]any, 0, 2+len(ids))
+	args = append(args, requester, ProtectTTL.Milliseconds())
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	n, err := scripts.Protect.Run(ctx, s.rdb, []string{s.cfg.Prefix}, args...).Int64()
+	return n, err
+}
