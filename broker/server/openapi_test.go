@@ -175,6 +175,20 @@ func TestOperatorOpenAPI(t *testing.T) {
 	require.NotNil(t, got.Grant, "the requester's view, with its grant, validated too")
 	c.call("rome", http.MethodPost, "/api/v2/renewals", "/api/v2/renewals", api.RenewRequest{IDs: []string{"r1", "nothing"}}, http.StatusOK)
 	c.call("rome", http.MethodPost, "/api/v2/renewals", "/api/v2/renewals", map[string]any{"ids": "r1"}, http.StatusBadRequest)
+	// A gang, and the protections report.
+	member := func(id, cpu string) api.GroupMember { return api.GroupMember{ID: id, Resources: q(cpu, "1Gi", "")} }
+	const groups, protections = "/api/v2/groups", "/api/v2/protections"
+	gang := api.GroupRequest{Group: "train", MinMember: 2, Members: []api.GroupMember{member("g0", "1"), member("g1", "1")}, Duration: "1h"}
+	c.call("rome", http.MethodPost, groups, groups, gang, http.StatusCreated)
+	c.call("rome", http.MethodPost, groups, groups, gang, http.StatusOK)
+	c.call("rome", http.MethodPost, groups, groups, api.GroupRequest{Group: "huge", MinMember: 2,
+		Members: []api.GroupMember{member("h0", "100"), member("h1", "100")}}, http.StatusConflict)
+	c.call("rome", http.MethodPost, groups, groups, map[string]any{"group": "empty"}, http.StatusBadRequest)
+	c.call("rome", http.MethodPut, protections, protections, api.ProtectRequest{IDs: []string{"g0"}}, http.StatusOK)
+	c.call("rome", http.MethodPut, protections, protections, map[string]any{"ids": "g0"}, http.StatusBadRequest)
+	for _, id := range []string{"g0", "g1"} {
+		c.with("id", id).call("rome", http.MethodDelete, rsv, rsvs+"/"+id, nil, http.StatusOK)
+	}
 	c.call("rome", http.MethodGet, "/api/v2/usage", "/api/v2/usage", nil, http.StatusOK)
 	c.call("rome", http.MethodGet, "/api/v2/events", "/api/v2/events", nil, http.StatusOK)
 	c.call("rome", http.MethodGet, "/api/v2/events", "/api/v2/events?since=yesterday", nil, http.StatusBadRequest)
