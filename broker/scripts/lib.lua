@@ -100,6 +100,11 @@
 --                                   that spread group (an owner's replicas) it holds; the
 --                                   reservations carry the group in their field spread
 --
+-- Preemption (preempt.lua, protect.lua):
+--   P.."protected:"..requester  set  the requester's reservation ids whose pods a
+--                                   PodDisruptionBudget protects now, as its agent reports them;
+--                                   never preempted; expires unless reported again
+--
 -- Leases (renew.lua): a reservation with lease_ms ends at expires_ms unless its
 -- requester renews it; a renewal sets expires_ms (and its expiry score) to
 -- now + lease_ms when that is later. All times are the Redis server's (TIME).
@@ -391,6 +396,19 @@ local function unindex_cluster(prefix, cid)
   for k, val in pairs(decode_labels(labels)) do
     redis.call('SREM', prefix .. 'idx:label:' .. k .. '=' .. tostring(val), cid)
   end
+end
+
+-- gcra_step counts one reserve call against a rate (calls per second) with
+-- a burst (generic cell rate algorithm: each call moves the theoretical
+-- arrival time tat one interval on; a call is allowed while tat stays within
+-- burst intervals of now). It returns the new tat when the call is allowed,
+-- else nil and the ms until a call would be. tat is P.."rate:"..requester's.
+local function gcra_step(tat, now, rate, burst)
+  local interval = 1000 / rate
+  local next_tat = math.max(tat, now) + interval
+  local wait = next_tat - now - (burst or 1) * interval
+  if wait > 0 then return nil, math.ceil(wait) end
+  return next_tat, nil
 end
 
 local function to_map(flat)

@@ -387,14 +387,12 @@ end
 -- now). It returns nil when allowed, else the ms until a call would be.
 local function over_rate(requester, lim)
   if not lim.rate then return nil end
-  local interval = 1000 / lim.rate
   local tat = rate_tat[requester]
   if tat == nil then tat = tonumber(redis.call('GET', prefix .. 'rate:' .. requester) or '0') end
-  local next_tat = math.max(tat, now) + interval
-  local wait = next_tat - now - (lim.burst or 1) * interval
-  if wait > 0 then
+  local next_tat, wait = gcra_step(tat, now, lim.rate, lim.burst)
+  if wait then
     rate_tat[requester] = tat
-    return math.ceil(wait)
+    return wait
   end
   rate_tat[requester] = next_tat
   rate_dirty[requester] = true

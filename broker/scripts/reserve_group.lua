@@ -60,7 +60,8 @@
 -- ARGV[18] spread group ("": none)  ARGV[19] topology key ("": none)
 -- ARGV[20] max skew  ARGV[21] whenUnsatisfiable (DoNotSchedule | ScheduleAnyway)
 -- ARGV[22] max share of the spread group per provider (0: no policy)
--- ARGV[23..] the members, 5 values each: reservation id, cpu (millicores),
+-- ARGV[23] the requester's reserve calls per second ("": no limit)  ARGV[24] its burst
+-- ARGV[25..] the members, 5 values each: reservation id, cpu (millicores),
 --          memory (bytes), gpu (count), ephemeral storage (bytes)
 -- Reply: {outcome, members, rejections_json, now_ms}
 --   outcome     "reserved", "replay", "conflict" (a member id is taken by
@@ -82,7 +83,7 @@ local priority_str, duration, lease = ARGV[9], ARGV[10], ARGV[11]
 local min_member = tonumber(ARGV[12])
 local spread_group, spread_key = ARGV[18], ARGV[19]
 local max_skew, when, max_share = tonumber(ARGV[20]), ARGV[21], tonumber(ARGV[22])
-local FIRST, WIDTH = 23, 5
+local FIRST, WIDTH = 25, 5
 
 local now = now_ms()
 local cut = now - stale_ms
@@ -93,6 +94,17 @@ for a = FIRST, #ARGV, WIDTH do
     str = {cpu = ARGV[a + 1], mem = ARGV[a + 2], gpu = ARGV[a + 3], sto = ARGV[a + 4]}}
   for _, res in ipairs(RESOURCES) do m[res] = tonumber(m.str[res]) end
   members[#members + 1] = m
+end
+
+-- The requester's rate (lib.lua gcra_step), before anything else: a group
+-- call is a reserve call, replays included, as in reserve.lua.
+if ARGV[23] ~= '' then
+  local rate_key = prefix .. 'rate:' .. requester
+  local tat, wait = gcra_step(tonumber(redis.call('GET', rate_key) or '0'), now, tonumber(ARGV[23]), tonumber(ARGV[24]))
+  if wait then
+    return {'limited', {}, cjson.encode({limit = 'rate', max = tonumber(ARGV[23]), retry_after_ms = wait}), now}
+  end
+  redis.call('SET', rate_key, num(tat), 'PX', math.max(1, math.ceil(tat - now)))
 end
 
 -- Replay: every member exists, from this group and for the same amounts.

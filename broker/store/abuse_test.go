@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -487,4 +488,47 @@ providers:
 	d, err := s.Reserve(ctx, request("r1", "rome", 1000, 1, 0))
 	require.NoError(t, err)
 	assert.Equal(t, "paris", d.Reservation.Target)
+}
+
+// TestAbuseGroupCallsBypassRate: a member at its reserve-call rate could go
+// on calling through the group route (POST /api/v2/groups), which did not
+// count against the rate. Group calls count now, as single calls do, and
+// the two share one budget; another member is not slowed.
+func TestAbuseGroupCallsBypassRate(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{Policy: mustPolicy(t, `
+requesters:
+  default: {reservesPerSecond: 1000}
+  clusters:
+    mallory: {reservesPerSecond: 1, reserveBurst: 3}
+`)})
+	_, err := s.Advertise(ctx, "paris", cluster(64, 256, 0, 30_000, nil))
+	require.NoError(t, err)
+	_, err = s.Reserve(ctx, request("single", "mallory", 100, 1, 0))
+	require.NoError(t, err)
+	placed, limited := 0, 0
+	for i := range 10 {
+		_, err := s.ReserveGroup(ctx, gang(fmt.Sprintf("g%d", i), "mallory", 2, 2, 100))
+		var le *store.LimitError
+		switch {
+		case err == nil:
+			placed++
+		case errors.As(err, &le):
+			limited++
+			assert.Equal(t, "rate", le.Limit)
+			assert.Positive(t, le.RetryAfter)
+			assert.LessOrEqual(t, le.RetryAfter, time.Second)
+		default:
+			t.Fatal(err)
+		}
+	}
+	assert.Equal(t, 2, placed, "the burst of 3, one taken by the single call")
+	assert.Equal(t, 8, limited)
+	_, err = s.Reserve(ctx, request("after", "mallory", 100, 1, 0))
+	require.ErrorAs(t, err, new(*store.LimitError), "one budget for both routes")
+	for i := range 5 {
+		_, err := s.ReserveGroup(ctx, gang(fmt.Sprintf("r%d", i), "rome", 2, 2, 100))
+		require.NoError(t, err, "rome is not slowed")
+	}
+	assertInvariant(t, s)
 }

@@ -165,7 +165,7 @@ func (s *Store) ReserveGroup(ctx context.Context, req GroupRequest) (GroupDecisi
 		selector = string(b)
 	}
 	lim := req.Limits.args()
-	args := make([]any, 0, 22+5*len(req.Members))
+	args := make([]any, 0, 24+5*len(req.Members))
 	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
 		s.cfg.EventsTTL.Milliseconds(), req.Group, req.Requester, selector, req.Owner, req.Priority,
 		req.Duration.Milliseconds(), req.Lease.Milliseconds(), req.MinMember)
@@ -175,6 +175,7 @@ func (s *Store) ReserveGroup(ctx context.Context, req GroupRequest) (GroupDecisi
 	} else {
 		args = append(args, "", "", 1, "", 0)
 	}
+	args = append(args, lim[5], lim[6]) // reserve calls per second, burst
 	for _, m := range req.Members {
 		r := m.Resources
 		args = append(args, m.ID, r.CPU, r.Memory, r.GPU, r.Storage)
@@ -217,6 +218,8 @@ func (s *Store) ReserveGroup(ctx context.Context, req GroupRequest) (GroupDecisi
 			Max   float64 `json:"max"`
 			Used  int64   `json:"used"`
 			Asked int64   `json:"asked"`
+			// RetryAfterMs: with limit "rate", when the next call is allowed.
+			RetryAfterMs int64 `json:"retry_after_ms"`
 		}
 		if err := json.Unmarshal([]byte(rejected), &l); err != nil {
 			return GroupDecision{}, fmt.Errorf("decode limit: %w", err)
@@ -224,7 +227,11 @@ func (s *Store) ReserveGroup(ctx context.Context, req GroupRequest) (GroupDecisi
 		if l.Limit == "mem" {
 			l.Limit = "memory"
 		}
-		return GroupDecision{}, &LimitError{Requester: req.Requester, Limit: l.Limit, Max: l.Max, Used: l.Used, Asked: l.Asked, RetryAfter: LimitRetryAfter}
+		retry := LimitRetryAfter
+		if l.Limit == "rate" {
+			retry = time.Duration(l.RetryAfterMs) * time.Millisecond
+		}
+		return GroupDecision{}, &LimitError{Requester: req.Requester, Limit: l.Limit, Max: l.Max, Used: l.Used, Asked: l.Asked, RetryAfter: retry}
 	case "nofit":
 		var counts map[string]int64
 		if err := json.Unmarshal([]byte(rejected), &counts); err != nil {

@@ -21,8 +21,9 @@ import (
 )
 
 // keyFamily matches where a script builds a key name from the prefix:
-// prefix .. 'family' (the literal that follows the prefix names the family).
-var keyFamily = regexp.MustCompile(`\bprefix \.\. '([a-z:-]*)'`)
+// prefix .. 'family' or KEYS[1] .. 'family' (the literal that follows the
+// prefix names the family).
+var keyFamily = regexp.MustCompile(`(?:\bprefix|KEYS\[1\]) \.\. '([a-z:-]*)'`)
 
 // documentedFamily matches a key of lib.lua's key layout: P.."family".
 var documentedFamily = regexp.MustCompile(`P\.\."([a-z:-]*)"`)
@@ -129,6 +130,28 @@ requesters:
 			require.ErrorAs(t, err, new(*store.LimitError), "over its rate")
 			_, err = s.Release(ctx, "rome", lease.ID, "rome")
 			require.NoError(t, err)
+			// A gang, a spread replica, a protection report, a preemption.
+			_, err = s.ReserveGroup(ctx, gang("train-"+run, "rome", 2, 2, 500))
+			require.NoError(t, err)
+			spread := request("web-"+run, "rome", 200, 1, 0)
+			spread.Spread = &store.Spread{Group: "web", TopologyKey: "topology.kubernetes.io/region", MaxSkew: 1, WhenUnsatisfiable: "ScheduleAnyway"}
+			_, err = s.Reserve(ctx, spread)
+			require.NoError(t, err)
+			_, err = s.Protect(ctx, "rome", []string{"train-" + run + "-0"})
+			require.NoError(t, err)
+			_, err = s.Advertise(ctx, "tiny-"+run, cluster(2, 8, 0, 20_000, map[string]string{"pool": "tiny-" + run}))
+			require.NoError(t, err)
+			low := request("low-"+run, "oslo", 2000, 1, 0)
+			low.Priority, low.Selector = 1, map[string]string{"pool": "tiny-" + run}
+			_, err = s.Reserve(ctx, low)
+			require.NoError(t, err)
+			urgent := request("urgent-"+run, "milan", 2000, 1, 0)
+			urgent.Priority, urgent.Preempt, urgent.Selector = 1000, true, low.Selector
+			_, err = s.Reserve(ctx, urgent)
+			require.NoError(t, err, "placed by preempting")
+			taken, err := s.Reservation(ctx, "oslo", low.ID)
+			require.NoError(t, err)
+			require.Equal(t, "Released", taken.Phase, "preempted")
 
 			events, err := s.ReadEvents(ctx, "rome", "0", 100, 0)
 			require.NoError(t, err)
