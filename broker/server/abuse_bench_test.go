@@ -226,6 +226,8 @@ func listAll(ctx context.Context, hc *http.Client, url string, pages, listings, 
 			case <-time.After(time.Second):
 			}
 			continue
+		case ctx.Err() != nil: // stopped while reading
+			return
 		case resp.StatusCode != http.StatusOK || err != nil:
 			failed.Add(1)
 			return

@@ -2,12 +2,16 @@ package server_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -114,6 +118,48 @@ func TestAbuseReserveRateHTTP(t *testing.T) {
 		resp, body := postResp(t, b, "rome", reservation(fmt.Sprintf("r-%d", i), "100m", "64Mi"))
 		require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
 	}
+}
+
+// TestAbuseRefusedCallsCostRedis: a member calling reserve in a loop past its
+// rate cost one Redis script call per call, each refused; now the replica
+// answers the calls its rate still refuses itself: 200 refused calls cost a
+// handful of script calls, the answers say the same, and the member is
+// served again once its rate allows.
+func TestAbuseRefusedCallsCostRedis(t *testing.T) {
+	b := startWithPolicy(t, `requesters: {clusters: {mallory: {reservesPerSecond: 2, reserveBurst: 1}}}`)
+	b.Advertise("paris", "32", "128Gi", "", "0.03", nil)
+	evalsha := func() int64 {
+		stats, err := b.RDB.Info(context.Background(), "commandstats").Result()
+		require.NoError(t, err)
+		for _, line := range strings.Split(stats, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+				n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				require.NoError(t, err)
+				return n
+			}
+		}
+		return 0
+	}
+	resp, body := postResp(t, b, "mallory", reservation("first", "100m", "64Mi"))
+	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+	before := evalsha()
+	for i := range 200 {
+		resp, body := postResp(t, b, "mallory", reservation(fmt.Sprintf("m-%d", i), "100m", "64Mi"))
+		if resp.StatusCode == http.StatusCreated {
+			continue // the rate allows one call every 500ms
+		}
+		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s", body)
+		e := brokertest.Decode[api.Error](t, body)
+		assert.Equal(t, api.ReasonRateLimited, e.Reason)
+		assert.Contains(t, e.Error, "requester mallory exceeds its limit of 2 reserve calls per second: retry in ")
+		assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	}
+	calls := evalsha() - before
+	t.Logf("200 calls past the rate: %d script calls", calls)
+	assert.Less(t, calls, int64(40), "refusals answered without Redis")
+	time.Sleep(600 * time.Millisecond)
+	resp, body = postResp(t, b, "mallory", reservation("later", "100m", "64Mi"))
+	assert.Equal(t, http.StatusCreated, resp.StatusCode, "served once the rate allows: %s", body)
 }
 
 // TestAbuseLiarProviderHTTP: an advertisement outside the operator's bounds

@@ -27,8 +27,14 @@ func (s *Server) postGroup(w http.ResponseWriter, r *http.Request, caller string
 		return
 	}
 	start := time.Now()
+	if le := s.rateRefused.refused(req.Requester, start); le != nil {
+		s.metrics.decided(outcomeLimited, 0)
+		writeFairShareError(w, le)
+		return
+	}
 	d, err := s.store.ReserveGroup(r.Context(), req)
 	took := time.Since(start)
+	s.rateRefused.record(req.Requester, start, err)
 	var noFit *store.GroupNoFitError
 	switch {
 	case err == nil:

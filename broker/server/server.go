@@ -68,8 +68,10 @@ type Server struct {
 	keepAlive time.Duration
 	hub       *eventHub
 	lists     *listGate
-	certs     *Certs // set by Run; nil: the TLS configuration is fixed
-	dashboard Dashboard
+	// rateRefused answers reserve calls its rate still refuses without Redis.
+	rateRefused *rateRefusals
+	certs       *Certs // set by Run; nil: the TLS configuration is fixed
+	dashboard   Dashboard
 	// draining is set when shutdown begins: /readyz fails from then on.
 	draining atomic.Bool
 	// streamsEnd is closed when the event streams must end (shutdown).
@@ -98,8 +100,8 @@ func New(cfg Config) *Server {
 		cfg.MaxListsPerCluster = 0
 	}
 	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store), keepAlive: cfg.EventKeepAlive,
-		hub:        newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
-		lists:      newListGate(cfg.MaxListsPerCluster),
+		hub:   newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
+		lists: newListGate(cfg.MaxListsPerCluster), rateRefused: newRateRefusals(),
 		streamsEnd: make(chan struct{}), dashboard: cfg.Dashboard}
 }
 

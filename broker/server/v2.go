@@ -94,8 +94,14 @@ func (s *Server) postReservation(w http.ResponseWriter, r *http.Request, caller 
 // reserve runs a decision, records its metrics, and answers failures itself.
 func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req store.ReserveRequest) (store.Decision, bool) {
 	start := time.Now()
+	if le := s.rateRefused.refused(req.Requester, start); le != nil {
+		s.metrics.decided(outcomeLimited, 0)
+		writeFairShareError(w, le)
+		return store.Decision{}, false
+	}
 	d, err := s.store.Reserve(ctx, req)
 	took := time.Since(start)
+	s.rateRefused.record(req.Requester, start, err)
 	var noFit *store.NoFitError
 	switch {
 	case err == nil:
