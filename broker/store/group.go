@@ -213,25 +213,7 @@ func (s *Store) ReserveGroup(ctx context.Context, req GroupRequest) (GroupDecisi
 	case "conflict":
 		return GroupDecision{}, ErrConflict
 	case "limited":
-		var l struct {
-			Limit string  `json:"limit"`
-			Max   float64 `json:"max"`
-			Used  int64   `json:"used"`
-			Asked int64   `json:"asked"`
-			// RetryAfterMs: with limit "rate", when the next call is allowed.
-			RetryAfterMs int64 `json:"retry_after_ms"`
-		}
-		if err := json.Unmarshal([]byte(rejected), &l); err != nil {
-			return GroupDecision{}, fmt.Errorf("decode limit: %w", err)
-		}
-		if l.Limit == "mem" {
-			l.Limit = "memory"
-		}
-		retry := LimitRetryAfter
-		if l.Limit == "rate" {
-			retry = time.Duration(l.RetryAfterMs) * time.Millisecond
-		}
-		return GroupDecision{}, &LimitError{Requester: req.Requester, Limit: l.Limit, Max: l.Max, Used: l.Used, Asked: l.Asked, RetryAfter: retry}
+		return GroupDecision{}, limitError(req.Requester, rejected)
 	case "nofit":
 		var counts map[string]int64
 		if err := json.Unmarshal([]byte(rejected), &counts); err != nil {

@@ -153,3 +153,27 @@ func withNodes(c Cluster, nodes, debits map[string]string) Cluster {
 	}
 	return c
 }
+
+// limitError reads a script's "limited" detail, {limit, max, used, asked,
+// retry_after_ms} (reserve.lua, reserve_group.lua), into the LimitError of
+// requester; a detail it cannot read is an error of its own.
+func limitError(requester, detail string) error {
+	var l struct {
+		Limit        string  `json:"limit"`
+		Max          float64 `json:"max"`
+		Used         int64   `json:"used"`
+		Asked        int64   `json:"asked"`
+		RetryAfterMs int64   `json:"retry_after_ms"` // with limit "rate": when the next call is allowed
+	}
+	if err := json.Unmarshal([]byte(detail), &l); err != nil {
+		return fmt.Errorf("decode limit: %w", err)
+	}
+	if l.Limit == "mem" {
+		l.Limit = "memory"
+	}
+	retry := LimitRetryAfter
+	if l.Limit == "rate" {
+		retry = time.Duration(l.RetryAfterMs) * time.Millisecond
+	}
+	return &LimitError{Requester: requester, Limit: l.Limit, Max: l.Max, Used: l.Used, Asked: l.Asked, RetryAfter: retry}
+}

@@ -420,25 +420,8 @@ func (s *Store) parseReserveReply(req ReserveRequest, reply []any) (Decision, er
 	case "conflict":
 		return Decision{}, ErrConflict
 	case "limited":
-		var l struct {
-			Limit        string  `json:"limit"`
-			Max          float64 `json:"max"`
-			Used         int64   `json:"used"`
-			Asked        int64   `json:"asked"`
-			RetryAfterMs int64   `json:"retry_after_ms"`
-		}
 		msg, _ := reply[3].(string)
-		if err := json.Unmarshal([]byte(msg), &l); err != nil {
-			return Decision{}, fmt.Errorf("decode limit: %w", err)
-		}
-		if l.Limit == "mem" {
-			l.Limit = "memory"
-		}
-		retry := LimitRetryAfter
-		if l.Limit == "rate" {
-			retry = time.Duration(l.RetryAfterMs) * time.Millisecond
-		}
-		return Decision{}, &LimitError{Requester: req.Requester, Limit: l.Limit, Max: l.Max, Used: l.Used, Asked: l.Asked, RetryAfter: retry}
+		return Decision{}, limitError(req.Requester, msg)
 	case "error":
 		msg, _ := reply[3].(string)
 		return Decision{}, fmt.Errorf("reserve %s: %s", id, msg)
