@@ -406,6 +406,9 @@ type Reservation struct {
 	Group string `json:"group,omitempty"`
 	// SpreadGroup names the spread group it counts in (ReservationRequest.Spread).
 	SpreadGroup string `json:"spreadGroup,omitempty"`
+	// PreemptedBy names, once a reservation of higher priority took its
+	// capacity (it is Released), that reservation (<requester>/<id>).
+	PreemptedBy string `json:"preemptedBy,omitempty"`
 	// RemainingMs is how long the reservation still lives unless renewed,
 	// measured on the broker's clock when the answer was made (0 once
 	// ended). Agents act on it, never on ExpiresAt, which is for people:
@@ -420,7 +423,7 @@ func ReservationFromStore(r store.Reservation, withGrant bool) Reservation {
 		ID: r.ID, Requester: r.Requester, Provider: r.Target, Phase: r.Phase,
 		Resources: FromResources(r.Resources), Score: r.Score, Price: r.Price,
 		Owner: r.Owner, Priority: r.Priority, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, Node: r.Node,
-		Group: r.Group, SpreadGroup: r.Spread, RemainingMs: r.Remaining.Milliseconds(),
+		Group: r.Group, SpreadGroup: r.Spread, PreemptedBy: r.PreemptedBy, RemainingMs: r.Remaining.Milliseconds(),
 	}
 	if r.Lease > 0 {
 		out.Lease = r.Lease.String()

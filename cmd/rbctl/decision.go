@@ -28,6 +28,15 @@ func printExplanation(out io.Writer, r api.Reservation, currency map[string]stri
 	if r.Priority != 0 {
 		field("Priority", strconv.Itoa(int(r.Priority)))
 	}
+	if r.Group != "" {
+		field("Group", r.Group+" (a gang: its members were reserved together, all or nothing)")
+	}
+	if r.SpreadGroup != "" {
+		field("Spread", r.SpreadGroup+" (placed among the other replicas of its spread group)")
+	}
+	if r.PreemptedBy != "" {
+		field("Preempted By", r.PreemptedBy+" (of higher priority: it took this reservation's capacity)")
+	}
 	field("Created", timestamp(r.CreatedAt)+" ("+ago(now, r.CreatedAt)+" ago)")
 	if r.EndedAt != nil {
 		field("Ended", timestamp(*r.EndedAt)+" ("+ago(now, *r.EndedAt)+" ago)")

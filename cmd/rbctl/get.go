@@ -301,7 +301,7 @@ func findProvided(ctx context.Context, c *client.Client, id string) (api.Reserva
 
 func reservationListing(rows []reservationRow, withNamespace bool) listing {
 	names := []string{"NAME", "PHASE", "REQUESTER", "PROVIDER", "CPU", "MEMORY", "SCORE", "REMAINING",
-		"ID+", "LEASE+", "PRICE/H+", "VIRTUAL-NODE+"}
+		"ID+", "LEASE+", "PRICE/H+", "VIRTUAL-NODE+", "GROUP+", "PREEMPTED-BY+"}
 	if withNamespace {
 		names = append([]string{"NAMESPACE"}, names...)
 	}
@@ -326,7 +326,8 @@ func reservationListing(rows []reservationRow, withNamespace bool) listing {
 			score, price = fmt.Sprintf("%.2f", r.Score), money(r.Price, "")
 		}
 		cells := []string{name, orDash(r.Phase), orDash(r.Requester), orDash(r.Provider), cores(r.Resources.CPU),
-			bytesHuman(r.Resources.Memory), score, remaining, orDash(r.ID), lease, price, node}
+			bytesHuman(r.Resources.Memory), score, remaining, orDash(r.ID), lease, price, node,
+			orDash(firstOf(r.Group, r.SpreadGroup)), orDash(r.PreemptedBy)}
 		if withNamespace {
 			ns := "-"
 			if r.object != nil {
@@ -339,6 +340,16 @@ func reservationListing(rows []reservationRow, withNamespace bool) listing {
 		l.items = append(l.items, r.Reservation)
 	}
 	return l
+}
+
+// firstOf returns the first of values that is not empty.
+func firstOf(values ...string) string {
+	for _, v := range values {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 func orDash(s string) string {

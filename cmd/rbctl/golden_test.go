@@ -103,9 +103,13 @@ func TestOperatorOutput(t *testing.T) {
 	t.Run("get-cluster-paris-json", func(t *testing.T) { golden(t, "get-cluster-paris-json", print(t, printFlags{output: "json"}, one)) })
 
 	r := goldenReservation()
-	ended := api.Reservation{ID: "gone-uid", Phase: "Released", Requester: "rome", Provider: "berlin", Resources: brokertest.Quantities("1", "1Gi", "")}
+	ended := api.Reservation{ID: "gone-uid", Phase: "Released", Requester: "rome", Provider: "berlin", Resources: brokertest.Quantities("1", "1Gi", ""),
+		PreemptedBy: "milan/urgent-1"}
 	endedObj := &v1alpha1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "batch", Name: "job-1"}}
-	rows := []reservationRow{{Reservation: ended, object: endedObj}, {Reservation: r, object: goldenObject()}}
+	member := r
+	member.ID, member.Group = "train-0-uid", "batch/train"
+	memberObj := &v1alpha1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "batch", Name: "train-0-k2x9q"}}
+	rows := []reservationRow{{Reservation: ended, object: endedObj}, {Reservation: member, object: memberObj}, {Reservation: r, object: goldenObject()}}
 	for name, p := range map[string]printFlags{
 		"get-reservations-all-namespaces":      {},
 		"get-reservations-all-namespaces-wide": {output: "wide"},
@@ -130,6 +134,15 @@ func TestOperatorOutput(t *testing.T) {
 		var out bytes.Buffer
 		require.NoError(t, printDescription(&out, goldenObject(), r, map[string]string{"paris": "EUR", "berlin": "EUR"}, events, goldenNow))
 		golden(t, "describe-reservation", out.Bytes())
+	})
+	t.Run("describe-reservation-preempted", func(t *testing.T) {
+		taken := member
+		taken.Phase, taken.Priority, taken.PreemptedBy, taken.RemainingMs = "Released", 5, "milan/urgent-1", 0
+		endedAt := goldenNow.Add(-time.Minute)
+		taken.EndedAt = &endedAt
+		var out bytes.Buffer
+		require.NoError(t, printDescription(&out, nil, taken, map[string]string{"paris": "EUR", "berlin": "EUR"}, nil, goldenNow))
+		golden(t, "describe-reservation-preempted", out.Bytes())
 	})
 	t.Run("describe-reservation-ended", func(t *testing.T) {
 		var out bytes.Buffer
