@@ -156,13 +156,9 @@ func (s *Store) ReserveGroup(ctx context.Context, req GroupRequest) (GroupDecisi
 	if s.cfg.Policy != nil {
 		req.Limits = s.cfg.Policy.Limits(req.Requester)
 	}
-	selector := ""
-	if len(req.Selector) > 0 {
-		b, err := json.Marshal(req.Selector)
-		if err != nil {
-			return GroupDecision{}, err
-		}
-		selector = string(b)
+	selector, err := selectorArg(req.Selector)
+	if err != nil {
+		return GroupDecision{}, err
 	}
 	lim := req.Limits.args()
 	args := make([]any, 0, 24+5*len(req.Members))

@@ -177,3 +177,13 @@ func limitError(requester, detail string) error {
 	}
 	return &LimitError{Requester: requester, Limit: l.Limit, Max: l.Max, Used: l.Used, Asked: l.Asked, RetryAfter: retry}
 }
+
+// selectorArg is a label selector as the scripts take it: a JSON object of
+// required labels, or "" for none.
+func selectorArg(sel map[string]string) (string, error) {
+	if len(sel) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(sel)
+	return string(b), err
+}

@@ -52,13 +52,9 @@ const DefaultPreemptGrace = 30 * time.Second
 // *NoFitError (no set of lower-priority reservations makes room) or
 // ErrConflict.
 func (s *Store) Preempt(ctx context.Context, req ReserveRequest) (PreemptDecision, error) {
-	selector := ""
-	if len(req.Selector) > 0 {
-		b, err := json.Marshal(req.Selector)
-		if err != nil {
-			return PreemptDecision{}, err
-		}
-		selector = string(b)
+	selector, err := selectorArg(req.Selector)
+	if err != nil {
+		return PreemptDecision{}, err
 	}
 	r := req.Resources
 	reply, err := s.run(ctx, scripts.Preempt, s.cfg.StaleThreshold.Milliseconds(), s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,

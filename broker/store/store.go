@@ -351,13 +351,9 @@ func (s *Store) withLimits(req ReserveRequest) ReserveRequest {
 }
 
 func newPendingReserve(ctx context.Context, req ReserveRequest) (*pendingReserve, error) {
-	selector := ""
-	if len(req.Selector) > 0 {
-		b, err := json.Marshal(req.Selector)
-		if err != nil {
-			return nil, err
-		}
-		selector = string(b)
+	selector, err := selectorArg(req.Selector)
+	if err != nil {
+		return nil, err
 	}
 	args := append(make([]any, 0, reserveWidth),
 		req.ID, req.Requester,
