@@ -83,6 +83,9 @@ type Options struct {
 	PlaceholderImage string
 	HoldTimeout      time.Duration
 	EvictionGrace    time.Duration
+	// MassExpiryHold is how long the evictions of a mass expiry wait
+	// (provider.TenantReconciler.MassExpiryHold; default 10m, negative: none).
+	MassExpiryHold time.Duration
 }
 
 // DefaultReservationWorkers is the default of Options.ReservationWorkers. A
@@ -266,10 +269,17 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Broker: o.Broker, Recorder: mgr.GetEventRecorder("rb-agent"),
 		Namespace: o.Namespace, Endpoint: o.Endpoint, CABundle: o.CABundle, TokenTTL: o.TokenTTL,
 		Hold: !o.NoProviderHold, PlaceholderImage: o.PlaceholderImage, HoldTimeout: o.HoldTimeout, EvictionGrace: o.EvictionGrace,
-		PolicyReady: policy.Ready,
+		MassExpiryHold: o.MassExpiryHold, PolicyReady: policy.Ready,
 	}
 	if o.Broker != nil {
 		tenants.Clusters = o.Broker // which requesters pin their pods (Liqo's do not)
+		// The requesters this cluster still hears keep their leases, renewed
+		// from here as often as they renew them themselves.
+		tenants.Requesters = &provider.Requesters{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Broker: o.Broker,
+			Namespace: o.Namespace, Period: o.RenewInterval, Log: mgr.GetLogger().WithName("requesters")}
+		if err := mgr.Add(tenants.Requesters); err != nil {
+			return err
+		}
 	}
 	if err := tenants.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("tenant reconciler: %w", err)

@@ -67,6 +67,12 @@ type Options struct {
 	// ProbePeriod is how often the provider's API is checked with the granted
 	// token (default 5s, at least 1s); two failures in a row make the node NotReady.
 	ProbePeriod time.Duration
+	// HeartbeatPeriod and HeartbeatLease: the bridge renews a Lease in its
+	// tenant namespace at each provider every HeartbeatPeriod, claiming
+	// HeartbeatLease; the provider renews this cluster's leases at the broker
+	// while it sees it renewed (defaults: the reservations' renew interval
+	// and lease length, 30s and 2m).
+	HeartbeatPeriod, HeartbeatLease time.Duration
 	// UnschedulableAfter is how long the provider's scheduler may leave a
 	// pod's copy unplaced before the pod gets a Warning Event and its
 	// reservation ProviderScheduled=False (default 30s).
@@ -123,6 +129,7 @@ func New(mode string, o Options) (Bridge, error) {
 		return virtualkubelet.New(virtualkubelet.Config{
 			ClusterID: o.ClusterID, Grants: o.Grants, Log: o.Log,
 			LeaseDuration: o.LeaseDuration, StatusSyncPeriod: o.StatusSyncPeriod, ProbePeriod: o.ProbePeriod,
+			HeartbeatPeriod: o.HeartbeatPeriod, HeartbeatLease: o.HeartbeatLease,
 			PodsPerReservation: o.PodsPerReservation, UnschedulableAfter: o.UnschedulableAfter,
 			KubeletAddress: o.KubeletAddress, KubeletPorts: o.KubeletPorts, MetricsPeriod: o.MetricsPeriod,
 			NodeIP: o.NodeIP, KubeletClientCA: o.KubeletClientCA,

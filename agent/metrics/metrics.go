@@ -30,6 +30,13 @@ var (
 		Name: "rb_agent_broker_events_total",
 		Help: "Broker events handled, by type.",
 	}, []string{"type"})
+	// EvictionsHeld counts the evictions of ended reservations' pods a
+	// provider holds back, by why: the requester is still heard
+	// (requester_heard) or many leases lapsed at once (mass_expiry).
+	EvictionsHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rb_agent_evictions_held_total",
+		Help: "Evictions of an ended reservation's pods held back by this provider, by reason (requester_heard, mass_expiry); counted once per reservation and reason.",
+	}, []string{"reason"})
 	// Info is 1, labelled with the agent's cluster id and version: a
 	// federation's dashboards join the agent's other series (which carry the
 	// scrape's labels only) to the member cluster they come from.
@@ -40,7 +47,7 @@ var (
 )
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(BrokerCalls, StreamConnected, StreamEvents, Info)
+	ctrlmetrics.Registry.MustRegister(BrokerCalls, StreamConnected, StreamEvents, EvictionsHeld, Info)
 }
 
 var reservationsDesc = prometheus.NewDesc("rb_agent_reservations",

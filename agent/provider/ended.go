@@ -10,10 +10,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	agentmetrics "github.com/fluidos-project/resource-broker/agent/metrics"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 )
 
@@ -61,6 +63,94 @@ func MarkEnded(ctx context.Context, c client.Client, rec events.EventRecorder, p
 	return nil
 }
 
+// Defaults of the eviction hold (TenantReconciler.MassExpiryHold).
+const (
+	// DefaultMassExpiryHold is how long a mass expiry's evictions wait.
+	DefaultMassExpiryHold = 10 * time.Minute
+	// massExpiryWindow: leases that lapsed within it of each other lapsed "at once".
+	massExpiryWindow = time.Minute
+	// heardRecheck is how often a held eviction looks at the requester's heartbeat again.
+	heardRecheck = 10 * time.Second
+)
+
+// holdEviction tells how long the pods of pi, ended for reason at endedAt,
+// must still wait: a provider evicts only when the requester is gone by every
+// signal it has, and not while a mass expiry says the fault is more likely the
+// broker's or the network's, as Kubernetes stops evicting when a whole zone
+// goes dark.
+//   - Released: never held (the requester asked for it).
+//   - the requester still renews its heartbeat Lease here: held, and looked at
+//     again shortly (its leases lapsed at the broker only).
+//   - a mass expiry, that is at least 3 leases lapsed within a minute of
+//     this one and either from several requesters or most of this
+//     requester's: held until MassExpiryHold after the end, then evicted.
+//
+// Each hold is a Warning Event on the instruction and counted in
+// rb_agent_evictions_held_total.
+func (r *TenantReconciler) holdEviction(ctx context.Context, pi *rbv1.ProviderInstruction, reason string, endedAt time.Time) (time.Duration, error) {
+	if reason == EndedReleased {
+		return 0, nil
+	}
+	if r.Requesters != nil && r.Requesters.Heard(ctx, pi.Spec.Requester) {
+		r.reportHold(pi, "requester_heard", fmt.Sprintf("reservation %s ended (%s) at the broker, but %s still renews its heartbeat here: its pods keep running",
+			pi.Spec.ReservationID, reason, pi.Spec.Requester))
+		return heardRecheck, nil
+	}
+	hold := r.MassExpiryHold
+	if hold == 0 {
+		hold = DefaultMassExpiryHold
+	}
+	wait := time.Until(endedAt.Add(hold))
+	if hold < 0 || wait <= 0 {
+		return 0, nil
+	}
+	var all rbv1.ProviderInstructionList
+	if err := r.Client.List(ctx, &all, client.InNamespace(r.Namespace)); err != nil {
+		return 0, err
+	}
+	lapsed, requesters, mine, minePeers := 0, map[string]bool{}, 0, 0
+	for i := range all.Items {
+		o := &all.Items[i]
+		if o.Spec.Requester == pi.Spec.Requester {
+			minePeers++
+		}
+		c := meta.FindStatusCondition(o.Status.Conditions, rbv1.ConditionEnded)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason == EndedReleased || o.Status.EndedAt == nil ||
+			o.Status.EndedAt.Time.Sub(endedAt).Abs() > massExpiryWindow {
+			continue
+		}
+		lapsed++
+		requesters[o.Spec.Requester] = true
+		if o.Spec.Requester == pi.Spec.Requester {
+			mine++
+		}
+	}
+	if lapsed < 3 || (len(requesters) < 2 && 2*mine <= minePeers) {
+		return 0, nil
+	}
+	r.reportHold(pi, "mass_expiry", fmt.Sprintf("%d leases of %d requester(s) lapsed within %s (%d of %s's %d): a fault of the broker or the network is likelier than every requester gone; evictions wait until %s",
+		lapsed, len(requesters), massExpiryWindow, mine, pi.Spec.Requester, minePeers, endedAt.Add(hold).Format(time.RFC3339)))
+	return wait, nil
+}
+
+// reportHold records a held eviction once per instruction and reason.
+func (r *TenantReconciler) reportHold(pi *rbv1.ProviderInstruction, why, msg string) {
+	r.heldMu.Lock()
+	if r.held == nil {
+		r.held = map[types.UID]string{}
+	}
+	first := r.held[pi.UID] != why
+	r.held[pi.UID] = why
+	r.heldMu.Unlock()
+	if !first {
+		return
+	}
+	agentmetrics.EvictionsHeld.WithLabelValues(why).Inc()
+	if r.Recorder != nil {
+		r.Recorder.Eventf(pi, nil, corev1.EventTypeWarning, "EvictionHeld", "Evict", "%s", msg)
+	}
+}
+
 // finish handles an ended instruction: its placeholder goes at once (the
 // capacity is the broker's again), its tenant pods still running are
 // evicted once the grace is over, then the instruction is deleted (at once
@@ -83,6 +173,9 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 		}
 	}
 	r.forgetHoldStart(pi)
+	r.heldMu.Lock()
+	delete(r.held, pi.UID)
+	r.heldMu.Unlock()
 	r.tokensMu.Lock()
 	delete(r.placedHere, pi.UID)
 	r.tokensMu.Unlock()
@@ -109,6 +202,9 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 	reason := "Ended"
 	if c := meta.FindStatusCondition(pi.Status.Conditions, rbv1.ConditionEnded); c != nil {
 		reason = c.Reason
+	}
+	if hold, err := r.holdEviction(ctx, pi, reason, endedAt); err != nil || hold > 0 {
+		return hold, err
 	}
 	evicted := 0
 	for _, p := range running {

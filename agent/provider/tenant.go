@@ -103,6 +103,12 @@ type TenantReconciler struct {
 	// EvictionGrace is how long the tenant pods of an ended reservation may
 	// still run (default DefaultEvictionGrace).
 	EvictionGrace time.Duration
+	// Requesters tells whether a requester is still heard here (its
+	// heartbeat Lease); nil: by the broker's word only.
+	Requesters *Requesters
+	// MassExpiryHold is how long the evictions of a mass expiry wait
+	// (holdEviction); default DefaultMassExpiryHold, negative: never held.
+	MassExpiryHold time.Duration
 	// PolicyReady tells whether the tenant policy is in place
 	// (ClusterObjects.Ready); until it is, no tenant namespace is made and
 	// no access granted. nil: always.
@@ -128,6 +134,10 @@ type TenantReconciler struct {
 	// placedHere: per instruction UID, the placement node this process
 	// last granted (the cache may not show status.placementNode yet).
 	placedHere map[types.UID]string
+	// held: per instruction UID, why its eviction was last reported held,
+	// so that each hold is one Event, not one per look.
+	heldMu sync.Mutex
+	held   map[types.UID]string
 }
 
 // tenantToken is a token of a tenant's ServiceAccount.

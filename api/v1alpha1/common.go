@@ -25,6 +25,11 @@ const (
 	TenantLabel = "broker.fluidos.eu/tenant"
 	// TenantNamespacePrefix prefixes the namespace a provider sets aside for a requester: rb-<requester>.
 	TenantNamespacePrefix = "rb-"
+	// RequesterHeartbeatLease is the coordination.k8s.io Lease the
+	// requester's bridge renews in its tenant namespace at each provider:
+	// while the provider sees it renewed, the requester is alive whatever
+	// the broker says, and the provider renews its leases for it.
+	RequesterHeartbeatLease = "rb-requester"
 	// RoleLabel, on pods in a tenant namespace that the provider's agent
 	// creates, tells what they are for (RolePlaceholder).
 	RoleLabel = "broker.fluidos.eu/role"

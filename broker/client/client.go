@@ -468,6 +468,21 @@ func (c *Client) Renew(ctx context.Context, ids []string) (api.RenewResponse, er
 	return out, err
 }
 
+// RenewFor renews, as the provider this client is, requester's leases placed
+// here (ids as the requester chose them): while this provider still hears
+// the requester, its reservations live on though it cannot reach the broker.
+func (c *Client) RenewFor(ctx context.Context, requester string, ids []string) (api.RenewResponse, error) {
+	var out api.RenewResponse
+	if err := requireID("requester", requester); err != nil {
+		return out, err
+	}
+	if len(ids) > api.MaxRenewBatch {
+		return out, fmt.Errorf("client: %d ids, at most %d per renewal", len(ids), api.MaxRenewBatch)
+	}
+	err := c.call(ctx, http.MethodPost, "/api/v2/renewals", url.Values{"requester": {requester}}, api.RenewRequest{IDs: ids}, true, &out)
+	return out, err
+}
+
 func requireID(what, id string) error {
 	if id == "" {
 		return fmt.Errorf("client: %s must not be empty", what)

@@ -12,28 +12,52 @@
 -- ARGV[2]  event stream max length   ARGV[3]  event stream TTL (ms)
 -- ARGV[4]  how long to keep an ended reservation (ms)
 -- ARGV[5]  how long to keep an audit entry (ms)
--- Reply: {expired, clamped, swept}  how many reservations ended, how many of
---        them needed a counter clamped, and how many waiting members were swept
+-- ARGV[6]  how long without any expire run counts as a broker outage (ms;
+--          lib.lua last_outage)
+-- Reply: {expired, clamped, swept, credited, outage_ms}  how many reservations
+--        ended, how many of them needed a counter clamped, how many waiting
+--        members were swept, how many due leases were given more time for the
+--        last outage instead of ending, and the outage this call found (ms; 0:
+--        none)
 local prefix = KEYS[1]
 local limit = tonumber(ARGV[1])
 local so = stream_opts(ARGV[2], ARGV[3])
 local now = now_ms()
+
+-- Stamp the clock first: an outage found now is recorded before any lease
+-- is judged.
+local outage_ms = 0
+local tick = tonumber(redis.call('HGET', prefix .. 'clock', 'tick_ms'))
+if tick and now - tick > tonumber(ARGV[6]) then
+  outage_ms = now - tick
+  redis.call('HSET', prefix .. 'clock', 'outage_from_ms', tick, 'outage_to_ms', now)
+end
+redis.call('HSET', prefix .. 'clock', 'tick_ms', now, 'gap_ms', ARGV[6])
+local from, to = last_outage(prefix, now)
+
 local due = redis.call('ZRANGEBYSCORE', prefix .. 'expiry', '-inf', now, 'LIMIT', 0, limit)
-local clamped = 0
+local clamped, credited, ended = 0, 0, 0
 for _, qid in ipairs(due) do
-  local flat = redis.call('HGETALL', prefix .. 'resv:' .. qid)
+  local rk = prefix .. 'resv:' .. qid
+  local flat = redis.call('HGETALL', rk)
   if #flat == 0 then
     redis.call('ZREM', prefix .. 'expiry', qid)
   else
     local r = to_map(flat)
-    if is_live(r.phase) then
-      clamped = clamped + end_reservation(prefix, qid, r, 'Expired', now, so, ARGV[4])
-    else
+    local until_ms = credited_end(tonumber(r.expires_ms), tonumber(r.lease_ms or '0'), from, to)
+    if not is_live(r.phase) then
       redis.call('ZREM', prefix .. 'expiry', qid)
+    elseif until_ms > now then
+      redis.call('HSET', rk, 'expires_ms', string.format('%d', until_ms))
+      redis.call('ZADD', prefix .. 'expiry', string.format('%d', until_ms), qid)
+      credited = credited + 1
+    else
+      clamped = clamped + end_reservation(prefix, qid, r, 'Expired', now, so, ARGV[4])
+      ended = ended + 1
     end
   end
 end
-if #due > 0 then notify_waiters(prefix, so) end
+if ended > 0 then notify_waiters(prefix, so) end
 
 -- Waiting members whose wait hash has expired (the requester stopped
 -- retrying): their requests are gone. A hash that still names the member
@@ -46,4 +70,4 @@ for _, m in ipairs(gone) do
 end
 
 redis.call('XTRIM', prefix .. 'audit', 'MINID', '~', string.format('%d', now - tonumber(ARGV[5])))
-return {#due, clamped, #gone}
+return {ended, clamped, #gone, credited, outage_ms}

@@ -8,7 +8,9 @@
 --               id is not looked at), or its record is gone after retention
 --   "ended"     released or expired, or past its end on the broker's clock
 --               and not yet ended by expire.lua (which ends it on its next
---               run): a renewal never brings a reservation back
+--               run): a renewal never brings a reservation back; a lease
+--               live when the last broker outage began counts as ending no
+--               earlier than a lease after it (lib.lua last_outage)
 --   "notalease" a fixed-duration reservation (no lease_ms: v1, or no lease
 --               asked for), never renewed
 -- No event is emitted per renewal: renewals are frequent (every lease, every
@@ -16,37 +18,45 @@
 -- provider and the phase stay as they are); the provider acts on ended
 -- reservations only, and Released/Expired events still tell it those.
 --
+-- A provider may renew, for a requester, the leases of that requester placed
+-- on it: while the provider still hears the requester (a Lease the requester
+-- renews in its tenant namespace there), a requester cut off from the broker
+-- alone keeps its reservations, and the broker's books keep counting the
+-- pods that still run. Any other reservation is "notfound" to it.
+--
 -- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
--- ARGV[1]  requester cluster id (the caller)
--- ARGV[2..] reservation ids, as the requester chose them
+-- ARGV[1]  requester cluster id
+-- ARGV[2]  the provider renewing for the requester, or "" (the requester itself calls)
+-- ARGV[3..] reservation ids, as the requester chose them
 -- Reply: {now_ms, status_1, remaining_ms_1, status_2, remaining_ms_2, ...}
 --   one pair per id, in order: status "renewed" | "notfound" | "ended" |
 --   "notalease", and the reservation's remaining time after the call (ms,
 --   broker clock; 0 unless renewed)
-local prefix, requester = KEYS[1], ARGV[1]
+local prefix, requester, provider = KEYS[1], ARGV[1], ARGV[2]
 local now = now_ms()
+local from, to = last_outage(prefix, now)
 local reply = {now}
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local qid = qualify(requester, ARGV[i])
   local rk = prefix .. 'resv:' .. qid
-  local v = redis.call('HMGET', rk, 'phase', 'expires_ms', 'lease_ms')
+  local v = redis.call('HMGET', rk, 'phase', 'expires_ms', 'lease_ms', 'target')
   local status, remaining = 'renewed', 0
-  if not v[1] then
+  if not v[1] or (provider ~= '' and v[4] ~= provider) then
     status = 'notfound'
   elseif not is_live(v[1]) then
     status = 'ended'
   else
-    local expires, lease = tonumber(v[2]), tonumber(v[3] or '0')
+    local lease, stored = tonumber(v[3] or '0'), tonumber(v[2])
+    local expires = credited_end(stored, lease, from, to)
     if expires <= now then
       status = 'ended'
     elseif lease <= 0 then
       status = 'notalease'
     else
-      local want = now + lease
-      if want > expires then
-        redis.call('HSET', rk, 'expires_ms', want)
-        redis.call('ZADD', prefix .. 'expiry', want, qid)
-        expires = want
+      expires = math.max(expires, now + lease)
+      if expires > stored then
+        redis.call('HSET', rk, 'expires_ms', string.format('%d', expires))
+        redis.call('ZADD', prefix .. 'expiry', string.format('%d', expires), qid)
       end
       remaining = expires - now
     end

@@ -42,6 +42,9 @@ type metrics struct {
 	ended        *prometheus.CounterVec
 	scriptErrors *prometheus.CounterVec
 	clamps       prometheus.Counter
+	outages      prometheus.Counter
+	outageSecs   prometheus.Counter
+	credited     prometheus.Counter
 	requests     *prometheus.CounterVec
 	latency      *prometheus.HistogramVec
 	streams      prometheus.Gauge
@@ -74,6 +77,18 @@ func newMetrics(st *store.Store) *metrics {
 			Name: "rb_broker_script_errors_total",
 			Help: "Failed Lua script calls, by script.",
 		}, []string{"script"}),
+		outages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rb_broker_outages_total",
+			Help: "Broker outages found by this replica: no expiry run of any replica for longer than --outage-gap (all replicas down, Redis frozen, restarting or failing over).",
+		}),
+		outageSecs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rb_broker_outage_seconds_total",
+			Help: "Length of the broker outages this replica found; their time does not count against leases.",
+		}),
+		credited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rb_broker_leases_credited_total",
+			Help: "Due leases given a whole lease after a broker outage instead of expiring.",
+		}),
 		clamps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rb_broker_invariant_clamps_total",
 			Help: "Reserved counters that would have gone below zero on release (should stay 0).",
@@ -102,7 +117,7 @@ func newMetrics(st *store.Store) *metrics {
 			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000},
 		}),
 	}
-	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.requests, m.latency, m.streams,
+	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.requests, m.latency, m.streams,
 		m.renewals, m.renewBatch,
 		&clusterCollector{store: st},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

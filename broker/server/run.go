@@ -127,7 +127,7 @@ func (s *Server) expireLoop(ctx context.Context, every time.Duration) {
 			return
 		case <-t.C:
 		}
-		n, clamped, err := s.store.Expire(ctx)
+		res, err := s.store.ExpireRun(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.metrics.scriptErrors.WithLabelValues("expire").Inc()
@@ -135,6 +135,16 @@ func (s *Server) expireLoop(ctx context.Context, every time.Duration) {
 			}
 			continue
 		}
+		if res.Outage > 0 {
+			s.metrics.outages.Inc()
+			s.metrics.outageSecs.Add(res.Outage.Seconds())
+			s.log.Info("broker outage over: its time does not count against leases", "outage", res.Outage.Round(time.Millisecond))
+		}
+		if res.Credited > 0 {
+			s.metrics.credited.Add(float64(res.Credited))
+			s.log.Info("leases due during the outage get a whole lease to renew", "count", res.Credited)
+		}
+		n, clamped := res.Expired, res.Clamped
 		if n > 0 {
 			s.metrics.ended.WithLabelValues("expired").Add(float64(n))
 			s.log.V(1).Info("expired reservations", "count", n)

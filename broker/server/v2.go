@@ -234,8 +234,13 @@ func (s *Server) postGrant(w http.ResponseWriter, r *http.Request, caller string
 
 // postRenewals extends the caller's leases: one atomic call for the whole
 // batch, on the Redis clock. Each id is renewed or refused (and then left
-// as it was); the answer is 200 either way.
+// as it was); the answer is 200 either way. With ?requester=, the caller is
+// a provider renewing that requester's leases placed on it (store.RenewFor).
 func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller string) {
+	requester, ok := requesterOf(w, r, caller)
+	if !ok {
+		return
+	}
 	var body api.RenewRequest
 	if err := api.Decode(r.Body, &body); err != nil {
 		writeDecodeError(w, err) // counted by rb_broker_http_requests_total, code 400
@@ -251,7 +256,14 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 		writeJSON(w, http.StatusOK, out)
 		return
 	}
-	renewals, err := s.store.Renew(r.Context(), caller, body.IDs)
+	renew, whose := s.store.Renew, "of "+requester
+	if requester != caller {
+		renew = func(ctx context.Context, requester string, ids []string) ([]store.Renewal, error) {
+			return s.store.RenewFor(ctx, caller, requester, ids)
+		}
+		whose = "of " + requester + " placed on " + caller
+	}
+	renewals, err := renew(r.Context(), requester, body.IDs)
 	if err != nil {
 		s.metrics.renewal(renewError).Add(float64(len(body.IDs)))
 		s.writeStoreError(w, "renew", err)
@@ -267,7 +279,7 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 		case store.RenewNotFound:
 			counts[1]++
 			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewNotFound,
-				Error: "no reservation " + rn.ID + " of " + caller + " (ids are scoped per requester)"})
+				Error: "no reservation " + rn.ID + " " + whose + " (ids are scoped per requester)"})
 		case store.RenewEnded:
 			counts[2]++
 			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewEnded,
@@ -287,7 +299,7 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 		}
 	}
 	if log := s.log.V(2); log.Enabled() {
-		log.Info("renewed", "requester", caller, "renewed", counts[0], "refused", len(body.IDs)-counts[0])
+		log.Info("renewed", "requester", requester, "caller", caller, "renewed", counts[0], "refused", len(body.IDs)-counts[0])
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -30,6 +30,7 @@ const (
 	DefaultAuditMaxLen    = 10000
 	DefaultEventsMaxLen   = 10000
 	DefaultEventsTTL      = time.Hour
+	DefaultOutageGap      = 5 * time.Second
 )
 
 // Config tunes the store. Zero values take the defaults.
@@ -54,6 +55,12 @@ type Config struct {
 	AuditRetention time.Duration
 	TopCandidates  int // candidates reported per decision; default 3
 	ExpireBatch    int // reservations ended per expire call; default 500
+	// OutageGap is how long without an expire run of any replica counts as
+	// a broker outage, whose time does not count against leases
+	// (scripts/lib.lua last_outage); default 5s. It must exceed the expiry
+	// interval of the replicas (1s by default): a shorter gap only gives
+	// leases more time than they need.
+	OutageGap time.Duration
 	// WaitTTL is how long a request nothing fits stays on the waiting list
 	// without a retry of the same id from its requester (each retry renews
 	// it); default 5s, so that the place of a requester that is gone is
@@ -92,6 +99,9 @@ func (c *Config) defaults() {
 	}
 	if c.StaleThreshold == 0 {
 		c.StaleThreshold = time.Minute
+	}
+	if c.OutageGap == 0 {
+		c.OutageGap = DefaultOutageGap
 	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
@@ -485,17 +495,41 @@ func (s *Store) Grant(ctx context.Context, requester, id, caller string, grant j
 // the requests whose wait expired and trims the audit stream to
 // Config.AuditRetention.
 func (s *Store) Expire(ctx context.Context) (expired, clamped int64, err error) {
+	res, err := s.ExpireRun(ctx)
+	return res.Expired, res.Clamped, err
+}
+
+// ExpireResult is what one ExpireRun did.
+type ExpireResult struct {
+	Expired, Clamped int64
+	// Credited counts the due leases given more time for a broker outage
+	// instead of ending (scripts/lib.lua last_outage).
+	Credited int64
+	// Outage is the broker outage this run found (no expire run of any
+	// replica for longer than Config.OutageGap); zero: none.
+	Outage time.Duration
+}
+
+// ExpireRun is Expire with everything the run found.
+func (s *Store) ExpireRun(ctx context.Context) (ExpireResult, error) {
+	var res ExpireResult
 	for {
 		reply, err := s.run(ctx, scripts.Expire, s.cfg.ExpireBatch, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(),
-			s.cfg.Retention.Milliseconds(), s.cfg.AuditRetention.Milliseconds())
+			s.cfg.Retention.Milliseconds(), s.cfg.AuditRetention.Milliseconds(), s.cfg.OutageGap.Milliseconds())
 		if err != nil {
-			return expired, clamped, err
+			return res, err
 		}
-		n, c := reply[0].(int64), reply[1].(int64)
-		expired += n
-		clamped += c
-		if n < int64(s.cfg.ExpireBatch) { // the waiting members left (at most a batch per call) go at the next run
-			return expired, clamped, nil
+		n, c, credited := reply[0].(int64), reply[1].(int64), reply[3].(int64)
+		res.Expired += n
+		res.Clamped += c
+		res.Credited += credited
+		if o := reply[4].(int64); o > 0 {
+			res.Outage = time.Duration(o) * time.Millisecond
+		}
+		// A full batch may leave due reservations for the next call; the
+		// waiting members left (at most a batch per call) go at the next run.
+		if n+credited < int64(s.cfg.ExpireBatch) {
+			return res, nil
 		}
 	}
 }
@@ -519,8 +553,23 @@ func (s *Store) Usage(ctx context.Context) (map[string]Usage, error) {
 // call on the Redis clock; it returns one Renewal per id, in order. A
 // refused id (not found, ended, not a lease) changed nothing.
 func (s *Store) Renew(ctx context.Context, requester string, ids []string) ([]Renewal, error) {
-	args := make([]any, 0, 1+len(ids))
-	args = append(args, requester)
+	return s.renew(ctx, requester, "", ids)
+}
+
+// RenewFor is Renew by provider on requester's behalf: only the
+// reservations of requester placed on provider are renewed, any other id is
+// RenewNotFound. A provider that still hears a requester (scripts/renew.lua)
+// keeps its leases while the requester cannot reach the broker.
+func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []string) ([]Renewal, error) {
+	if provider == "" {
+		return nil, errors.New("renew: a provider renewing for a requester must be named")
+	}
+	return s.renew(ctx, requester, provider, ids)
+}
+
+func (s *Store) renew(ctx context.Context, requester, provider string, ids []string) ([]Renewal, error) {
+	args := make([]any, 0, 2+len(ids))
+	args = append(args, requester, provider)
 	for _, id := range ids {
 		args = append(args, id)
 	}

@@ -76,6 +76,7 @@ type options struct {
 	placeholderImage   string
 	holdTimeout        time.Duration
 	evictionGrace      time.Duration
+	massExpiryHold     time.Duration
 	leaseLength        time.Duration
 	holdTime           time.Duration
 	renewInterval      time.Duration
@@ -158,6 +159,8 @@ func newCommand() *cobra.Command {
 		"how long a reservation's first grant waits for its placeholder to be bound; then it is granted without placement (a later grant carries it)")
 	f.DurationVar(&o.evictionGrace, "eviction-grace", provider.DefaultEvictionGrace,
 		"how long the tenant pods of a provided reservation that ended (lease lapsed, released) may still run before they are evicted")
+	f.DurationVar(&o.massExpiryHold, "mass-expiry-hold", provider.DefaultMassExpiryHold,
+		"how long the evictions wait when many provided leases lapse at once (3 or more within a minute, of several requesters or most of one's): a broker or network fault is likelier than every requester gone; 0: never held")
 	f.DurationVar(&o.leaseLength, "lease-length", reservation.DefaultLeaseLength,
 		"lease of a reservation opened for a pod: the broker ends it this long after its last renewal (renewed while the pod is bound and runs)")
 	f.DurationVar(&o.holdTime, "hold-time", reservation.DefaultHoldTime,
@@ -238,6 +241,9 @@ func (o options) validate() error {
 	if o.metricsPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--provider-metrics-period %s: want at least 1s", o.metricsPeriod))
 	}
+	if o.massExpiryHold < 0 {
+		errs = append(errs, fmt.Errorf("--mass-expiry-hold must not be negative, got %s", o.massExpiryHold))
+	}
 	if o.holdTimeout <= 0 || o.evictionGrace < 0 {
 		errs = append(errs, errors.New("--hold-timeout must be positive and --eviction-grace not negative"))
 	}
@@ -278,10 +284,12 @@ func run(o options) error {
 		NoProviderHold: !o.providerHold, HoldPriority: o.holdPriority, PlaceholderImage: o.placeholderImage,
 		// 0 means the default there: a nanosecond is "at once".
 		HoldTimeout: o.holdTimeout, EvictionGrace: max(o.evictionGrace, time.Nanosecond),
+		MassExpiryHold: massExpiryHold(o.massExpiryHold),
 	}
 	if o.bridge != "none" {
 		ao.Bridge = o.bridge
-		ao.BridgeOptions = bridge.Options{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod, UnschedulableAfter: o.unschedulableAfter, StatusSyncPeriod: o.nodeStatusPeriod,
+		ao.BridgeOptions = bridge.Options{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod,
+			HeartbeatPeriod: o.renewInterval, HeartbeatLease: o.leaseLength, UnschedulableAfter: o.unschedulableAfter, StatusSyncPeriod: o.nodeStatusPeriod,
 			KubeletAddress: o.kubeletAddress, KubeletPorts: o.kubeletPorts, MetricsPeriod: o.metricsPeriod, NodeIP: o.nodeIP, KubeletServingCert: o.kubeletCert, KubeletServingCertTimeout: o.kubeletCertWait}
 		if o.kubeletClientCA != "" {
 			if ao.BridgeOptions.KubeletClientCA, err = os.ReadFile(o.kubeletClientCA); err != nil {
@@ -337,4 +345,12 @@ func run(o options) error {
 	metrics.Info.WithLabelValues(o.clusterID, version.Get().Version).Set(1)
 	klog.InfoS("starting rb-agent", "version", version.Get().Version, "cluster", o.clusterID, "broker", o.brokerURL, "endpoint", ao.Endpoint)
 	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// massExpiryHold maps the flag (0: never held) to the option (negative: never held).
+func massExpiryHold(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

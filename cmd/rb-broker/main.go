@@ -52,6 +52,7 @@ type options struct {
 	defaultDuration time.Duration
 	maxDuration     time.Duration
 	expiryInterval  time.Duration
+	outageGap       time.Duration
 	waitTTL         time.Duration
 	maxOwnerShare   float64
 	reserveBatch    int
@@ -132,6 +133,7 @@ func newCommand() *cobra.Command {
 	f.IntVar(&o.reserveBatch, "reserve-batch", 64, "most reservation requests decided in one Redis script call (those that queued while earlier calls were in flight; 1: one call each)")
 	f.IntVar(&o.reserveInFlight, "reserve-in-flight", 2, "Redis script calls deciding reservations that one replica keeps in flight at once")
 	f.DurationVar(&o.expiryInterval, "expiry-interval", time.Second, "how often this replica releases expired reservations, sweeps the waiting list and trims the audit stream")
+	f.DurationVar(&o.outageGap, "outage-gap", store.DefaultOutageGap, "no expiry run of any replica for this long (Redis clock) is a broker outage: its time does not count against leases; must exceed --expiry-interval")
 	f.DurationVar(&o.retention, "retention", store.DefaultRetention, "how long an ended reservation stays readable (its requester's agent reads how it ended), then it is removed")
 	f.DurationVar(&o.auditRetention, "audit-retention", store.DefaultAuditRetention, "how long a decision stays in the audit stream (which also keeps only its newest 10,000)")
 	f.StringVar(&o.policyFile, "policy-file", "", "the operator's fair-share policy (YAML, kind BrokerPolicy: limits per requester, bounds on what a provider may advertise; "+
@@ -160,13 +162,16 @@ func (o options) validate() error {
 		}
 	}
 	for name, d := range map[string]time.Duration{"--stale-threshold": o.staleThreshold, "--cert-check-interval": o.certCheck, "--default-duration": o.defaultDuration,
-		"--max-duration": o.maxDuration, "--expiry-interval": o.expiryInterval, "--wait-ttl": o.waitTTL} {
+		"--max-duration": o.maxDuration, "--expiry-interval": o.expiryInterval, "--wait-ttl": o.waitTTL, "--outage-gap": o.outageGap} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", name, d))
 		}
 	}
 	if o.maxOwnerShare < 0 || o.maxOwnerShare > 1 {
 		errs = append(errs, fmt.Errorf("--max-owner-share must be between 0 and 1, got %g", o.maxOwnerShare))
+	}
+	if o.outageGap <= o.expiryInterval {
+		errs = append(errs, fmt.Errorf("--outage-gap (%s) must exceed --expiry-interval (%s): every gap between two runs would count as an outage", o.outageGap, o.expiryInterval))
 	}
 	if o.defaultDuration > o.maxDuration {
 		errs = append(errs, fmt.Errorf("--default-duration (%s) exceeds --max-duration (%s)", o.defaultDuration, o.maxDuration))
@@ -442,7 +447,7 @@ func run(ctx context.Context, o options) error {
 	}
 	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL, MaxOwnerShare: o.maxOwnerShare,
 		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, Retention: o.retention, AuditRetention: o.auditRetention,
-		Policy: pol, GrantKeys: grantKeys})
+		OutageGap: o.outageGap, Policy: pol, GrantKeys: grantKeys})
 	cfg := server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams, MaxListsPerCluster: o.maxLists,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}}
 	if len(o.operators) > 0 {

@@ -99,6 +99,23 @@ func (p *Process) Stop(grace time.Duration) error {
 	return p.signal(syscall.SIGTERM, grace)
 }
 
+// Freeze stops the process (SIGSTOP): it holds its sockets and answers
+// nothing, as a hung server or a host cut off does. Thaw resumes it.
+func (p *Process) Freeze() error { return p.send(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen process (SIGCONT).
+func (p *Process) Thaw() error { return p.send(syscall.SIGCONT) }
+
+func (p *Process) send(sig syscall.Signal) error {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil || closed(done) {
+		return fmt.Errorf("%s is not running", p.Name)
+	}
+	return cmd.Process.Signal(sig)
+}
+
 // Kill ends the process at once (SIGKILL), as a crash would.
 func (p *Process) Kill() error {
 	return p.signal(syscall.SIGKILL, 10*time.Second)

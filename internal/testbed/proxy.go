@@ -23,7 +23,11 @@ type Proxy struct {
 	conns    map[net.Conn]struct{}
 	wg       sync.WaitGroup
 	counts   map[string]int
-	active   map[int]string // client's port -> backend, for open connections
+	active   map[int]string   // client's port -> backend, for open connections
+	clients  map[int]net.Conn // client's port -> its connection
+	// refuse, when set, tells the client ports whose connections are
+	// closed at once (Bed.CutFromBroker).
+	refuse func(clientPort int) bool
 }
 
 func newProxy(backends []string) (*Proxy, error) {
@@ -32,7 +36,7 @@ func newProxy(backends []string) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{Addr: ln.Addr().String(), ln: ln, backends: backends, conns: map[net.Conn]struct{}{}, counts: map[string]int{},
-		active: map[int]string{}}
+		active: map[int]string{}, clients: map[int]net.Conn{}}
 	p.wg.Add(1)
 	go p.serve()
 	return p, nil
@@ -65,6 +69,13 @@ func (p *Proxy) serve() {
 }
 
 func (p *Proxy) handle(client net.Conn) {
+	p.mu.Lock()
+	refuse := p.refuse
+	p.mu.Unlock()
+	if refuse != nil && refuse(client.RemoteAddr().(*net.TCPAddr).Port) {
+		client.Close()
+		return
+	}
 	p.mu.Lock()
 	n, start := len(p.backends), p.next
 	p.next++
@@ -118,6 +129,7 @@ func (p *Proxy) track(client, backend net.Conn, addr string) bool {
 	p.conns[client], p.conns[backend] = struct{}{}, struct{}{}
 	p.counts[addr]++
 	p.active[client.RemoteAddr().(*net.TCPAddr).Port] = addr
+	p.clients[client.RemoteAddr().(*net.TCPAddr).Port] = client
 	return true
 }
 
@@ -125,9 +137,27 @@ func (p *Proxy) untrack(client, backend net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.active, client.RemoteAddr().(*net.TCPAddr).Port)
+	delete(p.clients, client.RemoteAddr().(*net.TCPAddr).Port)
 	for _, c := range []net.Conn{client, backend} {
 		c.Close()
 		delete(p.conns, c)
+	}
+}
+
+// setRefuse makes the proxy refuse the client ports refuse names (nil:
+// none), and closes their open connections.
+func (p *Proxy) setRefuse(refuse func(clientPort int) bool) {
+	p.mu.Lock()
+	p.refuse = refuse
+	var open []net.Conn
+	for port, c := range p.clients {
+		if refuse != nil && refuse(port) {
+			open = append(open, c)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range open {
+		c.Close()
 	}
 }
 

@@ -163,6 +163,12 @@ func (r *Redis) Denials() []string {
 // same port and data directory; it returns when it answers PING, that is
 // when it has loaded its append-only file. An embedded Redis cannot restart.
 func (r *Redis) Restart(ctx context.Context) error {
+	return r.RestartAfter(ctx, 0)
+}
+
+// RestartAfter is Restart with redis-server down for the given time between
+// the kill and the start.
+func (r *Redis) RestartAfter(ctx context.Context, down time.Duration) error {
 	if r.Embedded {
 		return errEmbeddedRestart
 	}
@@ -178,6 +184,7 @@ func (r *Redis) Restart(ctx context.Context) error {
 		c.Close()
 		time.Sleep(10 * time.Millisecond)
 	}
+	time.Sleep(down)
 	if err := r.Start(); err != nil {
 		return err
 	}

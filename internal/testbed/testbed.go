@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -742,6 +743,21 @@ func (b *Bed) ReplicasServing(p *Process) (map[*Broker]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// CutFromBroker cuts process p (an agent) off from the brokers: the proxy
+// closes its connections and refuses its new ones, while the rest of the
+// bed reaches them as before (a requester whose network to the broker is
+// down, not to its providers). The returned func mends the cut.
+func (b *Bed) CutFromBroker(p *Process) (mend func()) {
+	_, portStr, _ := net.SplitHostPort(b.Proxy.Addr)
+	proxyPort, _ := strconv.Atoi(portStr)
+	pid := p.Pid()
+	b.Proxy.setRefuse(func(clientPort int) bool {
+		ports, err := localPortsTo(pid, proxyPort)
+		return err == nil && slices.Contains(ports, clientPort)
+	})
+	return func() { b.Proxy.setRefuse(nil) }
 }
 
 // isStopTimeout tells envtest's error for an API server it had to kill.

@@ -62,13 +62,17 @@ type GrantSource interface {
 // Config of the virtual-kubelet bridge; see bridge.Options for the meaning
 // and defaults.
 type Config struct {
-	ClusterID          string
-	Grants             GrantSource
-	Log                logr.Logger
-	LeaseDuration      time.Duration
-	StatusSyncPeriod   time.Duration
-	ProbePeriod        time.Duration
-	PodsPerReservation int64
+	ClusterID        string
+	Grants           GrantSource
+	Log              logr.Logger
+	LeaseDuration    time.Duration
+	StatusSyncPeriod time.Duration
+	ProbePeriod      time.Duration
+	// HeartbeatPeriod and HeartbeatLease shape the heartbeat Lease at each
+	// provider (heartbeat.go); defaults DefaultHeartbeatPeriod and
+	// DefaultHeartbeatLease.
+	HeartbeatPeriod, HeartbeatLease time.Duration
+	PodsPerReservation              int64
 	// KubeletAddress host:port is the first port of the nodes' kubelet
 	// endpoints (default ":10250"; port 0: any free port; "off": none).
 	KubeletAddress string
@@ -135,6 +139,12 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	if cfg.StatusSyncPeriod == 0 {
 		cfg.StatusSyncPeriod = time.Minute
+	}
+	if cfg.HeartbeatPeriod <= 0 {
+		cfg.HeartbeatPeriod = DefaultHeartbeatPeriod
+	}
+	if cfg.HeartbeatLease <= 0 {
+		cfg.HeartbeatLease = DefaultHeartbeatLease
 	}
 	if cfg.ProbePeriod == 0 {
 		cfg.ProbePeriod = 5 * time.Second

@@ -180,6 +180,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 		n.credentialsLoop(ctx)
 	})
 	n.goRun(func() { n.probeLoop(ctx) })
+	n.goRun(func() { n.heartbeatLoop(ctx) })
 	n.log.Info("virtual node started")
 	return n, nil
 }
