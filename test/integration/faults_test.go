@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
@@ -89,7 +90,8 @@ func testFaultsBorrow(t *testing.T, bed *testbed.Bed) {
 	ctx := context.Background()
 	rome := bed.Cluster("rome")
 	base := baseline(t, bed)
-	newNamespace(t, rome, faultsNamespace)
+	// Not newNamespace: the namespace outlives this subtest (release deletes it).
+	require.NoError(t, rome.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: faultsNamespace}}))
 	dep := appDeployment(faultsNamespace, "web", 2, "1500m", "256Mi")
 	require.NoError(t, rome.Client.Create(ctx, dep))
 	pods := waitBorrowedReady(t, bed, 2, 120*time.Second)
@@ -311,4 +313,5 @@ func testFaultsRelease(t *testing.T, bed *testbed.Bed) {
 		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
 	})
 	backToBaseline(t, bed, faultsWeb.base, 60*time.Second)
+	require.NoError(t, rome.Client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: faultsNamespace}}))
 }
