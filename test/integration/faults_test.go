@@ -32,15 +32,6 @@ const (
 	faultGrace = 3 * time.Second
 )
 
-func faultAgentArgs(string) []string {
-	return []string{
-		"--lease-length=" + faultLease.String(),
-		"--lease-renew-interval=" + faultRenew.String(),
-		"--hold-time=" + faultHold.String(),
-		"--eviction-grace=" + faultGrace.String(),
-	}
-}
-
 // TestFaultsControlPlane starts one real-node bed and, on the same borrowed
 // pods, takes the control plane away in the ways users meet: every broker
 // replica stopped and Redis frozen, the requester cut off from the broker
@@ -52,7 +43,7 @@ func TestFaultsControlPlane(t *testing.T) {
 	bed := testbed.Start(t, testbed.Options{
 		RealNodes: true,
 		Clusters:  []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin},
-		AgentArgs: faultAgentArgs,
+		AgentArgs: leaseAgentArgs(faultLease, faultRenew, faultHold, faultGrace),
 	})
 	t.Logf("faults bed up in %s", bed.Timings["total"].Round(time.Millisecond))
 	runScenarios(t, bed, []scenario{

@@ -45,12 +45,15 @@ const (
 	lifeClockOffset = -time.Hour
 )
 
-func lifetimeAgentArgs(string) []string {
-	return []string{
-		"--lease-length=" + lifeLease.String(),
-		"--lease-renew-interval=" + lifeRenew.String(),
-		"--hold-time=" + lifeHold.String(),
-		"--eviction-grace=" + lifeGrace.String(),
+// leaseAgentArgs are the agents' flags for a bed's lease timings.
+func leaseAgentArgs(lease, renew, hold, grace time.Duration) func(string) []string {
+	return func(string) []string {
+		return []string{
+			"--lease-length=" + lease.String(),
+			"--lease-renew-interval=" + renew.String(),
+			"--hold-time=" + hold.String(),
+			"--eviction-grace=" + grace.String(),
+		}
 	}
 }
 
@@ -61,7 +64,7 @@ func TestLifetime(t *testing.T) {
 	bed := testbed.Start(t, testbed.Options{
 		RealNodes:         true,
 		Clusters:          []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin},
-		AgentArgs:         lifetimeAgentArgs,
+		AgentArgs:         leaseAgentArgs(lifeLease, lifeRenew, lifeHold, lifeGrace),
 		BrokerClockOffset: lifeClockOffset,
 	})
 	t.Logf("lifetime bed up in %s", bed.Timings["total"].Round(time.Millisecond))
