@@ -37,7 +37,7 @@ import (
 const sentinelMaster = "rb-redis"
 
 // sentinelSet is a Redis primary, its replica and three Sentinels on
-// loopback, as manifests/redis/sentinel deploys them: every server loads the
+// loopback, as manifests/redis-sentinel deploys them: every server loads the
 // ACL of manifests/redis (the replica and the Sentinels log in as the tests'
 // administrator), and the primary refuses writes without a replica
 // (min-replicas-to-write).
@@ -431,7 +431,7 @@ func TestFaultsSentinelFailover(t *testing.T) {
 	require.NoError(t, set.servers[old].Process.Signal(syscall.SIGKILL))
 
 	// The Sentinels promote the replica; the killed server restarts as a
-	// replica of it (as manifests/redis/sentinel's init container makes it).
+	// replica of it (as manifests/redis-sentinel's init container makes it).
 	var promoted string
 	require.Eventually(t, func() bool {
 		promoted, err = set.primary()

@@ -23,7 +23,7 @@ import (
 // WAIT rather than the primary's min-replicas-to-write alone: that setting
 // refuses writes only once no replica has acknowledged for
 // min-replicas-max-lag seconds (at least one), so the writes of the last
-// second before a crash could still be lost. manifests/redis/sentinel sets it
+// second before a crash could still be lost. manifests/redis-sentinel sets it
 // as well, so that a primary cut off from its replica refuses writes at once
 // (NOREPLICAS, also ErrNotReplicated) instead of every call waiting out
 // Config.ReplicaTimeout.
