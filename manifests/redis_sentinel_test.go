@@ -25,6 +25,9 @@ func TestRedisSentinelVariant(t *testing.T) {
 	if sts.Spec.Replicas == nil || *sts.Spec.Replicas != 2 {
 		t.Errorf("StatefulSet rb-redis: replicas %v, want 2 (a primary and a replica)", sts.Spec.Replicas)
 	}
+	if sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+		t.Errorf("StatefulSet rb-redis: podManagementPolicy %q, want Parallel (either pod may be the primary)", sts.Spec.PodManagementPolicy)
+	}
 	pod := sts.Spec.Template.Spec
 	var inits []string
 	for _, c := range pod.InitContainers {
@@ -59,6 +62,10 @@ func TestRedisSentinelVariant(t *testing.T) {
 		if !slices.Contains(ha, line) {
 			t.Errorf("ha.conf lacks %q", line)
 		}
+	}
+	// The probes PING: a replica without its primary must still answer PONG.
+	if slices.Contains(ha, "replica-serve-stale-data no") {
+		t.Error("ha.conf: replica-serve-stale-data no fails the probes of a replica whose primary is gone (MASTERDOWN)")
 	}
 
 	sen := as[appsv1.StatefulSet](t, find(t, objs, "StatefulSet", "rb-redis-sentinel"))
