@@ -48,6 +48,7 @@ check-node-deps:
 .PHONY: check-redis
 check-redis:
 	@command -v redis-server >/dev/null || { echo "redis-server not found: apt-get install -y redis-server (or brew install redis)" >&2; exit 1; }
+	@command -v redis-sentinel >/dev/null || { echo "redis-sentinel not found: apt-get install -y redis-sentinel (or brew install redis)" >&2; exit 1; }
 
 .PHONY: bench
 bench: envtest-bin check-redis ## Every benchmark with its baseline, ratio and target; writes docs/benchmarks/ (BENCH_FLAGS="--only broker,http", see docs/benchmarks.md).

@@ -253,6 +253,19 @@ func TestHelmChartBroker(t *testing.T) {
 	rendered, err := helm(t, "template", "rb-broker", "charts/rb-broker", "-n", namespace)
 	require.NoError(t, err)
 	sameAsKustomize(t, rendered, "broker")
+	// With manifests/redis-sentinel: the Sentinel flags replace --redis-url.
+	rendered, err = helm(t, "template", "rb-broker", "charts/rb-broker", "-n", namespace, "--set", "redis.sentinel.master=rb-redis",
+		"--set", "redis.sentinel.addrs={s-0:26379,s-1:26379}", "--set", "redis.waitReplicas=1", "--set", "redis.waitTimeout=2s")
+	require.NoError(t, err)
+	assert.Contains(t, rendered, "- --redis-sentinel-master=rb-redis\n")
+	assert.Contains(t, rendered, "- --redis-sentinel-addrs=s-0:26379,s-1:26379\n")
+	assert.Contains(t, rendered, "- --redis-wait-replicas=1\n")
+	assert.Contains(t, rendered, "- --redis-wait-timeout=2s\n")
+	assert.NotContains(t, rendered, "--redis-url")
+	_, err = helm(t, "template", "rb-broker", "charts/rb-broker", "-n", namespace, "--set", "redis.sentinel.master=rb-redis")
+	if assert.Error(t, err) {
+		assert.Contains(t, err.Error(), "redis.sentinel.master needs redis.sentinel.addrs")
+	}
 	_, err = helm(t, "template", "rb-broker", "charts/rb-broker", "-n", "default")
 	if assert.Error(t, err) {
 		assert.Contains(t, err.Error(), "install rb-broker in namespace resource-broker")

@@ -63,7 +63,7 @@ const (
 
 // bases are the kustomize directories, relative to manifests/, each of which
 // must build on its own.
-var bases = []string{"crds", "broker", "broker/agent-certificates", "broker-external", "redis", "agent", "scheduler"}
+var bases = []string{"crds", "broker", "broker/agent-certificates", "broker-external", "redis", "redis-sentinel", "agent", "scheduler"}
 
 // certManagerCRDs is where `make cert-manager-crds` puts cert-manager's CRDs.
 var certManagerCRDs = []string{"bin", "crds", "cert-manager"}

@@ -50,6 +50,7 @@ type metrics struct {
 	streams      prometheus.Gauge
 	renewals     *prometheus.CounterVec
 	renewBatch   prometheus.Histogram
+	v1Capped     *prometheus.CounterVec
 
 	outcomes      map[string]*lazyCounter        // reservations' children by outcome; read-only once built
 	renewOutcomes map[string]*lazyCounter        // renewals' children by outcome; read-only once built
@@ -116,9 +117,13 @@ func newMetrics(st *store.Store) *metrics {
 			Help:    "Ids per valid renewal request (POST /api/v2/renewals).",
 			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000},
 		}),
+		v1Capped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rb_broker_v1_allocated_capped_total",
+			Help: "Seed (v1) advertisements whose allocated exceeded allocatable, capped at allocatable, by resource (cpu, memory, gpu, storage).",
+		}, []string{"resource"}),
 	}
 	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.requests, m.latency, m.streams,
-		m.renewals, m.renewBatch,
+		m.renewals, m.renewBatch, m.v1Capped,
 		&clusterCollector{store: st},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.outcomes = map[string]*lazyCounter{}

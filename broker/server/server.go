@@ -393,6 +393,15 @@ func (s *Server) writeStoreError(w http.ResponseWriter, script string, err error
 		writeError(w, http.StatusForbidden, api.ReasonForbidden, err.Error())
 	case errors.Is(err, store.ErrConflict):
 		writeError(w, http.StatusConflict, api.ReasonConflict, err.Error())
+	case errors.Is(err, store.ErrNotReplicated):
+		// Not acknowledged: a failover now could lose it. The request is
+		// idempotent, so the client retries it as it is.
+		if script != "" {
+			s.metrics.scriptErrors.WithLabelValues(script).Inc()
+		}
+		s.log.Info("Redis replicas did not acknowledge a write in time", "script", script, "err", err)
+		w.Header().Set("Retry-After", strconv.Itoa(int(store.NotReplicatedRetryAfter.Seconds())))
+		writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "broker state not replicated, retry: "+err.Error())
 	default:
 		if script != "" {
 			s.metrics.scriptErrors.WithLabelValues(script).Inc() // failures only: not worth a cache

@@ -29,6 +29,7 @@ func (s *Server) v1PostAdvertisement(w http.ResponseWriter, r *http.Request, cal
 		writeDecodeError(w, err)
 		return
 	}
+	s.capV1Allocated(caller, &ad)
 	instructions, err := s.v1InstructionsFor(r, caller)
 	if err != nil {
 		s.writeStoreError(w, "", err)
@@ -37,6 +38,30 @@ func (s *Server) v1PostAdvertisement(w http.ResponseWriter, r *http.Request, cal
 	s.advertise(w, r.Context(), caller, ad, func(c store.Cluster) any {
 		return api.V1AdvertisementResponse{Advertisement: api.V1AdvertisementFromStore(c), ProviderInstructions: instructions}
 	})
+}
+
+// capV1Allocated caps each resource's allocated at its allocatable. A seed
+// agent counts Pending pods in allocated and GPUs of Ready nodes only, so one
+// unschedulable pod asking for a GPU puts allocated above allocatable: v2
+// refuses such an advertisement (400), but a seed agent would then be
+// refused every time and go stale, its free CPU and memory lost. For that
+// resource the cluster has nothing free, which is what capping says.
+func (s *Server) capV1Allocated(caller string, ad *store.Advertisement) {
+	for _, r := range []struct {
+		name             string
+		allocated, alloc *int64
+	}{
+		{"cpu", &ad.Allocated.CPU, &ad.Allocatable.CPU}, {"memory", &ad.Allocated.Memory, &ad.Allocatable.Memory},
+		{"gpu", &ad.Allocated.GPU, &ad.Allocatable.GPU}, {"storage", &ad.Allocated.Storage, &ad.Allocatable.Storage},
+	} {
+		if *r.allocated <= *r.alloc {
+			continue
+		}
+		s.log.Info("Warning: seed advertisement allocates more than allocatable, capped at allocatable (nothing free)",
+			"cluster", caller, "resource", r.name, "allocated", store.Quantity(r.name, *r.allocated), "allocatable", store.Quantity(r.name, *r.alloc))
+		s.metrics.v1Capped.WithLabelValues(r.name).Inc()
+		*r.allocated = *r.alloc
+	}
 }
 
 func (s *Server) v1GetAdvertisement(w http.ResponseWriter, r *http.Request, _ string) {
@@ -87,23 +112,28 @@ func (s *Server) v1Instructions(w http.ResponseWriter, r *http.Request, caller s
 }
 
 // v1InstructionsFor lists the reservations in phase Reserved whose target is
-// the caller. The seed protocol has no pages: it reads one page of the
-// caller's reservations (api.MaxPageSize), so a call costs the broker no more
-// than a v2 list's. A seed provider never grants, so its reservations stay
-// Reserved and that page holds its instructions, up to that many.
+// the caller. The seed protocol has no pages, so it reads every page of the
+// caller's live reservations (api.MaxPageSize each, as a v2 list reads them):
+// a seed provider never grants, so all of them may be Reserved.
 func (s *Server) v1InstructionsFor(r *http.Request, caller string) ([]api.V1Reservation, error) {
-	qids, _, _, err := s.store.ScanLive(r.Context(), store.ByTarget, caller, store.ScanPos{}, api.MaxPageSize)
-	if err != nil {
-		return nil, err
-	}
-	rs, err := s.store.Reservations(r.Context(), qids)
-	if err != nil {
-		return nil, err
-	}
 	var out []api.V1Reservation
-	for _, res := range rs {
-		if res.Phase == store.PhaseReserved {
-			out = append(out, api.V1ReservationFromStore(res))
+	seen := map[string]bool{} // SSCAN may return an id twice across pages
+	for pos, more := (store.ScanPos{}), true; more; {
+		var qids []string
+		var err error
+		qids, pos, more, err = s.store.ScanLive(r.Context(), store.ByTarget, caller, pos, api.MaxPageSize)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := s.store.Reservations(r.Context(), qids)
+		if err != nil {
+			return nil, err
+		}
+		for _, res := range rs {
+			if res.Phase == store.PhaseReserved && !seen[res.QID()] {
+				seen[res.QID()] = true
+				out = append(out, api.V1ReservationFromStore(res))
+			}
 		}
 	}
 	return out, nil

@@ -3,14 +3,18 @@ package server_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"regexp"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 )
@@ -130,4 +134,110 @@ func TestSeedRefusalDoesNotWait(t *testing.T) {
 		code, data = b.Do("lyon", http.MethodPost, "/api/v2/reservations", req)
 		assert.Equal(t, http.StatusCreated, code, "priority %d: %s", priority, data)
 	}
+}
+
+// TestSeedOverAllocatedStaysLive: a seed agent counts Pending pods in
+// allocated and GPUs of Ready nodes only, so an unschedulable pod asking for
+// a GPU puts allocated above allocatable. Over v1 the broker caps it (no GPU
+// free, a warning, a metric) rather than refuse the advertisement, which
+// would leave the provider stale with its CPU and memory unreservable; v2
+// still refuses it.
+func TestSeedOverAllocatedStaysLive(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	ad := `{"clusterID":"paris","clusterName":"paris","resources":{
+	    "capacity":{"cpu":"8","memory":"32Gi","gpu":"1"},
+	    "allocatable":{"cpu":"8","memory":"32Gi","gpu":"1"},
+	    "allocated":{"cpu":"500m","memory":"1Gi","gpu":"2"}},
+	  "timestamp":"` + time.Now().UTC().Format(time.RFC3339) + `"}`
+	code, data := b.Do("paris", http.MethodPost, "/api/v1/advertisements", ad)
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	var resp struct {
+		Advertisement struct {
+			Resources struct{ Allocated, Available map[string]string }
+		}
+	}
+	require.NoError(t, json.Unmarshal(data, &resp))
+	assert.Equal(t, "1", resp.Advertisement.Resources.Allocated["gpu"], "capped at allocatable")
+	assert.Empty(t, resp.Advertisement.Resources.Available["gpu"], "none free (a zero quantity is left out)")
+	assert.Equal(t, "7500m", resp.Advertisement.Resources.Available["cpu"])
+
+	c, err := b.Store.Cluster(context.Background(), "paris")
+	require.NoError(t, err)
+	assert.True(t, c.Live)
+	code, data = b.Do("rome", http.MethodPost, "/api/v1/reservations", `{"requestedResources":{"cpu":"4","memory":"8Gi"}}`)
+	require.Equal(t, http.StatusCreated, code, "its CPU stays reservable: %s", data)
+	assert.Contains(t, string(data), `"targetClusterID":"paris"`)
+	code, data = b.Do("rome", http.MethodPost, "/api/v1/reservations", `{"requestedResources":{"cpu":"1","memory":"1Gi","gpu":"1"}}`)
+	assert.Equal(t, http.StatusConflict, code, "no GPU free: %s", data)
+
+	resp2, err := http.Get(b.Health + "/metrics")
+	require.NoError(t, err)
+	metrics, _ := io.ReadAll(resp2.Body)
+	resp2.Body.Close()
+	assert.Contains(t, string(metrics), `rb_broker_v1_allocated_capped_total{resource="gpu"} 1`)
+	assert.NotContains(t, string(metrics), `rb_broker_v1_allocated_capped_total{resource="cpu"}`)
+
+	q := brokertest.Quantities("8", "32Gi", "1")
+	code, data = b.Do("paris", http.MethodPut, "/api/v2/clusters/paris/advertisement", api.Advertisement{ClusterName: "paris",
+		Resources: api.ClusterResources{Capacity: q, Allocatable: q, Allocated: brokertest.Quantities("500m", "1Gi", "2")}})
+	assert.Equal(t, http.StatusBadRequest, code, "v2 refuses it: %s", data)
+	assert.Contains(t, string(data), "allocated gpu 2 exceeds allocatable 1")
+}
+
+// TestSeedInstructionsAllPages: a seed provider never grants, so every
+// reservation it holds stays Reserved, and the seed protocol has no pages:
+// GET /api/v1/instructions and the advertisement's piggyback carry all of
+// them, past the 1,000 of one page.
+func TestSeedInstructionsAllPages(t *testing.T) {
+	b := brokertest.Start(t, brokertest.Options{})
+	code, data := b.Do("paris", http.MethodPost, "/api/v1/advertisements", seedAdvertisement("paris", "2000", "4Ti", "0"))
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	const n = 1500
+	ids := make(chan string, n)
+	var wg sync.WaitGroup
+	for w := range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			requester := fmt.Sprintf("rome-%d", w)
+			for range n / 10 {
+				code, data := b.Do(requester, http.MethodPost, "/api/v1/reservations", `{"requestedResources":{"cpu":"1","memory":"1Gi"}}`)
+				if !assert.Equal(t, http.StatusCreated, code, "%s", data) {
+					return
+				}
+				var r struct{ ID string }
+				if assert.NoError(t, json.Unmarshal(data, &r)) {
+					ids <- r.ID
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	want := map[string]bool{}
+	for id := range ids {
+		want[id] = true
+	}
+	require.Len(t, want, n)
+
+	got := func(data []byte) map[string]bool {
+		var instructions []struct{ ID, RequesterID string }
+		require.NoError(t, json.Unmarshal(data, &instructions))
+		out := map[string]bool{}
+		for _, in := range instructions {
+			assert.False(t, out[in.ID], "%s twice", in.ID)
+			out[in.ID] = true
+		}
+		return out
+	}
+	code, data = b.Do("paris", http.MethodGet, "/api/v1/instructions", nil)
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	assert.Equal(t, want, got(data))
+	code, data = b.Do("paris", http.MethodPost, "/api/v1/advertisements", seedAdvertisement("paris", "2000", "4Ti", "0"))
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	var resp struct {
+		ProviderInstructions json.RawMessage `json:"providerInstructions"`
+	}
+	require.NoError(t, json.Unmarshal(data, &resp))
+	assert.Equal(t, want, got(resp.ProviderInstructions))
 }

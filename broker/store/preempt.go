@@ -124,6 +124,13 @@ func (s *Store) Protect(ctx context.Context, requester string, ids []string) (in
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	n, err := scripts.Protect.Run(ctx, s.rdb, []string{s.cfg.Prefix}, args...).Int64()
-	return n, err
+	v, err := s.eval(ctx, scripts.Protect, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return 0, fmt.Errorf("unexpected protect reply %T", v)
+	}
+	return n, nil
 }

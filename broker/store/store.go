@@ -88,6 +88,12 @@ type Config struct {
 	// GrantKeys seal the grants in Redis; nil: a key of this process only
 	// (RandomGrantKeys), which does for one broker, never for replicas.
 	GrantKeys *GrantKeys
+	// Replicas is how many Redis replicas must hold a script's writes
+	// before its reply is used (replicate.go); 0: none, for a Redis without
+	// replicas. ReplicaTimeout bounds that wait; default
+	// DefaultReplicaTimeout.
+	Replicas       int
+	ReplicaTimeout time.Duration
 }
 
 func (c *Config) defaults() {
@@ -135,6 +141,9 @@ func (c *Config) defaults() {
 	}
 	if c.ReserveInFlight <= 0 {
 		c.ReserveInFlight = 2
+	}
+	if c.ReplicaTimeout <= 0 {
+		c.ReplicaTimeout = DefaultReplicaTimeout
 	}
 }
 
@@ -235,7 +244,7 @@ func (s *Store) Ready(ctx context.Context) error {
 }
 
 func (s *Store) run(ctx context.Context, sc *redis.Script, args ...any) ([]any, error) {
-	v, err := sc.Run(ctx, s.rdb, []string{s.cfg.Prefix}, args...).Result()
+	v, err := s.eval(ctx, sc, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -46,6 +46,8 @@ type options struct {
 	sentinelMaster  string
 	sentinelAddrs   []string
 	redisPoolSize   int
+	waitReplicas    int
+	waitTimeout     time.Duration
 	weightResources float64
 	weightCost      float64
 	staleThreshold  time.Duration
@@ -91,6 +93,9 @@ func newCommand() *cobra.Command {
 				return err
 			}
 			defer logs.FlushLogs()
+			if !cmd.Flags().Changed("redis-wait-replicas") && o.sentinelMaster != "" {
+				o.waitReplicas = 1
+			}
 			if err := o.validate(); err != nil {
 				return err
 			}
@@ -112,6 +117,11 @@ func newCommand() *cobra.Command {
 		"so a rotated Secret is picked up without a restart; without it, the environment variable REDIS_PASSWORD, if set")
 	f.StringVar(&o.sentinelMaster, "redis-sentinel-master", "", "Sentinel master name; with --redis-sentinel-addrs, used instead of --redis-url's host")
 	f.StringSliceVar(&o.sentinelAddrs, "redis-sentinel-addrs", nil, "Sentinel addresses host:port, comma-separated")
+	f.IntVar(&o.waitReplicas, "redis-wait-replicas", 0, "how many Redis replicas must hold a decision (reserve, release, grant, renew, advertise, ...) "+
+		"before the broker answers it (WAIT; else 503 with Retry-After), so that a failover loses no answered decision; "+
+		"default 1 with --redis-sentinel-master, 0 (no wait) with --redis-url")
+	f.DurationVar(&o.waitTimeout, "redis-wait-timeout", store.DefaultReplicaTimeout, "how long a decision waits for --redis-wait-replicas replicas "+
+		"(less than the Redis read timeout, 3s)")
 	f.IntVar(&o.redisPoolSize, "redis-pool-size", 256, "Redis connections per replica (the event streams of a replica share one)")
 	f.IntVar(&o.maxStreams, "max-streams-per-cluster", server.DefaultMaxStreamsPerCluster, "event streams one cluster may hold open on a replica; "+
 		"one more is answered 429 with Retry-After (an agent holds one)")
@@ -199,6 +209,12 @@ func (o options) validate() error {
 	if o.gcPercent < -1 {
 		errs = append(errs, errors.New("--gc-percent must be -1 (off) or more"))
 	}
+	if o.waitReplicas < 0 {
+		errs = append(errs, fmt.Errorf("--redis-wait-replicas must not be negative, got %d", o.waitReplicas))
+	}
+	if o.waitTimeout <= 0 || o.waitTimeout >= redisReadTimeout {
+		errs = append(errs, fmt.Errorf("--redis-wait-timeout must be positive and less than the Redis read timeout (%s), got %s", redisReadTimeout, o.waitTimeout))
+	}
 	if o.redisPoolSize < 1 {
 		errs = append(errs, errors.New("--redis-pool-size must be at least 1"))
 	}
@@ -250,6 +266,9 @@ func (o options) loadPolicy() (*policy.Policy, error) {
 	}
 	return p, nil
 }
+
+// redisReadTimeout is go-redis' default read timeout, which a WAIT must beat.
+const redisReadTimeout = 3 * time.Second
 
 // redisPasswordEnv holds the Redis password when --redis-password-file is not given.
 const redisPasswordEnv = "REDIS_PASSWORD"
@@ -447,7 +466,7 @@ func run(ctx context.Context, o options) error {
 	}
 	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL, MaxOwnerShare: o.maxOwnerShare,
 		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, Retention: o.retention, AuditRetention: o.auditRetention,
-		OutageGap: o.outageGap, Policy: pol, GrantKeys: grantKeys})
+		OutageGap: o.outageGap, Policy: pol, GrantKeys: grantKeys, Replicas: o.waitReplicas, ReplicaTimeout: o.waitTimeout})
 	cfg := server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams, MaxListsPerCluster: o.maxLists,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}}
 	if len(o.operators) > 0 {
@@ -502,7 +521,7 @@ func run(ctx context.Context, o options) error {
 		log.Info("pprof", "address", pprofLn.Addr().String())
 	}
 	log.Info("serving", "version", version.Get().Version, "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", redactURL(o.redisURL),
-		"redisUser", o.redisUser(), "redisPassword", o.redisPasswordSource(),
+		"redisUser", o.redisUser(), "redisPassword", o.redisPasswordSource(), "redisWaitReplicas", o.waitReplicas, "redisWaitTimeout", o.waitTimeout,
 		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold,
 		"policy", policySource(o.policyFile), "retention", o.retention, "auditRetention", o.auditRetention)
 	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, Certs: certs, HealthListener: healthLn, ExpiryInterval: o.expiryInterval,

@@ -51,6 +51,8 @@ func TestInvalidFlagsRefuseToStart(t *testing.T) {
 		{[]string{"--grant-key-file=" + shortKey}, "--grant-key-file: " + shortKey + ": line 1: 5 bytes, want 32"},
 		{[]string{"--policy-file=" + badPolicy}, "--policy-file: policy file " + badPolicy + ": requesters.default.maxReservations: Invalid value: -1"},
 		{[]string{"--retention=0s"}, "--retention must be positive"},
+		{[]string{"--redis-wait-replicas=-1"}, "--redis-wait-replicas must not be negative"},
+		{[]string{"--redis-wait-timeout=3s"}, "--redis-wait-timeout must be positive and less than the Redis read timeout (3s), got 3s"},
 		{[]string{"--audit-retention=-1s"}, "--audit-retention must be positive"},
 		{[]string{"--dashboard-operators=alice, bob"}, `--dashboard-operators: " bob" is not a certificate common name`},
 	} {

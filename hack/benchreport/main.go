@@ -39,7 +39,7 @@ import (
 var suites = []Suite{
 	{
 		Name: "broker", Pkg: "./broker/store/",
-		About: "one reservation decision (reserve.lua) by federation size, candidate index vs full scan; trivial EVALSHA as the floor; per-node fit (10 nodes per cluster) vs no nodes",
+		About: "one reservation decision (reserve.lua) by federation size, candidate index vs full scan; trivial EVALSHA as the floor; per-node fit (10 nodes per cluster) vs no nodes; WAIT for a replica on vs off",
 		Runs: []Run{
 			// Per-op cost differs by three orders of magnitude between the
 			// trivial script and the full scan at 10,000 clusters: one
@@ -54,10 +54,14 @@ var suites = []Suite{
 			// nodes (the baseline) and 10 nodes each, in the same run.
 			{Bench: `^BenchmarkReserveNodes$/^clusters=100$`, Benchtime: "2000x"},
 			{Bench: `^BenchmarkReserveNodes$/^clusters=10000$`, Benchtime: "1000x"},
+			// Waiting for a replica (--redis-wait-replicas): the same
+			// decision with WAIT on and off, primary and replica, same run.
+			{Bench: `^BenchmarkReserveReplicated$`, Benchtime: "2000x"},
 		},
 		Baselines: []Baseline{
 			{Label: "full scan", Match: `/method=index/`, Replace: `/method=scan/`},
 			{Label: "no nodes", Match: `/nodes=10(-slowpath)?/`, Replace: `/nodes=0/`},
+			{Label: "no WAIT", Match: `/wait=on/`, Replace: `/wait=off/`},
 			{Label: "trivial EVALSHA", Match: `/clusters=\d+/method=\w+/`, Replace: `/baseline-trivial-evalsha/`,
 				Units: map[string]string{"decisions/s": "calls/s", "p50-ms": "p50-ms", "p99-ms": "p99-ms", "redis-us/op": "redis-us/op"}},
 		},
@@ -156,6 +160,10 @@ var targets = []Target{
 		Name: `^BenchmarkReserveNodes/clusters=10000/nodes=10-slowpath/serial$`, Unit: "p99-ms", Baseline: "no nodes", Info: "worst case, shown beside"},
 	{Suite: "broker", Figure: "per-node fit, worst case (every node record read): decisions/s, 100 clusters, 16 in flight",
 		Name: `^BenchmarkReserveNodes/clusters=100/nodes=10-slowpath/parallel$`, Unit: "decisions/s", Baseline: "no nodes", Info: "worst case, shown beside"},
+	{Suite: "broker", Figure: "replica WAIT on the decision path: decisions/s, 100 clusters, 16 in flight",
+		Name: `^BenchmarkReserveReplicated/clusters=100/wait=on/parallel$`, Unit: "decisions/s", Baseline: "no WAIT", Info: "the price of a failover losing no decision"},
+	{Suite: "broker", Figure: "replica WAIT on the decision path: p50 ms, 100 clusters, serial",
+		Name: `^BenchmarkReserveReplicated/clusters=100/wait=on/serial$`, Unit: "p50-ms", Baseline: "no WAIT", Info: "the price of a failover losing no decision"},
 	{Suite: "http", Figure: "HTTP reservations/s (HTTPS, mTLS)",
 		Name: `^BenchmarkHTTPReserve/https-mtls$`, Unit: "reservations/s", Baseline: "in-process Store.Reserve", Op: ">=", Limit: 5000},
 	{Suite: "http", Figure: "HTTP p99 ms (HTTPS, mTLS)",
