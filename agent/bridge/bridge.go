@@ -65,8 +65,18 @@ type Options struct {
 	// nothing changed (default 1m); changes are written at once.
 	StatusSyncPeriod time.Duration
 	// ProbePeriod is how often the provider's API is checked with the granted
-	// token (default 5s, at least 1s); two failures in a row make the node NotReady.
+	// token (default 5s, at least 1s).
 	ProbePeriod time.Duration
+	// ProviderLostGrace is how long a provider's API server may leave the
+	// probe unanswered while its virtual node stays Ready (default 40s):
+	// brief glitches change nothing. Past it the node is Ready=Unknown and
+	// tainted node.kubernetes.io/unreachable.
+	ProviderLostGrace time.Duration
+	// ProviderLostReplaceAfter is how long after a lost provider's last
+	// answer the pods on its virtual node are deleted so that their
+	// controllers replace them elsewhere (default 2m); StatefulSet pods and
+	// pods annotated broker.fluidos.eu/replace-on-provider-loss: "false" stay.
+	ProviderLostReplaceAfter time.Duration
 	// UnschedulableAfter is how long the provider's scheduler may leave a
 	// pod's copy unplaced before the pod gets a Warning Event and its
 	// reservation ProviderScheduled=False (default 30s).
@@ -124,6 +134,7 @@ func New(mode string, o Options) (Bridge, error) {
 			ClusterID: o.ClusterID, Grants: o.Grants, Log: o.Log,
 			LeaseDuration: o.LeaseDuration, StatusSyncPeriod: o.StatusSyncPeriod, ProbePeriod: o.ProbePeriod,
 			PodsPerReservation: o.PodsPerReservation, UnschedulableAfter: o.UnschedulableAfter,
+			ProviderLostGrace: o.ProviderLostGrace, ProviderLostReplaceAfter: o.ProviderLostReplaceAfter,
 			KubeletAddress: o.KubeletAddress, KubeletPorts: o.KubeletPorts, MetricsPeriod: o.MetricsPeriod,
 			NodeIP: o.NodeIP, KubeletClientCA: o.KubeletClientCA,
 			KubeletServingCert: o.KubeletServingCert, KubeletServingCertTimeout: o.KubeletServingCertTimeout,
