@@ -408,14 +408,12 @@ func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			b.log.V(1).Info("no live reservation, waiting for the pods to leave", "node", name)
 			return ctrl.Result{}, nil
 		}
-		if n.isLost() {
-			// Its copies are deleted once the provider answers (which
-			// enqueues it) before the node goes.
-			b.log.V(1).Info("no live reservation, waiting for the lost provider to delete the copies left", "node", name)
-			return ctrl.Result{}, nil
-		}
-		if err := n.deleteLeftCopies(ctx); err != nil {
-			return ctrl.Result{}, err
+		// A lost provider cannot be asked: its agent evicts the copies of
+		// the ended reservations itself once it is back.
+		if !n.isLost() {
+			if err := n.deleteLeftCopies(ctx); err != nil {
+				return ctrl.Result{}, err
+			}
 		}
 		b.mu.Lock()
 		delete(b.nodes, provider)

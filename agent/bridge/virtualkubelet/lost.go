@@ -148,7 +148,6 @@ func (n *providerNode) returned(ctx context.Context) {
 	n.log.Info("provider answers again: node untainted", "lostFor", time.Since(since).Round(time.Second))
 	n.b.recorder.Eventf(node, nil, corev1.EventTypeNormal, EventProviderReturned, "Untaint",
 		"%s answers again after %s unreachable", n.provider, time.Since(since).Round(time.Second))
-	n.b.enqueue(n.provider) // copies left behind by a last pod can be deleted now
 }
 
 // setUnreachableTaints adds (on) or removes the unreachable taints, keeping
@@ -290,5 +289,8 @@ func (n *providerNode) resumeReadiness(ctx context.Context) {
 		if n.ready.status != corev1.ConditionFalse {
 			n.log.Info("resuming the virtual node", "ready", c.Status, "reason", c.Reason, "since", c.LastTransitionTime)
 		}
+	}
+	if n.lostSince.IsZero() && (hasTaint(node.Spec.Taints, unreachableTaints[0]) || hasTaint(node.Spec.Taints, unreachableTaints[1])) {
+		n.lostSince = time.Now() // left by an earlier run: removed at the first answer
 	}
 }
