@@ -90,6 +90,15 @@ func (h *podHandler) create(ctx context.Context, pod *corev1.Pod) error {
 	}
 	pods := rc.client.CoreV1().Pods(rc.namespace)
 	_, err = pods.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		// A full tenant quota refuses before the name is checked: after
+		// an agent restart the copy may be there already.
+		if cur, gerr := pods.Get(ctx, desired.Name, metav1.GetOptions{}); gerr == nil {
+			if _, uid, ok := originOf(cur); ok && uid == pod.UID {
+				return nil
+			}
+		}
+	}
 	if !apierrors.IsAlreadyExists(err) {
 		return err
 	}
