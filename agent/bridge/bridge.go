@@ -65,7 +65,7 @@ type Options struct {
 	// nothing changed (default 1m); changes are written at once.
 	StatusSyncPeriod time.Duration
 	// ProbePeriod is how often the provider's API is checked with the granted
-	// token (default 5s, at least 1s); two failures in a row make the node NotReady.
+	// token (default 5s, at least 1s).
 	ProbePeriod time.Duration
 	// HeartbeatPeriod and HeartbeatLease: the bridge renews a Lease in its
 	// tenant namespace at each provider every HeartbeatPeriod, claiming
@@ -73,6 +73,16 @@ type Options struct {
 	// while it sees it renewed (defaults: the reservations' renew interval
 	// and lease length, 30s and 2m).
 	HeartbeatPeriod, HeartbeatLease time.Duration
+	// ProviderLostGrace is how long a provider's API server may leave the
+	// probe unanswered while its virtual node stays Ready (default 40s):
+	// brief glitches change nothing. Past it the node is Ready=Unknown and
+	// tainted node.kubernetes.io/unreachable.
+	ProviderLostGrace time.Duration
+	// ProviderLostReplaceAfter is how long after a lost provider's last
+	// answer the pods on its virtual node are deleted so that their
+	// controllers replace them elsewhere (default 2m); StatefulSet pods and
+	// pods annotated broker.fluidos.eu/replace-on-provider-loss: "false" stay.
+	ProviderLostReplaceAfter time.Duration
 	// UnschedulableAfter is how long the provider's scheduler may leave a
 	// pod's copy unplaced before the pod gets a Warning Event and its
 	// reservation ProviderScheduled=False (default 30s).
@@ -131,6 +141,7 @@ func New(mode string, o Options) (Bridge, error) {
 			LeaseDuration: o.LeaseDuration, StatusSyncPeriod: o.StatusSyncPeriod, ProbePeriod: o.ProbePeriod,
 			HeartbeatPeriod: o.HeartbeatPeriod, HeartbeatLease: o.HeartbeatLease,
 			PodsPerReservation: o.PodsPerReservation, UnschedulableAfter: o.UnschedulableAfter,
+			ProviderLostGrace: o.ProviderLostGrace, ProviderLostReplaceAfter: o.ProviderLostReplaceAfter,
 			KubeletAddress: o.KubeletAddress, KubeletPorts: o.KubeletPorts, MetricsPeriod: o.MetricsPeriod,
 			NodeIP: o.NodeIP, KubeletClientCA: o.KubeletClientCA,
 			KubeletServingCert: o.KubeletServingCert, KubeletServingCertTimeout: o.KubeletServingCertTimeout,

@@ -64,6 +64,8 @@ type options struct {
 	nodeLease          time.Duration
 	unschedulableAfter time.Duration
 	probePeriod        time.Duration
+	lostGrace          time.Duration
+	lostReplaceAfter   time.Duration
 	nodeStatusPeriod   time.Duration
 	metricsAddr        string
 	metricsSecure      bool
@@ -137,6 +139,11 @@ func newCommand() *cobra.Command {
 		"PEM file of the CA whose client certificates the kubelet endpoint accepts (default: client-ca-file of kube-system/extension-apiserver-authentication)")
 	f.DurationVar(&o.nodeLease, "virtual-node-lease", 40*time.Second, "lease duration of the virtual nodes")
 	f.DurationVar(&o.probePeriod, "provider-probe-period", 5*time.Second, "how often a provider's API is checked with its grant (at least 1s)")
+	f.DurationVar(&o.lostGrace, "provider-lost-grace", 40*time.Second,
+		"how long a provider's API server may leave the probe unanswered while its virtual node stays Ready; then the node is Ready=Unknown and tainted node.kubernetes.io/unreachable (at least --provider-probe-period)")
+	f.DurationVar(&o.lostReplaceAfter, "provider-lost-replace-after", 2*time.Minute,
+		"how long after a lost provider's last answer the pods on its virtual node are deleted so that their controllers replace them elsewhere "+
+			"(at least --provider-lost-grace; StatefulSet pods and pods annotated broker.fluidos.eu/replace-on-provider-loss=false stay)")
 	f.DurationVar(&o.unschedulableAfter, "provider-unschedulable-after", 30*time.Second,
 		"how long a provider's scheduler may leave a pod's copy unplaced before the pod and its reservation say so")
 	f.DurationVar(&o.nodeStatusPeriod, "virtual-node-status-period", time.Minute, "how often an unchanged virtual node status is rewritten")
@@ -238,6 +245,10 @@ func (o options) validate() error {
 	if o.kubeletPorts < 1 {
 		errs = append(errs, fmt.Errorf("--kubelet-ports %d: want at least 1", o.kubeletPorts))
 	}
+	if o.bridge == bridge.ModeVirtualKubelet && (o.lostGrace < o.probePeriod || o.lostReplaceAfter < o.lostGrace) {
+		errs = append(errs, fmt.Errorf("--provider-lost-grace %s and --provider-lost-replace-after %s: want --provider-probe-period %s <= grace <= replace-after",
+			o.lostGrace, o.lostReplaceAfter, o.probePeriod))
+	}
 	if o.metricsPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--provider-metrics-period %s: want at least 1s", o.metricsPeriod))
 	}
@@ -288,8 +299,9 @@ func run(o options) error {
 	}
 	if o.bridge != "none" {
 		ao.Bridge = o.bridge
-		ao.BridgeOptions = bridge.Options{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod,
-			HeartbeatPeriod: o.renewInterval, HeartbeatLease: o.leaseLength, UnschedulableAfter: o.unschedulableAfter, StatusSyncPeriod: o.nodeStatusPeriod,
+		ao.BridgeOptions = bridge.Options{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod, UnschedulableAfter: o.unschedulableAfter,
+			HeartbeatPeriod: o.renewInterval, HeartbeatLease: o.leaseLength,
+			ProviderLostGrace: o.lostGrace, ProviderLostReplaceAfter: o.lostReplaceAfter, StatusSyncPeriod: o.nodeStatusPeriod,
 			KubeletAddress: o.kubeletAddress, KubeletPorts: o.kubeletPorts, MetricsPeriod: o.metricsPeriod, NodeIP: o.nodeIP, KubeletServingCert: o.kubeletCert, KubeletServingCertTimeout: o.kubeletCertWait}
 		if o.kubeletClientCA != "" {
 			if ao.BridgeOptions.KubeletClientCA, err = os.ReadFile(o.kubeletClientCA); err != nil {

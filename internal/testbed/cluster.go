@@ -164,6 +164,7 @@ type Cluster struct {
 	kubelet    *kubeletStandIn
 	mu         sync.Mutex
 	nodes      []string
+	frozen     bool // freeze.go
 }
 
 // startControlPlane starts the API server and prepares the cluster: CRDs,

@@ -45,3 +45,28 @@ func localPortsTo(pid, port int) ([]int, error) {
 	}
 	return out, sc.Err()
 }
+
+// pidWithArg finds the process whose command line has arg (one argument,
+// exactly), from /proc.
+func pidWithArg(arg string) (int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		for _, a := range strings.Split(string(raw), "\x00") {
+			if a == arg {
+				return pid, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no process with argument %q", arg)
+}

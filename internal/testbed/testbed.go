@@ -624,6 +624,13 @@ func (b *Bed) DumpLogs(logf func(string, ...any), lines int) {
 func (b *Bed) Close() error {
 	var errs []error
 	b.closeOnce.Do(func() {
+		for _, c := range b.Clusters {
+			if c.Frozen() {
+				if err := c.Thaw(); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
 		stopAll := func(ps []*Process) {
 			var wg sync.WaitGroup
 			var mu sync.Mutex

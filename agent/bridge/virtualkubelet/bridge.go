@@ -98,6 +98,14 @@ type Config struct {
 	// MetricsPeriod is how often each node lists its pods' usage from the
 	// provider's metrics.k8s.io (default 10s, at least 1s).
 	MetricsPeriod time.Duration
+	// ProviderLostGrace is how long the provider's API server may leave the
+	// probe unanswered before its node is Ready=Unknown and tainted
+	// unreachable (default 40s, at least ProbePeriod).
+	ProviderLostGrace time.Duration
+	// ProviderLostReplaceAfter is how long after the last answer the pods
+	// bound to a lost provider's node are deleted to be replaced elsewhere
+	// (default 2m, at least ProviderLostGrace); see lost.go.
+	ProviderLostReplaceAfter time.Duration
 }
 
 // Bridge runs the virtual nodes of this cluster.
@@ -151,6 +159,18 @@ func New(cfg Config) (*Bridge, error) {
 	}
 	if cfg.ProbePeriod < time.Second {
 		return nil, fmt.Errorf("probe period %s: at least 1s", cfg.ProbePeriod)
+	}
+	if cfg.ProviderLostGrace == 0 {
+		cfg.ProviderLostGrace = 40 * time.Second
+	}
+	if cfg.ProviderLostGrace < cfg.ProbePeriod {
+		return nil, fmt.Errorf("provider lost grace %s: at least the probe period %s", cfg.ProviderLostGrace, cfg.ProbePeriod)
+	}
+	if cfg.ProviderLostReplaceAfter == 0 {
+		cfg.ProviderLostReplaceAfter = 2 * time.Minute
+	}
+	if cfg.ProviderLostReplaceAfter < cfg.ProviderLostGrace {
+		return nil, fmt.Errorf("provider lost replace-after %s: at least the grace %s", cfg.ProviderLostReplaceAfter, cfg.ProviderLostGrace)
 	}
 	if cfg.PodsPerReservation == 0 {
 		cfg.PodsPerReservation = 110
@@ -398,8 +418,12 @@ func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			b.log.V(1).Info("no live reservation, waiting for the pods to leave", "node", name)
 			return ctrl.Result{}, nil
 		}
-		if err := n.deleteLeftCopies(ctx); err != nil {
-			return ctrl.Result{}, err
+		// A lost provider cannot be asked: its agent evicts the copies of
+		// the ended reservations itself once it is back.
+		if !n.isLost() {
+			if err := n.deleteLeftCopies(ctx); err != nil {
+				return ctrl.Result{}, err
+			}
 		}
 		b.mu.Lock()
 		delete(b.nodes, provider)

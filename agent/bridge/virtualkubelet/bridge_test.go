@@ -50,6 +50,7 @@ import (
 const (
 	agentNamespace = "resource-broker"
 	leaseDuration  = 10 * time.Second
+	lostGrace      = 3 * time.Second
 )
 
 // member is a cluster with its agent.
@@ -238,6 +239,9 @@ func TestVirtualKubelet(t *testing.T) {
 	rome.startAgent(&bridge.Options{
 		LeaseDuration: leaseDuration, ProbePeriod: time.Second, StatusSyncPeriod: 5 * time.Second,
 		KubeletAddress: "127.0.0.1:0", NodeIP: "127.0.0.1", Log: bridgetest.Logger(t, 1),
+		// Lost after a short grace; never replaced here (test/integration's
+		// TestFaultsProviderLost covers that on real nodes).
+		ProviderLostGrace: lostGrace, ProviderLostReplaceAfter: time.Hour,
 	})
 	require.NoError(t, rome.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}))
 	var rsv *rbv1.Reservation
@@ -722,20 +726,31 @@ func TestVirtualKubelet(t *testing.T) {
 			"registered again with its capacity")
 	})
 
-	t.Run("paris's API server stopped: rb-paris NotReady within the lease window; restarted: Ready", func(t *testing.T) {
+	t.Run("paris's API server stopped: rb-paris Ready for the grace, then Unknown and tainted unreachable; restarted: Ready", func(t *testing.T) {
 		var lease coordinationv1.Lease
 		require.NoError(t, rome.Client.Get(ctx, types.NamespacedName{Namespace: corev1.NamespaceNodeLease, Name: "rb-paris"}, &lease))
 		renewed := lease.Spec.RenewTime.Time
 		stopping := time.Now()
 		paris.StopAPIServer(t)
 		stopped := time.Now()
-		rome.waitReady(t, "rb-paris", corev1.ConditionFalse, virtualkubelet.ReasonUnreachable, leaseDuration)
+		rome.waitReady(t, "rb-paris", corev1.ConditionUnknown, virtualkubelet.ReasonUnreachable, lostGrace+leaseDuration)
 		n, err := rome.node("rb-paris")
 		require.NoError(t, err)
-		notReady := readyCondition(n).LastTransitionTime.Time
-		t.Logf("paris API server stopping (SIGTERM, SIGKILL after 5s) -> port closed %s; rb-paris NotReady %s after the stop began (lease %s, probe 1s; the condition's time has second precision)",
-			stopped.Sub(stopping).Round(time.Millisecond), notReady.Sub(stopping.Truncate(time.Second)).Round(time.Second), leaseDuration)
-		assert.Less(t, notReady.Sub(stopping), leaseDuration)
+		lost := readyCondition(n).LastTransitionTime.Time
+		t.Logf("paris API server stopping (SIGTERM, SIGKILL after 5s) -> port closed %s; rb-paris Unknown %s after the stop began (grace %s, probe 1s; the condition's time has second precision)",
+			stopped.Sub(stopping).Round(time.Millisecond), lost.Sub(stopping.Truncate(time.Second)).Round(time.Second), lostGrace)
+		assert.GreaterOrEqual(t, lost.Sub(stopping.Truncate(time.Second)), lostGrace-time.Second, "Ready for the grace after the last answer")
+		assert.Contains(t, readyCondition(n).Message, "has not answered since")
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			n, err := rome.node("rb-paris")
+			require.NoError(c, err)
+			for _, effect := range []corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectNoExecute} {
+				assert.True(c, slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
+					return t.Key == corev1.TaintNodeUnreachable && t.Effect == effect
+				}), "unreachable:%s in %v", effect, n.Spec.Taints)
+			}
+			assert.Contains(c, n.Spec.Taints, corev1.Taint{Key: rbv1.VirtualNodeTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule})
+		}, 5*time.Second, 20*time.Millisecond, "tainted unreachable, our taint kept")
 		require.Eventually(t, func() bool {
 			_ = rome.Client.Get(ctx, types.NamespacedName{Namespace: corev1.NamespaceNodeLease, Name: "rb-paris"}, &lease)
 			return lease.Spec.RenewTime.After(renewed) && lease.Spec.RenewTime.After(stopped)
@@ -745,6 +760,11 @@ func TestVirtualKubelet(t *testing.T) {
 		paris.StartAPIServer(t)
 		serving := time.Now()
 		rome.waitReady(t, "rb-paris", corev1.ConditionTrue, virtualkubelet.ReasonReachable, 30*time.Second)
+		require.EventuallyWithT(t, func(c *assert.CollectT) {
+			n, err := rome.node("rb-paris")
+			require.NoError(c, err)
+			assert.Equal(c, []corev1.Taint{{Key: rbv1.VirtualNodeTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule}}, n.Spec.Taints)
+		}, 5*time.Second, 20*time.Millisecond, "untainted")
 		t.Logf("paris API server down %s; started again -> serving %s -> rb-paris Ready %s later",
 			starting.Sub(stopped).Round(time.Millisecond), serving.Sub(starting).Round(time.Millisecond), time.Since(serving).Round(time.Millisecond))
 		running, err := rome.pod("shop", "always")

@@ -51,10 +51,12 @@ const (
 
 // readiness is the node's Ready condition as the probe last judged it.
 type readiness struct {
-	ready           bool
+	status          corev1.ConditionStatus
 	reason, message string
 	since           metav1.Time
 }
+
+func (r readiness) ready() bool { return r.status == corev1.ConditionTrue }
 
 // providerNode serves the virtual node of one provider: the Node and its Lease
 // (virtual-kubelet's NodeController, with this as its NodeProvider), the pods
@@ -90,9 +92,14 @@ type providerNode struct {
 	writtenRV uint64
 	capacity  corev1.ResourceList
 	ready     readiness
-	failures  int
-	notify    func(*corev1.Node)
-	remote    *remoteCluster
+	// lastContact is when the provider's API server last answered the
+	// probe (zero: never); lostSince when the node was declared lost
+	// (zero: it is not). See lost.go.
+	lastContact, lostSince time.Time
+	// told: the pods whose fate on the lost provider an Event has told.
+	told   map[types.UID]bool
+	notify func(*corev1.Node)
+	remote *remoteCluster
 	// providerLabels are the provider's advertised labels the node carries.
 	providerLabels map[string]string
 }
@@ -106,8 +113,9 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 		ctx: ctx, cancel: cancel,
 		refresh: make(chan struct{}, 1), probeNow: make(chan struct{}, 1), pushNow: make(chan struct{}, 1),
 		capacity: corev1.ResourceList{}, started: time.Now(),
-		ready: readiness{reason: ReasonWaitingCredentials, message: "no grant from " + provider + " yet", since: metav1.Now()},
+		ready: readiness{status: corev1.ConditionFalse, reason: ReasonWaitingCredentials, message: "no grant from " + provider + " yet", since: metav1.Now()},
 	}
+	n.resumeReadiness(ctx)
 	n.pods = &podHandler{n: n, deleting: map[string]bool{}, unscheduled: map[types.UID]bool{}}
 	n.objects = newObjectMirror(n)
 
@@ -342,10 +350,7 @@ func (n *providerNode) pushLoop(ctx context.Context) {
 func (n *providerNode) nodeObject() *corev1.Node {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	ready := corev1.ConditionFalse
-	if n.ready.ready {
-		ready = corev1.ConditionTrue
-	}
+	ready := n.ready.status
 	now := metav1.Now()
 	condition := func(t corev1.NodeConditionType, s corev1.ConditionStatus, reason, msg string, since metav1.Time) corev1.NodeCondition {
 		return corev1.NodeCondition{Type: t, Status: s, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: since}
@@ -628,17 +633,19 @@ func (n *providerNode) probeLoop(ctx context.Context) {
 }
 
 // probe judges the Ready condition: a namespaced request with the token tells
-// reachability and access apart. Two failures in a row to reach the provider
-// make the node NotReady; a rejected token does at once (and the grant is read
-// again).
+// reachability and access apart. A rejected token makes the node NotReady at
+// once (and the grant is read again); a provider that does not answer is
+// judged by how long ago it last did (unanswered, lost.go).
 func (n *providerNode) probe(ctx context.Context) {
 	rc := n.currentRemote()
 	if rc == nil {
-		n.setReady(false, ReasonWaitingCredentials, fmt.Sprintf("no grant from %s yet", n.provider))
+		if !n.withinGrace(time.Now()) && !n.isLost() {
+			n.setReady(corev1.ConditionFalse, ReasonWaitingCredentials, fmt.Sprintf("no grant from %s yet", n.provider))
+		}
 		return
 	}
 	if _, expires := rc.token.get(); !expires.IsZero() && time.Now().After(expires) {
-		n.setReady(false, ReasonCredentialsExpired, fmt.Sprintf("the token granted by %s expired at %s and no newer grant was found",
+		n.setReady(corev1.ConditionFalse, ReasonCredentialsExpired, fmt.Sprintf("the token granted by %s expired at %s and no newer grant was found",
 			n.provider, expires.Format(time.RFC3339)))
 		n.refreshNow()
 		return
@@ -651,24 +658,25 @@ func (n *providerNode) probe(ctx context.Context) {
 	}
 	switch {
 	case err == nil:
-		if was := n.isReady(); !was.ready && was.reason != ReasonWaitingCredentials {
+		was := n.isReady()
+		n.answered()
+		if !was.ready() && was.reason != ReasonWaitingCredentials {
 			n.reconnect(ctx, rc)
 		}
-		n.setReady(true, ReasonReachable, fmt.Sprintf("%s's API server answers at %s", n.provider, rc.endpoint))
+		n.setReady(corev1.ConditionTrue, ReasonReachable, fmt.Sprintf("%s's API server answers at %s", n.provider, rc.endpoint))
+		n.returned(ctx)
 	case apierrors.IsUnauthorized(err):
-		n.setReady(false, ReasonCredentialsDenied, fmt.Sprintf("%s rejects the granted token: %v", n.provider, err))
+		n.answered()
+		n.setReady(corev1.ConditionFalse, ReasonCredentialsDenied, fmt.Sprintf("%s rejects the granted token: %v", n.provider, err))
+		n.returned(ctx)
 		n.refreshNow()
 	case apierrors.IsForbidden(err):
-		n.setReady(false, ReasonAccessRevoked, fmt.Sprintf("%s revoked access to namespace %s: %v", n.provider, rc.namespace, err))
+		n.answered()
+		n.setReady(corev1.ConditionFalse, ReasonAccessRevoked, fmt.Sprintf("%s revoked access to namespace %s: %v", n.provider, rc.namespace, err))
+		n.returned(ctx)
 		n.refreshNow()
 	default:
-		n.mu.Lock()
-		n.failures++
-		failures := n.failures
-		n.mu.Unlock()
-		if failures >= 2 {
-			n.setReady(false, ReasonUnreachable, fmt.Sprintf("%s's API server at %s: %v", n.provider, rc.endpoint, err))
-		}
+		n.unanswered(ctx, rc, err)
 	}
 }
 
@@ -706,25 +714,20 @@ func (n *providerNode) reconnect(ctx context.Context, old *remoteCluster) {
 	n.log.Info("reconnected to the provider", "copies", len(known))
 }
 
-func (n *providerNode) setReady(ready bool, reason, message string) {
+func (n *providerNode) setReady(status corev1.ConditionStatus, reason, message string) {
 	n.mu.Lock()
-	if ready {
-		n.failures = 0
-	}
 	r := &n.ready
-	transition := r.ready != ready
+	transition := r.status != status
 	changed := transition || r.reason != reason || r.message != message
 	if transition {
 		r.since = metav1.Now()
 	}
-	r.ready, r.reason, r.message = ready, reason, message
+	r.status, r.reason, r.message = status, reason, message
 	n.mu.Unlock()
 	if !changed {
 		return
 	}
-	if transition || reason != ReasonUnreachable {
-		n.log.Info("virtual node readiness", "ready", ready, "reason", reason, "message", message)
-	}
+	n.log.Info("virtual node readiness", "ready", status, "reason", reason, "message", message)
 	n.push()
 }
 

@@ -90,6 +90,15 @@ func (h *podHandler) create(ctx context.Context, pod *corev1.Pod) error {
 	}
 	pods := rc.client.CoreV1().Pods(rc.namespace)
 	_, err = pods.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		// A full tenant quota refuses before the name is checked: after
+		// an agent restart the copy may be there already.
+		if cur, gerr := pods.Get(ctx, desired.Name, metav1.GetOptions{}); gerr == nil {
+			if _, uid, ok := originOf(cur); ok && uid == pod.UID {
+				return h.UpdatePod(ctx, pod)
+			}
+		}
+	}
 	if !apierrors.IsAlreadyExists(err) {
 		return err
 	}
@@ -102,7 +111,10 @@ func (h *podHandler) create(ctx context.Context, pod *corev1.Pod) error {
 	case !ok || key != (types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}):
 		return errCollision{fmt.Sprintf("pod %s/%s at %s is not a copy of %s/%s", rc.namespace, desired.Name, h.n.provider, pod.Namespace, pod.Name)}
 	case uid == pod.UID:
-		return nil // mirrored already
+		// Mirrored already (the provider's informer had not listed it
+		// yet, as after an agent restart): what may change on a running
+		// pod changed meanwhile perhaps.
+		return h.UpdatePod(ctx, pod)
 	case existing.DeletionTimestamp == nil:
 		// The copy of an earlier pod of the same name: that pod is gone here.
 		pre := metav1.NewUIDPreconditions(string(existing.UID))
