@@ -539,40 +539,6 @@ func localizer(local, remote *corev1.Pod) *strings.Replacer {
 	return strings.NewReplacer(pairs...)
 }
 
-// goneStatus is local marked Failed because its copy was deleted at the
-// provider behind the bridge's back, and its restart policy is Never.
-func goneStatus(local *corev1.Pod, provider string) *corev1.Pod {
-	out := local.DeepCopy()
-	now := metav1.Now()
-	s := &out.Status
-	s.Phase = corev1.PodFailed
-	s.Reason = "ProviderPodDeleted"
-	s.Message = fmt.Sprintf("the pod was deleted on provider %s", provider)
-	terminate := func(cs []corev1.ContainerStatus) {
-		for i := range cs {
-			if cs[i].State.Terminated != nil {
-				continue
-			}
-			started := now
-			if cs[i].State.Running != nil {
-				started = cs[i].State.Running.StartedAt
-			}
-			cs[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
-				ExitCode: 137, Reason: "ProviderPodDeleted", Message: s.Message, StartedAt: started, FinishedAt: now}}
-			cs[i].Ready, cs[i].Started = false, ptrTo(false)
-		}
-	}
-	terminate(s.ContainerStatuses)
-	terminate(s.InitContainerStatuses)
-	for i := range s.Conditions {
-		switch s.Conditions[i].Type {
-		case corev1.PodReady, corev1.ContainersReady:
-			s.Conditions[i].Status, s.Conditions[i].Reason, s.Conditions[i].LastTransitionTime = corev1.ConditionFalse, "PodFailed", now
-		}
-	}
-	return out
-}
-
 // remoteConfigMap is the copy of a local ConfigMap.
 func remoteConfigMap(local *corev1.ConfigMap, p mirrorParams) *corev1.ConfigMap {
 	return &corev1.ConfigMap{

@@ -253,12 +253,14 @@ func TestLocalStatus(t *testing.T) {
 	assert.Equal(t, []string{"PodScheduled=True", "Ready=False", string(PodConditionReserved) + "=True"}, types(got.Status.Conditions),
 		"the copy's Ready stands for the pod's; the admission stays")
 
-	failed := goneStatus(localStatus(local, &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning,
-		ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}}}, "paris"), "paris")
+	failed := failedStatus(localStatus(local, &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning,
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}}}, "paris"),
+		ReasonDeletedAtProvider, "the copy of this pod was deleted on paris")
 	assert.Equal(t, corev1.PodFailed, failed.Status.Phase)
-	assert.Equal(t, "ProviderPodDeleted", failed.Status.Reason)
+	assert.Equal(t, ReasonDeletedAtProvider, failed.Status.Reason)
 	require.NotNil(t, failed.Status.ContainerStatuses[0].State.Terminated)
 	assert.Equal(t, int32(137), failed.Status.ContainerStatuses[0].State.Terminated.ExitCode)
+	assert.False(t, failed.Status.ContainerStatuses[0].Ready)
 }
 
 func TestLocalizer(t *testing.T) {
