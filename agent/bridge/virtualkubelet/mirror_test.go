@@ -360,6 +360,14 @@ func TestCopyAppliesPlacement(t *testing.T) {
 	req := remote.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
 	require.NotNil(t, req)
 	assert.Equal(t, []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{pin}}}, req.NodeSelectorTerms)
+	// Its own placeholder, and only that one, must leave the node for it:
+	// the scheduler's preemption takes it whatever the order it tries
+	// the node's placeholders in.
+	assert.Equal(t, &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{rbv1.ReservationLabel: "uid-r1", rbv1.RoleLabel: rbv1.RolePlaceholder}},
+		TopologyKey:   corev1.LabelHostname,
+	}}}, remote.Spec.Affinity.PodAntiAffinity)
+	assert.Nil(t, local.Spec.Affinity, "the local pod is not touched")
 
 	// Two ORed terms of carried labels: both gain the pin.
 	local = testPod()
@@ -383,6 +391,7 @@ func TestCopyAppliesPlacement(t *testing.T) {
 	assert.Equal(t, corev1.LabelTopologyZone, terms[0].MatchExpressions[0].Key, "the pod's own terms are not changed otherwise")
 	assert.Len(t, local.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions, 1,
 		"the local pod is not touched")
+	assert.Nil(t, remote.Spec.Affinity.PodAntiAffinity, "no reservation id: no placeholder to repel")
 
 	// No placement: the copy is as before.
 	remote, err = remotePod(testPod(), mirrorParams{clusterID: "rome", namespace: "rb-rome"})
