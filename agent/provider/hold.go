@@ -212,8 +212,21 @@ func (r *TenantReconciler) requeueStuckCopies(ctx context.Context, pi *rbv1.Prov
 			}
 			continue
 		}
-		err = r.Client.Delete(ctx, p, client.Preconditions{UID: &p.UID})
-		if client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+		// The cache may lag the scheduler: a copy bound meanwhile, maybe
+		// running, must not be killed. Read it afresh and delete that very
+		// version (bound since, its resourceVersion changed: Conflict).
+		var cur corev1.Pod
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(p), &cur); err != nil {
+			return 0, client.IgnoreNotFound(err)
+		}
+		if cur.UID != p.UID || cur.Spec.NodeName != "" || !cur.DeletionTimestamp.IsZero() {
+			continue
+		}
+		err = r.Client.Delete(ctx, &cur, client.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion})
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		if client.IgnoreNotFound(err) != nil {
 			return 0, err
 		}
 		r.Recorder.Eventf(pi, nil, corev1.EventTypeWarning, "CopyRequeued", "Requeue",

@@ -692,7 +692,7 @@ func TestVirtualKubelet(t *testing.T) {
 			p, err := rome.pod("shop", "never")
 			require.NoError(c, err)
 			assert.Equal(c, corev1.PodFailed, p.Status.Phase)
-			assert.Equal(c, "ProviderPodDeleted", p.Status.Reason)
+			assert.Equal(c, virtualkubelet.ReasonDeletedAtProvider, p.Status.Reason)
 		}, 15*time.Second, 10*time.Millisecond, "restart policy Never: failed")
 		time.Sleep(time.Second)
 		err := paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.never"}, &corev1.Pod{})

@@ -181,7 +181,7 @@ func remotePod(local *corev1.Pod, p mirrorParams) (*corev1.Pod, error) {
 		spec.Hostname = local.Name // what the pod would see as its host name here
 	}
 	dropNodeSelection(spec, p.node)
-	applyPlacement(spec, p.placement)
+	applyPlacement(spec, p.placement, p.reservation)
 
 	// Drop the token volume and its mounts.
 	dropped := map[string]bool{}
@@ -358,11 +358,21 @@ func dropNodeSelection(spec *corev1.PodSpec, node *corev1.Node) {
 
 // applyPlacement pins the copy to the node where the provider holds its
 // capacity (a placeholder pod) at the PriorityClass one above the
-// placeholder's: there the scheduler preempts the placeholder, and nothing
-// else, for it. Priority is cleared so that the provider's admission sets it
-// from the class. Every required nodeSelectorTerm (they are ORed) gains the
-// hostname expression, so none of them lets the copy elsewhere.
-func applyPlacement(spec *corev1.PodSpec, p *rbv1.ReservationPlacement) {
+// placeholder's: there the scheduler preempts the placeholder for it.
+// Priority is cleared so that the provider's admission sets it from the
+// class. Every required nodeSelectorTerm (they are ORed) gains the hostname
+// expression, so none of them lets the copy elsewhere.
+//
+// The copy also repels its own placeholder (required pod anti-affinity on
+// the node). Without it the scheduler, which knows nothing of which
+// placeholder holds which reservation, takes as victim whichever of the
+// node's equally important placeholders it reprieves last: when the copies
+// of several reservations held on one node (a gang) arrive together, each
+// takes another reservation's room, their preemptions pick victims already
+// deleted ("Victim Pod is already deleted") and the copies race for what is
+// left. With it, the own placeholder is a victim whatever the order, and
+// its room leaves the others (placeholders, the provider's pods) reprieved.
+func applyPlacement(spec *corev1.PodSpec, p *rbv1.ReservationPlacement, reservation string) {
 	if p == nil || p.Node == "" {
 		return
 	}
@@ -382,6 +392,17 @@ func applyPlacement(spec *corev1.PodSpec, p *rbv1.ReservationPlacement) {
 	for i := range terms {
 		terms[i].MatchExpressions = append(terms[i].MatchExpressions, pin)
 	}
+	if reservation == "" || len(validation.IsValidLabelValue(reservation)) > 0 {
+		return // the placeholder carries no label to select it by
+	}
+	if spec.Affinity.PodAntiAffinity == nil {
+		spec.Affinity.PodAntiAffinity = &corev1.PodAntiAffinity{}
+	}
+	pa := spec.Affinity.PodAntiAffinity
+	pa.RequiredDuringSchedulingIgnoredDuringExecution = append(pa.RequiredDuringSchedulingIgnoredDuringExecution, corev1.PodAffinityTerm{
+		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{rbv1.ReservationLabel: reservation, rbv1.RoleLabel: rbv1.RolePlaceholder}},
+		TopologyKey:   corev1.LabelHostname,
+	})
 }
 
 // mirrorMeta is the metadata of a copy: mapped name, the tenant namespace,
@@ -537,40 +558,6 @@ func localizer(local, remote *corev1.Pod) *strings.Replacer {
 		pairs = append(pairs, `"`+local.Namespace+".", `"`)
 	}
 	return strings.NewReplacer(pairs...)
-}
-
-// goneStatus is local marked Failed because its copy was deleted at the
-// provider behind the bridge's back, and its restart policy is Never.
-func goneStatus(local *corev1.Pod, provider string) *corev1.Pod {
-	out := local.DeepCopy()
-	now := metav1.Now()
-	s := &out.Status
-	s.Phase = corev1.PodFailed
-	s.Reason = "ProviderPodDeleted"
-	s.Message = fmt.Sprintf("the pod was deleted on provider %s", provider)
-	terminate := func(cs []corev1.ContainerStatus) {
-		for i := range cs {
-			if cs[i].State.Terminated != nil {
-				continue
-			}
-			started := now
-			if cs[i].State.Running != nil {
-				started = cs[i].State.Running.StartedAt
-			}
-			cs[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
-				ExitCode: 137, Reason: "ProviderPodDeleted", Message: s.Message, StartedAt: started, FinishedAt: now}}
-			cs[i].Ready, cs[i].Started = false, ptrTo(false)
-		}
-	}
-	terminate(s.ContainerStatuses)
-	terminate(s.InitContainerStatuses)
-	for i := range s.Conditions {
-		switch s.Conditions[i].Type {
-		case corev1.PodReady, corev1.ContainersReady:
-			s.Conditions[i].Status, s.Conditions[i].Reason, s.Conditions[i].LastTransitionTime = corev1.ConditionFalse, "PodFailed", now
-		}
-	}
-	return out
 }
 
 // remoteConfigMap is the copy of a local ConfigMap.

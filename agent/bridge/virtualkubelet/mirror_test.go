@@ -253,12 +253,14 @@ func TestLocalStatus(t *testing.T) {
 	assert.Equal(t, []string{"PodScheduled=True", "Ready=False", string(PodConditionReserved) + "=True"}, types(got.Status.Conditions),
 		"the copy's Ready stands for the pod's; the admission stays")
 
-	failed := goneStatus(localStatus(local, &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning,
-		ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}}}, "paris"), "paris")
+	failed := failedStatus(localStatus(local, &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning,
+		ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}}}}, "paris"),
+		ReasonDeletedAtProvider, "the copy of this pod was deleted on paris")
 	assert.Equal(t, corev1.PodFailed, failed.Status.Phase)
-	assert.Equal(t, "ProviderPodDeleted", failed.Status.Reason)
+	assert.Equal(t, ReasonDeletedAtProvider, failed.Status.Reason)
 	require.NotNil(t, failed.Status.ContainerStatuses[0].State.Terminated)
 	assert.Equal(t, int32(137), failed.Status.ContainerStatuses[0].State.Terminated.ExitCode)
+	assert.False(t, failed.Status.ContainerStatuses[0].Ready)
 }
 
 func TestLocalizer(t *testing.T) {
@@ -358,6 +360,14 @@ func TestCopyAppliesPlacement(t *testing.T) {
 	req := remote.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
 	require.NotNil(t, req)
 	assert.Equal(t, []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{pin}}}, req.NodeSelectorTerms)
+	// Its own placeholder, and only that one, must leave the node for it:
+	// the scheduler's preemption takes it whatever the order it tries
+	// the node's placeholders in.
+	assert.Equal(t, &corev1.PodAntiAffinity{RequiredDuringSchedulingIgnoredDuringExecution: []corev1.PodAffinityTerm{{
+		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{rbv1.ReservationLabel: "uid-r1", rbv1.RoleLabel: rbv1.RolePlaceholder}},
+		TopologyKey:   corev1.LabelHostname,
+	}}}, remote.Spec.Affinity.PodAntiAffinity)
+	assert.Nil(t, local.Spec.Affinity, "the local pod is not touched")
 
 	// Two ORed terms of carried labels: both gain the pin.
 	local = testPod()
@@ -381,6 +391,7 @@ func TestCopyAppliesPlacement(t *testing.T) {
 	assert.Equal(t, corev1.LabelTopologyZone, terms[0].MatchExpressions[0].Key, "the pod's own terms are not changed otherwise")
 	assert.Len(t, local.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions, 1,
 		"the local pod is not touched")
+	assert.Nil(t, remote.Spec.Affinity.PodAntiAffinity, "no reservation id: no placeholder to repel")
 
 	// No placement: the copy is as before.
 	remote, err = remotePod(testPod(), mirrorParams{clusterID: "rome", namespace: "rb-rome"})

@@ -330,7 +330,16 @@ func (h *podHandler) remoteChanged(remote *corev1.Pod) {
 		return
 	}
 	h.watchScheduling(local, remote)
-	out := localStatus(local, remote, h.n.provider)
+	if finished(local) {
+		return // final: virtual-kubelet writes no status over it
+	}
+	out, replace := copyStatus(local, remote, h.n.provider, func() bool { return h.replaceable(local) })
+	if replace && terminal(remote) && remote.DeletionTimestamp == nil {
+		// Ended where it stays (evicted by its kubelet, refused at
+		// admission): deleted, the copy is made anew once it is gone.
+		h.deleteEnded(remote)
+	}
+	h.failed(local, out)
 	if equality.Semantic.DeepEqual(out.Status, local.Status) {
 		// Nothing to reflect: the copy was created, or bound by the
 		// provider's scheduler (its PodScheduled is not reflected), and
@@ -383,8 +392,9 @@ func (n *providerNode) deleteLeftCopies(ctx context.Context) error {
 }
 
 // remoteGone: the copy is deleted at the provider. A local pod being deleted
-// is let go; one that was not is recreated at the provider, or marked Failed
-// when its restart policy is Never (a kubelet does not restart such a pod).
+// is let go; one that was not is given a new copy if it may have one
+// (replaceable), else it fails with the reason its copy ended (a kubelet
+// does not restart such a pod), unless its copy had completed.
 func (h *podHandler) remoteGone(remote *corev1.Pod) {
 	key, uid, ok := originOf(remote)
 	if !ok {
@@ -399,36 +409,82 @@ func (h *podHandler) remoteGone(remote *corev1.Pod) {
 		return
 	}
 	ctx := h.n.ctx
-	switch {
-	case local.DeletionTimestamp != nil:
+	if local.DeletionTimestamp != nil {
 		pre := metav1.NewUIDPreconditions(string(uid))
 		err := h.n.b.local.CoreV1().Pods(key.Namespace).Delete(ctx, key.Name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0)), Preconditions: pre})
 		if client404(err) != nil && !apierrors.IsConflict(err) {
 			h.n.log.Error(err, "finishing the deletion of a pod", "pod", key.String())
 		}
-	case local.Status.Phase == corev1.PodSucceeded || local.Status.Phase == corev1.PodFailed || byUs:
-	case local.Spec.RestartPolicy == corev1.RestartPolicyNever:
-		h.n.log.Info("copy deleted at the provider; restart policy Never: the pod failed", "pod", key.String())
-		h.n.b.recorder.Eventf(local, nil, corev1.EventTypeWarning, "ProviderPodDeleted", "Sync",
-			"the copy of this pod was deleted on %s; restart policy Never: the pod failed", h.n.provider)
-		h.notifyStatus(goneStatus(local, h.n.provider))
-	default:
-		h.n.log.Info("copy deleted at the provider; recreating it", "pod", key.String(), "restartPolicy", local.Spec.RestartPolicy)
-		h.n.b.recorder.Eventf(local, nil, corev1.EventTypeNormal, "ProviderPodRecreated", "Sync",
-			"the copy of this pod was deleted on %s; restart policy %s: recreating it", h.n.provider, local.Spec.RestartPolicy)
-		go func() {
-			err := h.n.retry(ctx, func(ctx context.Context) error {
-				cur, err := h.n.localPods.Pods(key.Namespace).Get(key.Name)
-				if err != nil || cur.UID != uid || cur.DeletionTimestamp != nil {
-					return nil
-				}
-				return h.create(ctx, cur)
-			})
-			if err != nil && ctx.Err() == nil {
-				h.n.log.Error(err, "recreating the copy", "pod", key.String())
-			}
-		}()
+		return
 	}
+	if finished(local) || byUs {
+		return
+	}
+	end := endOf(local, remote, h.n.provider)
+	if !end.stopped && terminal(remote) {
+		// Completed on its own, then deleted before its pod showed it.
+		h.notifyStatus(localStatus(local, remote, h.n.provider))
+		return
+	}
+	if !end.stopped {
+		end = copyEnd{stopped: true, reason: ReasonDeletedAtProvider, message: fmt.Sprintf("the copy of this pod was deleted on %s", h.n.provider)}
+	}
+	if !h.replaceable(local) {
+		h.n.log.Info("copy ended at the provider; the pod failed", "pod", key.String(), "reason", end.reason, "restartPolicy", local.Spec.RestartPolicy)
+		out := failedStatus(localStatus(local, remote, h.n.provider), end.reason, end.message)
+		h.failed(local, out)
+		h.notifyStatus(out)
+		return
+	}
+	h.n.log.Info("copy deleted at the provider; recreating it", "pod", key.String(), "reason", end.reason, "restartPolicy", local.Spec.RestartPolicy)
+	h.n.b.recorder.Eventf(local, nil, corev1.EventTypeNormal, "ProviderPodRecreated", "Sync",
+		"%s; restart policy %s: recreating it", end.message, local.Spec.RestartPolicy)
+	if out := replacingStatus(local, local, end); !equality.Semantic.DeepEqual(out.Status, local.Status) {
+		h.notifyStatus(out)
+	}
+	go func() {
+		err := h.n.retry(ctx, func(ctx context.Context) error {
+			cur, err := h.n.localPods.Pods(key.Namespace).Get(key.Name)
+			if err != nil || cur.UID != uid || cur.DeletionTimestamp != nil || finished(cur) {
+				return nil
+			}
+			return h.create(ctx, cur)
+		})
+		if err != nil && ctx.Err() == nil {
+			h.n.log.Error(err, "recreating the copy", "pod", key.String())
+		}
+	}()
+}
+
+// replaceable: local may be given a new copy: its restart policy restarts
+// it, and its reservation at this provider is live (the capacity is still
+// held for it).
+func (h *podHandler) replaceable(local *corev1.Pod) bool {
+	return local.Spec.RestartPolicy != corev1.RestartPolicyNever && h.n.reservationOf(h.n.ctx, local) != nil
+}
+
+// deleteEnded deletes a terminal copy that is to be replaced.
+func (h *podHandler) deleteEnded(remote *corev1.Pod) {
+	rc := h.n.currentRemote()
+	if rc == nil {
+		return
+	}
+	h.n.log.Info("deleting a copy that ended without completing, to make it anew", "copy", remote.Name, "phase", remote.Status.Phase, "reason", remote.Status.Reason)
+	pre := metav1.NewUIDPreconditions(string(remote.UID))
+	err := rc.client.CoreV1().Pods(remote.Namespace).Delete(h.n.ctx, remote.Name, metav1.DeleteOptions{Preconditions: pre})
+	if client404(err) != nil && !apierrors.IsConflict(err) {
+		h.n.log.Error(err, "deleting an ended copy", "copy", remote.Name)
+	}
+}
+
+// failed records a Warning Event on local when out (its status to be
+// written) fails it because its copy was stopped (a copy that failed on its
+// own fails its pod as a kubelet's pod fails, without one).
+func (h *podHandler) failed(local, out *corev1.Pod) {
+	if local.Status.Phase == corev1.PodFailed || out.Status.Phase != corev1.PodFailed || !stoppedReasons[out.Status.Reason] {
+		return
+	}
+	h.n.b.recorder.Eventf(local, nil, corev1.EventTypeWarning, out.Status.Reason, "Sync", "%s", out.Status.Message)
 }
 
 // retry runs fn until it succeeds, fails for good, or CreateTimeout passes.
