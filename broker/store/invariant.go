@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -21,10 +22,36 @@ import (
 // allocated, i.e. free >= 0). For every node, the broker's debit equals the
 // sum of the live reservations placed there that the cluster's last
 // advertisement did not list, and no node is overbooked by the broker (for
-// each resource it debits, debit <= the node's advertised free). It reads
-// without locking, so call it when no writes are in flight (tests, audits of
-// a quiet broker).
+// each resource it debits, debit <= the node's advertised free).
+//
+// It reads key after key without locking, while every script writes its
+// keys atomically: a write between two reads (an agent's advertisement
+// rewriting a cluster's hash and its index entries) can make a single
+// reading disagree with itself. So a disagreement counts only when it
+// persists over several readings; one clean reading is the invariant
+// holding at that moment.
 func (s *Store) CheckInvariant(ctx context.Context) error {
+	var err error
+	for attempt := range invariantReadings {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		if err = s.checkInvariantOnce(ctx); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// invariantReadings is how many readings CheckInvariant takes before it
+// reports a disagreement.
+const invariantReadings = 5
+
+func (s *Store) checkInvariantOnce(ctx context.Context) error {
 	clusters, err := s.Clusters(ctx)
 	if err != nil {
 		return err
