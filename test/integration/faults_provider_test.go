@@ -208,12 +208,7 @@ func TestFaultsProviderLost(t *testing.T) {
 
 	require.NoError(t, rome.Client.Delete(ctx, dep))
 	require.NoError(t, rome.Client.Delete(ctx, sts))
-	eventually(t, 90*time.Second, "no pod and no Reservation left in "+ns, func() (bool, string) {
-		var left corev1.PodList
-		require.NoError(t, rome.Client.List(ctx, &left, client.InNamespace(ns)))
-		n := len(reservations(t, rome, ns))
-		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
-	})
+	waitNoPodOrReservation(t, rome, ns, 90*time.Second)
 	waitTenantGone(t, paris, 60*time.Second)
 	waitTenantGone(t, berlin, 60*time.Second)
 	backToBaseline(t, bed, base, 60*time.Second)
@@ -332,12 +327,7 @@ func TestFaultsGlitch(t *testing.T) {
 
 	w.close()
 	require.NoError(t, rome.Client.Delete(ctx, dep))
-	eventually(t, 60*time.Second, "no pod and no Reservation left in "+ns, func() (bool, string) {
-		var left corev1.PodList
-		require.NoError(t, rome.Client.List(ctx, &left, client.InNamespace(ns)))
-		n := len(reservations(t, rome, ns))
-		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
-	})
+	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
 	waitTenantGone(t, paris, 60*time.Second)
 	backToBaseline(t, bed, base, 60*time.Second)
 }

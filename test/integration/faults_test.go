@@ -297,12 +297,7 @@ func testFaultsRelease(t *testing.T, bed *testbed.Bed) {
 	ctx := context.Background()
 	rome := bed.Cluster("rome")
 	require.NoError(t, rome.Client.Delete(ctx, faultsWeb.dep))
-	eventually(t, 60*time.Second, "no pod and no Reservation left in rome", func() (bool, string) {
-		var left corev1.PodList
-		require.NoError(t, rome.Client.List(ctx, &left, client.InNamespace(faultsNamespace)))
-		n := len(reservations(t, rome, faultsNamespace))
-		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
-	})
+	waitNoPodOrReservation(t, rome, faultsNamespace, 60*time.Second)
 	backToBaseline(t, bed, faultsWeb.base, 60*time.Second)
 	require.NoError(t, rome.Client.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: faultsNamespace}}))
 }

@@ -123,6 +123,18 @@ func backToBaseline(t *testing.T, bed *testbed.Bed, base testbed.Capacity, timeo
 	require.NoError(t, bed.Store.CheckInvariant(ctx))
 }
 
+// waitNoPodOrReservation waits until namespace ns of c holds no pod and no Reservation.
+func waitNoPodOrReservation(t *testing.T, c *testbed.Cluster, ns string, timeout time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	eventually(t, timeout, "no pod and no Reservation left in "+c.Name+"'s "+ns, func() (bool, string) {
+		var left corev1.PodList
+		require.NoError(t, c.Client.List(ctx, &left, client.InNamespace(ns)))
+		n := len(reservations(t, c, ns))
+		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
+	})
+}
+
 func newNamespace(t *testing.T, c *testbed.Cluster, name string) {
 	t.Helper()
 	require.NoError(t, c.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))

@@ -442,12 +442,7 @@ func testLifetimeRequesterLost(t *testing.T, bed *testbed.Bed) {
 			fmt.Sprintf("%s %+v", gone.Status.Phase, c)
 	})
 	require.NoError(t, rome.Client.Delete(ctx, dep))
-	eventually(t, 60*time.Second, "no pod and no Reservation left in "+ns, func() (bool, string) {
-		var left corev1.PodList
-		require.NoError(t, rome.Client.List(ctx, &left, client.InNamespace(ns)))
-		n := len(reservations(t, rome, ns))
-		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
-	})
+	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
 	waitTenantGone(t, paris, 60*time.Second)
 	backToBaseline(t, bed, base, 30*time.Second)
 }

@@ -315,12 +315,7 @@ func testRealNodeLost(t *testing.T, bed *testbed.Bed) {
 		unreachable.Round(100*time.Millisecond), notReady.Round(100*time.Millisecond), time.Since(restarted).Round(100*time.Millisecond))
 
 	require.NoError(t, rome.Client.Delete(ctx, dep))
-	eventually(t, 60*time.Second, "no pod and no Reservation left in "+ns, func() (bool, string) {
-		var left corev1.PodList
-		require.NoError(t, rome.Client.List(ctx, &left, client.InNamespace(ns)))
-		n := len(reservations(t, rome, ns))
-		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
-	})
+	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
 	waitNoLive(t, bed, 30*time.Second)
 	backToBaseline(t, bed, base, 30*time.Second)
 }
@@ -347,12 +342,7 @@ func testRealRelease(t *testing.T, bed *testbed.Bed) {
 	scaled := time.Now()
 	require.NoError(t, rome.Client.Patch(ctx, &appsv1.Deployment{ObjectMeta: dep.ObjectMeta},
 		client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"replicas":0}}`))))
-	eventually(t, 60*time.Second, "no pod and no Reservation left in rome", func() (bool, string) {
-		var left corev1.PodList
-		require.NoError(t, rome.Client.List(ctx, &left, client.InNamespace(dep.Namespace)))
-		n := len(reservations(t, rome, dep.Namespace))
-		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
-	})
+	waitNoPodOrReservation(t, rome, dep.Namespace, 60*time.Second)
 	waitNoLive(t, bed, 30*time.Second)
 	released := time.Since(scaled)
 	eventually(t, 60*time.Second, "no container left on paris's nodes", func() (bool, string) {

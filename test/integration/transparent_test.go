@@ -96,12 +96,7 @@ func testTransparent(t *testing.T, bed *testbed.Bed) {
 	scaled := time.Now()
 	require.NoError(t, rome.Client.Patch(ctx, &appsv1.Deployment{ObjectMeta: dep.ObjectMeta},
 		client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"replicas":0}}`))))
-	eventually(t, 60*time.Second, "no pod and no Reservation left in rome", func() (bool, string) {
-		var left corev1.PodList
-		require.NoError(t, rome.Client.List(ctx, &left, client.InNamespace(ns)))
-		n := len(reservations(t, rome, ns))
-		return len(left.Items) == 0 && n == 0, fmt.Sprintf("%d pods, %d reservations", len(left.Items), n)
-	})
+	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
 	waitNoLive(t, bed, 30*time.Second)
 	released := time.Since(scaled)
 	waitTenantGone(t, paris, 30*time.Second)
