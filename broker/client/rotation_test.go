@@ -143,8 +143,18 @@ func TestCertificateRotationWithoutRestart(t *testing.T) {
 	serial = writeClient(oldCA, oldCA.CertPEM)
 	step("2. client certificate renewed", func() bool { return c.Certificate().SerialNumber.Cmp(serial) == 0 })
 
-	// 3. CA rotation with an overlap.
-	rotateServer(oldCA, bothCAs) // the broker trusts both CAs
+	// 3. CA rotation with an overlap. The client moves to the new CA only
+	// once the broker trusts it, as an operator waits for the CA bundle to
+	// reach the broker before renewing the members' certificates.
+	rotateServer(oldCA, bothCAs)
+	newPair, err := newCA.IssueClient("rome")
+	require.NoError(t, err)
+	newCert, err := newPair.TLSCertificate()
+	require.NoError(t, err)
+	step("3. the broker trusts both CAs", func() bool {
+		err := probe(b.URL, &tls.Config{RootCAs: poolOf(t, bothCAs), Certificates: []tls.Certificate{newCert}})
+		return err == nil
+	})
 	serial = writeClient(newCA, bothCAs)
 	step("3a. client on the new CA", func() bool { return c.Certificate().SerialNumber.Cmp(serial) == 0 })
 	serial = rotateServer(newCA, bothCAs)
@@ -152,16 +162,7 @@ func TestCertificateRotationWithoutRestart(t *testing.T) {
 	writeClient(newCA, newCA.CertPEM) // the client drops the old CA
 	serial = rotateServer(newCA, newCA.CertPEM)
 	refused := func() bool {
-		conn, err := tls.Dial("tcp", strings.TrimPrefix(b.URL, "https://"), oldTLS)
-		if err != nil {
-			return false
-		}
-		defer conn.Close()
-		// TLS 1.3: the server's verdict on the client certificate comes with its first read.
-		_, err = conn.Write([]byte("GET /api/v2/clusters HTTP/1.1\r\nHost: x\r\n\r\n"))
-		if err == nil {
-			_, err = conn.Read(make([]byte, 1))
-		}
+		err := probe(b.URL, oldTLS)
 		return err != nil && strings.Contains(err.Error(), "certificate")
 	}
 	step("3c. the old CA removed", refused)
@@ -191,6 +192,22 @@ func TestCertificateRotationWithoutRestart(t *testing.T) {
 	require.NoError(t, err)
 	_, err = old.Clusters(ctx)
 	assert.Error(t, err)
+}
+
+// probe makes one request on a new connection with cfg and reads the first
+// byte of the answer: with TLS 1.3 the server's verdict on the client
+// certificate comes with that first read.
+func probe(url string, cfg *tls.Config) error {
+	conn, err := tls.Dial("tcp", strings.TrimPrefix(url, "https://"), cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err = conn.Write([]byte("GET /api/v2/clusters HTTP/1.1\r\nHost: x\r\n\r\n")); err != nil {
+		return err
+	}
+	_, err = conn.Read(make([]byte, 1))
+	return err
 }
 
 func poolOf(t *testing.T, pemCerts []byte) *x509.CertPool {
