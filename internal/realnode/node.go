@@ -184,7 +184,10 @@ func (n *Node) start(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("kubelet not healthy within 90s (%s, see %s):\n%s", n.failedStep(), n.logf.Name(), n.tails())
 		}
-		if !n.kubeletAlive() && n.stepReached("running") {
+		// The step first: the script writes kubelet.pid before it logs
+		// "running", so a pid read after seeing the step is this start's,
+		// not the last test's (the node's directory outlives a test).
+		if n.stepReached("running") && !n.kubeletAlive() {
 			return fmt.Errorf("step \"kubelet\": the kubelet exited (see %s):\n%s", filepath.Join(n.LogDir, "kubelet.log"), n.tails())
 		}
 	}
