@@ -73,7 +73,9 @@ func TestOutageDoesNotCountAgainstLeases(t *testing.T) {
 	}
 	q, err := s.Reservation(ctx, "rome", "quiet")
 	require.NoError(t, err)
-	assert.InDelta(t, length, q.Remaining, float64(150*time.Millisecond), "a whole lease from the broker's return")
+	// A whole lease from the broker's return, less the time the calls since
+	// took (a loaded machine stretches them); uncredited, it would be ended.
+	assert.InDelta(t, length, q.Remaining, float64(400*time.Millisecond), "a whole lease from the broker's return")
 	assertInvariant(t, s)
 
 	// The broker runs again: a lease nobody renews ends a lease later; the
@@ -103,7 +105,9 @@ func TestRenewForProvider(t *testing.T) {
 	s := newStore(t, store.Config{})
 	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
 	require.NoError(t, err)
-	d, err := s.Reserve(ctx, lease("web", "rome", 500, 300*time.Millisecond, 2*time.Second))
+	// A hold time long enough for the refused calls and snapshots below on
+	// a loaded machine: the renewal must find the lease still live.
+	d, err := s.Reserve(ctx, lease("web", "rome", 500, 1500*time.Millisecond, 4*time.Second))
 	require.NoError(t, err)
 	require.Equal(t, "paris", d.Reservation.Target)
 	_, err = s.RenewFor(ctx, "", "rome", []string{"web"})
@@ -118,10 +122,10 @@ func TestRenewForProvider(t *testing.T) {
 	rn, err = s.RenewFor(ctx, "paris", "rome", []string{"web", "nope"})
 	require.NoError(t, err)
 	assert.Equal(t, store.Renewed, rn[0].Outcome)
-	assert.InDelta(t, 2*time.Second, rn[0].Remaining, float64(100*time.Millisecond))
+	assert.InDelta(t, 4*time.Second, rn[0].Remaining, float64(300*time.Millisecond))
 	assert.Equal(t, store.RenewNotFound, rn[1].Outcome)
 
-	time.Sleep(500 * time.Millisecond) // past the hold time: the renewal carried it
+	time.Sleep(1700 * time.Millisecond) // past the hold time: the renewal carried it
 	n, _, err := s.Expire(ctx)
 	require.NoError(t, err)
 	assert.Zero(t, n)
