@@ -3,15 +3,17 @@ package provider
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -133,15 +135,19 @@ func (r *TenantReconciler) holdEviction(ctx context.Context, pi *rbv1.ProviderIn
 	return wait, nil
 }
 
-// reportHold records a held eviction once per instruction and reason.
+// Reasons of the EvictionHeld condition, and the label of
+// rb_agent_evictions_held_total for each.
+var evictionHeldReasons = map[string]string{"requester_heard": "RequesterHeard", "mass_expiry": "MassExpiry"}
+
+// reportHold records a held eviction in pi's condition EvictionHeld (which
+// finish writes), with an Event and a count when the reason is new: one per
+// hold, not one per look, across restarts too.
 func (r *TenantReconciler) reportHold(pi *rbv1.ProviderInstruction, why, msg string) {
-	r.heldMu.Lock()
-	if r.held == nil {
-		r.held = map[types.UID]string{}
-	}
-	first := r.held[pi.UID] != why
-	r.held[pi.UID] = why
-	r.heldMu.Unlock()
+	reason := evictionHeldReasons[why]
+	c := meta.FindStatusCondition(pi.Status.Conditions, rbv1.ConditionEvictionHeld)
+	first := c == nil || c.Status != metav1.ConditionTrue || c.Reason != reason
+	meta.SetStatusCondition(&pi.Status.Conditions, metav1.Condition{Type: rbv1.ConditionEvictionHeld, Status: metav1.ConditionTrue,
+		Reason: reason, Message: msg, ObservedGeneration: pi.Generation})
 	if !first {
 		return
 	}
@@ -151,16 +157,47 @@ func (r *TenantReconciler) reportHold(pi *rbv1.ProviderInstruction, why, msg str
 	}
 }
 
+// evictionReconciler ends what an ended instruction held (key: the
+// instruction): see finish.
+type evictionReconciler struct{ *TenantReconciler }
+
+func (r *evictionReconciler) setup(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("tenant-eviction").
+		For(&rbv1.ProviderInstruction{}).
+		Watches(&corev1.Pod{}, r.byReservationPod()).
+		Complete(r)
+}
+
+// Reconcile finishes an ended instruction, and looks again while its pods
+// have their grace or their eviction is held.
+func (r *evictionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var pi rbv1.ProviderInstruction
+	if err := r.Client.Get(ctx, req.NamespacedName, &pi); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !pi.DeletionTimestamp.IsZero() || !IsEnded(&pi) {
+		return ctrl.Result{}, nil
+	}
+	live, _, err := r.instructionsOf(ctx, pi.Spec.Requester)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	covered := slices.ContainsFunc(live, func(o *rbv1.ProviderInstruction) bool { return o.Spec.ReservationID == pi.Spec.ReservationID })
+	wait, err := r.finish(ctx, TenantNamespace(pi.Spec.Requester), &pi, covered)
+	return ctrl.Result{RequeueAfter: wait}, err
+}
+
 // finish handles an ended instruction: its placeholder goes at once (the
 // capacity is the broker's again), its tenant pods still running are
 // evicted once the grace is over, then the instruction is deleted (at once
 // when no pod of it runs any more). It returns when to look
-// again (zero: done). coveredIDs are the ids of the requester's live
-// instructions: pods of one of them are never evicted (an instruction of an
-// older agent, named otherwise, for the same reservation).
-func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.ProviderInstruction, coveredIDs map[string]bool) (time.Duration, error) {
+// again (zero: done). covered: a live instruction of the requester has the
+// same reservation id, and its pods are never evicted (pi is then an
+// instruction of an older agent, named otherwise).
+func (r *evictionReconciler) finish(ctx context.Context, ns string, pi *rbv1.ProviderInstruction, covered bool) (time.Duration, error) {
 	id := pi.Spec.ReservationID
-	if coveredIDs[id] {
+	if covered {
 		return 0, client.IgnoreNotFound(r.Client.Delete(ctx, pi))
 	}
 	placeholder, tenants, err := r.reservationPods(ctx, ns, id)
@@ -172,13 +209,6 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 			return 0, err
 		}
 	}
-	r.forgetHoldStart(pi)
-	r.heldMu.Lock()
-	delete(r.held, pi.UID)
-	r.heldMu.Unlock()
-	r.tokensMu.Lock()
-	delete(r.placedHere, pi.UID)
-	r.tokensMu.Unlock()
 	var running []*corev1.Pod
 	for _, p := range tenants {
 		if p.DeletionTimestamp.IsZero() && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
@@ -203,7 +233,14 @@ func (r *TenantReconciler) finish(ctx context.Context, ns string, pi *rbv1.Provi
 	if c := meta.FindStatusCondition(pi.Status.Conditions, rbv1.ConditionEnded); c != nil {
 		reason = c.Reason
 	}
+	before := meta.FindStatusCondition(pi.Status.Conditions, rbv1.ConditionEvictionHeld).DeepCopy()
 	if hold, err := r.holdEviction(ctx, pi, reason, endedAt); err != nil || hold > 0 {
+		if err == nil && !equality.Semantic.DeepEqual(before, meta.FindStatusCondition(pi.Status.Conditions, rbv1.ConditionEvictionHeld)) {
+			err = client.IgnoreNotFound(r.Client.Status().Update(ctx, pi))
+			if apierrors.IsConflict(err) {
+				return time.Millisecond, nil // read again: another writer came between
+			}
+		}
 		return hold, err
 	}
 	evicted := 0

@@ -4,21 +4,22 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	resourcehelper "k8s.io/component-helpers/resource"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
-	"github.com/fluidos-project/resource-broker/broker/api"
 )
 
 // The provider-side hold (agent/README.md): a placeholder pod per live
@@ -27,6 +28,11 @@ import (
 // Never). Once the scheduler binds it, the grant carries its node and
 // rb-tenant; the requester's bridge pins the copy there at rb-tenant, and
 // the scheduler preempts the placeholder for it.
+
+// placeholderMadeAnnotation is when the hold made a placeholder: the first
+// grant waits HoldTimeout from then (holdDeadline), which its
+// creationTimestamp, in whole seconds, cannot tell.
+const placeholderMadeAnnotation = "broker.fluidos.eu/placeholder-made"
 
 // Defaults of the hold.
 const (
@@ -126,6 +132,62 @@ func NewPlaceholder(pi *rbv1.ProviderInstruction, ns, image string) *corev1.Pod 
 	return pod
 }
 
+// holdReconciler keeps one placeholder per live instruction, while the
+// instruction's requester pins its pods (key: the instruction), and
+// records in the instruction's status where it stands: Held on HeldNode,
+// or Superseded once its tenant pod came. The grant reconciler reads
+// the placement there.
+type holdReconciler struct{ *TenantReconciler }
+
+func (r *holdReconciler) setup(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("tenant-hold").
+		For(&rbv1.ProviderInstruction{}).
+		Watches(&corev1.Pod{}, r.byReservationPod()).
+		Watches(&corev1.Namespace{}, r.byRequester()).
+		Watches(&corev1.ServiceAccount{}, r.byRequester()).
+		Watches(&rbacv1.RoleBinding{}, r.byRequester()).
+		Complete(r)
+}
+
+// Reconcile keeps the placeholder of a live instruction; the eviction
+// reconciler removes an ended one's.
+func (r *holdReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if !r.Hold {
+		return ctrl.Result{}, nil
+	}
+	var pi rbv1.ProviderInstruction
+	if err := r.Client.Get(ctx, req.NamespacedName, &pi); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !pi.DeletionTimestamp.IsZero() || IsEnded(&pi) {
+		return ctrl.Result{}, nil
+	}
+	if r.PolicyReady != nil && !r.PolicyReady() {
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	if _, ready, err := r.tenantReady(ctx, pi.Spec.Requester); err != nil || !ready {
+		return ctrl.Result{}, err // the tenant's objects bring us back
+	}
+	if !r.requesterPins(ctx, pi.Spec.Requester) {
+		return ctrl.Result{RequeueAfter: requesterPinsTTL}, nil // its bridge may change
+	}
+	st, err := r.hold(ctx, TenantNamespace(pi.Spec.Requester), &pi)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if st.changed {
+		// Written on the version read: another writer meanwhile (a grant,
+		// an end) and this look is made again on the newer one.
+		if err := r.Client.Status().Update(ctx, &pi); apierrors.IsConflict(err) {
+			return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+		} else if err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+	}
+	return ctrl.Result{RequeueAfter: st.recheck}, nil
+}
+
 // reservationPods lists the pods of reservation id in ns: its placeholder
 // (nil if none) and its tenant pods.
 func (r *TenantReconciler) reservationPods(ctx context.Context, ns, id string) (*corev1.Pod, []*corev1.Pod, error) {
@@ -157,12 +219,6 @@ func (r *TenantReconciler) reservationPods(ctx context.Context, ns, id string) (
 
 // holdState is what the hold of one live instruction found.
 type holdState struct {
-	// placement to grant (nil: none, yet).
-	placement *api.Placement
-	// waiting: the placeholder is not bound yet, and the first grant waits
-	// for it until deadline.
-	waiting  bool
-	deadline time.Time
 	// changed: pi's status changed (to be written).
 	changed bool
 	// recheck: look again this soon (a pending copy may be stuck; zero: no need).
@@ -182,7 +238,7 @@ const StuckCopyAfter = 5 * time.Second
 // on a node whose free capacity holds it, is deleted (Warning Event
 // CopyRequeued): the requester's bridge makes the copy again at once, and
 // a new pod is scheduled at once. Returns when to look again.
-func (r *TenantReconciler) requeueStuckCopies(ctx context.Context, pi *rbv1.ProviderInstruction, tenants []*corev1.Pod) (time.Duration, error) {
+func (r *holdReconciler) requeueStuckCopies(ctx context.Context, pi *rbv1.ProviderInstruction, tenants []*corev1.Pod) (time.Duration, error) {
 	if r.APIReader == nil || pi.Status.PlacementNode == "" {
 		return 0, nil
 	}
@@ -239,7 +295,7 @@ func (r *TenantReconciler) requeueStuckCopies(ctx context.Context, pi *rbv1.Prov
 // nodeHolds tells whether node's allocatable, less the requests of the
 // pods bound to it, holds pod's requests (read from the API server: the
 // manager's cache holds only the pods of reservations).
-func (r *TenantReconciler) nodeHolds(ctx context.Context, node string, pod *corev1.Pod) (bool, error) {
+func (r *holdReconciler) nodeHolds(ctx context.Context, node string, pod *corev1.Pod) (bool, error) {
 	var n corev1.Node
 	if err := r.APIReader.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
 		return false, client.IgnoreNotFound(err)
@@ -268,8 +324,8 @@ func (r *TenantReconciler) nodeHolds(ctx context.Context, node string, pod *core
 	return true, nil
 }
 
-// hold keeps pi's placeholder and tells how to grant.
-func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.ProviderInstruction) (holdState, error) {
+// hold keeps pi's placeholder and records in pi's status where it stands.
+func (r *holdReconciler) hold(ctx context.Context, ns string, pi *rbv1.ProviderInstruction) (holdState, error) {
 	var st holdState
 	logger := log.FromContext(ctx).WithValues("reservation", pi.Spec.ReservationID, "requester", pi.Spec.Requester)
 	placeholder, tenants, err := r.reservationPods(ctx, ns, pi.Spec.ReservationID)
@@ -316,9 +372,6 @@ func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.Provide
 			}
 			logger.V(1).Info("placeholder removed: its tenant pod is bound", "node", bound)
 		}
-		if pi.Status.PlacementNode != "" {
-			st.placement = &api.Placement{Node: pi.Status.PlacementNode, PriorityClassName: rbv1.TenantPriorityClass}
-		}
 		if bound != "" {
 			setHeld(false, "", "TenantPodBound", "tenant pod bound to "+bound+"; the placeholder gave way")
 		}
@@ -334,6 +387,7 @@ func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.Provide
 	if placeholder == nil || !placeholder.DeletionTimestamp.IsZero() {
 		if placeholder == nil {
 			want := NewPlaceholder(pi, ns, r.PlaceholderImage)
+			want.Annotations[placeholderMadeAnnotation] = time.Now().Format(time.RFC3339Nano)
 			if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
 				setHeld(false, "", "PlaceholderFailed", err.Error())
 				r.Recorder.Eventf(pi, nil, corev1.EventTypeWarning, "PlaceholderFailed", "Hold", "placeholder pod %s/%s: %v", ns, want.Name, err)
@@ -344,14 +398,12 @@ func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.Provide
 		if pi.Status.Held {
 			setHeld(false, "", "PlaceholderGone", "the placeholder pod was removed; a new one waits for a node")
 		}
-		st.waiting, st.deadline = true, r.holdDeadline(pi)
 		return st, nil
 	}
 	if placeholder.Spec.NodeName == "" {
 		if !pi.Status.Held && meta.FindStatusCondition(pi.Status.Conditions, rbv1.ConditionHeld) == nil {
 			setHeld(false, "", "Pending", "the placeholder pod waits for a node")
 		}
-		st.waiting, st.deadline = true, r.holdDeadline(pi)
 		return st, nil
 	}
 	node := placeholder.Spec.NodeName
@@ -359,29 +411,5 @@ func (r *TenantReconciler) hold(ctx context.Context, ns string, pi *rbv1.Provide
 		r.Recorder.Eventf(pi, nil, corev1.EventTypeNormal, "Held", "Hold", "placeholder pod %s/%s holds the capacity on node %s", ns, placeholder.Name, node)
 	}
 	setHeld(true, node, "PlaceholderBound", "placeholder pod "+placeholder.Name+" bound to node "+node)
-	r.forgetHoldStart(pi)
-	st.placement = &api.Placement{Node: node, PriorityClassName: rbv1.TenantPriorityClass}
 	return st, nil
-}
-
-// holdDeadline is when the first grant of pi stops waiting for its
-// placeholder: HoldTimeout after this process first saw it waiting.
-func (r *TenantReconciler) holdDeadline(pi *rbv1.ProviderInstruction) time.Time {
-	r.tokensMu.Lock()
-	defer r.tokensMu.Unlock()
-	if r.holdStart == nil {
-		r.holdStart = map[string]time.Time{}
-	}
-	start, ok := r.holdStart[string(pi.UID)]
-	if !ok {
-		start = time.Now()
-		r.holdStart[string(pi.UID)] = start
-	}
-	return start.Add(r.HoldTimeout)
-}
-
-func (r *TenantReconciler) forgetHoldStart(pi *rbv1.ProviderInstruction) {
-	r.tokensMu.Lock()
-	defer r.tokensMu.Unlock()
-	delete(r.holdStart, string(pi.UID))
 }

@@ -254,8 +254,9 @@ func TestHoldGrantAndEnd(t *testing.T) {
 	// only the broker's word ends it.
 	r2 := e.instruction("rome", "r2", "1", "")
 	old := e.get(r2)
+	before := old.DeepCopy() // patched, not updated: the agent writes r2's status meanwhile
 	old.Spec.ExpiresAt = &metav1.Time{Time: time.Now().Add(-time.Hour)}
-	require.NoError(t, e.c.Update(e.ctx, old))
+	require.NoError(t, e.c.Patch(e.ctx, old, client.MergeFrom(before)))
 	require.NoError(t, e.c.Create(e.ctx, tenantPod("web-2", "r2")))
 	time.Sleep(time.Second)
 	require.NotNil(t, e.get(r2), "a live instruction stays, whatever its old expiresAt")

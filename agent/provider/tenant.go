@@ -3,27 +3,29 @@
 // (rb-<requester>) with a ResourceQuota equal to the sum of those
 // reservations, a ServiceAccount with a namespaced Role, a placeholder pod
 // per reservation that holds its capacity (hold.go), and hands the requester
-// a short-lived token, with the placeholder's node, through the broker. A
-// reservation that ends is marked so; its tenant pods are evicted after a
-// grace (ended.go). When the requester's last reservation is gone, all of it
-// is removed.
+// a short-lived token, with the placeholder's node, through the broker
+// (grant.go). A reservation that ends is marked so; its tenant pods are
+// evicted after a grace (ended.go). When the requester's last reservation is
+// gone, all of it is removed.
+//
+// Each concern is its own level-based reconciler: it reads the objects,
+// acts, and returns. What one reconciler tells another, or its next run,
+// is in the ProviderInstruction's status or in the objects themselves, so
+// a restarted agent carries on where the last one stopped.
 package provider
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"sync"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -36,12 +38,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"golang.org/x/sync/errgroup"
-
-	"github.com/fluidos-project/resource-broker/agent/metrics"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
-	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
 )
 
 // RequesterIndex indexes ProviderInstructions by spec.requester.
@@ -67,8 +65,12 @@ type ClusterReader interface {
 	Cluster(ctx context.Context, id string) (api.Cluster, error)
 }
 
-// TenantReconciler reconciles the tenant of one requester; its requests are
-// keyed by the requester's cluster id (Name), whatever object changed.
+// TenantReconciler keeps the tenant of one requester: namespace, quota,
+// LimitRange and object quota, ServiceAccount and RoleBinding, or their
+// removal after the requester's last reservation; its requests are keyed
+// by the requester's cluster id (Name). Its fields are the configuration of
+// the whole provider side: SetupWithManager registers, beside it, the hold,
+// grant and eviction reconcilers, keyed by instruction, which share them.
 type TenantReconciler struct {
 	Client client.Client
 	// APIReader reads what the manager's cache does not hold (every pod of
@@ -88,9 +90,9 @@ type TenantReconciler struct {
 	// TokenTTL is the lifetime of a granted token (default 1h, at least 10m);
 	// grants are renewed after two thirds of it.
 	TokenTTL time.Duration
-	// GrantWorkers is how many grants of one requester are sent at once
-	// (default 8): a burst of reservations is granted in parallel, not one
-	// round trip after the other.
+	// GrantWorkers is how many grants are sent at once (default 8): a
+	// burst of reservations is granted in parallel, not one round trip
+	// after the other.
 	GrantWorkers int
 	// Hold turns the provider-side hold on: a placeholder pod per live
 	// reservation, and grants that carry its placement.
@@ -114,41 +116,14 @@ type TenantReconciler struct {
 	// no access granted. nil: always.
 	PolicyReady func() bool
 
-	// pins: per requester, whether its bridge pins pods to held nodes, and
-	// when that was read (requesterPins).
-	pinsMu sync.Mutex
-	pins   map[string]requesterBridge
-
-	// tokens: the last token requested per requester, handed to the
-	// reservations granted while it is young (see tokenFor).
-	tokensMu sync.Mutex
-	tokens   map[string]tenantToken
-	// granted: per requester, the reservations granted by this process and
-	// when, for the reconciles that come before the cache shows the
-	// instruction's new status (the quota's and the instruction's own
-	// events): without it they would grant again.
-	granted map[string]map[types.UID]time.Time
-	// holdStart: per instruction UID, when this process first saw its
-	// placeholder waiting for a node (HoldTimeout counts from there).
-	holdStart map[string]time.Time
-	// placedHere: per instruction UID, the placement node this process
-	// last granted (the cache may not show status.placementNode yet).
-	placedHere map[types.UID]string
-	// held: per instruction UID, why its eviction was last reported held,
-	// so that each hold is one Event, not one per look.
-	heldMu sync.Mutex
-	held   map[types.UID]string
+	// Caches of what is costly to fetch; losing them costs a fetch, never
+	// a decision.
+	pins   pinsCache  // requesters' advertised bridges (requesterPins)
+	tokens tokenCache // the requesters' last tokens (tokenFor)
 }
 
-// tenantToken is a token of a tenant's ServiceAccount.
-type tenantToken struct {
-	saUID   types.UID // the ServiceAccount it was issued for: a new one (tenant re-created) voids it
-	token   string
-	issued  time.Time
-	expires time.Time
-}
-
-// SetupWithManager registers the reconciler and its index.
+// SetupWithManager registers the tenant, hold, grant and eviction
+// reconcilers and the index they share.
 func (r *TenantReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.TokenTTL == 0 {
 		r.TokenTTL = time.Hour
@@ -169,29 +144,30 @@ func (r *TenantReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		func(o client.Object) []string { return []string{o.(*rbv1.ProviderInstruction).Spec.Requester} }); err != nil {
 		return err
 	}
-	byRequester := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+	byTenant := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		if pi, ok := o.(*rbv1.ProviderInstruction); ok {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: pi.Spec.Requester}}}
 		}
 		if requester := o.GetLabels()[rbv1.TenantLabel]; requester != "" {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: requester}}}
 		}
-		// Pods of reservations (the manager caches those only, agent.CacheOptions)
-		// in a tenant namespace: placeholders bound, tenant pods come.
-		if _, ok := o.(*corev1.Pod); ok {
-			if requester, ok := strings.CutPrefix(o.GetNamespace(), rbv1.TenantNamespacePrefix); ok && requester != "" {
-				return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: requester}}}
-			}
-		}
 		return nil
 	})
-	return ctrl.NewControllerManagedBy(mgr).
+	if err := ctrl.NewControllerManagedBy(mgr).
 		Named("tenant").
-		Watches(&rbv1.ProviderInstruction{}, byRequester).
-		Watches(&corev1.Namespace{}, byRequester).
-		Watches(&corev1.ResourceQuota{}, byRequester).
-		Watches(&corev1.Pod{}, byRequester).
-		Complete(r)
+		Watches(&rbv1.ProviderInstruction{}, byTenant).
+		Watches(&corev1.Namespace{}, byTenant).
+		Watches(&corev1.ResourceQuota{}, byTenant).
+		Complete(r); err != nil {
+		return err
+	}
+	if err := (&holdReconciler{r}).setup(mgr); err != nil {
+		return err
+	}
+	if err := (&grantReconciler{TenantReconciler: r, fresh: mgr.GetAPIReader()}).setup(mgr); err != nil {
+		return err
+	}
+	return (&evictionReconciler{r}).setup(mgr)
 }
 
 // TenantNamespace is the namespace set aside for a requester.
@@ -201,55 +177,20 @@ func TenantNamespace(requester string) string { return rbv1.TenantNamespacePrefi
 func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	requester := req.Name
 	logger := log.FromContext(ctx).WithValues("requester", requester)
-	var list rbv1.ProviderInstructionList
-	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace), client.MatchingFields{RequesterIndex: requester}); err != nil {
+	live, ended, err := r.instructionsOf(ctx, requester)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
-	now := time.Now()
-	next := now.Add(r.TokenTTL)
-	soonest := func(t time.Time) {
-		if t.Before(next) {
-			next = t
-		}
-	}
-	// The provider acts on what the broker said ended (events, lists), never
-	// on a clock: a live instruction stays until then.
-	var live, ended []*rbv1.ProviderInstruction
-	covered := map[string]bool{}
-	for i := range list.Items {
-		pi := &list.Items[i]
-		switch {
-		case !pi.DeletionTimestamp.IsZero():
-		case IsEnded(pi):
-			ended = append(ended, pi)
-		default:
-			live = append(live, pi)
-			covered[pi.Spec.ReservationID] = true
-		}
-	}
 	ns := TenantNamespace(requester)
-	inGrace := 0
-	for _, pi := range ended {
-		wait, err := r.finish(ctx, ns, pi, covered)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if wait > 0 {
-			inGrace++
-			soonest(now.Add(wait))
-		}
-	}
-	if len(live) == 0 && inGrace == 0 {
-		r.forgetToken(requester)
+	if len(live) == 0 && len(ended) == 0 {
+		r.tokens.forget(requester)
 		return ctrl.Result{}, r.removeTenant(ctx, ns)
 	}
 	if len(live) == 0 {
-		// Only reservations in their grace: keep the namespace (their pods
-		// run on), at a quota of nothing more.
-		if err := r.shrinkQuota(ctx, ns); err != nil {
-			return ctrl.Result{}, err
-		}
-		return ctrl.Result{RequeueAfter: max(time.Until(next), time.Second)}, nil
+		// Only ended reservations, whose pods have their grace (the
+		// eviction reconciler deletes each instruction when it is done):
+		// keep the namespace, at a quota of nothing more.
+		return ctrl.Result{}, r.shrinkQuota(ctx, ns)
 	}
 	if r.PolicyReady != nil && !r.PolicyReady() {
 		logger.Info("tenant policy not in place yet: no access granted")
@@ -262,84 +203,126 @@ func (r *TenantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		}
 		return ctrl.Result{}, err
 	}
-	if err := r.ensureQuota(ctx, ns, requester, live); err != nil {
+	if err := r.setQuota(ctx, ns, requester, quotaOf(live)); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.ensureDefaults(ctx, ns, requester); err != nil {
 		return ctrl.Result{}, err
 	}
-	sa, err := r.ensureAccess(ctx, ns, requester)
-	if err != nil {
+	// The ServiceAccount and RoleBinding last: the hold and the grant
+	// take their presence for a tenant in place (tenantReady).
+	if err := r.ensureAccess(ctx, ns, requester); err != nil {
 		return ctrl.Result{}, err
 	}
-	type dueGrant struct {
-		pi        *rbv1.ProviderInstruction
-		placement *api.Placement
-	}
-	var due []dueGrant
-	granted := r.grantedOf(requester, live)
-	hold := r.Hold && r.requesterPins(ctx, requester)
+	// Its objects are not watched: one changed by hand (a RoleBinding
+	// deleted to revoke access) stays so until the next grant is due,
+	// when they are made again for it.
+	return ctrl.Result{RequeueAfter: r.nextRenewal(live)}, nil
+}
+
+// nextRenewal is how soon the first of live's grants is due again.
+func (r *TenantReconciler) nextRenewal(live []*rbv1.ProviderInstruction) time.Duration {
+	next := r.TokenTTL
 	for _, pi := range live {
-		var hs holdState
-		if hold {
-			if hs, err = r.hold(ctx, ns, pi); err != nil {
-				return ctrl.Result{}, err
-			}
-			if hs.changed {
-				if err := r.Client.Status().Update(ctx, pi); err != nil {
-					return ctrl.Result{}, client.IgnoreNotFound(err)
-				}
-			}
-			if hs.recheck > 0 {
-				soonest(time.Now().Add(hs.recheck))
-			}
-		}
-		first := !pi.Status.Enforced && granted[pi.UID].IsZero()
-		if first && hs.waiting {
-			if time.Now().Before(hs.deadline) {
-				soonest(hs.deadline) // the placeholder's binding wakes us earlier
-				continue
-			}
-			r.Recorder.Eventf(pi, nil, corev1.EventTypeWarning, "HoldUnplaced", "Grant",
-				"placeholder pod not bound within %s: granting without placement (a later grant carries it once the placeholder lands)", r.HoldTimeout)
-		}
-		// A placement the requester has not been told of yet is due now.
-		newPlacement := hs.placement != nil && hs.placement.Node != r.placedNode(pi) && !pi.Status.Superseded
-		if at, ok := r.renewAt(pi, granted[pi.UID]); ok && !newPlacement {
-			soonest(at)
-			continue
-		}
-		if hs.waiting {
-			soonest(time.Now().Add(r.HoldTimeout)) // look at the placeholder again
-		}
-		due = append(due, dueGrant{pi, hs.placement})
-	}
-	if len(due) > 0 {
-		tok, err := r.tokenFor(ctx, requester, sa)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		// Independent grants (one broker call and one status write each), in parallel.
-		var mu sync.Mutex
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(max(1, r.GrantWorkers))
-		for _, d := range due {
-			g.Go(func() error {
-				renewAt, err := r.grant(gctx, ns, d.pi, tok, d.placement)
-				if err == nil {
-					mu.Lock()
-					soonest(renewAt)
-					mu.Unlock()
-					r.recordGrant(requester, d.pi.UID, d.placement)
-				}
-				return err
-			})
-		}
-		if err := g.Wait(); err != nil {
-			return ctrl.Result{}, err
+		if pi.Status.GrantedAt != nil {
+			next = min(next, time.Until(pi.Status.GrantedAt.Add(r.TokenTTL*2/3)))
 		}
 	}
-	return ctrl.Result{RequeueAfter: max(time.Until(next), time.Second)}, nil
+	return max(next, time.Second)
+}
+
+// instructionsOf lists the instructions of requester here, live and ended
+// (those being deleted in neither). The provider acts on what the broker
+// said ended (events, lists), never on a clock: a live instruction stays
+// until then.
+func (r *TenantReconciler) instructionsOf(ctx context.Context, requester string) (live, ended []*rbv1.ProviderInstruction, err error) {
+	var list rbv1.ProviderInstructionList
+	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace), client.MatchingFields{RequesterIndex: requester}); err != nil {
+		return nil, nil, err
+	}
+	for i := range list.Items {
+		pi := &list.Items[i]
+		switch {
+		case !pi.DeletionTimestamp.IsZero():
+		case IsEnded(pi):
+			ended = append(ended, pi)
+		default:
+			live = append(live, pi)
+		}
+	}
+	return live, ended, nil
+}
+
+// tenantReady tells whether requester's tenant is in place for its
+// reservations to be held and granted: the policy, a namespace of ours not
+// terminating, and the ServiceAccount and RoleBinding that the tenant
+// reconciler makes last; it returns the ServiceAccount.
+func (r *TenantReconciler) tenantReady(ctx context.Context, requester string) (*corev1.ServiceAccount, bool, error) {
+	if r.PolicyReady != nil && !r.PolicyReady() {
+		return nil, false, nil
+	}
+	name := TenantNamespace(requester)
+	var ns corev1.Namespace
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: name}, &ns); err != nil {
+		return nil, false, client.IgnoreNotFound(err)
+	}
+	if ns.Labels[rbv1.ManagedByLabel] != rbv1.ManagedByValue || !ns.DeletionTimestamp.IsZero() {
+		return nil, false, nil
+	}
+	var sa corev1.ServiceAccount
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: name, Name: TenantServiceAccount}, &sa); err != nil {
+		return nil, false, client.IgnoreNotFound(err)
+	}
+	var binding rbacv1.RoleBinding
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: name, Name: TenantRoleBinding}, &binding); err != nil {
+		return nil, false, client.IgnoreNotFound(err)
+	}
+	return &sa, true, nil
+}
+
+// byRequester maps the tenant objects of a requester (labelled
+// rbv1.TenantLabel) to the requests of its instructions, for the
+// reconcilers keyed by instruction.
+func (r *TenantReconciler) byRequester() handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		requester := o.GetLabels()[rbv1.TenantLabel]
+		if requester == "" {
+			return nil
+		}
+		return r.requestsOf(ctx, requester, func(*rbv1.ProviderInstruction) bool { return true })
+	})
+}
+
+// byReservationPod maps a pod of a reservation in a tenant namespace (the
+// manager caches those only, agent.CacheOptions) to its instructions:
+// placeholders bound, tenant pods come and go.
+func (r *TenantReconciler) byReservationPod() handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		requester, ok := strings.CutPrefix(o.GetNamespace(), rbv1.TenantNamespacePrefix)
+		if !ok || requester == "" {
+			return nil
+		}
+		id := o.GetLabels()[rbv1.ReservationLabel]
+		if id == "" {
+			id = o.GetAnnotations()[rbv1.ReservationIDAnnotation]
+		}
+		return r.requestsOf(ctx, requester, func(pi *rbv1.ProviderInstruction) bool { return pi.Spec.ReservationID == id })
+	})
+}
+
+func (r *TenantReconciler) requestsOf(ctx context.Context, requester string, keep func(*rbv1.ProviderInstruction) bool) []reconcile.Request {
+	var list rbv1.ProviderInstructionList
+	if err := r.Client.List(ctx, &list, client.InNamespace(r.Namespace), client.MatchingFields{RequesterIndex: requester}); err != nil {
+		log.FromContext(ctx).Error(err, "listing a requester's instructions", "requester", requester)
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		if keep(&list.Items[i]) {
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return out
 }
 
 var errTerminating = errors.New("namespace terminating")
@@ -378,8 +361,8 @@ var QuotaScope = &corev1.ScopeSelector{MatchExpressions: []corev1.ScopedResource
 // first one terminates.
 const PodsPerReservation = 2
 
-// ensureQuota caps the tenant at the sum of its live reservations.
-func (r *TenantReconciler) ensureQuota(ctx context.Context, ns, requester string, live []*rbv1.ProviderInstruction) error {
+// quotaOf is the tenant quota of live reservations: their sum.
+func quotaOf(live []*rbv1.ProviderInstruction) corev1.ResourceList {
 	// cpu and memory always: a quota without a resource does not limit it.
 	hard := corev1.ResourceList{"requests.cpu": resource.Quantity{}, "requests.memory": resource.Quantity{},
 		corev1.ResourcePods: *resource.NewQuantity(int64(PodsPerReservation*len(live)), resource.DecimalSI)}
@@ -391,7 +374,7 @@ func (r *TenantReconciler) ensureQuota(ctx context.Context, ns, requester string
 			hard[key] = sum
 		}
 	}
-	return r.setQuota(ctx, ns, requester, hard)
+	return hard
 }
 
 // shrinkQuota lets a tenant whose reservations have all ended create
@@ -474,9 +457,8 @@ func equalResources(a, b corev1.ResourceList) bool {
 	return true
 }
 
-// ensureAccess keeps the tenant's ServiceAccount and RoleBinding, and
-// returns the ServiceAccount.
-func (r *TenantReconciler) ensureAccess(ctx context.Context, ns, requester string) (*corev1.ServiceAccount, error) {
+// ensureAccess keeps the tenant's ServiceAccount and RoleBinding.
+func (r *TenantReconciler) ensureAccess(ctx context.Context, ns, requester string) error {
 	labels := map[string]string{rbv1.TenantLabel: requester, rbv1.ManagedByLabel: rbv1.ManagedByValue}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: TenantServiceAccount, Namespace: ns}}
 	if _, err := controllerutil.CreateOrPatch(ctx, r.Client, sa, func() error {
@@ -484,7 +466,7 @@ func (r *TenantReconciler) ensureAccess(ctx context.Context, ns, requester strin
 		sa.AutomountServiceAccountToken = ptr.To(false)
 		return nil
 	}); err != nil {
-		return nil, err
+		return err
 	}
 	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: TenantRoleBinding, Namespace: ns}}
 	_, err := controllerutil.CreateOrPatch(ctx, r.Client, binding, func() error {
@@ -493,154 +475,7 @@ func (r *TenantReconciler) ensureAccess(ctx context.Context, ns, requester strin
 		binding.Subjects = []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: TenantServiceAccount, Namespace: ns}}
 		return nil
 	})
-	return sa, err
-}
-
-// renewAt tells when pi's grant is due again, if it is granted (as its
-// status says, or at grantedHere by this process) and not due yet.
-func (r *TenantReconciler) renewAt(pi *rbv1.ProviderInstruction, grantedHere time.Time) (time.Time, bool) {
-	last := grantedHere
-	if pi.Status.GrantedAt != nil && pi.Status.Enforced && pi.Status.GrantedAt.After(last) {
-		last = pi.Status.GrantedAt.Time
-	}
-	if last.IsZero() {
-		return time.Time{}, false
-	}
-	at := last.Add(r.TokenTTL * 2 / 3)
-	return at, time.Now().Before(at)
-}
-
-// grantedOf returns when this process granted the live instructions of a
-// requester, and forgets the others.
-func (r *TenantReconciler) grantedOf(requester string, live []*rbv1.ProviderInstruction) map[types.UID]time.Time {
-	r.tokensMu.Lock()
-	defer r.tokensMu.Unlock()
-	out := map[types.UID]time.Time{}
-	m := r.granted[requester]
-	for _, pi := range live {
-		if at, ok := m[pi.UID]; ok {
-			out[pi.UID] = at
-		}
-	}
-	if len(out) < len(m) {
-		r.granted[requester] = maps.Clone(out)
-	}
-	return out
-}
-
-// placedNode is the placement node last granted for pi, by this process or
-// as its status says.
-func (r *TenantReconciler) placedNode(pi *rbv1.ProviderInstruction) string {
-	r.tokensMu.Lock()
-	defer r.tokensMu.Unlock()
-	if node, ok := r.placedHere[pi.UID]; ok {
-		return node
-	}
-	return pi.Status.PlacementNode
-}
-
-func (r *TenantReconciler) recordGrant(requester string, uid types.UID, placement *api.Placement) {
-	r.tokensMu.Lock()
-	defer r.tokensMu.Unlock()
-	if placement != nil {
-		if r.placedHere == nil {
-			r.placedHere = map[types.UID]string{}
-		}
-		r.placedHere[uid] = placement.Node
-	}
-	if r.granted == nil {
-		r.granted = map[string]map[types.UID]time.Time{}
-	}
-	if r.granted[requester] == nil {
-		r.granted[requester] = map[types.UID]time.Time{}
-	}
-	r.granted[requester][uid] = time.Now()
-}
-
-// tokenFor returns a token of the tenant's ServiceAccount for the grants
-// due now: the last one requested for this requester while it is younger
-// than a sixth of its lifetime and was issued for this ServiceAccount,
-// else a new one (TokenRequest). A grant made with it is renewed two thirds
-// of a lifetime later (renewAt), so with at least a sixth of the token's
-// lifetime left. One TokenRequest thus serves every reservation of a
-// requester made within TokenTTL/6 (10 minutes by default), instead of one
-// each: the same credentials, to the same ServiceAccount, for the same
-// namespace.
-func (r *TenantReconciler) tokenFor(ctx context.Context, requester string, sa *corev1.ServiceAccount) (tenantToken, error) {
-	r.tokensMu.Lock()
-	defer r.tokensMu.Unlock()
-	if t, ok := r.tokens[requester]; ok && t.saUID == sa.UID && sa.UID != "" && time.Since(t.issued) < r.TokenTTL/6 {
-		return t, nil
-	}
-	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(r.TokenTTL.Seconds()))}}
-	issued := time.Now()
-	if err := r.Client.SubResource("token").Create(ctx, sa, tr); err != nil {
-		return tenantToken{}, fmt.Errorf("token for %s/%s: %w", sa.Namespace, sa.Name, err)
-	}
-	t := tenantToken{saUID: sa.UID, token: tr.Status.Token, issued: issued, expires: tr.Status.ExpirationTimestamp.Time}
-	if r.tokens == nil {
-		r.tokens = map[string]tenantToken{}
-	}
-	r.tokens[requester] = t
-	return t, nil
-}
-
-// forgetToken drops the cached token of a requester (its tenant is gone).
-func (r *TenantReconciler) forgetToken(requester string) {
-	r.tokensMu.Lock()
-	defer r.tokensMu.Unlock()
-	delete(r.tokens, requester)
-	for uid := range r.granted[requester] {
-		delete(r.placedHere, uid)
-	}
-	delete(r.granted, requester)
-}
-
-// grant sends tok for pi's reservation (which is due: see renewAt); it
-// returns when the grant should be renewed.
-func (r *TenantReconciler) grant(ctx context.Context, ns string, pi *rbv1.ProviderInstruction, tok tenantToken, placement *api.Placement) (time.Time, error) {
-	renew := func(at time.Time) time.Time { return at.Add(r.TokenTTL * 2 / 3) }
-	_, err := r.Broker.GrantTo(ctx, pi.Spec.Requester, pi.Spec.ReservationID, api.Grant{
-		Endpoint: r.Endpoint, CABundle: r.CABundle, Token: tok.token, Namespace: ns, ExpiresAt: tok.expires,
-		Placement: placement,
-	})
-	metrics.BrokerCalls.WithLabelValues("grant", metrics.Outcome(err, brokerclient.IsNoCapacity, brokerclient.IsRetryable)).Inc()
-	if brokerclient.IsNotFound(err) || brokerclient.IsConflict(err) {
-		// The reservation has ended at the broker: end this instruction
-		// (its pods get their grace, as after an event).
-		return time.Now().Add(r.TokenTTL), MarkEnded(ctx, r.Client, r.Recorder, pi, EndedNotListed,
-			"the broker refused the grant: the reservation has ended ("+err.Error()+")")
-	}
-	if err != nil {
-		meta.SetStatusCondition(&pi.Status.Conditions, metav1.Condition{Type: rbv1.ConditionEnforced, Status: metav1.ConditionFalse,
-			Reason: "GrantFailed", Message: err.Error(), ObservedGeneration: pi.Generation})
-		_ = r.Client.Status().Update(ctx, pi)
-		return time.Time{}, fmt.Errorf("grant %s: %w", pi.Spec.ReservationID, err)
-	}
-	now := metav1.Now()
-	first := !pi.Status.Enforced
-	pi.Status.Enforced = true
-	pi.Status.TenantNamespace = ns
-	pi.Status.GrantedAt = &now
-	msg := "namespace " + ns + ", quota and credentials in place"
-	if placement != nil {
-		newPlacement := pi.Status.PlacementNode != placement.Node
-		pi.Status.PlacementNode = placement.Node
-		msg += "; the tenant pod is pinned to node " + placement.Node + " at " + placement.PriorityClassName
-		if newPlacement {
-			r.Recorder.Eventf(pi, nil, corev1.EventTypeNormal, "PlacementGranted", "Grant", "requester %s told to pin the pod to node %s at PriorityClass %s",
-				pi.Spec.Requester, placement.Node, placement.PriorityClassName)
-		}
-	}
-	meta.SetStatusCondition(&pi.Status.Conditions, metav1.Condition{Type: rbv1.ConditionEnforced, Status: metav1.ConditionTrue,
-		Reason: "Granted", Message: msg, ObservedGeneration: pi.Generation})
-	if err := r.Client.Status().Update(ctx, pi); err != nil {
-		return time.Time{}, err
-	}
-	if first {
-		r.Recorder.Eventf(pi, nil, corev1.EventTypeNormal, "Enforced", "Enforce", "capacity set aside in %s for %s", ns, pi.Spec.Requester)
-	}
-	return renew(now.Time), nil
+	return err
 }
 
 // removeTenant deletes the namespace; everything of the tenant is inside it.
@@ -681,16 +516,6 @@ func InstructionFor(namespace string, id, requester string, res api.Quantities, 
 	return pi
 }
 
-// requesterBridge is what a provider knows of a requester's bridge.
-type requesterBridge struct {
-	pins bool
-	read time.Time
-}
-
-// requesterPinsTTL is how long a requester's advertised bridge is trusted
-// before it is read again.
-const requesterPinsTTL = time.Minute
-
 // requesterPins tells whether requester's bridge pins its pods to the node
 // a placeholder holds (our virtual-kubelet bridge does; Liqo's offloading
 // does not, and says so with rbv1.BridgeLabel in its advertisement). Held
@@ -701,9 +526,7 @@ func (r *TenantReconciler) requesterPins(ctx context.Context, requester string) 
 	if r.Clusters == nil {
 		return true
 	}
-	r.pinsMu.Lock()
-	known, ok := r.pins[requester]
-	r.pinsMu.Unlock()
+	known, ok := r.pins.get(requester)
 	if ok && time.Since(known.read) < requesterPinsTTL {
 		return known.pins
 	}
@@ -713,17 +536,44 @@ func (r *TenantReconciler) requesterPins(ctx context.Context, requester string) 
 		return !ok || known.pins
 	}
 	pins := c.Labels[rbv1.BridgeLabel] != bridgeLiqo
-	r.pinsMu.Lock()
-	if r.pins == nil {
-		r.pins = map[string]requesterBridge{}
-	}
-	r.pins[requester] = requesterBridge{pins: pins, read: time.Now()}
-	r.pinsMu.Unlock()
+	r.pins.set(requester, requesterBridge{pins: pins, read: time.Now()})
 	if !pins && (!ok || known.pins) {
 		log.FromContext(ctx).Info("requester offloads with Liqo: its reservations are not held by placeholders", "requester", requester)
 	}
 	return pins
 }
 
+// requesterPinsTTL is how long a requester's advertised bridge is trusted
+// before it is read again.
+const requesterPinsTTL = time.Minute
+
 // bridgeLiqo is rbv1.BridgeLabel's value for a requester offloading with Liqo.
 const bridgeLiqo = "liqo"
+
+// requesterBridge is what a provider knows of a requester's bridge.
+type requesterBridge struct {
+	pins bool
+	read time.Time
+}
+
+// pinsCache keeps the requesters' bridges as last read from the broker.
+type pinsCache struct {
+	mu sync.Mutex
+	m  map[string]requesterBridge
+}
+
+func (c *pinsCache) get(requester string) (requesterBridge, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.m[requester]
+	return b, ok
+}
+
+func (c *pinsCache) set(requester string, b requesterBridge) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]requesterBridge{}
+	}
+	c.m[requester] = b
+}

@@ -66,6 +66,10 @@ const (
 	// ConditionEnded is True once the broker says a provided reservation
 	// ended (reason LeaseLapsed for an expiry, Released for a release).
 	ConditionEnded = "Ended"
+	// ConditionEvictionHeld is True while the eviction of an ended
+	// ProviderInstruction's pods waits: its requester is still heard, or
+	// many leases lapsed at once (reason RequesterHeard or MassExpiry).
+	ConditionEvictionHeld = "EvictionHeld"
 	// ConditionPublished is True when the broker acknowledged the last advertisement.
 	ConditionPublished = "Published"
 )

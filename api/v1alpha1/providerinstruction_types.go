@@ -75,7 +75,7 @@ type ProviderInstructionStatus struct {
 	// +optional
 	EndedAt *metav1.MicroTime `json:"endedAt,omitempty"`
 
-	// Conditions: Enforced, Held, Ended.
+	// Conditions: Enforced, Held, Ended, EvictionHeld.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
