@@ -32,6 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
@@ -121,7 +122,10 @@ type Reconciler struct {
 	// broker's event for a decision comes before the cache shows the
 	// decision's status write) looks again shortly instead of acting on it:
 	// acting would ask the broker again and write a status that conflicts.
-	written sync.Map // types.NamespacedName -> uint64
+	// It is the stale-cache guard kube-controller-manager's controllers use
+	// (the last write's resourceVersion, compared with apimachinery's
+	// resourceversion): forgotten on a restart, it costs one such conflict.
+	written sync.Map // types.NamespacedName -> string
 }
 
 // DefaultWaitingRetry is Reconciler.WaitingRetry's default: well below the
@@ -135,9 +139,7 @@ const staleRequeue = 50 * time.Millisecond
 
 // wrote records the resourceVersion of a write of rsv that succeeded.
 func (r *Reconciler) wrote(rsv *rbv1.Reservation) {
-	if rv, err := strconv.ParseUint(rsv.ResourceVersion, 10, 64); err == nil {
-		r.written.Store(client.ObjectKeyFromObject(rsv), rv)
-	}
+	r.written.Store(client.ObjectKeyFromObject(rsv), rsv.ResourceVersion)
 }
 
 // stale tells whether the cache's rsv is older than this reconciler's last
@@ -147,8 +149,8 @@ func (r *Reconciler) stale(rsv *rbv1.Reservation) bool {
 	if !ok {
 		return false
 	}
-	rv, err := strconv.ParseUint(rsv.ResourceVersion, 10, 64)
-	return err == nil && rv < w.(uint64)
+	cmp, err := resourceversion.CompareResourceVersion(rsv.ResourceVersion, w.(string))
+	return err == nil && cmp < 0
 }
 
 // updateStatus writes rsv's status and records the write.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/client-go/informers"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -89,7 +89,7 @@ type providerNode struct {
 	grantOf string   // the reservation whose grant the connection uses
 	// written is the capacity writeCapacity last wrote, at resourceVersion writtenRV.
 	written   corev1.ResourceList
-	writtenRV uint64
+	writtenRV string
 	capacity  corev1.ResourceList
 	ready     readiness
 	// lastContact is when the provider's API server last answered the
@@ -432,7 +432,7 @@ func (n *providerNode) writeCapacity(ctx context.Context, cur *corev1.Node) (boo
 	if equalResources(cur.Status.Capacity, want) && equalResources(cur.Status.Allocatable, want) {
 		return false, nil
 	}
-	if rv, err := strconv.ParseUint(cur.ResourceVersion, 10, 64); err == nil && rv < writtenRV && equalResources(written, want) {
+	if older, err := resourceversion.CompareResourceVersion(cur.ResourceVersion, writtenRV); err == nil && older < 0 && equalResources(written, want) {
 		return false, nil // the cache has not seen the last write yet, which was this capacity
 	}
 	values := func(have corev1.ResourceList) map[string]any {
@@ -454,9 +454,8 @@ func (n *providerNode) writeCapacity(ctx context.Context, cur *corev1.Node) (boo
 	if err != nil {
 		return false, err
 	}
-	rv, _ := strconv.ParseUint(node.ResourceVersion, 10, 64)
 	n.mu.Lock()
-	n.written, n.writtenRV = want, rv
+	n.written, n.writtenRV = want, node.ResourceVersion
 	n.mu.Unlock()
 	return true, nil
 }
