@@ -1,16 +1,14 @@
 package collector
 
 import (
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-// ResourceGPU is the extended resource name of NVIDIA GPUs.
-const ResourceGPU corev1.ResourceName = "nvidia.com/gpu"
-
 // Resources are the resources the collector measures, in the order of amounts.
 var Resources = []corev1.ResourceName{
-	corev1.ResourceCPU, corev1.ResourceMemory, ResourceGPU, corev1.ResourceEphemeralStorage,
+	corev1.ResourceCPU, corev1.ResourceMemory, rbv1.ResourceGPU, corev1.ResourceEphemeralStorage,
 }
 
 // amounts holds one value per measured resource in the broker's integer
@@ -35,7 +33,7 @@ func amountsOf(l corev1.ResourceList) amounts {
 	if q, ok := l[corev1.ResourceMemory]; ok {
 		a[idxMemory] = q.Value()
 	}
-	if q, ok := l[ResourceGPU]; ok {
+	if q, ok := l[rbv1.ResourceGPU]; ok {
 		a[idxGPU] = q.Value()
 	}
 	if q, ok := l[corev1.ResourceEphemeralStorage]; ok {
@@ -61,7 +59,7 @@ func (a amounts) list() corev1.ResourceList {
 	return corev1.ResourceList{
 		corev1.ResourceCPU:              *resource.NewMilliQuantity(a[idxCPU], resource.DecimalSI),
 		corev1.ResourceMemory:           *resource.NewQuantity(a[idxMemory], resource.BinarySI),
-		ResourceGPU:                     *resource.NewQuantity(a[idxGPU], resource.DecimalSI),
+		rbv1.ResourceGPU:                *resource.NewQuantity(a[idxGPU], resource.DecimalSI),
 		corev1.ResourceEphemeralStorage: *resource.NewQuantity(a[idxStorage], resource.BinarySI),
 	}
 }

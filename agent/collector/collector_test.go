@@ -420,7 +420,7 @@ func TestCollectorNodeSummary(t *testing.T) {
 	// n1: local 1 + guest-b 500m + guest-c 5 = 6.5 cpus on 4: capped at 4.
 	// n2: guest-a 1500m (not-a-guest requests nothing). n3 does not count.
 	require.Equal(t, []node{{"n1", "4", "4", "3Gi"}, {"n2", "2", "1500m", "2Gi"}}, summary(m))
-	require.Equal(t, "1", func() string { q := m.NodeSummary[1].Allocatable[collector.ResourceGPU]; return q.String() }())
+	require.Equal(t, "1", func() string { q := m.NodeSummary[1].Allocatable[rbv1.ResourceGPU]; return q.String() }())
 	require.True(t, m.NodeSummaryExact)
 	require.Equal(t, []string{"rome/resv-a", "rome/resv-b", "rome/resv-d"}, m.ReservationsOnNodes,
 		"tenant pods' ids, scoped by the requester, wherever they are bound")

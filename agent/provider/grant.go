@@ -9,6 +9,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -116,7 +117,7 @@ func (r *grantReconciler) quotaCounts(ctx context.Context, requester string) (bo
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: TenantNamespace(requester), Name: TenantQuota}, &quota); err != nil {
 		return false, client.IgnoreNotFound(err)
 	}
-	return equalResources(quota.Spec.Hard, quotaOf(live)), nil
+	return equality.Semantic.DeepEqual(quota.Spec.Hard, quotaOf(live)), nil
 }
 
 // grantDecision is whether a grant of one instruction is due, with what

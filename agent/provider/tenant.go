@@ -409,7 +409,7 @@ func (r *TenantReconciler) setQuota(ctx context.Context, ns, requester string, h
 			quota.Spec.ScopeSelector = QuotaScope.DeepCopy()
 		}
 		quota.Labels = map[string]string{rbv1.TenantLabel: requester, rbv1.ManagedByLabel: rbv1.ManagedByValue}
-		if !equalResources(quota.Spec.Hard, hard) {
+		if !equality.Semantic.DeepEqual(quota.Spec.Hard, hard) {
 			quota.Spec.Hard = hard
 		}
 		return nil
@@ -433,7 +433,7 @@ func (r *TenantReconciler) ensureDefaults(ctx context.Context, ns, requester str
 	q := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: wantQ.Name, Namespace: ns}}
 	if _, err := controllerutil.CreateOrPatch(ctx, r.Client, q, func() error {
 		q.Labels = labels
-		if !equalResources(q.Spec.Hard, wantQ.Spec.Hard) {
+		if !equality.Semantic.DeepEqual(q.Spec.Hard, wantQ.Spec.Hard) {
 			q.Spec.Hard = wantQ.Spec.Hard
 		}
 		return nil
@@ -441,20 +441,6 @@ func (r *TenantReconciler) ensureDefaults(ctx context.Context, ns, requester str
 		return fmt.Errorf("ResourceQuota %s/%s: %w", ns, q.Name, err)
 	}
 	return nil
-}
-
-// equalResources compares by value, so "1000m" equals "1".
-func equalResources(a, b corev1.ResourceList) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		w, ok := b[k]
-		if !ok || v.Cmp(w) != 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // ensureAccess keeps the tenant's ServiceAccount and RoleBinding.
@@ -506,7 +492,7 @@ func InstructionFor(namespace string, id, requester string, res api.Quantities, 
 	}
 	add(corev1.ResourceCPU, res.CPU)
 	add(corev1.ResourceMemory, res.Memory)
-	add("nvidia.com/gpu", res.GPU)
+	add(rbv1.ResourceGPU, res.GPU)
 	add(corev1.ResourceEphemeralStorage, res.Storage)
 	pi := &rbv1.ProviderInstruction{
 		ObjectMeta: metav1.ObjectMeta{Name: InstructionName(requester, id), Namespace: namespace, Labels: map[string]string{

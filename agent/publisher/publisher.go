@@ -486,7 +486,7 @@ func nodeAmounts(l corev1.ResourceList) rbv1.NodeAmounts {
 	}
 	return rbv1.NodeAmounts{
 		CPU: get(corev1.ResourceCPU, true), Memory: get(corev1.ResourceMemory, true),
-		GPU: get(collector.ResourceGPU, false), EphemeralStorage: get(corev1.ResourceEphemeralStorage, false),
+		GPU: get(rbv1.ResourceGPU, false), EphemeralStorage: get(corev1.ResourceEphemeralStorage, false),
 	}
 }
 
@@ -504,7 +504,7 @@ func toQuantities(l corev1.ResourceList) api.Quantities {
 	return api.Quantities{
 		CPU:     get(corev1.ResourceCPU),
 		Memory:  get(corev1.ResourceMemory),
-		GPU:     get(collector.ResourceGPU),
+		GPU:     get(rbv1.ResourceGPU),
 		Storage: get(corev1.ResourceEphemeralStorage),
 	}
 }
@@ -517,7 +517,7 @@ func toList(q *api.Quantities) corev1.ResourceList {
 	out := corev1.ResourceList{}
 	for name, v := range map[corev1.ResourceName]*resource.Quantity{
 		corev1.ResourceCPU: q.CPU, corev1.ResourceMemory: q.Memory,
-		collector.ResourceGPU: q.GPU, corev1.ResourceEphemeralStorage: q.Storage,
+		rbv1.ResourceGPU: q.GPU, corev1.ResourceEphemeralStorage: q.Storage,
 	} {
 		if v != nil {
 			out[name] = *v

@@ -660,7 +660,7 @@ func (r *Reconciler) requestFor(rsv *rbv1.Reservation) (api.ReservationRequest, 
 	}
 	req := api.ReservationRequest{
 		ID:        string(rsv.UID),
-		Resources: api.Quantities{CPU: q(corev1.ResourceCPU), Memory: q(corev1.ResourceMemory), GPU: q("nvidia.com/gpu"), Storage: q(corev1.ResourceEphemeralStorage)},
+		Resources: api.Quantities{CPU: q(corev1.ResourceCPU), Memory: q(corev1.ResourceMemory), GPU: q(rbv1.ResourceGPU), Storage: q(corev1.ResourceEphemeralStorage)},
 		Owner:     rsv.Namespace + "/" + rsv.Name,
 		Priority:  rsv.Spec.Priority,
 	}

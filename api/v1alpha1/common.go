@@ -1,5 +1,7 @@
 package v1alpha1
 
+import corev1 "k8s.io/api/core/v1"
+
 // Labels and annotations shared by the parts of the system.
 const (
 	// ProviderLabel marks a virtual node that stands for a provider cluster; its value is the provider's cluster id.
@@ -73,3 +75,7 @@ const (
 	// ConditionPublished is True when the broker acknowledged the last advertisement.
 	ConditionPublished = "Published"
 )
+
+// ResourceGPU is the extended resource by which the broker accounts GPUs:
+// requests of it are reserved, advertised and quota'd like cpu and memory.
+const ResourceGPU corev1.ResourceName = "nvidia.com/gpu"

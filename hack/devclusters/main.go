@@ -16,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -52,7 +54,7 @@ func parse(s string) (spec, error) {
 		return spec{}, fmt.Errorf("--cluster %q: want name=cpu,memory[,gpus]", s)
 	}
 	list := corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceEphemeralStorage: resource.MustParse("100Gi")}
-	for i, key := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, "nvidia.com/gpu"}[:len(parts)] {
+	for i, key := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, rbv1.ResourceGPU}[:len(parts)] {
 		q, err := resource.ParseQuantity(parts[i])
 		if err != nil {
 			return spec{}, fmt.Errorf("--cluster %q: %s: %w", s, key, err)

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 )
 
 // ReadyNode creates a Node with no taints (the API server adds
@@ -48,10 +49,8 @@ func MarkRunning(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod) 
 	for _, c := range pod.Spec.Containers {
 		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{
 			Name: c.Name, Image: c.Image, ImageID: "sha256:0000", ContainerID: "containerd://" + pod.Name + "-" + c.Name,
-			Ready: true, Started: ptrTo(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+			Ready: true, Started: ptr.To(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
 	return cs.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 }
-
-func ptrTo[T any](v T) *T { return &v }

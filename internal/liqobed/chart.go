@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -335,7 +336,7 @@ func (c *Cluster) waitWebhook(ctx context.Context, wh *standIn) error {
 	var last error
 	if err := wait(ctx, 60*time.Second, wh, "the API server calling liqo-webhook", func() (bool, error) {
 		rs := &authv1beta1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: "liqobed-webhook-probe"},
-			Spec: authv1beta1.ResourceSliceSpec{ProviderClusterID: ptrTo(liqov1beta1.ClusterID("none"))}}
+			Spec: authv1beta1.ResourceSliceSpec{ProviderClusterID: ptr.To(liqov1beta1.ClusterID("none"))}}
 		last = c.Client.Create(ctx, rs, client.DryRunAll)
 		return last == nil, nil
 	}); err != nil {
@@ -343,5 +344,3 @@ func (c *Cluster) waitWebhook(ctx context.Context, wh *standIn) error {
 	}
 	return nil
 }
-
-func ptrTo[T any](v T) *T { return &v }

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fluidos-project/resource-broker/internal/backoff"
@@ -204,7 +205,7 @@ func (s *standIn) stop() error {
 // serviceAccountKubeconfig writes a kubeconfig with a token of the
 // ServiceAccount (what the pod would mount) for the cluster's API server.
 func (c *Cluster) serviceAccountKubeconfig(ctx context.Context, ns, sa string) (string, error) {
-	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo(int64(12 * 3600))}}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(12 * 3600))}}
 	var last error
 	err := wait(ctx, 30*time.Second, nil, "a token of ServiceAccount "+ns+"/"+sa, func() (bool, error) {
 		tok, err := c.Clientset.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, tr, metav1.CreateOptions{})

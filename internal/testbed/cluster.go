@@ -66,13 +66,10 @@ func Resources(cpu, memory string, gpus ...string) corev1.ResourceList {
 		corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceEphemeralStorage: resource.MustParse("100Gi"),
 	}
 	if len(gpus) > 0 {
-		l[GPU] = resource.MustParse(gpus[0])
+		l[rbv1.ResourceGPU] = resource.MustParse(gpus[0])
 	}
 	return l
 }
-
-// GPU is the extended resource of NVIDIA GPUs.
-const GPU corev1.ResourceName = "nvidia.com/gpu"
 
 // ClusterSpec describes a member cluster of the bed.
 type ClusterSpec struct {
@@ -461,7 +458,7 @@ func (c *Cluster) expectedAllocatable() store.Resources {
 		sum.CPU += a.Cpu().MilliValue()
 		sum.Memory += a.Memory().Value()
 		sum.Storage += a.StorageEphemeral().Value()
-		if g, ok := a[GPU]; ok {
+		if g, ok := a[rbv1.ResourceGPU]; ok {
 			sum.GPU += g.Value()
 		}
 	}

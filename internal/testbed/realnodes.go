@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/realnode"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
@@ -362,18 +363,18 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, node.LogDir)
 	}
-	if gpus, ok := size[GPU]; ok {
-		patch, _ := json.Marshal(map[string]any{"status": map[string]any{"capacity": map[string]any{string(GPU): gpus.String()}}})
+	if gpus, ok := size[rbv1.ResourceGPU]; ok {
+		patch, _ := json.Marshal(map[string]any{"status": map[string]any{"capacity": map[string]any{string(rbv1.ResourceGPU): gpus.String()}}})
 		if _, err := c.Clientset.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
-			return fmt.Errorf("node %s: advertise %s: %w", name, GPU, err)
+			return fmt.Errorf("node %s: advertise %s: %w", name, rbv1.ResourceGPU, err)
 		}
 		// The kubelet copies it into allocatable at its next status update.
-		err := c.bed.poll(ctx, nil, 30*time.Second, "node "+name+" allocatable "+string(GPU), func() (bool, error) {
+		err := c.bed.poll(ctx, nil, 30*time.Second, "node "+name+" allocatable "+string(rbv1.ResourceGPU), func() (bool, error) {
 			n, err := c.Clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return false, err
 			}
-			a, ok := n.Status.Allocatable[GPU]
+			a, ok := n.Status.Allocatable[rbv1.ResourceGPU]
 			return ok && a.Equal(gpus), nil
 		})
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -63,7 +64,7 @@ var ProviderSelectorLabels = []string{
 var providerSelectorLabels = sets.New(ProviderSelectorLabels...)
 
 // ReservableResources are what a reservation holds (and a virtual node offers).
-var ReservableResources = []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory, v1.ResourceEphemeralStorage, GPUResource}
+var ReservableResources = []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory, v1.ResourceEphemeralStorage, brokerv1alpha1.ResourceGPU}
 
 var reservable = sets.New(ReservableResources...)
 
@@ -74,7 +75,7 @@ var ResourceShortageReasons = []string{
 	"Insufficient " + string(v1.ResourceCPU),
 	"Insufficient " + string(v1.ResourceMemory),
 	"Insufficient " + string(v1.ResourceEphemeralStorage),
-	"Insufficient " + string(GPUResource),
+	"Insufficient " + string(brokerv1alpha1.ResourceGPU),
 	"Too many pods",
 }
 

@@ -17,6 +17,7 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/names"
+	"k8s.io/utils/ptr"
 
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/plugins/apis/config"
@@ -65,10 +66,10 @@ var notCarriable = []struct {
 		p.Spec.InitContainers = []v1.Container{{Name: "init", Ports: []v1.ContainerPort{{ContainerPort: 53, HostPort: 53}}}}
 	}, "uses host port 53 (container init)"},
 	{"privileged", func(p *v1.Pod) {
-		p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: ptrTo(true)}
+		p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: ptr.To(true)}
 	}, "runs privileged container c"},
 	{"resource claim", func(p *v1.Pod) {
-		p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptrTo("a100")}}
+		p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("a100")}}
 	}, "uses resource claim gpu (dynamic resource allocation)"},
 	{"unreservable resource", func(p *v1.Pod) {
 		p.Spec.Containers[0].Resources.Requests["hugepages-2Mi"] = resource.MustParse("4Mi")
@@ -79,9 +80,9 @@ var notCarriable = []struct {
 func TestCarriageReason(t *testing.T) {
 	assert.Empty(t, carriageReason(carriable()))
 	gpu := carriable()
-	gpu.Spec.Containers[0].Resources.Requests[GPUResource] = resource.MustParse("1")
+	gpu.Spec.Containers[0].Resources.Requests[brokerv1alpha1.ResourceGPU] = resource.MustParse("1")
 	gpu.Spec.Containers[0].Resources.Requests[v1.ResourceEphemeralStorage] = resource.MustParse("1Gi")
-	gpu.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: ptrTo(false)}
+	gpu.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: ptr.To(false)}
 	assert.Empty(t, carriageReason(gpu), "GPUs and ephemeral storage are reserved; privileged: false is not privileged")
 	for _, tc := range notCarriable {
 		t.Run(tc.name, func(t *testing.T) {

@@ -352,7 +352,7 @@ func createNode(t testing.TB, n nodeSpec) *v1.Node {
 		v1.ResourcePods:   resource.MustParse(pods),
 	}
 	if n.gpu != "" {
-		alloc[resourcebroker.GPUResource] = resource.MustParse(n.gpu)
+		alloc[brokerv1alpha1.ResourceGPU] = resource.MustParse(n.gpu)
 	}
 	node.Status.Capacity, node.Status.Allocatable = alloc, alloc
 	node.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -272,19 +273,7 @@ func (pl *ResourceBroker) onNode(ctx context.Context, oldObj, obj any) {
 
 func virtualNodeChanged(old, n *v1.Node) bool {
 	return old.Labels[brokerv1alpha1.ProviderLabel] != n.Labels[brokerv1alpha1.ProviderLabel] ||
-		!equalResources(old.Status.Allocatable, n.Status.Allocatable) ||
+		!equality.Semantic.DeepEqual(old.Status.Allocatable, n.Status.Allocatable) ||
 		len(old.Spec.Taints) != len(n.Spec.Taints) ||
 		old.Spec.Unschedulable != n.Spec.Unschedulable
-}
-
-func equalResources(a, b v1.ResourceList) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, q := range a {
-		if q2, ok := b[k]; !ok || q.Cmp(q2) != 0 {
-			return false
-		}
-	}
-	return true
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/utils/ptr"
 
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/plugins/resourcebroker"
@@ -249,7 +250,7 @@ func boundClaim(t testing.TB, ns, name string, owner *v1.Pod) {
 		Spec: v1.PersistentVolumeClaimSpec{AccessModes: pv.Spec.AccessModes, VolumeName: pv.Name,
 			Resources: v1.VolumeResourceRequirements{Requests: size}}}
 	if owner != nil {
-		pvc.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: owner.Name, UID: owner.UID, Controller: ptrTo(true)}}
+		pvc.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: owner.Name, UID: owner.UID, Controller: ptr.To(true)}}
 	}
 	if pvc, err = cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -263,8 +264,6 @@ func boundClaim(t testing.TB, ns, name string, owner *v1.Pod) {
 		t.Fatal(err)
 	}
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 // waitEvent waits for an Event of reason on the pod whose message starts with prefix.
 func waitEvent(t testing.TB, ns, pod, reason, prefix string) v1.Event {

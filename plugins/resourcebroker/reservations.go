@@ -27,6 +27,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/features"
 	schedutil "k8s.io/kubernetes/pkg/scheduler/util"
+	"k8s.io/utils/ptr"
 
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/plugins/apis/config"
@@ -37,9 +38,6 @@ import (
 // the scheduler watch Reservations with a dynamic informer and run this
 // plugin's queueing hint on every change.
 const ReservationEventResource = "reservations.v1alpha1.broker.fluidos.eu"
-
-// GPUResource is the extended resource a reservation may carry.
-const GPUResource v1.ResourceName = "nvidia.com/gpu"
 
 var reservationGVR = brokerv1alpha1.GroupVersion.WithResource("reservations")
 
@@ -352,7 +350,7 @@ func ReservationResources(requests v1.ResourceList) v1.ResourceList {
 	}
 	out[v1.ResourceCPU] = cpu
 	out[v1.ResourceMemory] = mem
-	for _, name := range []v1.ResourceName{GPUResource, v1.ResourceEphemeralStorage} {
+	for _, name := range []v1.ResourceName{brokerv1alpha1.ResourceGPU, v1.ResourceEphemeralStorage} {
 		if q, ok := requests[name]; ok && q.Sign() > 0 {
 			out[name] = q.DeepCopy()
 		}
@@ -380,8 +378,8 @@ func newReservation(pod *v1.Pod, args *config.ResourceBrokerArgs, selector map[s
 				Kind:               "Pod",
 				Name:               pod.Name,
 				UID:                pod.UID,
-				Controller:         ptrTo(true),
-				BlockOwnerDeletion: ptrTo(true),
+				Controller:         ptr.To(true),
+				BlockOwnerDeletion: ptr.To(true),
 			}},
 		},
 		Spec: brokerv1alpha1.ReservationSpec{
@@ -395,8 +393,6 @@ func newReservation(pod *v1.Pod, args *config.ResourceBrokerArgs, selector map[s
 	}
 }
 
-func ptrTo[T any](v T) *T { return &v }
-
 // preemptionPolicy is the pod's preemption policy for its reservation:
 // PreemptLowerPriority when the pod has a priority above 0 and may preempt
 // (kube-scheduler's default for such a pod), else nil (it waits).
@@ -407,13 +403,13 @@ func preemptionPolicy(pod *v1.Pod) *v1.PreemptionPolicy {
 	if p := pod.Spec.PreemptionPolicy; p != nil && *p == v1.PreemptNever {
 		return nil
 	}
-	return ptrTo(v1.PreemptLowerPriority)
+	return ptr.To(v1.PreemptLowerPriority)
 }
 
 // fitsReservation reports whether requests fit in what is left of the
 // reservation's resources after used; it names the first resource short.
 func fitsReservation(requests, reserved, used v1.ResourceList) (bool, v1.ResourceName) {
-	for _, name := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory, GPUResource, v1.ResourceEphemeralStorage} {
+	for _, name := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory, brokerv1alpha1.ResourceGPU, v1.ResourceEphemeralStorage} {
 		want, ok := requests[name]
 		if !ok || want.Sign() <= 0 {
 			continue

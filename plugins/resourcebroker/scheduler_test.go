@@ -77,7 +77,7 @@ func TestNoFitReservationThenVirtualNode(t *testing.T) {
 	always := v1.ContainerRestartPolicyAlways
 	pod := createPod(t, newPod(ns, "big", "2", "2Gi", func(p *v1.Pod) {
 		p.Spec.RuntimeClassName = &rc.Name
-		p.Spec.Containers[0].Resources.Limits = v1.ResourceList{resourcebroker.GPUResource: resource.MustParse("1")}
+		p.Spec.Containers[0].Resources.Limits = v1.ResourceList{brokerv1alpha1.ResourceGPU: resource.MustParse("1")}
 		p.Spec.InitContainers = []v1.Container{
 			{Name: "sidecar", Image: "registry.k8s.io/pause:3.10", RestartPolicy: &always, Resources: v1.ResourceRequirements{Requests: v1.ResourceList{
 				v1.ResourceCPU: resource.MustParse("500m"), v1.ResourceMemory: resource.MustParse("256Mi")}}},
@@ -357,7 +357,7 @@ func checkSize(t *testing.T, r *brokerv1alpha1.Reservation, cpu, memory, gpu str
 	t.Helper()
 	want := v1.ResourceList{v1.ResourceCPU: resource.MustParse(cpu), v1.ResourceMemory: resource.MustParse(memory)}
 	if gpu != "" {
-		want[resourcebroker.GPUResource] = resource.MustParse(gpu)
+		want[brokerv1alpha1.ResourceGPU] = resource.MustParse(gpu)
 	}
 	if len(r.Spec.Resources) != len(want) {
 		t.Errorf("reservation resources %v, want %v", r.Spec.Resources, want)

@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
+	"k8s.io/utils/ptr"
 
 	brokerv1alpha1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/plugins/apis/config"
@@ -95,7 +96,7 @@ func TestNewReservation(t *testing.T) {
 	assert.Nil(t, r.Spec.Duration, "a lease: the agent asks with its hold time and lease length")
 	require.Len(t, r.OwnerReferences, 1)
 	o := r.OwnerReferences[0]
-	assert.Equal(t, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "p", UID: "uid-1", Controller: ptrTo(true), BlockOwnerDeletion: ptrTo(true)}, o)
+	assert.Equal(t, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "p", UID: "uid-1", Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}, o)
 	assert.Equal(t, types.UID("uid-1"), ownerPodUID(r))
 	u, err := toUnstructured(r)
 	require.NoError(t, err)
@@ -353,7 +354,7 @@ func TestPreFilterNarrowing(t *testing.T) {
 	assert.Empty(t, res.NodeNames)
 	// ... unless a local pod of lower priority could be preempted.
 	important := big.DeepCopy()
-	important.Spec.Priority = ptrTo(int32(1000))
+	important.Spec.Priority = ptr.To(int32(1000))
 	res, st = prefilter(important, nodeInfo(small, podRequesting("low", "2", "1Gi")))
 	assert.True(t, st.IsSkip(), "the default path (nothing tainted: Filter skipped), where DefaultPreemption may make room")
 	assert.Nil(t, res)
@@ -428,7 +429,7 @@ func TestHasRoom(t *testing.T) {
 	assert.False(t, hasRoom(logger, podRequesting("p", "1500m", "1Gi"), PodRequests(podRequesting("p", "1500m", "1Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))), "cpu")
 	assert.False(t, hasRoom(logger, podRequesting("p", "1", "4Gi"), PodRequests(podRequesting("p", "1", "4Gi")), nodeInfo(node, podRequesting("q", "1", "1Gi"))), "memory")
 	gpu := podRequesting("g", "1", "1Gi")
-	gpu.Spec.Containers[0].Resources.Requests[GPUResource] = resource.MustParse("1")
+	gpu.Spec.Containers[0].Resources.Requests[brokerv1alpha1.ResourceGPU] = resource.MustParse("1")
 	assert.False(t, hasRoom(logger, gpu, PodRequests(gpu), nodeInfo(node)), "no GPU on the node")
 	cordoned := node.DeepCopy()
 	cordoned.Spec.Unschedulable = true

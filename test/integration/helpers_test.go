@@ -154,8 +154,8 @@ func reservation(ns, name, cpu, memory string) *rbv1.Reservation {
 // brokerPod is a pod for rb-scheduler (schedulerName resource-broker).
 func brokerPod(ns, name string, requests corev1.ResourceList) *corev1.Pod {
 	limits := corev1.ResourceList{}
-	if g, ok := requests[testbed.GPU]; ok {
-		limits[testbed.GPU] = g // extended resources need limits = requests
+	if g, ok := requests[rbv1.ResourceGPU]; ok {
+		limits[rbv1.ResourceGPU] = g // extended resources need limits = requests
 	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": name}},
@@ -169,7 +169,7 @@ func brokerPod(ns, name string, requests corev1.ResourceList) *corev1.Pod {
 func requests(cpu, memory string, gpus ...string) corev1.ResourceList {
 	l := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(memory)}
 	if len(gpus) > 0 {
-		l[testbed.GPU] = resource.MustParse(gpus[0])
+		l[rbv1.ResourceGPU] = resource.MustParse(gpus[0])
 	}
 	return l
 }

@@ -42,7 +42,7 @@ const (
 // accountedResources are what a reservation holds for a pod (the plugin's
 // ReservationResources): a pod is admitted only if its reservation covers
 // its requests of them.
-var accountedResources = []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, "nvidia.com/gpu", corev1.ResourceEphemeralStorage}
+var accountedResources = []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, rbv1.ResourceGPU, corev1.ResourceEphemeralStorage}
 
 // admitted tells, from its status alone, that the bridge admitted the pod:
 // PodConditionReserved is True, or, without the condition, the pod has a

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 )
@@ -84,7 +85,7 @@ func TestDecide(t *testing.T) {
 	}
 
 	deleting := active.DeepCopy()
-	deleting.DeletionTimestamp = ptrTo(metav1.Now())
+	deleting.DeletionTimestamp = ptr.To(metav1.Now())
 	assert.False(t, decide(pod, []rbv1.Reservation{*deleting}, "paris", "rb-paris").admit, "a reservation being deleted is not live")
 
 	withInit := admissionPod("500m", "128Mi")
@@ -129,7 +130,7 @@ func TestAdmissionStatus(t *testing.T) {
 	assert.Equal(t, c.LastTransitionTime, podCondition(again, PodConditionReserved).LastTransitionTime, "same status, same transition time")
 
 	deleting := refused.DeepCopy()
-	deleting.DeletionTimestamp = ptrTo(metav1.Now())
+	deleting.DeletionTimestamp = ptr.To(metav1.Now())
 	assert.True(t, h.handles(context.Background(), deleting), "virtual-kubelet finishes the deletion of every pod")
 
 	ok := refused.DeepCopy()

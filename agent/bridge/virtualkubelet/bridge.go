@@ -33,6 +33,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -281,8 +282,8 @@ func (b *Bridge) SetupWithManager(mgr ctrl.Manager) error {
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				o, ok1 := e.ObjectOld.(*corev1.Node)
 				n, ok2 := e.ObjectNew.(*corev1.Node)
-				return ok1 && ok2 && (!equalResources(o.Status.Allocatable, n.Status.Allocatable) ||
-					!equalResources(o.Status.Capacity, n.Status.Capacity) || schedulable(o) != schedulable(n))
+				return ok1 && ok2 && (!equality.Semantic.DeepEqual(o.Status.Allocatable, n.Status.Allocatable) ||
+					!equality.Semantic.DeepEqual(o.Status.Capacity, n.Status.Capacity) || schedulable(o) != schedulable(n))
 			},
 		})).
 		WatchesRawSource(source.Channel(b.events, &handler.EnqueueRequestForObject{})).

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 )
 
 // How a copy's end reaches its pod. A kubelet reports a pod it stops
@@ -208,7 +209,7 @@ func failedStatus(pod *corev1.Pod, reason, message string) *corev1.Pod {
 			}
 			cs[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
 				ExitCode: 137, Reason: reason, Message: message, StartedAt: started, FinishedAt: now}}
-			cs[i].Started = ptrTo(false)
+			cs[i].Started = ptr.To(false)
 		}
 	}
 	terminate(s.ContainerStatuses)

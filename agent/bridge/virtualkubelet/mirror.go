@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 )
@@ -176,7 +177,7 @@ func remotePod(local *corev1.Pod, p mirrorParams) (*corev1.Pod, error) {
 	spec.SchedulingGates = nil
 	spec.TopologySpreadConstraints = nil
 	spec.ServiceAccountName, spec.DeprecatedServiceAccount = "", ""
-	spec.AutomountServiceAccountToken = ptrTo(false)
+	spec.AutomountServiceAccountToken = ptr.To(false)
 	if spec.Hostname == "" && len(validation.IsDNS1123Label(local.Name)) == 0 {
 		spec.Hostname = local.Name // what the pod would see as its host name here
 	}
@@ -579,5 +580,3 @@ func remoteSecret(local *corev1.Secret, p mirrorParams) *corev1.Secret {
 		Data:       maps.Clone(local.Data),
 	}
 }
-
-func ptrTo[T any](v T) *T { return &v }

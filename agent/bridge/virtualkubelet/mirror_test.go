@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/utils/ptr"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -46,11 +47,11 @@ func testPod() *corev1.Pod {
 		},
 		Spec: corev1.PodSpec{
 			NodeName: "rb-paris", SchedulerName: "resource-broker", ServiceAccountName: "web-sa",
-			PriorityClassName: "high", Priority: ptrTo(int32(1000)),
+			PriorityClassName: "high", Priority: ptr.To(int32(1000)),
 			NodeSelector: map[string]string{rbv1.ProviderLabel: "paris", "disktype": "ssd", corev1.LabelArchStable: "amd64"},
 			Tolerations: []corev1.Toleration{
 				{Key: rbv1.VirtualNodeTaint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule},
-				{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptrTo(int64(300))},
+				{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To(int64(300))},
 			},
 			ImagePullSecrets: []corev1.LocalObjectReference{{Name: "regcred"}},
 			Volumes: []corev1.Volume{
@@ -109,7 +110,7 @@ func TestRemotePod(t *testing.T) {
 	assert.Empty(t, s.ServiceAccountName)
 	assert.Empty(t, s.PriorityClassName)
 	assert.Nil(t, s.Priority)
-	assert.Equal(t, ptrTo(false), s.AutomountServiceAccountToken)
+	assert.Equal(t, ptr.To(false), s.AutomountServiceAccountToken)
 	assert.Equal(t, "web-0", s.Hostname)
 	assert.Equal(t, map[string]string{corev1.LabelArchStable: "amd64"}, s.NodeSelector,
 		"only labels every provider's nodes carry: disktype means a node of this cluster")
@@ -351,7 +352,7 @@ func TestCopyAppliesPlacement(t *testing.T) {
 	pin := corev1.NodeSelectorRequirement{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"paris-2"}}
 
 	local := testPod()
-	local.Spec.PriorityClassName, local.Spec.Priority = "business-critical", ptrTo(int32(5000))
+	local.Spec.PriorityClassName, local.Spec.Priority = "business-critical", ptr.To(int32(5000))
 	remote, err := remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", reservation: "uid-r1", placement: placement})
 	require.NoError(t, err)
 	assert.Equal(t, rbv1.TenantPriorityClass, remote.Spec.PriorityClassName)

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -429,10 +430,10 @@ func (n *providerNode) writeCapacity(ctx context.Context, cur *corev1.Node) (boo
 	want := n.capacityLocked()
 	written, writtenRV := n.written, n.writtenRV
 	n.mu.Unlock()
-	if equalResources(cur.Status.Capacity, want) && equalResources(cur.Status.Allocatable, want) {
+	if equality.Semantic.DeepEqual(cur.Status.Capacity, want) && equality.Semantic.DeepEqual(cur.Status.Allocatable, want) {
 		return false, nil
 	}
-	if older, err := resourceversion.CompareResourceVersion(cur.ResourceVersion, writtenRV); err == nil && older < 0 && equalResources(written, want) {
+	if older, err := resourceversion.CompareResourceVersion(cur.ResourceVersion, writtenRV); err == nil && older < 0 && equality.Semantic.DeepEqual(written, want) {
 		return false, nil // the cache has not seen the last write yet, which was this capacity
 	}
 	values := func(have corev1.ResourceList) map[string]any {
@@ -465,7 +466,7 @@ func (n *providerNode) writeCapacity(ctx context.Context, cur *corev1.Node) (boo
 func (n *providerNode) setReservations(ids []string, capacity corev1.ResourceList) {
 	n.mu.Lock()
 	newIDs := !slices.Equal(n.active, ids)
-	changed := newIDs || !equalResources(n.capacity, capacity)
+	changed := newIDs || !equality.Semantic.DeepEqual(n.capacity, capacity)
 	n.active, n.capacity = ids, capacity
 	noRemote := n.remote == nil
 	lost := n.grantOf != "" && !slices.Contains(ids, n.grantOf)
@@ -762,18 +763,4 @@ func finished(p *corev1.Pod) bool {
 // mirrorParams for the current node and tenant namespace.
 func (n *providerNode) mirrorParams(rc *remoteCluster) mirrorParams {
 	return mirrorParams{clusterID: n.b.cfg.ClusterID, namespace: rc.namespace, node: n.nodeObject()}
-}
-
-// equalResources compares by value, so "1000m" equals "1".
-func equalResources(a, b corev1.ResourceList) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		w, ok := b[k]
-		if !ok || v.Cmp(w) != 0 {
-			return false
-		}
-	}
-	return true
 }

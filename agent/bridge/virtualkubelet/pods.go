@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 
 	"github.com/fluidos-project/resource-broker/internal/backoff"
 )
@@ -215,7 +216,7 @@ func (h *podHandler) noCopy(ctx context.Context, pod *corev1.Pod, why string) er
 	if pod.DeletionTimestamp != nil && pod.UID != "" {
 		if _, err := h.n.localPods.Pods(pod.Namespace).Get(pod.Name); err == nil {
 			pre := metav1.NewUIDPreconditions(string(pod.UID))
-			err := h.n.b.local.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0)), Preconditions: pre})
+			err := h.n.b.local.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0)), Preconditions: pre})
 			if client404(err) != nil && !apierrors.IsConflict(err) {
 				return err
 			}
@@ -411,7 +412,7 @@ func (h *podHandler) remoteGone(remote *corev1.Pod) {
 	ctx := h.n.ctx
 	if local.DeletionTimestamp != nil {
 		pre := metav1.NewUIDPreconditions(string(uid))
-		err := h.n.b.local.CoreV1().Pods(key.Namespace).Delete(ctx, key.Name, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0)), Preconditions: pre})
+		err := h.n.b.local.CoreV1().Pods(key.Namespace).Delete(ctx, key.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0)), Preconditions: pre})
 		if client404(err) != nil && !apierrors.IsConflict(err) {
 			h.n.log.Error(err, "finishing the deletion of a pod", "pod", key.String())
 		}

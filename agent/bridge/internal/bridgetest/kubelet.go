@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 )
 
 // Kubelet plays the kubelet of one node for the pods of one namespace: it
@@ -174,7 +175,7 @@ func (k *Kubelet) sync(ctx context.Context, key string) error {
 		for i, c := range pod.Spec.Containers {
 			pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{
 				Name: c.Name, Image: c.Image, ImageID: "docker.io/library/" + c.Image + "@sha256:0123",
-				ContainerID: fmt.Sprintf("containerd://%s-%d", pod.UID, i), Ready: true, Started: ptrTo(true),
+				ContainerID: fmt.Sprintf("containerd://%s-%d", pod.UID, i), Ready: true, Started: ptr.To(true),
 				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
 			})
 		}
@@ -206,5 +207,3 @@ func (k *Kubelet) serveLogs(t testing.TB) {
 	go func() { _ = srv.ServeTLS(ln, "", "") }()
 	t.Cleanup(func() { _ = srv.Close() })
 }
-
-func ptrTo[T any](v T) *T { return &v }
