@@ -1,5 +1,5 @@
 -- advertise: upsert one cluster's advertisement, mark it seen now and
--- (re)index it as a live candidate (see lib.lua).
+-- (re)index it as a live candidate (see index.lua).
 -- It never writes the broker-owned fields (resv_*, seen_ms): only the fields
 -- listed in ADVERTISED below are accepted, whatever the caller sends.
 --
@@ -10,7 +10,7 @@
 -- reservation's node (its pod is in the figures now) and debits it again
 -- when a later advertisement no longer lists it while it is still live.
 --
--- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
 -- ARGV[1]  cluster id
 -- ARGV[2]  event stream max length (for the waiting requests it notifies)
 -- ARGV[3]  event stream TTL (ms)
@@ -23,6 +23,8 @@
 -- Reply:   {seen_ms, resv_cpu, resv_mem, resv_gpu, resv_sto, node_debits}
 --          node_debits: flat node, "cpu=.. mem=.. gpu=.. sto=.." array of node-resv
 --          or an error reply "ERR unknown field <f>" / "ERR bad node name <n>" (nothing written)
+-- @include index
+-- @include waiting
 local ADVERTISED = {}
 for _, res in ipairs(RESOURCES) do
   ADVERTISED['cap_' .. res] = true

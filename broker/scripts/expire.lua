@@ -3,9 +3,9 @@
 -- the audit stream to its retention. Every broker replica runs it on a timer;
 -- running it concurrently is safe because each call is atomic and ended
 -- reservations leave the index. Freed capacity notifies the first waiting
--- requests (lib.lua notify_waiters).
+-- requests (waiting.lua notify_waiters).
 --
--- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
 -- ARGV[1]  at most this many reservations ended, and as many waiting members
 --          swept, per call (the caller loops while the reservations ended
 --          equal it; the waiting members left go at its next run)
@@ -13,12 +13,14 @@
 -- ARGV[4]  how long to keep an ended reservation (ms)
 -- ARGV[5]  how long to keep an audit entry (ms)
 -- ARGV[6]  how long without any expire run counts as a broker outage (ms;
---          lib.lua last_outage)
+--          clock.lua last_outage)
 -- Reply: {expired, clamped, swept, credited, outage_ms}  how many reservations
 --        ended, how many of them needed a counter clamped, how many waiting
 --        members were swept, how many due leases were given more time for the
 --        last outage instead of ending, and the outage this call found (ms; 0:
 --        none)
+-- @include clock
+-- @include reservations
 local prefix = KEYS[1]
 local limit = tonumber(ARGV[1])
 local so = stream_opts(ARGV[2], ARGV[3])

@@ -6,12 +6,13 @@
 -- (released, or expired). Its event stream is left to its TTL (an agent
 -- still reading it sees nothing new).
 --
--- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
 -- ARGV[1]  cluster id
 -- Reply: {status, as_requester, as_provider}
 --   status        "forgotten" | "unknown" (no advertisement: nothing changed)
 --                 | "busy" (live reservations name it: nothing changed)
 --   as_requester  its live reservations as requester; as_provider: as provider
+-- @include index
 local prefix, id = KEYS[1], ARGV[1]
 local as_requester = redis.call('SCARD', prefix .. 'by-requester:' .. id)
 local as_provider = redis.call('SCARD', prefix .. 'by-target:' .. id)

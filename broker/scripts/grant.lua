@@ -3,16 +3,17 @@
 -- requester is notified. The grant itself is not put on the event stream: the
 -- requester reads it with the reservation (only the requester may). The
 -- broker seals it before (store.GrantKeys): Redis never holds the token in
--- clear; end_reservation (lib.lua) removes it when the reservation ends.
+-- clear; end_reservation (reservations.lua) removes it when the reservation ends.
 --
--- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
--- ARGV[1]  requester cluster id (ids are scoped per requester, lib.lua)
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
+-- ARGV[1]  requester cluster id (ids are scoped per requester, core.lua)
 -- ARGV[2]  reservation id, as its requester chose it
 -- ARGV[3]  caller cluster id; it must be the target
 -- ARGV[4]  the grant, sealed
 -- ARGV[5]  event stream max length   ARGV[6]  event stream TTL (ms)
 -- Reply: {status, reservation, now_ms}
 --   status  "granted" | "ended" | "notfound" | "forbidden"
+-- @include reservations
 local prefix, id, caller = KEYS[1], ARGV[2], ARGV[3]
 local rk = prefix .. 'resv:' .. qualify(ARGV[1], id)
 local now = now_ms()

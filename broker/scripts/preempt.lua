@@ -28,23 +28,23 @@
 -- now) is never a victim.
 --
 -- Moving the capacity: each victim ends (phase Released, field preempted_by
--- naming the request; lib.lua end_reservation gives its capacity back and
+-- naming the request; reservations.lua end_reservation gives its capacity back and
 -- sends Released to its requester and provider), a Preempted event tells
 -- both who took it and why, and a victim whose pod the provider's last
 -- advertisement listed on the node (its pod counted in the node's used
--- figures, lib.lua node-listed) has those figures lowered by its amounts:
+-- figures, nodes.lua node-listed) has those figures lowered by its amounts:
 -- the provider evicts the pod, and its next advertisement says so. Then the
 -- request is reserved on the node as reserve.lua would record it. The audit
 -- entry (outcome preempted) names the victims, their priorities and why.
 --
 -- KEYS[1]  prefix ("rb:{b}:"); reads and writes P.."idx:live", P.."idx:alloc:cpu",
 --          P.."idx:labels", P.."idx:rec" and the other index entries of the
---          provider chosen (lib.lua index_free), P.."cluster:"..id,
+--          provider chosen (index.lua index_free), P.."cluster:"..id,
 --          P.."nodes:"..id, P.."node-resv:"..id, P.."node-listed:"..id,
 --          P.."by-target:"..id, P.."by-requester:"..id, P.."resv:"..qid,
 --          P.."expiry", P.."usage", P.."spread:"..requester.."/"..group,
 --          P.."protected:"..requester,
---          P.."events:"..id, P.."audit" (layout: lib.lua)
+--          P.."events:"..id, P.."audit" (layout: lib/*.lua)
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  event stream max length   ARGV[3]  audit stream max length
 -- ARGV[4]  event stream TTL (ms)     ARGV[5]  retention of ended reservations (ms)
@@ -58,6 +58,7 @@
 --   reservation  flat field/value array of the reservation hash ({} unless preempted or replay)
 --   victims      JSON array of {reservation, requester, provider, node, priority, cpu, mem, gpu, sto}
 --   detail       JSON object: wait: {provider, node}; nofit: {candidates, lower_priority}
+-- @include reservations
 local prefix = KEYS[1]
 local stale_ms = tonumber(ARGV[1])
 local so, audit_max = stream_opts(ARGV[2], ARGV[4]), ARGV[3]
@@ -82,13 +83,8 @@ if #existing > 0 then
   return {'replay', existing, '[]', '{}', now}
 end
 
--- holds tells whether free (a table of the 4 resources) holds the request.
-local function holds(free)
-  for _, res in ipairs(RESOURCES) do
-    if req[res] > 0 and free[res] < req[res] then return false end
-  end
-  return true
-end
+-- holds tells whether free (a table of the 4 resources) holds the request (nodes.lua).
+local function holds_req(free) return holds(free, req) end
 
 -- The candidates: live providers with at least the request's cpu allocatable.
 local matching = nil
@@ -116,114 +112,30 @@ for _, cid in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'idx:free:' .. (req.c
   if in_cands[cid] then
     local raw = redis.call('HGET', prefix .. 'idx:rec', cid)
     local rec = raw and read_rec(raw)
-    if rec and holds({cpu = rec[REC_AT.cpu + 1], mem = rec[REC_AT.mem + 1], gpu = rec[REC_AT.gpu + 1], sto = rec[REC_AT.sto + 1]}) then
+    if rec and holds_req(free_of(rec)) then
       local nodes = node_list(prefix, cid)
       if not nodes then return {'fits', {}, '[]', cjson.encode({provider = cid, node = ''}), now} end
       for _, n in ipairs(nodes) do
-        if holds(n) then return {'fits', {}, '[]', cjson.encode({provider = cid, node = n.name}), now} end
+        if holds_req(n) then return {'fits', {}, '[]', cjson.encode({provider = cid, node = n.name}), now} end
       end
     end
   end
 end
 
-local RESV_FIELDS = {'requester', 'priority', 'cpu', 'mem', 'gpu', 'sto', 'node', 'phase', 'expires_ms', 'lease_ms'}
-local best, lower_seen, feasible, protected_seen = nil, 0, 0, 0
+-- @include preempt_victims
+
+-- Search the candidates, from an offset that moves with the clock, until
+-- enough nodes could make room (header).
+local search = {best = nil, lower_seen = 0, feasible = 0, protected_seen = 0}
 local enough = math.max(100, math.ceil(#cands / 10))
 local start = #cands > 0 and (now % #cands) or 0
 for k = 1, #cands do
-  if feasible >= enough then break end
+  if search.feasible >= enough then break end
   local cid = cands[(start + k - 1) % #cands + 1]
-  local raw = redis.call('HGET', prefix .. 'idx:rec', cid)
-  local rec = raw and read_rec(raw) or {0, 0, 0, 0, 0, 0, 0, 0}
-  local total = {cpu = rec[REC_AT.cpu + 1], mem = rec[REC_AT.mem + 1], gpu = rec[REC_AT.gpu + 1], sto = rec[REC_AT.sto + 1]}
-  local nodes = node_list(prefix, cid) or {{name = '', cpu = total.cpu, mem = total.mem, gpu = total.gpu, sto = total.sto}}
-  for _, n in ipairs(nodes) do
-    if holds(n) and holds(total) then
-      return {'fits', {}, '[]', cjson.encode({provider = cid, node = n.name}), now}
-    end
-  end
-  -- Its live reservations, by node ('' without nodes).
-  local by_node = {}
-  for _, rq in ipairs(redis.call('SMEMBERS', prefix .. 'by-target:' .. cid)) do
-    local v = redis.call('HMGET', prefix .. 'resv:' .. rq, unpack(RESV_FIELDS))
-    if v[8] == 'Reserved' or v[8] == 'Active' then
-      local r = {qid = rq, requester = v[1], priority = tonumber(v[2] or '0'), node = v[7] or '',
-        expires = tonumber(v[9] or '0'), lease = v[10]}
-      for i, res in ipairs(RESOURCES) do r[res] = tonumber(v[2 + i] or '0') end
-      if nodes[1].name == '' then r.node = '' end
-      by_node[r.node] = by_node[r.node] or {}
-      table.insert(by_node[r.node], r)
-    end
-  end
-  for _, n in ipairs(nodes) do
-    local free, tfree, soon, lower = {}, {}, {}, {}
-    for _, res in ipairs(RESOURCES) do free[res], tfree[res], soon[res] = n[res], total[res], n[res] end
-    for _, r in ipairs(by_node[n.name] or {}) do
-      if not r.lease and r.expires <= now + grace then
-        for _, res in ipairs(RESOURCES) do soon[res] = soon[res] + r[res] end
-      end
-      if r.priority < priority then
-        if redis.call('SISMEMBER', prefix .. 'protected:' .. r.requester, bare_id(r.qid)) == 1 then
-          protected_seen = protected_seen + 1 -- its pod's disruption budget allows none now
-        else
-          lower[#lower + 1] = r
-        end
-      end
-    end
-    if holds(soon) then
-      return {'wait', {}, '[]', cjson.encode({provider = cid, node = n.name}), now}
-    end
-    lower_seen = lower_seen + #lower
-    local with_all = {}
-    for _, res in ipairs(RESOURCES) do with_all[res] = free[res] end
-    local twith = {}
-    for _, res in ipairs(RESOURCES) do twith[res] = tfree[res] end
-    for _, r in ipairs(lower) do
-      for _, res in ipairs(RESOURCES) do
-        with_all[res] = with_all[res] + r[res]
-        twith[res] = twith[res] + r[res]
-      end
-    end
-    if #lower > 0 and holds(with_all) and holds(twith) then
-      feasible = feasible + 1
-      -- Spare victims again, highest priority (then smallest cpu) first, while the rest makes room.
-      table.sort(lower, function(x, y)
-        if x.priority ~= y.priority then return x.priority > y.priority end
-        if x.cpu ~= y.cpu then return x.cpu < y.cpu end
-        return x.qid < y.qid
-      end)
-      local victims = {}
-      for _, r in ipairs(lower) do
-        local f, t = {}, {}
-        for _, res in ipairs(RESOURCES) do
-          f[res] = with_all[res] - r[res]
-          t[res] = twith[res] - r[res]
-        end
-        if holds(f) and holds(t) then
-          with_all, twith = f, t
-        else
-          victims[#victims + 1] = r
-        end
-      end
-      local top, sum = -math.huge, 0
-      for _, r in ipairs(victims) do
-        top = math.max(top, r.priority)
-        sum = sum + r.priority
-      end
-      local key = {#victims, top, sum, cid, n.name}
-      local better = best == nil
-      if not better then
-        for i = 1, 5 do
-          if key[i] ~= best.key[i] then
-            better = key[i] < best.key[i]
-            break
-          end
-        end
-      end
-      if better then best = {key = key, cid = cid, node = n.name, victims = victims} end
-    end
-  end
+  local answer = search_provider(search, cid)
+  if answer then return answer end
 end
+local best, lower_seen, protected_seen = search.best, search.lower_seen, search.protected_seen
 
 if not best then
   return {'nofit', {}, '[]', cjson.encode({candidates = #cands, lower_priority = lower_seen,
@@ -267,31 +179,17 @@ if node ~= '' then node_debit(prefix, cid, node, str, 1) end
 index_free(prefix, cid, RESOURCES)
 local prices = redis.call('HMGET', ck, 'price_cpu', 'price_mem', 'price_gpu')
 local price = price_of(req, tonumber(prices[1] or '0'), tonumber(prices[2] or '0'), tonumber(prices[3] or '0'))
-local expires = now + tonumber(duration)
-local hash = {'requester', requester, 'target', cid, 'phase', 'Reserved',
-  'cpu', str.cpu, 'mem', str.mem, 'gpu', str.gpu, 'sto', str.sto,
-  'created_ms', tostring(now), 'expires_ms', tostring(expires), 'duration_ms', duration,
-  'score', '0', 'price', tostring(math.floor(price + 0.5)),
-  'owner', owner, 'priority', priority_str, 'selector', selector_json, 'candidates', '[]',
-  'preempted', tostring(#report)}
-if tonumber(lease) > 0 then
-  hash[#hash + 1] = 'lease_ms'
-  hash[#hash + 1] = lease
-end
-if node ~= '' then
-  hash[#hash + 1] = 'node'
-  hash[#hash + 1] = node
-end
+local hash, r = new_reservation({requester = requester, target = cid,
+  cpu = str.cpu, mem = str.mem, gpu = str.gpu, sto = str.sto, duration = duration, lease = lease,
+  score = '0', price = price, owner = owner, priority = priority_str, selector = selector_json, candidates = '[]',
+  node = node ~= '' and node or nil, extra = {'preempted', tostring(#report)}}, now)
 redis.call('HSET', rk, unpack(hash))
-redis.call('ZADD', prefix .. 'expiry', expires, qid)
+redis.call('ZADD', prefix .. 'expiry', r.expires_ms, qid)
 redis.call('SADD', prefix .. 'by-target:' .. cid, qid)
 redis.call('SADD', prefix .. 'by-requester:' .. requester, qid)
 local u = read_usage(prefix, requester)
-u.n = u.n + 1
-for _, res in ipairs(RESOURCES) do u[res] = u[res] + req[res] end
+add_usage(u, 1, req)
 write_usage(prefix, requester, u)
-local r = {requester = requester, target = cid, phase = 'Reserved', cpu = str.cpu, mem = str.mem, gpu = str.gpu,
-  sto = str.sto, expires_ms = tostring(expires), node = node ~= '' and node or nil}
 local ev = event_fields('Reserved', id, r, now)
 emit(prefix, requester, so, ev)
 emit(prefix, cid, so, ev)

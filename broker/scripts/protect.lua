@@ -8,6 +8,7 @@
 -- ARGV[1]  requester cluster id   ARGV[2]  how long the report holds (ms)
 -- ARGV[3..] the protected reservation ids (none: nothing protected)
 -- Reply: the number of ids protected
+-- @include core
 local key = KEYS[1] .. 'protected:' .. ARGV[1]
 redis.call('DEL', key)
 local n = #ARGV - 2

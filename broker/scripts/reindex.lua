@@ -1,4 +1,4 @@
--- reindex: build the candidate index (lib.lua) from the cluster hashes: live
+-- reindex: build the candidate index (index.lua) from the cluster hashes: live
 -- clusters are indexed, stale ones removed. The broker runs it at start-up
 -- when the index is missing or of another INDEX_VERSION (a Redis written by
 -- an older broker); advertise, reserve, release and expire keep it up to
@@ -6,20 +6,23 @@
 --
 -- It also moves the live reservations of the layout before qualified ids
 -- (INDEX_VERSION 3 and older: keys and members named by the bare id) to
--- the qualified ones (lib.lua header): their hash, expiry entry, by-target,
+-- the qualified ones (core.lua): their hash, expiry entry, by-target,
 -- by-requester and node-listed members. Waiting entries of that layout are
 -- dropped (they last seconds; a live requester's next retry comes back).
 -- Ended reservations of that layout keep their old keys until retention
 -- removes them: no longer readable through the API.
 --
--- It rebuilds the requesters' usage (lib.lua P.."usage") from the live
+-- It rebuilds the requesters' usage (limits.lua P.."usage") from the live
 -- reservations, and the waiting list's due times (P.."wait-due") from the
 -- wait hashes' TTLs (a member whose hash is gone leaves the list).
 --
--- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  "force" to rebuild even if idx:version says the index exists
 -- Reply: number of live clusters indexed, or -1 when the index already existed
+-- @include index
+-- @include limits
+-- @include waiting
 local prefix = KEYS[1]
 if ARGV[2] ~= 'force' and redis.call('GET', prefix .. 'idx:version') == INDEX_VERSION then return -1 end
 

@@ -2,10 +2,10 @@
 -- Releasing an ended reservation changes nothing (idempotent). Releasing a
 -- request that is still waiting for capacity withdraws it from the waiting
 -- list (reply "notfound": there is no reservation). Freed capacity notifies
--- the first waiting requests (lib.lua notify_waiters).
+-- the first waiting requests (waiting.lua notify_waiters).
 --
--- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
--- ARGV[1]  requester cluster id (ids are scoped per requester, lib.lua)
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
+-- ARGV[1]  requester cluster id (ids are scoped per requester, core.lua)
 -- ARGV[2]  reservation id, as its requester chose it
 -- ARGV[3]  caller cluster id; it must be the requester or the target
 -- ARGV[4]  event stream max length   ARGV[5]  event stream TTL (ms)
@@ -15,6 +15,7 @@
 --   reservation  flat field/value array of the reservation hash ({} if notfound or forbidden)
 --   clamped      1 if a capacity counter had to be clamped at zero, else 0
 --   now_ms       the Redis clock when answered (for the reservation's remaining time)
+-- @include reservations
 local prefix, requester, caller = KEYS[1], ARGV[1], ARGV[3]
 local qid = qualify(requester, ARGV[2])
 local so = stream_opts(ARGV[4], ARGV[5])

@@ -10,7 +10,7 @@
 --               and not yet ended by expire.lua (which ends it on its next
 --               run): a renewal never brings a reservation back; a lease
 --               live when the last broker outage began counts as ending no
---               earlier than a lease after it (lib.lua last_outage)
+--               earlier than a lease after it (clock.lua last_outage)
 --   "notalease" a fixed-duration reservation (no lease_ms: v1, or no lease
 --               asked for), never renewed
 -- No event is emitted per renewal: renewals are frequent (every lease, every
@@ -24,7 +24,7 @@
 -- alone keeps its reservations, and the broker's books keep counting the
 -- pods that still run. Any other reservation is "notfound" to it.
 --
--- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (lib.lua key layout; one hash slot)
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
 -- ARGV[1]  requester cluster id
 -- ARGV[2]  the provider renewing for the requester, or "" (the requester itself calls)
 -- ARGV[3..] reservation ids, as the requester chose them
@@ -32,6 +32,7 @@
 --   one pair per id, in order: status "renewed" | "notfound" | "ended" |
 --   "notalease", and the reservation's remaining time after the call (ms,
 --   broker clock; 0 unless renewed)
+-- @include clock
 local prefix, requester, provider = KEYS[1], ARGV[1], ARGV[2]
 local now = now_ms()
 local from, to = last_outage(prefix, now)

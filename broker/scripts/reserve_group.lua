@@ -3,7 +3,7 @@
 -- several live providers, each member on one node that holds it (per-node
 -- fit, as reserve.lua), and reserves them only if at least min_member of
 -- them are placed; otherwise it writes nothing (but the audit entry).
--- Each placed member becomes an ordinary reservation (lib.lua resv:<qid>,
+-- Each placed member becomes an ordinary reservation (core.lua resv:<qid>,
 -- with the field group): renew, grant, release and expiry treat it as any
 -- other. Idempotent: a call whose members all exist already, with the same
 -- group and amounts, replays them.
@@ -21,7 +21,7 @@
 -- Spread (with a spread group: the replicas of one owner, e.g. the pods
 -- matching one topologySpreadConstraint). The group's live reservations per
 -- provider are counted (P.."spread:"..requester.."/"..spread group, kept by
--- lib.lua end_reservation). With a topology key, providers are grouped into
+-- reservations.lua end_reservation). With a topology key, providers are grouped into
 -- domains by the value of that advertised label, and each member goes to a
 -- domain of fewest replicas first (then most free cpu); with
 -- whenUnsatisfiable DoNotSchedule, only to a domain whose count after it
@@ -42,9 +42,9 @@
 -- KEYS[1]  prefix ("rb:{b}:"); reads and writes P.."idx:live", P.."idx:rec",
 --          P.."idx:free:cpu", P.."idx:label:*", P.."nodes:"..id,
 --          P.."node-resv:"..id, P.."cluster:"..id and the other index entries
---          of the providers taken from (lib.lua index_free), P.."resv:"..qid,
+--          of the providers taken from (index.lua index_free), P.."resv:"..qid,
 --          P.."expiry", P.."by-target:"..id, P.."by-requester:"..id,
---          P.."usage", P.."events:"..id, P.."audit" (layout: lib.lua),
+--          P.."usage", P.."events:"..id, P.."audit" (layout: lib/*.lua),
 --          P.."idx:labels" and P.."spread:"..requester.."/"..group (spread)
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  event stream max length   ARGV[3]  audit stream max length
@@ -75,6 +75,7 @@
 --               providers could hold together), and, per reason, how many
 --               live providers were excluded (stale, requester, selector,
 --               insufficient_cpu)
+-- @include reservations
 local prefix = KEYS[1]
 local stale_ms = tonumber(ARGV[1])
 local so, audit_max = stream_opts(ARGV[2], ARGV[4]), ARGV[3]
@@ -96,7 +97,7 @@ for a = FIRST, #ARGV, WIDTH do
   members[#members + 1] = m
 end
 
--- The requester's rate (lib.lua gcra_step), before anything else: a group
+-- The requester's rate (limits.lua gcra_step), before anything else: a group
 -- call is a reserve call, replays included, as in reserve.lua.
 if ARGV[23] ~= '' then
   local rate_key = prefix .. 'rate:' .. requester
@@ -137,227 +138,8 @@ if ceiling and priority > ceiling then
   priority_str = string.format('%d', ceiling)
 end
 
--- The candidates: live, not the requester, matching the selector, with the
--- smallest member's cpu free; their records (lib.lua idx:rec).
-local least = {cpu = math.huge, mem = math.huge, gpu = math.huge, sto = math.huge}
-for _, m in ipairs(members) do
-  for _, res in ipairs(RESOURCES) do least[res] = math.min(least[res], m[res]) end
-end
-local rejected = {members = #members, min_member = min_member, placeable = 0}
-local live = redis.call('ZCOUNT', prefix .. 'idx:live', cut, '+inf')
-local matching = nil
-if selector_json ~= '' then
-  local keys = {}
-  for k, v in pairs(cjson.decode(selector_json)) do keys[#keys + 1] = prefix .. 'idx:label:' .. k .. '=' .. tostring(v) end
-  matching = {}
-  if #keys > 0 then
-    for _, cid in ipairs(redis.call('SINTER', unpack(keys))) do matching[cid] = true end
-  end
-end
-local function is_live(cid)
-  local seen = redis.call('ZSCORE', prefix .. 'idx:live', cid)
-  return seen and tonumber(seen) >= cut
-end
-
--- clusters: the candidates read so far, most free cpu first (the order of
--- idx:free:cpu), from the smallest member's cpu up; more_clusters reads the
--- next chunk of them (false: none left). A group that fits reads only the
--- first chunks.
-local clusters, offset, exhausted = {}, 0, false
-local CHUNK = 64
-local function more_clusters()
-  if exhausted then return false end
-  local ids = redis.call('ZREVRANGEBYSCORE', prefix .. 'idx:free:cpu', '+inf', string.format('%d', least.cpu),
-    'LIMIT', offset, CHUNK)
-  offset = offset + CHUNK
-  if #ids < CHUNK then exhausted = true end
-  local cands = {}
-  for _, cid in ipairs(ids) do
-    if cid ~= requester and (not matching or matching[cid]) and is_live(cid) then cands[#cands + 1] = cid end
-  end
-  if #cands == 0 then return not exhausted end
-  local raw = redis.call('HMGET', prefix .. 'idx:rec', unpack(cands))
-  for i, cid in ipairs(cands) do
-    if raw[i] then
-      local r = read_rec(raw[i])
-      clusters[#clusters + 1] = {id = cid,
-        free = {cpu = r[REC_AT.cpu + 1], mem = r[REC_AT.mem + 1], gpu = r[REC_AT.gpu + 1], sto = r[REC_AT.sto + 1]},
-        has_nodes = r[REC_NODES] > 0, prices = {r[9], r[10], r[11]}}
-    end
-  end
-  return true
-end
-
--- count_rejections says, once nothing more can be placed (every candidate
--- read), why the live providers were excluded: how many are the requester,
--- miss the selector's labels, lack the smallest member's cpu.
-local function count_rejections()
-  rejected.stale = redis.call('ZCOUNT', prefix .. 'idx:live', '-inf', '(' .. cut)
-  rejected.requester = is_live(requester) and 1 or 0
-  local eligible = live - rejected.requester
-  if matching then
-    local n = 0
-    for cid in pairs(matching) do
-      if cid ~= requester and is_live(cid) then n = n + 1 end
-    end
-    rejected.selector = eligible - n
-    eligible = n
-  end
-  rejected.insufficient_cpu = eligible - #clusters
-end
-
--- fits tells whether cluster c holds member m (totals and, with nodes, one
--- node); it returns the node (or true without nodes).
-local function fits(c, m)
-  for _, res in ipairs(RESOURCES) do
-    if m[res] > 0 and c.free[res] < m[res] then return nil end
-  end
-  if not c.has_nodes then return true end
-  if not c.nodes then c.nodes = node_list(prefix, c.id) or {} end
-  local best = nil
-  for _, e in ipairs(c.nodes) do
-    local ok = true
-    for _, res in ipairs(RESOURCES) do
-      if m[res] > 0 and e[res] < m[res] then ok = false break end
-    end
-    if ok then
-      if best == nil then
-        best = e
-      else
-        local order = {'gpu', 'cpu', 'mem', 'sto'}
-        local decided = false
-        for _, res in ipairs(order) do
-          if e[res] ~= best[res] then
-            if e[res] < best[res] then best = e end
-            decided = true
-            break
-          end
-        end
-        if not decided and e.name < best.name then best = e end
-      end
-    end
-  end
-  return best
-end
-
--- Place the members, largest first.
-local order = {}
-for i = 1, #members do order[i] = i end
-table.sort(order, function(x, y)
-  local a, b = members[x], members[y]
-  for _, res in ipairs({'cpu', 'mem', 'gpu', 'sto'}) do
-    if a[res] ~= b[res] then return a[res] > b[res] end
-  end
-  return a.id < b.id
-end)
-local used, used_list, placed = {}, {}, 0
-local function take(m, c, node)
-  placed = placed + 1
-  m.cluster = c
-  for _, res in ipairs(RESOURCES) do c.free[res] = c.free[res] - m[res] end
-  if node ~= true then
-    m.node = node.name
-    for _, res in ipairs(RESOURCES) do node[res] = node[res] - m[res] end
-  end
-  if not used[c.id] then
-    used[c.id] = true
-    used_list[#used_list + 1] = c
-  end
-end
-
--- first_fit places m on the providers the group uses, then on the others.
-local function first_fit(m)
-  for _, c in ipairs(used_list) do
-    local node = fits(c, m)
-    if node then return c, node end
-  end
-  local k = 1
-  while true do
-    if k > #clusters and not more_clusters() then return nil end
-    local c = clusters[k]
-    if c and not used[c.id] then
-      local node = fits(c, m)
-      if node then return c, node end
-    end
-    k = k + 1
-  end
-end
-
--- Spread: every candidate read, its domain, the group's counts.
-local spread = nil
-if spread_group ~= '' then
-  while more_clusters() do end
-  spread = {per = {}, total = 0, domain_of = {}, count = {}, unconstrained = {}, chosen = {}}
-  local flat = redis.call('HGETALL', prefix .. 'spread:' .. requester .. '/' .. spread_group)
-  for i = 1, #flat, 2 do
-    spread.per[flat[i]] = tonumber(flat[i + 1])
-    spread.total = spread.total + tonumber(flat[i + 1])
-  end
-  if spread_key ~= '' then
-    -- Domains: every live provider matching the selector with the key, room or not.
-    local ids = redis.call('ZRANGEBYSCORE', prefix .. 'idx:live', cut, '+inf')
-    local labels = {}
-    for first = 1, #ids, 128 do
-      local last = math.min(first + 127, #ids)
-      local raw = redis.call('HMGET', prefix .. 'idx:labels', unpack(ids, first, last))
-      for i = 1, last - first + 1 do labels[ids[first + i - 1]] = decode_labels(raw[i]) end
-    end
-    for _, cid in ipairs(ids) do
-      local v = labels[cid][spread_key]
-      if cid ~= requester and (not matching or matching[cid]) and v ~= nil then
-        v = tostring(v)
-        spread.domain_of[cid] = v
-        spread.count[v] = (spread.count[v] or 0) + (spread.per[cid] or 0)
-      end
-    end
-  end
-end
-local function domain_min()
-  local low = nil
-  for _, n in pairs(spread.count) do
-    if low == nil or n < low then low = n end
-  end
-  return low or 0
-end
-local function copy(t)
-  local out = {}
-  for k, v in pairs(t) do out[k] = v end
-  return out
-end
-
--- spread_fit places m by the spread rules: the candidates in order of
--- (share policy kept, domain count, free cpu, id), those a DoNotSchedule
--- constraint allows, first that holds m.
-local function spread_fit(m)
-  local low = domain_min()
-  local cap = math.max(1, math.ceil(max_share * (spread.total + 1)))
-  local ranked, refused = {}, 0
-  for _, c in ipairs(clusters) do
-    local d = spread.domain_of[c.id]
-    local allowed = true
-    if spread_key ~= '' and when == 'DoNotSchedule' then
-      allowed = d ~= nil and spread.count[d] + 1 - low <= max_skew
-    end
-    if not allowed then refused = refused + 1 end
-    if allowed then
-      ranked[#ranked + 1] = {c = c, over = (max_share > 0 and (spread.per[c.id] or 0) + 1 > cap) and 1 or 0,
-        n = d and spread.count[d] or math.huge}
-    end
-  end
-  table.sort(ranked, function(x, y)
-    if x.over ~= y.over then return x.over < y.over end
-    if x.n ~= y.n then return x.n < y.n end
-    if x.c.free.cpu ~= y.c.free.cpu then return x.c.free.cpu > y.c.free.cpu end
-    return x.c.id < y.c.id
-  end)
-  for _, e in ipairs(ranked) do
-    local node = fits(e.c, m)
-    if node then return e.c, node end
-  end
-  -- Nothing allowed holds it: how many providers the constraint kept out.
-  if refused > 0 then rejected.spread_max_skew = refused end
-  return nil
-end
+-- @include group_place
+-- @include group_spread
 
 for _, i in ipairs(order) do
   local m = members[i]
@@ -430,7 +212,6 @@ for _, k in ipairs({'n', 'cpu', 'mem', 'gpu'}) do
 end
 
 -- Write: the capacity, the reservations, their indexes and events.
-local expires = now + tonumber(duration)
 local replies, placement = {}, {}
 for i, m in ipairs(members) do
   replies[i] = {}
@@ -441,35 +222,19 @@ for i, m in ipairs(members) do
       if m[res] > 0 then redis.call('HINCRBY', ck, 'resv_' .. res, m.str[res]) end
     end
     if m.node then node_debit(prefix, c.id, m.node, m.str, 1) end
-    local price = price_of(m, c.prices[1], c.prices[2], c.prices[3])
-    local r = {requester = requester, target = c.id, phase = 'Reserved',
-      cpu = m.str.cpu, mem = m.str.mem, gpu = m.str.gpu, sto = m.str.sto,
-      expires_ms = tostring(expires), node = m.node}
-    local hash = {'requester', requester, 'target', c.id, 'phase', 'Reserved',
-      'cpu', r.cpu, 'mem', r.mem, 'gpu', r.gpu, 'sto', r.sto,
-      'created_ms', tostring(now), 'expires_ms', r.expires_ms, 'duration_ms', duration,
-      'score', '0', 'price', tostring(math.floor(price + 0.5)),
-      'owner', owner, 'priority', priority_str, 'selector', selector_json,
-      'candidates', '[]'}
-    if group ~= '' then
-      hash[#hash + 1] = 'group'
-      hash[#hash + 1] = group
-    end
+    local extra = {}
+    if group ~= '' then extra = {'group', group} end
     if spread_group ~= '' then
-      hash[#hash + 1] = 'spread'
-      hash[#hash + 1] = spread_group
+      extra[#extra + 1] = 'spread'
+      extra[#extra + 1] = spread_group
       spread_count(prefix, requester, spread_group, c.id, 1)
     end
-    if tonumber(lease) > 0 then
-      hash[#hash + 1] = 'lease_ms'
-      hash[#hash + 1] = lease
-    end
-    if m.node then
-      hash[#hash + 1] = 'node'
-      hash[#hash + 1] = m.node
-    end
+    local hash, r = new_reservation({requester = requester, target = c.id,
+      cpu = m.str.cpu, mem = m.str.mem, gpu = m.str.gpu, sto = m.str.sto, duration = duration, lease = lease,
+      score = '0', price = price_at(m, c.rec), owner = owner, priority = priority_str, selector = selector_json,
+      candidates = '[]', node = m.node, extra = extra}, now)
     redis.call('HSET', prefix .. 'resv:' .. m.qid, unpack(hash))
-    redis.call('ZADD', prefix .. 'expiry', expires, m.qid)
+    redis.call('ZADD', prefix .. 'expiry', r.expires_ms, m.qid)
     redis.call('SADD', prefix .. 'by-target:' .. c.id, m.qid)
     redis.call('SADD', prefix .. 'by-requester:' .. requester, m.qid)
     local ev = event_fields('Reserved', m.id, r, now)
@@ -485,8 +250,7 @@ for i, m in ipairs(members) do
   end
 end
 for _, c in ipairs(used_list) do index_free(prefix, c.id, RESOURCES) end
-u.n = u.n + want.n
-for _, res in ipairs(RESOURCES) do u[res] = u[res] + want[res] end
+add_usage(u, want.n, want)
 write_usage(prefix, requester, u)
 local providers = {}
 for _, c in ipairs(used_list) do providers[#providers + 1] = c.id end

@@ -1,28 +1,70 @@
 // Package scripts holds the broker's Redis Lua scripts, one per atomic
-// operation. Each script file documents its KEYS, ARGV and reply; lib.lua holds
-// the helpers they share and is prepended to each of them before loading.
+// operation, and the includes they are composed of. Each script file
+// documents its KEYS, ARGV and reply; the helpers they share live in lib/,
+// one include per concern (core, records, nodes, index, limits, events,
+// waiting, reservations, and the stages of a reserve decision).
+//
+// A line "-- @include name" is replaced by lib/name.lua, once per script
+// (an include already pulled in, directly or through another include, is
+// not repeated), when the scripts are built at start-up: Redis still runs
+// each script as one chunk, one atomic operation, and every key it touches
+// still derives from the hash-tagged prefix in KEYS[1]. An include sees the
+// locals declared above its directive.
 package scripts
 
 import (
 	"embed"
+	"fmt"
+	"regexp"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
 
-//go:embed *.lua
+//go:embed *.lua lib/*.lua
 var files embed.FS
 
-// Source is the text of script name as loaded: lib.lua, then name.lua.
+// includeLine matches an include directive, on a line of its own.
+var includeLine = regexp.MustCompile(`(?m)^-- @include ([a-z_]+)\n`)
+
+// Source is the text of script name as loaded: name.lua with its includes
+// resolved.
 func Source(name string) string {
-	lib, err := files.ReadFile("lib.lua")
-	if err != nil {
-		panic(err)
-	}
+	return Compose(name, nil)
+}
+
+// Compose is Source with some includes replaced: overrides maps an include
+// name to the text that stands for it (tests use it to swap a stage for a
+// reference one, scripts/reference). It panics on a missing file: the
+// scripts are embedded, so that is a build error.
+func Compose(name string, overrides map[string]string) string {
 	body, err := files.ReadFile(name + ".lua")
 	if err != nil {
 		panic(err)
 	}
-	return string(lib) + "\n" + string(body)
+	return resolve(string(body), overrides, map[string]bool{})
+}
+
+func resolve(src string, overrides map[string]string, done map[string]bool) string {
+	return includeLine.ReplaceAllStringFunc(src, func(line string) string {
+		name := includeLine.FindStringSubmatch(line)[1]
+		if done[name] {
+			return ""
+		}
+		done[name] = true
+		text, ok := overrides[name]
+		if !ok {
+			b, err := files.ReadFile("lib/" + name + ".lua")
+			if err != nil {
+				panic(fmt.Sprintf("scripts: include %q: %v", name, err))
+			}
+			text = string(b)
+		}
+		if !strings.HasSuffix(text, "\n") {
+			text += "\n"
+		}
+		return resolve(text, overrides, done)
+	})
 }
 
 func load(name string) *redis.Script {

@@ -9,7 +9,7 @@ import (
 )
 
 // rateRefusals remembers, per requester, until when its reserve calls are
-// refused by its rate limit. The rate state in Redis (lib.lua gcra_step)
+// refused by its rate limit. The rate state in Redis (scripts/lib/limits.lua gcra_step)
 // moves only on allowed calls, so once a call is refused with "retry in X",
 // every call before then would be refused too: this replica answers those
 // itself, and a member calling in a tight loop past its rate costs Redis

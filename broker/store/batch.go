@@ -28,7 +28,7 @@ type reserveBatcher struct {
 type pendingReserve struct {
 	ctx  context.Context
 	req  ReserveRequest
-	args []any // its values in reserve.lua's ARGV
+	arg  string // its ARGV value in reserve.lua: the request, encoded (reserveArg)
 	done chan reserveResult
 }
 

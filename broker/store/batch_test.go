@@ -227,8 +227,8 @@ func TestBatchIsolatesABadRequest(t *testing.T) {
 	args := []any{cfg.StaleThreshold.Milliseconds(), cfg.WeightResources, cfg.WeightCost, cfg.TopCandidates,
 		cfg.EventsMaxLen, cfg.AuditMaxLen, cfg.WaitTTL.Milliseconds(), cfg.EventsTTL.Milliseconds()}
 	for i, selector := range []string{"", "{not json", ""} {
-		args = append(args, fmt.Sprintf("x%d", i), "rome", 1000, gi, 0, 0, 3_600_000, selector, "", 0, "1", 0,
-			"", "", "", "", "", "", "") // no limits
+		args = append(args, fmt.Sprintf(`{"id":"x%d","requester":"rome","cpu":"1000","mem":"%d","gpu":"0","sto":"0",`+
+			`"duration":"3600000","lease":"0","priority":"0","selector":%q,"owner":"","wait":true,"limits":{}}`, i, gi, selector))
 	}
 	replies, err := scripts.Reserve.Run(ctx, rdb, []string{cfg.Prefix}, args...).Slice()
 	require.NoError(t, err)

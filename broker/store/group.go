@@ -247,7 +247,7 @@ func (s *Store) reserveSpread(ctx context.Context, req ReserveRequest) (Decision
 	return Decision{Reservation: d.Reservations[0], Replayed: d.Replayed}, nil
 }
 
-// checkSpread verifies the spread counts (scripts/lib.lua, Spread): for
+// checkSpread verifies the spread counts (scripts/lib/reservations.lua, Spread): for
 // every spread group that live reservations name, the count of each
 // provider equals its live reservations of the group.
 func (s *Store) checkSpread(ctx context.Context, live []Reservation) ([]error, error) {

@@ -279,7 +279,7 @@ func sortedNodes(c Cluster) []Node {
 	return nodes
 }
 
-// nodeSummary is the tail of an idx:rec record (lib.lua node_summary).
+// nodeSummary is the tail of an idx:rec record (scripts/lib/nodes.lua summarize_nodes).
 func nodeSummary(nodes []Node) []float64 {
 	if len(nodes) == 0 {
 		return make([]float64, 9)
@@ -350,7 +350,7 @@ func decodeNodeRecord(raw string) ([]string, []float64, error) {
 	return strings.Fields(raw[2+32*n:]), f, nil
 }
 
-// pricePerCoreRatios are the GiB-per-core ratios of the idx:pcm sets (lib.lua RATIOS).
+// pricePerCoreRatios are the GiB-per-core ratios of the idx:pcm sets (scripts/lib/index.lua RATIOS).
 var pricePerCoreRatios = []float64{0, 0.5, 1, 2, 4, 8, 16, 32, 64}
 
 // decodeRecord reads an idx:rec record: 20 little-endian doubles, or a JSON

@@ -25,7 +25,8 @@ import (
 // prefix names the family).
 var keyFamily = regexp.MustCompile(`(?:\bprefix|KEYS\[1\]) \.\. '([a-z:-]*)'`)
 
-// documentedFamily matches a key of lib.lua's key layout: P.."family".
+// documentedFamily matches a key of the key layout, which the includes
+// (scripts/lib) document in their headers, each for the keys it owns: P.."family".
 var documentedFamily = regexp.MustCompile(`P\.\."([a-z:-]*)"`)
 
 // isDocumented tells whether key family f (what follows the prefix in a
@@ -44,23 +45,38 @@ func isDocumented(documented map[string]bool, f string) bool {
 	return false
 }
 
+// luaHeader is the leading comment of a Lua file.
+func luaHeader(t *testing.T, path string) string {
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var header strings.Builder
+	for _, line := range strings.Split(string(src), "\n") {
+		if !strings.HasPrefix(line, "--") {
+			break
+		}
+		header.WriteString(line + "\n")
+	}
+	return header.String()
+}
+
 // TestAbuseUndeclaredKeys: the scripts get only a key prefix in KEYS and
 // build every other key name inside, so Redis Cluster and ACL key patterns
 // could not tell what they touch. The contract that replaces a KEYS list:
 // every key derives from the hash-tagged prefix (one slot) and its family is
-// in lib.lua's key layout. Checked two ways: every family the scripts (and
+// in the key layout of the includes' headers. Checked two ways: every family the scripts (and
 // the test-only reference) build is documented there; and a broker on
 // another prefix, whose Redis user may touch that prefix's keys only, runs
 // every operation with no ACL refusal and leaves no key outside it, while
 // the default prefix is refused on the same Redis.
 func TestAbuseUndeclaredKeys(t *testing.T) {
 	t.Run("families documented", func(t *testing.T) {
-		lib, err := os.ReadFile("../scripts/lib.lua")
-		require.NoError(t, err)
-		layout := string(lib)[:strings.Index(string(lib), "\nlocal ")] // the header
 		documented := map[string]bool{}
-		for _, m := range documentedFamily.FindAllStringSubmatch(layout, -1) {
-			documented[m[1]] = true
+		includes, err := filepath.Glob("../scripts/lib/*.lua")
+		require.NoError(t, err)
+		for _, path := range includes {
+			for _, m := range documentedFamily.FindAllStringSubmatch(luaHeader(t, path), -1) {
+				documented[m[1]] = true
+			}
 		}
 		used := 0
 		err = filepath.WalkDir("../scripts", func(path string, d fs.DirEntry, err error) error {
@@ -74,7 +90,7 @@ func TestAbuseUndeclaredKeys(t *testing.T) {
 			assert.NotContains(t, string(src), "'rb:", "%s names a key outside the prefix", path)
 			for _, m := range keyFamily.FindAllStringSubmatch(string(src), -1) {
 				used++
-				assert.True(t, isDocumented(documented, m[1]), "%s uses key family %q, absent from lib.lua's key layout", path, m[1])
+				assert.True(t, isDocumented(documented, m[1]), "%s uses key family %q, absent from the includes' key layout", path, m[1])
 			}
 			return nil
 		})

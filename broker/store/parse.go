@@ -126,7 +126,7 @@ func clusterFromMap(id string, m map[string]string) (Cluster, error) {
 	return c, nil
 }
 
-// amountsOf reads a node hash value, "k=v k=v ..." (lib.lua parse_amounts).
+// amountsOf reads a node hash value, "k=v k=v ..." (scripts/lib/core.lua parse_amounts).
 func amountsOf(s string) map[string]string {
 	m := map[string]string{}
 	for _, kv := range strings.Fields(s) {

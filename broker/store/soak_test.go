@@ -235,7 +235,7 @@ requesters:
 		case isCluster && providers[id].Allocatable.CPU > 0, name == "clusters", strings.HasPrefix(name, "idx:"):
 			kept++ // the advertised clusters and the candidate index: the federation, not what it did
 		case name == "clock":
-			kept++ // the expiry runs' clock (one small hash, lib.lua last_outage)
+			kept++ // the expiry runs' clock (one small hash, scripts/lib/clock.lua last_outage)
 		case name == "audit":
 			l, err := admin(t, s).XLen(ctx, k).Result()
 			require.NoError(t, err)

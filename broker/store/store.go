@@ -57,7 +57,7 @@ type Config struct {
 	ExpireBatch    int // reservations ended per expire call; default 500
 	// OutageGap is how long without an expire run of any replica counts as
 	// a broker outage, whose time does not count against leases
-	// (scripts/lib.lua last_outage); default 5s. It must exceed the expiry
+	// (scripts/lib/clock.lua last_outage); default 5s. It must exceed the expiry
 	// interval of the replicas (1s by default): a shorter gap only gives
 	// leases more time than they need.
 	OutageGap time.Duration
@@ -370,38 +370,72 @@ func (s *Store) withLimits(req ReserveRequest) ReserveRequest {
 }
 
 func newPendingReserve(ctx context.Context, req ReserveRequest) (*pendingReserve, error) {
-	selector, err := selectorArg(req.Selector)
+	arg, err := encodeReserveArg(req)
 	if err != nil {
 		return nil, err
 	}
-	args := append(make([]any, 0, reserveWidth),
-		req.ID, req.Requester,
-		req.Resources.CPU, req.Resources.Memory, req.Resources.GPU, req.Resources.Storage,
-		req.Duration.Milliseconds(), selector, req.Owner, req.Priority, waitArg(req.NoWait), req.Lease.Milliseconds())
-	args = append(args, req.Limits.args()...)
-	return &pendingReserve{ctx: ctx, req: req, done: make(chan reserveResult, 1), args: args}, nil
+	return &pendingReserve{ctx: ctx, req: req, done: make(chan reserveResult, 1), arg: arg}, nil
 }
 
-// reserveWidth is how many values each request has in reserve.lua's ARGV.
-const reserveWidth = 19
+// reserveArg is one request as reserve.lua reads it, one JSON object per
+// request (its header documents the fields). The amounts, times and the
+// priority travel as decimal strings: the script stores and compares them
+// as the reservation hash keeps them, with no float formatting between.
+type reserveArg struct {
+	ID        string        `json:"id"`
+	Requester string        `json:"requester"`
+	CPU       int64         `json:"cpu,string"`
+	Memory    int64         `json:"mem,string"`
+	GPU       int64         `json:"gpu,string"`
+	Storage   int64         `json:"sto,string"`
+	Duration  int64         `json:"duration,string"`
+	Lease     int64         `json:"lease,string"`
+	Priority  int32         `json:"priority,string"`
+	Selector  string        `json:"selector"`
+	Owner     string        `json:"owner"`
+	Wait      bool          `json:"wait"`
+	Limits    reserveLimits `json:"limits"`
+}
 
-// waitArg is a request's wait value in reserve.lua's ARGV.
-func waitArg(noWait bool) string {
-	if noWait {
-		return "0"
+// reserveLimits are a request's limits in reserveArg (absent: no limit).
+type reserveLimits struct {
+	Reservations *int64  `json:"n,omitempty"`
+	CPU          *int64  `json:"cpu,omitempty"`
+	Memory       *int64  `json:"mem,omitempty"`
+	GPU          *int64  `json:"gpu,omitempty"`
+	Priority     *int32  `json:"priority,omitempty"`
+	Rate         float64 `json:"rate,omitempty"`
+	Burst        int     `json:"burst,omitempty"`
+}
+
+func encodeReserveArg(req ReserveRequest) (string, error) {
+	selector, err := selectorArg(req.Selector)
+	if err != nil {
+		return "", err
 	}
-	return "1"
+	l := req.Limits
+	lim := reserveLimits{Reservations: l.Reservations, CPU: l.CPU, Memory: l.Memory, GPU: l.GPU, Priority: l.Priority}
+	if l.Rate > 0 {
+		lim.Rate, lim.Burst = l.Rate, max(l.Burst, 1)
+	}
+	b, err := json.Marshal(reserveArg{
+		ID: req.ID, Requester: req.Requester,
+		CPU: req.Resources.CPU, Memory: req.Resources.Memory, GPU: req.Resources.GPU, Storage: req.Resources.Storage,
+		Duration: req.Duration.Milliseconds(), Lease: req.Lease.Milliseconds(), Priority: req.Priority,
+		Selector: selector, Owner: req.Owner, Wait: !req.NoWait, Limits: lim,
+	})
+	return string(b), err
 }
 
 // sendReserves decides a batch in one reserve.lua call and hands each
 // request its result.
 func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
-	args := make([]any, 0, 9+reserveWidth*len(batch))
+	args := make([]any, 0, 8+len(batch))
 	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.WeightResources, s.cfg.WeightCost,
 		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
 		max(s.cfg.WaitTTL.Milliseconds(), 0), s.cfg.EventsTTL.Milliseconds())
 	for _, p := range batch {
-		args = append(args, p.args...)
+		args = append(args, p.arg)
 	}
 	replies, err := s.run(ctx, s.decide, args...)
 	if err == nil && len(replies) != len(batch) {
@@ -512,7 +546,7 @@ func (s *Store) Expire(ctx context.Context) (expired, clamped int64, err error) 
 type ExpireResult struct {
 	Expired, Clamped int64
 	// Credited counts the due leases given more time for a broker outage
-	// instead of ending (scripts/lib.lua last_outage).
+	// instead of ending (scripts/lib/clock.lua last_outage).
 	Credited int64
 	// Outage is the broker outage this run found (no expire run of any
 	// replica for longer than Config.OutageGap); zero: none.

@@ -230,7 +230,7 @@ const (
 )
 
 // QualifiedID is the key of reservation id of requester in Redis: ids are
-// scoped per requester (scripts/lib.lua).
+// scoped per requester (scripts/lib/core.lua).
 func QualifiedID(requester, id string) string { return requester + "/" + id }
 
 // SplitQualifiedID splits a qualified id into its requester and id.

@@ -6,7 +6,6 @@ package reference
 
 import (
 	_ "embed"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -16,16 +15,7 @@ import (
 //go:embed scan.lua
 var scan string
 
-// hook is the line of reserve.lua that the full scan replaces.
-const hook = "local reference_scan = nil\n"
-
 // ReserveFullScan is reserve.lua deciding every request by reading every live
 // cluster's hashes (decision method "scan") instead of the candidate index:
 // same KEYS, ARGV and reply.
-var ReserveFullScan = func() *redis.Script {
-	src := scripts.Source("reserve")
-	if strings.Count(src, hook) != 1 {
-		panic("reference: reserve.lua must declare " + strings.TrimSpace(hook) + " exactly once")
-	}
-	return redis.NewScript(strings.Replace(src, hook, scan+"\n", 1))
-}()
+var ReserveFullScan = redis.NewScript(scripts.Compose("reserve", map[string]string{"reserve_candidates": scan}))

@@ -1,0 +1,80 @@
+-- core: what every script shares: the resources, the Redis clock, ids and
+-- small codecs. Every script touches only keys derived from the hash-tagged
+-- prefix P in KEYS[1] (one hash slot); each include documents the keys it
+-- owns, this one those of clusters, reservations and their streams.
+--
+-- Reservation ids are scoped per requester: two requesters may use the same
+-- id and get two reservations. Every key and member that names a reservation
+-- uses its qualified id, qid = requester.."/"..id (cluster ids are DNS labels
+-- and ids DNS subdomains, so the first "/" splits them); events and the API
+-- carry the bare id and the requester apart.
+--
+-- Key layout (prefix P = KEYS[1], e.g. "rb:{b}:"):
+--   P.."cluster:"..id       hash    advertised fields + broker-owned resv_*
+--   P.."clusters"           zset    cluster id -> seen_ms (liveness index)
+--   P.."resv:"..qid         hash    one reservation: requester, target, phase, cpu, mem, gpu,
+--                                   sto, created_ms, expires_ms, duration_ms (the hold time),
+--                                   lease_ms (absent: a fixed duration, never renewed), score,
+--                                   price, owner, priority, selector, candidates, node,
+--                                   grant (sealed by the broker, store.GrantKeys; removed when
+--                                   the reservation ends), granted_ms, ended_ms; an ended one
+--                                   expires after the retention
+--   P.."expiry"             zset    live reservation qid -> expires_ms
+--   P.."by-target:"..id     set     live reservation qids provided by a cluster
+--   P.."by-requester:"..id  set     live reservation qids requested by a cluster
+--   P.."events:"..id        stream  notifications for one cluster, capped near the events max
+--                                   length (MAXLEN ~); it expires (PEXPIRE) once no event was added
+--                                   for the events TTL
+--   P.."audit"              stream  every reserve decision, capped near the audit max length
+--                                   (MAXLEN ~); expire.lua trims what is older than the audit
+--                                   retention (XTRIM MINID ~)
+
+-- RESOURCES are the resource suffixes used in every hash: cpu in millicores,
+-- mem and sto in bytes, gpu as a count.
+local RESOURCES = {'cpu', 'mem', 'gpu', 'sto'}
+
+-- now_us and now_ms read the Redis server clock: one clock for every broker replica.
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function now_ms()
+  return math.floor(now_us() / 1000)
+end
+
+-- num formats a number for ZADD without losing precision (tostring keeps 14 digits).
+local function num(x)
+  return string.format('%.17g', x)
+end
+
+local function decode_labels(s)
+  if s and s ~= '' then return cjson.decode(s) end
+  return {}
+end
+
+-- parse_amounts reads "k=v k=v ..." (the node hashes' values) into a table of numbers.
+local function parse_amounts(s)
+  local t = {}
+  if s then
+    for k, v in string.gmatch(s, '([%w_]+)=(%-?%d+)') do t[k] = tonumber(v) end
+  end
+  return t
+end
+
+local function to_map(flat)
+  local m = {}
+  for i = 1, #flat, 2 do m[flat[i]] = flat[i + 1] end
+  return m
+end
+
+-- qualify and bare_id convert between a reservation's id and its qualified id (header).
+local function qualify(requester, id)
+  return requester .. '/' .. id
+end
+local function bare_id(qid)
+  return string.match(qid, '^[^/]*/(.*)$') or qid
+end
+
+local function is_live(phase)
+  return phase == 'Reserved' or phase == 'Active'
+end

@@ -1,0 +1,197 @@
+-- nodes: per-node fit. A cluster that advertises nodes holds a request only
+-- if one of them does; one that advertises none is judged on its totals.
+--   P.."nodes:"..id         hash    node -> "alloc_cpu=.. alloc_mem=.. alloc_gpu=.. alloc_sto=..
+--                                   used_cpu=.. used_mem=.. used_gpu=.. used_sto=..": the nodes
+--                                   the cluster advertised, used including the pods of reservations
+--   P.."node-resv:"..id     hash    node -> "cpu=.. mem=.. gpu=.. sto=..": the broker's debit, the
+--                                   live reservations placed on that node that the cluster's
+--                                   last advertisement did not list (field absent: none)
+--   P.."node-listed:"..id   set     live reservation qids placed on a node of the cluster that its
+--                                   last advertisement listed: their pods are in its node figures,
+--                                   so the broker does not debit them
+-- A node list is an array of {name, cpu, mem, gpu, sto} free capacities,
+-- most free cpu first, then by name; a node table (idx:nrec decoded) is
+-- {n, f = {cpu1, mem1, gpu1, sto1, cpu2, ...}, names}, cheaper to read.
+-- @include records
+
+-- holds tells whether free (the four resources) holds need; a resource
+-- need does not ask for is not looked at.
+local function holds(free, need)
+  for _, res in ipairs(RESOURCES) do
+    if need[res] > 0 and free[res] < need[res] then return false end
+  end
+  return true
+end
+
+-- BEST_FIT_ORDER: least free gpu, then cpu, memory, storage. Bin packing: a
+-- GPU node stays for GPU requests and a large node for large requests.
+local BEST_FIT_ORDER = {'gpu', 'cpu', 'mem', 'sto'}
+
+-- best_fit is the node of a node list a reservation of need takes: among
+-- those that hold it, the best fit (BEST_FIT_ORDER, then name); nil if none.
+-- Every decision that places a reservation on a node chooses it here.
+local function best_fit(list, need)
+  local best = nil
+  for _, e in ipairs(list) do
+    if holds(e, need) then
+      if best == nil then
+        best = e
+      else
+        local decided = false
+        for _, res in ipairs(BEST_FIT_ORDER) do
+          if e[res] ~= best[res] then
+            if e[res] < best[res] then best = e end
+            decided = true
+            break
+          end
+        end
+        if not decided and e.name < best.name then best = e end
+      end
+    end
+  end
+  return best
+end
+
+-- sort_nodes orders a node list: most free cpu first, then by name.
+local function sort_nodes(list)
+  table.sort(list, function(x, y)
+    if x.cpu ~= y.cpu then return x.cpu > y.cpu end
+    return x.name < y.name
+  end)
+end
+
+-- node_list reads a cluster's node list from its hashes (free = advertised
+-- allocatable - used - the broker's debit), or nil when it advertises none.
+local function node_list(prefix, cid)
+  local flat = redis.call('HGETALL', prefix .. 'nodes:' .. cid)
+  if #flat == 0 then return nil end
+  local debits = {}
+  local d = redis.call('HGETALL', prefix .. 'node-resv:' .. cid)
+  for i = 1, #d, 2 do debits[d[i]] = parse_amounts(d[i + 1]) end
+  local list = {}
+  for i = 1, #flat, 2 do
+    local a, debit = parse_amounts(flat[i + 1]), debits[flat[i]] or {}
+    local e = {name = flat[i]}
+    for _, res in ipairs(RESOURCES) do
+      e[res] = (a['alloc_' .. res] or 0) - (a['used_' .. res] or 0) - (debit[res] or 0)
+    end
+    list[#list + 1] = e
+  end
+  sort_nodes(list)
+  return list
+end
+
+-- summarize_nodes sets a record's node summary (records.lua) from a sorted
+-- node list (nil: no nodes). Enough to decide most fits without reading
+-- the nodes: a request the first node holds fits, one beyond a maximum does not.
+local function summarize_nodes(rec, list)
+  rec.nodes = list and #list or 0
+  for _, res in ipairs(RESOURCES) do
+    local top = list and list[1] and list[1][res] or 0
+    rec[TOP[res]], rec[MAX[res]] = top, top
+    for _, e in ipairs(list or {}) do
+      if e[res] > rec[MAX[res]] then rec[MAX[res]] = e[res] end
+    end
+  end
+end
+
+-- summary_fit decides from a record's node summary whether one of its
+-- nodes can hold c, m, g, s: true, false, or nil when it cannot tell.
+local function summary_fit(r, c, m, g, s)
+  if (c == 0 or r.top_cpu >= c) and (m == 0 or r.top_mem >= m) and (g == 0 or r.top_gpu >= g)
+    and (s == 0 or r.top_sto >= s) then
+    return true -- the node with the most free cpu holds it
+  end
+  if (c > 0 and c > r.max_cpu) or (m > 0 and m > r.max_mem) or (g > 0 and g > r.max_gpu)
+    or (s > 0 and s > r.max_sto) then
+    return false -- more than any node has free
+  end
+  return nil
+end
+
+-- pack_nrec packs a sorted node list as an idx:nrec value; decode_nrec reads
+-- one into a node table (names split only when asked for: node_names).
+local NREC_FORMATS = {}
+local function nrec_format(n)
+  local f = NREC_FORMATS[n]
+  if not f then
+    f = '<' .. string.rep('d', 4 * n)
+    NREC_FORMATS[n] = f
+  end
+  return f
+end
+local function pack_nrec(list)
+  local f, names = {}, {}
+  for i, e in ipairs(list) do
+    f[4 * i - 3], f[4 * i - 2], f[4 * i - 1], f[4 * i] = e.cpu, e.mem, e.gpu, e.sto
+    names[i] = e.name
+  end
+  if HAS_STRUCT then
+    return struct.pack('<H', #list) .. struct.pack(nrec_format(#list), unpack(f)) .. table.concat(names, ' ')
+  end
+  return cjson.encode({names = names, f = f})
+end
+local function decode_nrec(raw)
+  if HAS_STRUCT then
+    local n = struct.unpack('<H', raw)
+    local f = {struct.unpack(nrec_format(n), raw, 3)}
+    local pos = f[4 * n + 1]
+    f[4 * n + 1] = nil
+    return {n = n, f = f, raw_names = string.sub(raw, pos)}
+  end
+  local v = cjson.decode(raw)
+  return {n = #v.names, f = v.f, names = v.names}
+end
+local function node_names(nt)
+  if not nt.names then
+    local names = {}
+    for name in string.gmatch(nt.raw_names, '%S+') do names[#names + 1] = name end
+    nt.names = names
+  end
+  return nt.names
+end
+
+-- table_of turns a sorted node list into a node table (keeping the list);
+-- list_of turns a node table back into its node list.
+local function table_of(list)
+  local f, names = {}, {}
+  for i, e in ipairs(list) do
+    f[4 * i - 3], f[4 * i - 2], f[4 * i - 1], f[4 * i] = e.cpu, e.mem, e.gpu, e.sto
+    names[i] = e.name
+  end
+  return {n = #list, f = f, names = names, list = list}
+end
+local function list_of(nt)
+  if nt.list then return nt.list end
+  local names, f, list = node_names(nt), nt.f, {}
+  for i = 1, nt.n do
+    local b = 4 * i - 4
+    list[i] = {name = names[i], cpu = f[b + 1], mem = f[b + 2], gpu = f[b + 3], sto = f[b + 4]}
+  end
+  nt.list = list
+  return list
+end
+
+-- node_debit adds sign * amounts (a map with cpu, mem, gpu, sto) to the
+-- broker's debit of one node of cluster cid; a debit that would go below zero
+-- is clamped (returns 1: a broken invariant), one back at zero is removed.
+local function node_debit(prefix, cid, node, amounts, sign)
+  local key = prefix .. 'node-resv:' .. cid
+  local d = parse_amounts(redis.call('HGET', key, node))
+  local clamped, zero = 0, true
+  for _, res in ipairs(RESOURCES) do
+    local v = (d[res] or 0) + sign * tonumber(amounts[res] or '0')
+    if v < 0 then
+      v = 0
+      clamped = 1
+    end
+    d[res] = v
+    if v ~= 0 then zero = false end
+  end
+  if zero then
+    redis.call('HDEL', key, node)
+  else
+    redis.call('HSET', key, node, string.format('cpu=%d mem=%d gpu=%d sto=%d', d.cpu, d.mem, d.gpu, d.sto))
+  end
+  return clamped
+end

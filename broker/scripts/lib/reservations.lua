@@ -1,0 +1,110 @@
+-- reservations: what every script that places or ends a reservation shares
+-- (core.lua P.."resv:"..qid and its sets).
+--
+-- Spread (reserve_group.lua):
+--   P.."spread:"..requester.."/"..group  hash  provider id -> how many live reservations of
+--                                   that spread group (an owner's replicas) it holds; the
+--                                   reservations carry the group in their field spread
+--
+-- Preemption (preempt.lua, protect.lua):
+--   P.."protected:"..requester  set  the requester's reservation ids whose pods a
+--                                   PodDisruptionBudget protects now, as its agent reports them;
+--                                   never preempted; expires unless reported again
+-- @include index
+-- @include limits
+-- @include waiting
+
+-- spread_count adds delta to the live reservations of a requester's spread
+-- group on provider cid (P.."spread:" above); a count back at zero is removed.
+local function spread_count(prefix, requester, group, cid, delta)
+  local key = prefix .. 'spread:' .. requester .. '/' .. group
+  if redis.call('HINCRBY', key, cid, delta) <= 0 then redis.call('HDEL', key, cid) end
+end
+
+-- new_reservation is the hash of a reservation placed now (flat, as HSET
+-- takes it and the reply carries it) and the map event_fields reads. p:
+-- requester, target, cpu, mem, gpu, sto (decimal strings), duration and
+-- lease (ms; lease 0: a fixed duration), score, price, owner, priority,
+-- selector, candidates, node (nil: the target advertises no nodes) and
+-- extra, field/value pairs of the script placing it (group, preempted).
+local function new_reservation(p, now)
+  local expires = tostring(now + tonumber(p.duration))
+  local hash = {'requester', p.requester, 'target', p.target, 'phase', 'Reserved',
+    'cpu', p.cpu, 'mem', p.mem, 'gpu', p.gpu, 'sto', p.sto,
+    'created_ms', tostring(now), 'expires_ms', expires, 'duration_ms', p.duration,
+    'score', p.score, 'price', tostring(math.floor(p.price + 0.5)),
+    'owner', p.owner, 'priority', p.priority, 'selector', p.selector, 'candidates', p.candidates}
+  for _, x in ipairs(p.extra or {}) do hash[#hash + 1] = x end
+  if tonumber(p.lease) > 0 then
+    hash[#hash + 1] = 'lease_ms'
+    hash[#hash + 1] = p.lease
+  end
+  if p.node then
+    hash[#hash + 1] = 'node'
+    hash[#hash + 1] = p.node
+  end
+  local r = {requester = p.requester, target = p.target, phase = 'Reserved',
+    cpu = p.cpu, mem = p.mem, gpu = p.gpu, sto = p.sto, expires_ms = expires, node = p.node}
+  return hash, r
+end
+
+-- add_usage adds n reservations holding amounts (numbers) to usage u.
+local function add_usage(u, n, amounts)
+  u.n = u.n + n
+  for _, res in ipairs(RESOURCES) do u[res] = u[res] + amounts[res] end
+end
+
+-- end_reservation moves a live reservation (qualified id qid, map r) to a final phase and gives
+-- its capacity back to the target exactly once: the cluster's counters, and
+-- the debit of its node unless the target's last advertisement listed it
+-- (then the broker holds no debit for it), and to its requester's usage. Its
+-- grant goes (the provider's token is of no use any more), and the record
+-- expires after retention_ms. Returns 1 when a counter had to be clamped at
+-- zero (a broken invariant worth a metric), else 0.
+local function end_reservation(prefix, qid, r, phase, now, so, retention_ms)
+  local ck = prefix .. 'cluster:' .. r.target
+  local clamped = 0
+  if redis.call('EXISTS', ck) == 1 then
+    for _, res in ipairs(RESOURCES) do
+      local amount = r[res] or '0'
+      if amount ~= '0' then
+        local left = redis.call('HINCRBY', ck, 'resv_' .. res, '-' .. amount)
+        if left < 0 then
+          redis.call('HSET', ck, 'resv_' .. res, '0')
+          clamped = 1
+        end
+      end
+    end
+    if r.node and r.node ~= '' and redis.call('SREM', prefix .. 'node-listed:' .. r.target, qid) == 0 then
+      clamped = math.max(clamped, node_debit(prefix, r.target, r.node, r, -1))
+    end
+    index_free(prefix, r.target, RESOURCES)
+  elseif r.node and r.node ~= '' then
+    redis.call('SREM', prefix .. 'node-listed:' .. r.target, qid)
+  end
+  if r.spread and r.spread ~= '' then spread_count(prefix, r.requester, r.spread, r.target, -1) end
+  local u = read_usage(prefix, r.requester)
+  u.n = u.n - 1
+  for _, res in ipairs(RESOURCES) do
+    u[res] = u[res] - tonumber(r[res] or '0')
+    if u[res] < 0 or (u.n <= 0 and u[res] ~= 0) then
+      u[res] = 0
+      clamped = 1
+    end
+  end
+  if u.n < 0 then clamped = 1 end
+  write_usage(prefix, r.requester, u)
+  local rk = prefix .. 'resv:' .. qid
+  r.phase = phase
+  r.ended_ms = tostring(now)
+  redis.call('HSET', rk, 'phase', phase, 'ended_ms', r.ended_ms)
+  redis.call('HDEL', rk, 'grant')
+  redis.call('PEXPIRE', rk, retention_ms)
+  redis.call('ZREM', prefix .. 'expiry', qid)
+  redis.call('SREM', prefix .. 'by-target:' .. r.target, qid)
+  redis.call('SREM', prefix .. 'by-requester:' .. r.requester, qid)
+  local fields = event_fields(phase, bare_id(qid), r, now)
+  emit(prefix, r.requester, so, fields)
+  emit(prefix, r.target, so, fields)
+  return clamped
+end
