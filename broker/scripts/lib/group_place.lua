@@ -51,7 +51,7 @@ local function more_clusters()
   for i, cid in ipairs(cands) do
     if raw[i] then
       local r = read_rec(raw[i])
-      clusters[#clusters + 1] = {id = cid, free = free_of(r), has_nodes = r.nodes > 0, rec = r}
+      clusters[#clusters + 1] = {id = cid, free = free_of(r), has_nodes = r[REC.nodes] > 0, rec = r}
     end
   end
   return true

@@ -60,7 +60,7 @@ local function record_from_hash(prefix, cid)
     rec[ALLOC[res]] = alloc
     rec[FREE[res]] = alloc - tonumber(v[3 * i - 1] or '0') - tonumber(v[3 * i] or '0')
   end
-  rec.price_cpu, rec.price_mem, rec.price_gpu = tonumber(v[13] or '0'), tonumber(v[14] or '0'), tonumber(v[15] or '0')
+  rec[REC.price_cpu], rec[REC.price_mem], rec[REC.price_gpu] = tonumber(v[13] or '0'), tonumber(v[14] or '0'), tonumber(v[15] or '0')
   local nodes = nil
   if v[17] == false or tonumber(v[17]) > 0 then nodes = node_list(prefix, cid) end -- absent: not known
   summarize_nodes(rec, nodes)

@@ -85,7 +85,7 @@ end
 -- node list (nil: no nodes). Enough to decide most fits without reading
 -- the nodes: a request the first node holds fits, one beyond a maximum does not.
 local function summarize_nodes(rec, list)
-  rec.nodes = list and #list or 0
+  rec[REC.nodes] = list and #list or 0
   for _, res in ipairs(RESOURCES) do
     local top = list and list[1] and list[1][res] or 0
     rec[TOP[res]], rec[MAX[res]] = top, top
@@ -98,12 +98,12 @@ end
 -- summary_fit decides from a record's node summary whether one of its
 -- nodes can hold c, m, g, s: true, false, or nil when it cannot tell.
 local function summary_fit(r, c, m, g, s)
-  if (c == 0 or r.top_cpu >= c) and (m == 0 or r.top_mem >= m) and (g == 0 or r.top_gpu >= g)
-    and (s == 0 or r.top_sto >= s) then
+  if (c == 0 or r[TOP.cpu] >= c) and (m == 0 or r[TOP.mem] >= m) and (g == 0 or r[TOP.gpu] >= g)
+    and (s == 0 or r[TOP.sto] >= s) then
     return true -- the node with the most free cpu holds it
   end
-  if (c > 0 and c > r.max_cpu) or (m > 0 and m > r.max_mem) or (g > 0 and g > r.max_gpu)
-    or (s > 0 and s > r.max_sto) then
+  if (c > 0 and c > r[MAX.cpu]) or (m > 0 and m > r[MAX.mem]) or (g > 0 and g > r[MAX.gpu])
+    or (s > 0 and s > r[MAX.sto]) then
     return false -- more than any node has free
   end
   return nil

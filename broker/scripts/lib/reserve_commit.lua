@@ -42,7 +42,7 @@ local function winner_node(d, cid)
   local nt = nil
   if d.nodes then
     nt = d.nodes[cid] -- the full scan built it from the hashes
-  elseif recs[cid].nodes > 0 then
+  elseif recs[cid][REC.nodes] > 0 then
     nt = node_table(cid)
   end
   if not nt then return nil end

@@ -58,7 +58,7 @@ local function fits_on(cid, w, need, sel)
       if l[k] ~= want then return false end
     end
   end
-  return rec.nodes == 0 or node_fit(cid, rec, nil, need.cpu, need.mem, need.gpu, need.sto)
+  return rec[REC.nodes] == 0 or node_fit(cid, rec, nil, need.cpu, need.mem, need.gpu, need.sto)
 end
 
 -- fits_somewhere tells whether waiting request w (its wait hash) could be

@@ -18,26 +18,30 @@ local function new_judge(d)
   local rc, rm, rg, rst = req.cpu, req.mem, req.gpu, req.sto
   local n_requested, selector = #q.requested, q.labels
   local fit_id, fit_rs, fit_price = d.fit_id, d.fit_rs, d.fit_price
+  -- The record's positions read for every cluster, as locals: an upvalue
+  -- costs less than a lookup in REC.
+  local AC, FC, AM, FM, AG, FG, AS, FS = ALLOC.cpu, FREE.cpu, ALLOC.mem, FREE.mem, ALLOC.gpu, FREE.gpu, ALLOC.sto, FREE.sto
+  local NODES = REC.nodes
   return function(cid, r, labels, nt)
     d.examined = d.examined + 1
     -- Same order as the requested resources (cpu, mem, gpu, sto): the same
     -- sum to the last bit whatever path evaluates the cluster.
     local ok, sum = true, 0
     if rc > 0 then
-      local f = r.free_cpu
-      if f < rc then rej.cpu = rej.cpu + 1; ok = false else sum = sum + (f - rc) / r.alloc_cpu end
+      local f = r[FC]
+      if f < rc then rej.cpu = rej.cpu + 1; ok = false else sum = sum + (f - rc) / r[AC] end
     end
     if rm > 0 then
-      local f = r.free_mem
-      if f < rm then rej.mem = rej.mem + 1; ok = false elseif ok then sum = sum + (f - rm) / r.alloc_mem end
+      local f = r[FM]
+      if f < rm then rej.mem = rej.mem + 1; ok = false elseif ok then sum = sum + (f - rm) / r[AM] end
     end
     if rg > 0 then
-      local f = r.free_gpu
-      if f < rg then rej.gpu = rej.gpu + 1; ok = false elseif ok then sum = sum + (f - rg) / r.alloc_gpu end
+      local f = r[FG]
+      if f < rg then rej.gpu = rej.gpu + 1; ok = false elseif ok then sum = sum + (f - rg) / r[AG] end
     end
     if rst > 0 then
-      local f = r.free_sto
-      if f < rst then rej.sto = rej.sto + 1; ok = false elseif ok then sum = sum + (f - rst) / r.alloc_sto end
+      local f = r[FS]
+      if f < rst then rej.sto = rej.sto + 1; ok = false elseif ok then sum = sum + (f - rst) / r[AS] end
     end
     if selector then
       for k, want in pairs(selector) do
@@ -49,7 +53,7 @@ local function new_judge(d)
       end
     end
     if not ok then return end
-    if r.nodes > 0 then
+    if r[NODES] > 0 then
       local fits = summary_fit(r, rc, rm, rg, rst)
       if fits == nil then
         if d.deferred and nodes_of[cid] == nil and nraw[cid] == nil then
