@@ -8,8 +8,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/policy"
-	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
 // TestBrokerPolicyAndGrantKey: the broker's fair-share policy is the
@@ -58,7 +58,7 @@ func TestBrokerPolicyAndGrantKey(t *testing.T) {
 	if l := p.Limits("any"); l.Reservations == nil || l.CPU == nil || l.Priority == nil || l.Rate == 0 {
 		t.Errorf("the shipped policy should limit every requester: %+v", l)
 	}
-	big := store.Advertisement{Capacity: store.Resources{CPU: 1 << 40}, Allocatable: store.Resources{CPU: 1 << 40}}
+	big := model.Advertisement{Capacity: model.Resources{CPU: 1 << 40}, Allocatable: model.Resources{CPU: 1 << 40}}
 	if err := p.CheckAdvertisement("any", big); err == nil {
 		t.Error("the shipped policy should bound what a provider advertises")
 	}

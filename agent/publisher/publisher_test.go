@@ -30,7 +30,7 @@ import (
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
@@ -161,7 +161,7 @@ func ptrQ(s string) *resource.Quantity {
 }
 
 // stored reads what the broker holds for rome (integer units).
-func (tb *bed) stored() (store.Cluster, bool) {
+func (tb *bed) stored() (model.Cluster, bool) {
 	c, err := tb.b.Store.Cluster(tb.ctx, clusterID)
 	if err != nil {
 		return c, false
@@ -170,7 +170,7 @@ func (tb *bed) stored() (store.Cluster, bool) {
 }
 
 // waitStored waits until the broker holds cond, and returns how long that took.
-func (tb *bed) waitStored(within time.Duration, what string, cond func(store.Cluster) bool) time.Duration {
+func (tb *bed) waitStored(within time.Duration, what string, cond func(model.Cluster) bool) time.Duration {
 	tb.t.Helper()
 	began := time.Now()
 	for {
@@ -287,10 +287,10 @@ func (tb *bed) pod(name, cpu string) {
 func TestChangeReachesBrokerWithinDebounce(t *testing.T) {
 	tb := newBed(t, nil, func(b *brokertest.Broker) publisher.Broker { return realClient(t, b) })
 
-	tb.waitStored(30*time.Second, "first advertisement", func(c store.Cluster) bool { return c.Allocatable.CPU == 8000 })
+	tb.waitStored(30*time.Second, "first advertisement", func(c model.Cluster) bool { return c.Allocatable.CPU == 8000 })
 	c, _ := tb.stored()
-	require.Equal(t, store.Resources{CPU: 8000, Memory: 16 << 30, Storage: 100 << 30}, c.Capacity)
-	require.Equal(t, store.Resources{}, c.Allocated)
+	require.Equal(t, model.Resources{CPU: 8000, Memory: 16 << 30, Storage: 100 << 30}, c.Capacity)
+	require.Equal(t, model.Resources{}, c.Allocated)
 	require.Equal(t, "https://rome.example:6443", c.Endpoint)
 	require.Equal(t, map[string]string{"region": "it"}, c.Labels)
 	require.Equal(t, int64(31000), c.Prices.CPU) // micro-EUR per core-hour
@@ -308,7 +308,7 @@ func TestChangeReachesBrokerWithinDebounce(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	began := time.Now()
 	tb.pod("one", "1500m")
-	tb.waitStored(5*time.Second, "one pod", func(c store.Cluster) bool { return c.Allocated.CPU == 1500 })
+	tb.waitStored(5*time.Second, "one pod", func(c model.Cluster) bool { return c.Allocated.CPU == 1500 })
 	took := time.Since(began)
 	t.Logf("pod created -> used_cpu at the broker: %s", took.Round(time.Millisecond))
 
@@ -320,7 +320,7 @@ func TestChangeReachesBrokerWithinDebounce(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		tb.pod("burst-"+string(rune('a'+i)), "100m")
 	}
-	tb.waitStored(5*time.Second, "burst", func(c store.Cluster) bool { return c.Allocated.CPU == 3500 })
+	tb.waitStored(5*time.Second, "burst", func(c model.Cluster) bool { return c.Allocated.CPU == 3500 })
 	burst := time.Since(began)
 	require.Less(t, burst, 5*time.Second)
 
@@ -357,7 +357,7 @@ func TestRetriesThroughRedisOutage(t *testing.T) {
 	}, func(b *brokertest.Broker) publisher.Broker {
 		return realClient(t, b, brokerclient.WithRetries(0, 0)) // the publisher's own back-off only
 	})
-	tb.waitStored(30*time.Second, "first advertisement", func(c store.Cluster) bool { return c.Allocatable.CPU == 8000 })
+	tb.waitStored(30*time.Second, "first advertisement", func(c model.Cluster) bool { return c.Allocatable.CPU == 8000 })
 	tb.waitAdvertisement(10*time.Second, "acknowledged", published(metav1.ConditionTrue, ""))
 
 	tb.b.Redis.Stop()
@@ -394,7 +394,7 @@ func TestRetriesThroughRedisOutage(t *testing.T) {
 
 	restarted := time.Now()
 	tb.b.Redis.Restart()
-	tb.waitStored(10*time.Second, "caught up", func(c store.Cluster) bool { return c.Allocated.CPU == 1000 })
+	tb.waitStored(10*time.Second, "caught up", func(c model.Cluster) bool { return c.Allocated.CPU == 1000 })
 	t.Logf("Redis back -> advertisement stored again in %s", time.Since(restarted).Round(time.Millisecond))
 	adv = tb.waitAdvertisement(10*time.Second, "acknowledged again", func(a *rbv1.Advertisement) bool {
 		return published(metav1.ConditionTrue, publisher.ReasonAcknowledged)(a) && a.Status.ConsecutiveFailures == 0
@@ -430,7 +430,7 @@ func TestDeadURLThenBroker(t *testing.T) {
 	tb.waitEvent(publisher.EventPublishFailed, 1)
 
 	tb.broker.swap(real)
-	tb.waitStored(10*time.Second, "reached", func(c store.Cluster) bool { return c.Allocatable.CPU == 8000 })
+	tb.waitStored(10*time.Second, "reached", func(c model.Cluster) bool { return c.Allocatable.CPU == 8000 })
 	tb.waitAdvertisement(10*time.Second, "acknowledged", func(a *rbv1.Advertisement) bool {
 		return published(metav1.ConditionTrue, publisher.ReasonAcknowledged)(a) && a.Status.ConsecutiveFailures == 0 && a.Status.LastPublished != nil
 	})
@@ -516,17 +516,17 @@ func TestPeriodicPublishesOnWallClock(t *testing.T) {
 // and the broker drops its own debit: counted once.
 func TestNodesReachTheBroker(t *testing.T) {
 	tb := newBed(t, nil, func(b *brokertest.Broker) publisher.Broker { return realClient(t, b) })
-	tb.waitStored(30*time.Second, "first advertisement", func(c store.Cluster) bool { return len(c.Nodes) == 1 })
+	tb.waitStored(30*time.Second, "first advertisement", func(c model.Cluster) bool { return len(c.Nodes) == 1 })
 	c, _ := tb.stored()
-	require.Equal(t, store.NodeCapacity{Name: "n1", Allocatable: store.Resources{CPU: 8000, Memory: 16 << 30, Storage: 100 << 30}}, c.Nodes[0])
+	require.Equal(t, model.NodeCapacity{Name: "n1", Allocatable: model.Resources{CPU: 8000, Memory: 16 << 30, Storage: 100 << 30}}, c.Nodes[0])
 
-	d, err := tb.b.Store.Reserve(tb.ctx, store.ReserveRequest{ID: "resv-1", Requester: "milan", Duration: time.Hour,
-		Resources: store.Resources{CPU: 1000, Memory: 1 << 30}})
+	d, err := tb.b.Store.Reserve(tb.ctx, model.ReserveRequest{ID: "resv-1", Requester: "milan", Duration: time.Hour,
+		Resources: model.Resources{CPU: 1000, Memory: 1 << 30}})
 	require.NoError(t, err)
 	require.Equal(t, clusterID, d.Reservation.Target)
 	require.Equal(t, "n1", d.Reservation.Node)
 	c, _ = tb.stored()
-	require.Equal(t, store.Resources{CPU: 1000, Memory: 1 << 30}, c.NodesReserved["n1"], "debited until the provider reports the pod")
+	require.Equal(t, model.Resources{CPU: 1000, Memory: 1 << 30}, c.NodesReserved["n1"], "debited until the provider reports the pod")
 
 	require.NoError(t, tb.kc.Create(tb.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "rb-milan", Labels: map[string]string{rbv1.TenantLabel: "milan"}}}))
 	require.NoError(t, tb.kc.Create(tb.ctx, &corev1.Pod{
@@ -535,7 +535,7 @@ func TestNodesReachTheBroker(t *testing.T) {
 			Name: "c", Image: "busybox", Resources: corev1.ResourceRequirements{Requests: rl("cpu", "1", "memory", "1Gi")},
 		}}},
 	}))
-	tb.waitStored(10*time.Second, "the pod in n1's figures, its reservation listed", func(c store.Cluster) bool {
+	tb.waitStored(10*time.Second, "the pod in n1's figures, its reservation listed", func(c model.Cluster) bool {
 		return len(c.Nodes) == 1 && c.Nodes[0].Allocated.CPU == 1000 && len(c.NodesReserved) == 0 &&
 			slices.Equal(c.ReservationsOnNodes, []string{"milan/resv-1"})
 	})

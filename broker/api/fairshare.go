@@ -5,7 +5,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 // Error reasons of the operator's fair share (broker/policy).
@@ -42,7 +42,7 @@ type MemberLimits struct {
 }
 
 // MemberUsageFromStore renders a member's usage and limits.
-func MemberUsageFromStore(cluster string, u store.Usage, l store.Limits) MemberUsage {
+func MemberUsageFromStore(cluster string, u model.Usage, l model.Limits) MemberUsage {
 	out := MemberUsage{Cluster: cluster, Reservations: u.Reservations, Resources: FromResources(u.Resources),
 		Limits: MemberLimits{MaxReservations: l.Reservations, MaxPriority: l.Priority}}
 	if l.CPU != nil || l.Memory != nil || l.GPU != nil {

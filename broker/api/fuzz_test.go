@@ -7,13 +7,13 @@ import (
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 var limits = api.Limits{DefaultDuration: time.Hour, MaxDuration: 24 * time.Hour}
 
 // checkRequest is what every accepted request must satisfy before it reaches Redis.
-func checkRequest(t *testing.T, r store.ReserveRequest) {
+func checkRequest(t *testing.T, r model.ReserveRequest) {
 	t.Helper()
 	if r.Resources.CPU <= 0 || r.Resources.Memory <= 0 || r.Resources.GPU < 0 || r.Resources.Storage < 0 {
 		t.Fatalf("accepted invalid amounts %+v", r.Resources)
@@ -92,7 +92,7 @@ func FuzzAdvertisement(f *testing.F) {
 		if err != nil {
 			return
 		}
-		for _, r := range []store.Resources{ad.Capacity, ad.Allocatable, ad.Allocated} {
+		for _, r := range []model.Resources{ad.Capacity, ad.Allocatable, ad.Allocated} {
 			for _, v := range []int64{r.CPU, r.Memory, r.GPU, r.Storage} {
 				if v < 0 || v > 1<<52 {
 					t.Fatalf("accepted amount %d", v)

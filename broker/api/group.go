@@ -1,7 +1,7 @@
 package api
 
 import (
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 // MaxGroupMembers bounds the members of one group request (within
@@ -45,8 +45,8 @@ type Group struct {
 }
 
 // ToStore validates the group request of requester and converts it.
-func (g GroupRequest) ToStore(requester string, lim Limits) (store.GroupRequest, error) {
-	out := store.GroupRequest{Group: g.Group, Requester: requester, MinMember: g.MinMember, Owner: g.Owner, Priority: g.Priority}
+func (g GroupRequest) ToStore(requester string, lim Limits) (model.GroupRequest, error) {
+	out := model.GroupRequest{Group: g.Group, Requester: requester, MinMember: g.MinMember, Owner: g.Owner, Priority: g.Priority}
 	if g.Group == "" {
 		return out, invalid("group: required (names the gang, unique per requester)")
 	}
@@ -72,7 +72,7 @@ func (g GroupRequest) ToStore(requester string, lim Limits) (store.GroupRequest,
 		if err != nil {
 			return out, err
 		}
-		out.Members = append(out.Members, store.GroupMember{ID: m.ID, Resources: res})
+		out.Members = append(out.Members, model.GroupMember{ID: m.ID, Resources: res})
 	}
 	var err error
 	if g.Lease != "" {
@@ -99,7 +99,7 @@ func (g GroupRequest) ToStore(requester string, lim Limits) (store.GroupRequest,
 
 // GroupFromStore renders a group decision; the members' grants are not
 // shown (there are none yet at the decision).
-func GroupFromStore(group string, d store.GroupDecision) Group {
+func GroupFromStore(group string, d model.GroupDecision) Group {
 	out := Group{Group: group, Reservations: make([]Reservation, 0, len(d.Reservations)), Unplaced: d.Unplaced}
 	for _, r := range d.Reservations {
 		out.Reservations = append(out.Reservations, ReservationFromStore(r, false))
@@ -123,7 +123,7 @@ type Spread struct {
 	WhenUnsatisfiable string `json:"whenUnsatisfiable,omitempty"` // DoNotSchedule (default) or ScheduleAnyway
 }
 
-func (sp *Spread) toStore() (*store.Spread, error) {
+func (sp *Spread) toStore() (*model.Spread, error) {
 	if sp == nil {
 		return nil, nil
 	}
@@ -133,7 +133,7 @@ func (sp *Spread) toStore() (*store.Spread, error) {
 	if err := validateText("spread.group", sp.Group, 512); err != nil {
 		return nil, err
 	}
-	out := &store.Spread{Group: sp.Group, TopologyKey: sp.TopologyKey, MaxSkew: max(sp.MaxSkew, 1), WhenUnsatisfiable: sp.WhenUnsatisfiable}
+	out := &model.Spread{Group: sp.Group, TopologyKey: sp.TopologyKey, MaxSkew: max(sp.MaxSkew, 1), WhenUnsatisfiable: sp.WhenUnsatisfiable}
 	if sp.TopologyKey == "" {
 		return out, nil
 	}
@@ -142,8 +142,8 @@ func (sp *Spread) toStore() (*store.Spread, error) {
 	}
 	switch sp.WhenUnsatisfiable {
 	case "":
-		out.WhenUnsatisfiable = store.DoNotSchedule
-	case store.DoNotSchedule, store.ScheduleAnyway:
+		out.WhenUnsatisfiable = model.DoNotSchedule
+	case model.DoNotSchedule, model.ScheduleAnyway:
 	default:
 		return nil, invalid("spread.whenUnsatisfiable: %q, not DoNotSchedule or ScheduleAnyway", sp.WhenUnsatisfiable)
 	}

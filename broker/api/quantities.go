@@ -9,7 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 // maxAmount bounds every integer the broker keeps: the Lua scripts compute in
@@ -28,8 +28,8 @@ type Quantities struct {
 // ToResources converts to integer units (millicores, bytes, devices, bytes);
 // absent amounts are zero. Negative, fractional GPUs and out-of-range amounts
 // are errors naming field.
-func (q Quantities) ToResources(field string) (store.Resources, error) {
-	var out store.Resources
+func (q Quantities) ToResources(field string) (model.Resources, error) {
+	var out model.Resources
 	var err error
 	if out.CPU, err = amount(field+".cpu", q.CPU, true); err != nil {
 		return out, err
@@ -67,7 +67,7 @@ func amount(field string, q *resource.Quantity, milli bool) (int64, error) {
 
 // FromResources converts integer units back to quantities; cpu and memory are
 // always present, gpu and storage only when non-zero.
-func FromResources(r store.Resources) Quantities {
+func FromResources(r model.Resources) Quantities {
 	q := Quantities{
 		CPU:    resource.NewMilliQuantity(r.CPU, resource.DecimalSI),
 		Memory: resource.NewQuantity(r.Memory, resource.BinarySI),

@@ -3,7 +3,7 @@ package api
 import (
 	"time"
 
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 // The seed agents' protocol (v1). Field names and shapes are fixed by the
@@ -28,7 +28,7 @@ type V1Advertisement struct {
 }
 
 // ToStore validates and converts the advertisement.
-func (a V1Advertisement) ToStore() (store.Advertisement, error) {
+func (a V1Advertisement) ToStore() (model.Advertisement, error) {
 	v2 := Advertisement{ClusterName: a.ClusterName, Resources: ClusterResources{
 		Capacity: a.Resources.Capacity, Allocatable: a.Resources.Allocatable, Allocated: a.Resources.Allocated,
 	}}
@@ -36,7 +36,7 @@ func (a V1Advertisement) ToStore() (store.Advertisement, error) {
 }
 
 // V1AdvertisementFromStore renders a stored cluster in the v1 shape.
-func V1AdvertisementFromStore(c store.Cluster) V1Advertisement {
+func V1AdvertisementFromStore(c model.Cluster) V1Advertisement {
 	reserved := FromResources(c.Reserved)
 	return V1Advertisement{
 		ClusterID:   c.ID,
@@ -77,7 +77,7 @@ type V1Reservation struct {
 }
 
 // V1ReservationFromStore renders a stored reservation in the v1 shape.
-func V1ReservationFromStore(r store.Reservation) V1Reservation {
+func V1ReservationFromStore(r model.Reservation) V1Reservation {
 	created, expires := r.CreatedAt, r.ExpiresAt
 	return V1Reservation{
 		ID: r.ID, RequesterID: r.Requester, TargetClusterID: r.Target,
@@ -101,10 +101,10 @@ type V1ReservationRequest struct {
 }
 
 // ToStore validates the request and converts it under the given id.
-func (r V1ReservationRequest) ToStore(id, requester string, lim Limits) (store.ReserveRequest, error) {
+func (r V1ReservationRequest) ToStore(id, requester string, lim Limits) (model.ReserveRequest, error) {
 	// NoWait: a seed agent never retries an id (each POST makes a new one), so
 	// a refused request must not hold a place on the waiting list.
-	out := store.ReserveRequest{ID: id, Requester: requester, Priority: r.Priority, NoWait: true}
+	out := model.ReserveRequest{ID: id, Requester: requester, Priority: r.Priority, NoWait: true}
 	var err error
 	if out.Resources, err = requestedResources(r.RequestedResources, "requestedResources"); err != nil {
 		return out, err

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 // Error is the body of every error answer.
@@ -96,8 +96,8 @@ type Advertisement struct {
 }
 
 // ToStore validates and converts the advertisement.
-func (a Advertisement) ToStore() (store.Advertisement, error) {
-	out := store.Advertisement{Name: a.ClusterName, Endpoint: a.Endpoint, Labels: a.Labels}
+func (a Advertisement) ToStore() (model.Advertisement, error) {
+	out := model.Advertisement{Name: a.ClusterName, Endpoint: a.Endpoint, Labels: a.Labels}
 	if err := validateText("clusterName", a.ClusterName, 253); err != nil {
 		return out, err
 	}
@@ -148,11 +148,11 @@ func orZero(q *resource.Quantity) *resource.Quantity {
 // unique DNS subdomain names, amounts that are not negative, and allocated
 // within allocatable (an agent clamps a node its pods overrun: free is zero
 // either way).
-func nodesToStore(nodes []NodeResources) ([]store.NodeCapacity, error) {
+func nodesToStore(nodes []NodeResources) ([]model.NodeCapacity, error) {
 	if len(nodes) > MaxNodes {
 		return nil, invalid("resources.nodes: %d nodes, at most %d (send the largest)", len(nodes), MaxNodes)
 	}
-	out := make([]store.NodeCapacity, 0, len(nodes))
+	out := make([]model.NodeCapacity, 0, len(nodes))
 	seen := make(map[string]bool, len(nodes))
 	for i, n := range nodes {
 		field := fmt.Sprintf("resources.nodes[%d]", i)
@@ -187,7 +187,7 @@ func nodesToStore(nodes []NodeResources) ([]store.NodeCapacity, error) {
 					field, n.Name, r.name, r.show(u), orZero(r.show(a)))
 			}
 		}
-		out = append(out, store.NodeCapacity{Name: n.Name, Allocatable: alloc, Allocated: used})
+		out = append(out, model.NodeCapacity{Name: n.Name, Allocatable: alloc, Allocated: used})
 	}
 	return out, nil
 }
@@ -209,8 +209,8 @@ func (p Prices) MarshalJSON() ([]byte, error) {
 	}{p.Currency, decimal(p.CPU), decimal(p.Memory), decimal(p.GPU)})
 }
 
-func (p Prices) toStore() (store.Prices, error) {
-	out := store.Prices{Currency: p.Currency}
+func (p Prices) toStore() (model.Prices, error) {
+	out := model.Prices{Currency: p.Currency}
 	if p.Currency != "" && !isCurrencyCode(p.Currency) {
 		return out, invalid("prices.currency: %q is not an ISO 4217 code such as EUR", p.Currency)
 	}
@@ -258,7 +258,7 @@ type Cluster struct {
 }
 
 // ClusterFromStore renders a stored cluster; live is judged by the caller.
-func ClusterFromStore(c store.Cluster, live bool) Cluster {
+func ClusterFromStore(c model.Cluster, live bool) Cluster {
 	reserved, available := FromResources(c.Reserved), FromResources(c.Free())
 	out := Cluster{
 		ClusterID: c.ID, ClusterName: c.Name, Endpoint: c.Endpoint, Labels: c.Labels,
@@ -280,7 +280,7 @@ func ClusterFromStore(c store.Cluster, live bool) Cluster {
 			Reserved: &reserved, Available: &available,
 		})
 	}
-	if c.Prices != (store.Prices{}) {
+	if c.Prices != (model.Prices{}) {
 		out.Prices = &Prices{
 			Currency: c.Prices.Currency,
 			CPU:      resource.NewScaledQuantity(c.Prices.CPU, resource.Micro),
@@ -321,8 +321,8 @@ type ReservationRequest struct {
 }
 
 // ToStore validates the request of requester and converts it.
-func (r ReservationRequest) ToStore(requester string, lim Limits) (store.ReserveRequest, error) {
-	out := store.ReserveRequest{ID: r.ID, Requester: requester, Owner: r.Owner, Priority: r.Priority}
+func (r ReservationRequest) ToStore(requester string, lim Limits) (model.ReserveRequest, error) {
+	out := model.ReserveRequest{ID: r.ID, Requester: requester, Owner: r.Owner, Priority: r.Priority}
 	if err := ValidateReservationID(r.ID); err != nil {
 		return out, err
 	}
@@ -354,7 +354,7 @@ func (r ReservationRequest) ToStore(requester string, lim Limits) (store.Reserve
 }
 
 // requestedResources converts a request's amounts: cpu and memory are required and positive.
-func requestedResources(q Quantities, field string) (store.Resources, error) {
+func requestedResources(q Quantities, field string) (model.Resources, error) {
 	res, err := q.ToResources(field)
 	if err != nil {
 		return res, invalid("%v", err)
@@ -418,7 +418,7 @@ type Reservation struct {
 
 // ReservationFromStore renders a stored reservation; withGrant shows the
 // provider's grant (only its requester may see it).
-func ReservationFromStore(r store.Reservation, withGrant bool) Reservation {
+func ReservationFromStore(r model.Reservation, withGrant bool) Reservation {
 	out := Reservation{
 		ID: r.ID, Requester: r.Requester, Provider: r.Target, Phase: r.Phase,
 		Resources: FromResources(r.Resources), Score: r.Score, Price: r.Price,
@@ -574,7 +574,7 @@ const (
 const EventCapacityAvailable = "CapacityAvailable"
 
 // EventFromStore renders a stored event.
-func EventFromStore(e store.Event) Event {
+func EventFromStore(e model.Event) Event {
 	return Event{Type: e.Type, Reservation: e.Reservation, Requester: e.Requester, Provider: e.Provider,
 		Phase: e.Phase, Resources: FromResources(e.Resources), ExpiresAt: e.ExpiresAt, Node: e.Node,
 		RemainingMs: e.Remaining.Milliseconds(), PreemptedBy: e.PreemptedBy}

@@ -2,7 +2,6 @@ package dashboard
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -10,25 +9,19 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
-// The capacity history is a Redis stream under the broker's prefix
-// (historyKey), one entry per sample interval, capped to the window: every
-// replica samples, and the entry's id is the interval's start on the Redis
-// clock, so a second replica's sample of the same interval is refused by
-// XADD (ids only grow) and the replicas share one history that outlives
-// any of them. The figures are the federation's totals over its live
-// clusters.
-const historyKey = "dashboard:capacity"
+// The capacity history is kept by the store (Store.AddCapacitySample), one
+// entry per sample interval, capped to the window: every replica samples,
+// the replicas share one history that outlives any of them. The figures
+// are the federation's totals over its live clusters.
 
 // sample is the federation's capacity at one time.
 type sample struct {
 	Time               time.Time
-	Allocatable, Owner store.Resources
-	Reserved, Free     store.Resources
+	Allocatable, Owner model.Resources
+	Reserved, Free     model.Resources
 }
 
 var sampleFields = []string{"alloc", "owner", "resv", "free"}
@@ -48,32 +41,24 @@ func (d *Dashboard) sample(ctx context.Context) error {
 			continue
 		}
 		free := c.Free()
-		free = store.Resources{CPU: max(free.CPU, 0), Memory: max(free.Memory, 0), GPU: max(free.GPU, 0), Storage: max(free.Storage, 0)}
+		free = model.Resources{CPU: max(free.CPU, 0), Memory: max(free.Memory, 0), GPU: max(free.GPU, 0), Storage: max(free.Storage, 0)}
 		s.Allocatable = s.Allocatable.Add(c.Allocatable)
 		s.Owner = s.Owner.Add(c.Allocated)
 		s.Reserved = s.Reserved.Add(c.Reserved)
 		s.Free = s.Free.Add(free)
 	}
 	values := []any{}
-	for i, r := range []store.Resources{s.Allocatable, s.Owner, s.Reserved, s.Free} {
+	for i, r := range []model.Resources{s.Allocatable, s.Owner, s.Reserved, s.Free} {
 		values = append(values, sampleFields[i], fmt.Sprintf("%d %d %d", r.CPU, r.Memory, r.GPU))
 	}
 	bucket := now.UnixMilli() / d.every.Milliseconds() * d.every.Milliseconds()
-	err = d.store.Client().XAdd(ctx, &redis.XAddArgs{
-		Stream: d.store.Key(historyKey), ID: strconv.FormatInt(bucket, 10) + "-0",
-		MaxLen: int64(d.window/d.every) + 2, Approx: true, Values: values,
-	}).Err()
-	if err != nil && strings.Contains(err.Error(), "equal or smaller") {
-		return nil // another replica sampled this interval
-	}
-	return err
+	return d.store.AddCapacitySample(ctx, time.UnixMilli(bucket), int64(d.window/d.every)+2, values)
 }
 
 // samples reads the history of the window up to now, oldest first.
 func (d *Dashboard) samples(ctx context.Context, now time.Time) ([]sample, error) {
-	from := strconv.FormatInt(now.Add(-d.window).UnixMilli(), 10)
-	msgs, err := d.store.Client().XRevRangeN(ctx, d.store.Key(historyKey), "+", from, int64(d.window/d.every)+2).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
+	msgs, err := d.store.CapacitySamples(ctx, now.Add(-d.window), int64(d.window/d.every)+2)
+	if err != nil {
 		return nil, err
 	}
 	out := make([]sample, 0, len(msgs))
@@ -81,7 +66,7 @@ func (d *Dashboard) samples(ctx context.Context, now time.Time) ([]sample, error
 		m := msgs[i]
 		ms, _ := strconv.ParseInt(strings.TrimSuffix(m.ID, "-0"), 10, 64)
 		s := sample{Time: time.UnixMilli(ms)}
-		for j, dst := range []*store.Resources{&s.Allocatable, &s.Owner, &s.Reserved, &s.Free} {
+		for j, dst := range []*model.Resources{&s.Allocatable, &s.Owner, &s.Reserved, &s.Free} {
 			v, _ := m.Values[sampleFields[j]].(string)
 			f := strings.Fields(v)
 			if len(f) != 3 {
@@ -115,11 +100,11 @@ const (
 func (d *Dashboard) charts(samples []sample, now time.Time) []chart {
 	pick := []struct {
 		name string
-		get  func(store.Resources) int64
+		get  func(model.Resources) int64
 	}{
-		{"cpu", func(r store.Resources) int64 { return r.CPU }},
-		{"memory", func(r store.Resources) int64 { return r.Memory }},
-		{"gpu", func(r store.Resources) int64 { return r.GPU }},
+		{"cpu", func(r model.Resources) int64 { return r.CPU }},
+		{"memory", func(r model.Resources) int64 { return r.Memory }},
+		{"gpu", func(r model.Resources) int64 { return r.GPU }},
 	}
 	var out []chart
 	for _, p := range pick {
@@ -142,11 +127,11 @@ func (d *Dashboard) charts(samples []sample, now time.Time) []chart {
 			}
 			return template.HTMLAttr(`points="` + strings.TrimSpace(b.String()) + `"`)
 		}
-		c := chart{Resource: p.name, Max: store.Quantity(p.name, top), Samples: len(samples),
+		c := chart{Resource: p.name, Max: model.Quantity(p.name, top), Samples: len(samples),
 			Reserved: line(func(s sample) int64 { return p.get(s.Reserved) }),
 			Free:     line(func(s sample) int64 { return p.get(s.Free) })}
 		if n := len(samples); n > 0 {
-			c.LastReserved, c.LastFree = store.Quantity(p.name, p.get(samples[n-1].Reserved)), store.Quantity(p.name, p.get(samples[n-1].Free))
+			c.LastReserved, c.LastFree = model.Quantity(p.name, p.get(samples[n-1].Reserved)), model.Quantity(p.name, p.get(samples[n-1].Free))
 		}
 		out = append(out, c)
 	}

@@ -2,13 +2,10 @@ package dashboard
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Live updates: /dashboard/events is a server-sent event stream that says
@@ -85,42 +82,7 @@ func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 }
 
 // watch waits up to liveBlock for a new entry in the audit stream or an
-// event stream of any known cluster, advancing cursors (a stream not read
-// before starts at start).
+// event stream of any known cluster (Store.WaitForChange).
 func (d *Dashboard) watch(ctx context.Context, cursors map[string]string, start string) (bool, error) {
-	ids, err := d.store.ClusterIDs(ctx)
-	if err != nil {
-		return false, err
-	}
-	keys := []string{d.store.Key("audit")}
-	for _, id := range ids {
-		keys = append(keys, d.store.Key("events:", id))
-	}
-	streams := make([]string, 0, 2*len(keys))
-	streams = append(streams, keys...)
-	for _, k := range keys {
-		c, ok := cursors[k]
-		if !ok {
-			c = start
-		}
-		streams = append(streams, c)
-	}
-	res, err := d.store.Client().XRead(ctx, &redis.XReadArgs{Streams: streams, Count: 100, Block: liveBlock}).Result()
-	if errors.Is(err, redis.Nil) {
-		for _, k := range keys {
-			if _, ok := cursors[k]; !ok {
-				cursors[k] = start
-			}
-		}
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	for _, st := range res {
-		if n := len(st.Messages); n > 0 {
-			cursors[st.Stream] = st.Messages[n-1].ID
-		}
-	}
-	return len(res) > 0, nil
+	return d.store.WaitForChange(ctx, cursors, start, liveBlock)
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -64,7 +65,7 @@ var funcs = template.FuncMap{
 
 // now is the Redis clock, which every time the broker stores is on.
 func (d *Dashboard) now(ctx context.Context) (time.Time, error) {
-	return d.store.Client().Time(ctx).Result()
+	return d.store.Now(ctx)
 }
 
 // bar is one resource of a cluster split three ways.
@@ -76,8 +77,8 @@ type bar struct {
 }
 
 func newBar(res string, alloc, owner, reserved, free int64) bar {
-	b := bar{Resource: res, Total: store.Quantity(res, alloc), Owner: store.Quantity(res, owner),
-		Reserved: store.Quantity(res, reserved), Free: store.Quantity(res, free), None: alloc <= 0}
+	b := bar{Resource: res, Total: model.Quantity(res, alloc), Owner: model.Quantity(res, owner),
+		Reserved: model.Quantity(res, reserved), Free: model.Quantity(res, free), None: alloc <= 0}
 	if alloc > 0 {
 		f := func(v int64) float64 { return math.Max(0, 100*float64(v)/float64(alloc)) }
 		b.OwnerPct, b.ReservedPct, b.FreePct = f(owner), f(reserved), f(max(free, 0))
@@ -163,7 +164,7 @@ type reservationsPage struct {
 func (d *Dashboard) reservations(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	p := reservationsPage{Requester: q.Get("requester"), Provider: q.Get("provider"), State: q.Get("state"),
-		States: []string{store.PhaseReserved, store.PhaseActive}}
+		States: []string{model.PhaseReserved, model.PhaseActive}}
 	var tok listToken
 	switch {
 	case p.Requester != "" && api.ValidateClusterID(p.Requester) != nil:
@@ -192,7 +193,7 @@ func (d *Dashboard) reservations(w http.ResponseWriter, r *http.Request) {
 		d.storeError(w, r, err)
 		return
 	}
-	slices.SortFunc(rs, func(a, b store.Reservation) int { return strings.Compare(a.QID(), b.QID()) })
+	slices.SortFunc(rs, func(a, b model.Reservation) int { return strings.Compare(a.QID(), b.QID()) })
 	for _, res := range rs {
 		if (p.Provider != "" && res.Target != p.Provider) || (p.State != "" && res.Phase != p.State) {
 			continue
@@ -268,7 +269,7 @@ type auditEntry struct {
 	Considered  string
 	Examined    string
 	Method      string
-	Candidates  []store.Candidate
+	Candidates  []model.Candidate
 	Rejected    map[string]float64
 }
 
@@ -301,7 +302,7 @@ func (d *Dashboard) audit(w http.ResponseWriter, r *http.Request) {
 		}
 		end = "(" + before
 	}
-	msgs, err := d.store.Client().XRevRangeN(r.Context(), d.store.Key("audit"), end, "-", auditPageSize).Result()
+	msgs, err := d.store.AuditBefore(r.Context(), end, auditPageSize)
 	if err != nil {
 		d.storeError(w, r, err)
 		return
@@ -338,7 +339,7 @@ const auditSearch = 5000
 func (d *Dashboard) findDecision(ctx context.Context, requester, id string) (*auditEntry, error) {
 	end := "+"
 	for read := 0; read < auditSearch; {
-		msgs, err := d.store.Client().XRevRangeN(ctx, d.store.Key("audit"), end, "-", 500).Result()
+		msgs, err := d.store.AuditBefore(ctx, end, 500)
 		if err != nil {
 			return nil, err
 		}
@@ -362,7 +363,7 @@ type decisionPage struct {
 	Reservation   *api.Reservation
 	Granted       bool // only whether: the grant is the requester's secret
 	Decision      *auditEntry
-	Candidates    []store.Candidate
+	Candidates    []model.Candidate
 	WeightRes     string
 	WeightCost    string
 }
@@ -371,7 +372,7 @@ type decisionPage struct {
 // scores and the weights they were combined with.
 func (d *Dashboard) decision(w http.ResponseWriter, r *http.Request) {
 	requester, id := r.PathValue("requester"), r.PathValue("id")
-	if api.ValidateClusterID(requester) != nil || api.ValidateQualifiedReservationID(store.QualifiedID(requester, id)) != nil {
+	if api.ValidateClusterID(requester) != nil || api.ValidateQualifiedReservationID(model.QualifiedID(requester, id)) != nil {
 		d.fail(w, r, http.StatusBadRequest, "not a reservation: /dashboard/reservations/<requester>/<id>")
 		return
 	}
@@ -445,7 +446,7 @@ func (d *Dashboard) usage(w http.ResponseWriter, r *http.Request) {
 	ids = slices.Compact(ids)
 	rows := make([]usageRow, 0, len(ids))
 	for _, id := range ids {
-		var l store.Limits
+		var l model.Limits
 		if policy != nil {
 			l = policy.Limits(id)
 		}
@@ -455,7 +456,7 @@ func (d *Dashboard) usage(w http.ResponseWriter, r *http.Request) {
 			if limit == nil {
 				return
 			}
-			b := limitBar{Name: name, Used: store.Quantity(res, used), Limit: store.Quantity(res, *limit), Over: used > *limit}
+			b := limitBar{Name: name, Used: model.Quantity(res, used), Limit: model.Quantity(res, *limit), Over: used > *limit}
 			if *limit > 0 {
 				b.Pct = math.Min(100, 100*float64(used)/float64(*limit))
 			} else if used > 0 {

@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 // bound is one resolved setting and the field it comes from (the default's
@@ -120,11 +120,11 @@ func price(micros int64) string {
 }
 
 // check refuses an advertisement outside the bounds with a *store.BoundError.
-func (b *bounds) check(ad store.Advertisement) error {
+func (b *bounds) check(ad model.Advertisement) error {
 	refuse := func(bd string, format string, args ...any) error {
-		return &store.BoundError{Bound: bd, Message: fmt.Sprintf(format, args...)}
+		return &model.BoundError{Bound: bd, Message: fmt.Sprintf(format, args...)}
 	}
-	amounts := func(r store.Resources) map[string]int64 {
+	amounts := func(r model.Resources) map[string]int64 {
 		return map[string]int64{"cpu": r.CPU, "memory": r.Memory, "gpu": r.GPU, "storage": r.Storage}
 	}
 	for _, res := range capacityResources {
@@ -138,13 +138,13 @@ func (b *bounds) check(ad store.Advertisement) error {
 		}{{"capacity", amounts(ad.Capacity)[res]}, {"allocatable", amounts(ad.Allocatable)[res]}} {
 			if what.v > max.v {
 				return refuse(max.path, "advertised %s %s %s exceeds the most allowed, %s",
-					what.name, res, store.Quantity(res, what.v), store.Quantity(res, max.v))
+					what.name, res, model.Quantity(res, what.v), model.Quantity(res, max.v))
 			}
 		}
 		for _, n := range ad.Nodes {
 			if v := amounts(n.Allocatable)[res]; v > max.v {
 				return refuse(max.path, "node %s: advertised allocatable %s %s exceeds the most allowed, %s",
-					n.Name, res, store.Quantity(res, v), store.Quantity(res, max.v))
+					n.Name, res, model.Quantity(res, v), model.Quantity(res, max.v))
 			}
 		}
 	}

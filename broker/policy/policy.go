@@ -48,6 +48,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -145,8 +146,8 @@ type LabelBounds struct {
 
 // Policy is a loaded, validated policy: it implements store.Policy.
 type Policy struct {
-	limits        map[string]store.Limits // by cluster, for the overridden ones
-	defaultLimits store.Limits
+	limits        map[string]model.Limits // by cluster, for the overridden ones
+	defaultLimits model.Limits
 	bounds        map[string]*bounds
 	defaultBounds *bounds
 	clusters      []string // every cluster with an override, sorted
@@ -203,7 +204,7 @@ func New(f File) (*Policy, error) {
 	if errs := f.validate(); len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
-	p := &Policy{limits: map[string]store.Limits{}, bounds: map[string]*bounds{}}
+	p := &Policy{limits: map[string]model.Limits{}, bounds: map[string]*bounds{}}
 	var errs field.ErrorList
 	root := field.NewPath("requesters")
 	// A burst needs a rate, the one it sets or the default's.
@@ -242,7 +243,7 @@ func New(f File) (*Policy, error) {
 }
 
 // Limits returns a requester's limits (store.Policy).
-func (p *Policy) Limits(requester string) store.Limits {
+func (p *Policy) Limits(requester string) model.Limits {
 	if l, ok := p.limits[requester]; ok {
 		return l
 	}
@@ -254,7 +255,7 @@ func (p *Policy) Clusters() []string { return p.clusters }
 
 // CheckAdvertisement returns a *store.BoundError when cluster advertises
 // something outside its bounds (store.Policy).
-func (p *Policy) CheckAdvertisement(cluster string, ad store.Advertisement) error {
+func (p *Policy) CheckAdvertisement(cluster string, ad model.Advertisement) error {
 	b, ok := p.bounds[cluster]
 	if !ok {
 		b = p.defaultBounds
@@ -302,8 +303,8 @@ func (a *Amounts) merge(o *Amounts) *Amounts {
 
 // limits converts to the store's units; the burst defaults to the rate
 // (one second's worth of calls), at least 1.
-func (r RequesterLimits) limits() store.Limits {
-	var l store.Limits
+func (r RequesterLimits) limits() model.Limits {
+	var l model.Limits
 	l.Reservations = r.MaxReservations
 	if m := r.MaxResources; m != nil {
 		if m.CPU != nil {

@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/policy"
-	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
 const sample = `
@@ -46,56 +46,56 @@ func TestLimits(t *testing.T) {
 	require.NoError(t, err)
 	// An override sets only what it names: rome keeps the default memory,
 	// gpu, count, ceiling and burst.
-	assert.Equal(t, store.Limits{Reservations: ptr[int64](200), CPU: ptr[int64](128_000), Memory: ptr[int64](256 << 30),
+	assert.Equal(t, model.Limits{Reservations: ptr[int64](200), CPU: ptr[int64](128_000), Memory: ptr[int64](256 << 30),
 		GPU: ptr[int64](4), Priority: ptr[int32](1000), Rate: 2.5, Burst: 40}, p.Limits("rome"))
-	assert.Equal(t, store.Limits{Reservations: ptr[int64](200), CPU: ptr[int64](64_000), Memory: ptr[int64](256 << 30),
+	assert.Equal(t, model.Limits{Reservations: ptr[int64](200), CPU: ptr[int64](64_000), Memory: ptr[int64](256 << 30),
 		GPU: ptr[int64](4), Priority: ptr[int32](1000), Rate: 20, Burst: 40}, p.Limits("lyon"), "the default")
 	assert.Equal(t, []string{"paris", "rome"}, p.Clusters())
 
 	// Without a burst, one second's worth of calls.
 	p, err = policy.Parse([]byte("apiVersion: broker.fluidos.eu/v1alpha1\nkind: BrokerPolicy\nrequesters: {default: {reservesPerSecond: 2.5}}\n"))
 	require.NoError(t, err)
-	assert.Equal(t, store.Limits{Rate: 2.5, Burst: 3}, p.Limits("rome"))
+	assert.Equal(t, model.Limits{Rate: 2.5, Burst: 3}, p.Limits("rome"))
 
 	d := policy.Default()
-	assert.Equal(t, store.Limits{Rate: 100, Burst: 200, Priority: ptr[int32](policy.HighestUserDefinablePriority)}, d.Limits("rome"),
+	assert.Equal(t, model.Limits{Rate: 100, Burst: 200, Priority: ptr[int32](policy.HighestUserDefinablePriority)}, d.Limits("rome"),
 		"without a file: a rate and the users' highest priority, no quota")
-	assert.NoError(t, d.CheckAdvertisement("paris", store.Advertisement{Allocatable: store.Resources{CPU: 1 << 40}}), "no bounds")
+	assert.NoError(t, d.CheckAdvertisement("paris", model.Advertisement{Allocatable: model.Resources{CPU: 1 << 40}}), "no bounds")
 }
 
 func TestCheckAdvertisement(t *testing.T) {
 	p, err := policy.Parse([]byte(sample))
 	require.NoError(t, err)
-	good := store.Advertisement{
-		Capacity: store.Resources{CPU: 64_000, Memory: 128 << 30}, Allocatable: store.Resources{CPU: 60_000, Memory: 120 << 30},
-		Prices: store.Prices{CPU: 30_000, Currency: "EUR"}, Labels: map[string]string{"region": "eu-west", "fluidos.eu/tier": "gold"},
+	good := model.Advertisement{
+		Capacity: model.Resources{CPU: 64_000, Memory: 128 << 30}, Allocatable: model.Resources{CPU: 60_000, Memory: 120 << 30},
+		Prices: model.Prices{CPU: 30_000, Currency: "EUR"}, Labels: map[string]string{"region": "eu-west", "fluidos.eu/tier": "gold"},
 	}
 	require.NoError(t, p.CheckAdvertisement("paris", good))
 	require.NoError(t, p.CheckAdvertisement("berlin", good))
 
 	for _, c := range []struct {
 		name, cluster string
-		change        func(*store.Advertisement)
+		change        func(*model.Advertisement)
 		bound, msg    string
 	}{
-		{"capacity over the cluster's bound", "paris", func(a *store.Advertisement) { a.Capacity.CPU = 10_000_000 },
+		{"capacity over the cluster's bound", "paris", func(a *model.Advertisement) { a.Capacity.CPU = 10_000_000 },
 			"providers.clusters[paris].maxCapacity.cpu", "advertised capacity cpu 10k exceeds the most allowed, 64"},
-		{"the default bound for another", "berlin", func(a *store.Advertisement) { a.Allocatable.CPU, a.Capacity.CPU = 600_000, 600_000 },
+		{"the default bound for another", "berlin", func(a *model.Advertisement) { a.Allocatable.CPU, a.Capacity.CPU = 600_000, 600_000 },
 			"providers.default.maxCapacity.cpu", "advertised capacity cpu 600 exceeds the most allowed, 512"},
-		{"a node over it", "paris", func(a *store.Advertisement) {
-			a.Nodes = []store.NodeCapacity{{Name: "n1", Allocatable: store.Resources{Memory: 3 << 40}}}
+		{"a node over it", "paris", func(a *model.Advertisement) {
+			a.Nodes = []model.NodeCapacity{{Name: "n1", Allocatable: model.Resources{Memory: 3 << 40}}}
 		}, "providers.default.maxCapacity.memory", "node n1: advertised allocatable memory 3Ti exceeds the most allowed, 2Ti"},
-		{"a free price", "paris", func(a *store.Advertisement) { a.Prices.CPU = 0 },
+		{"a free price", "paris", func(a *model.Advertisement) { a.Prices.CPU = 0 },
 			"providers.default.prices.cpu.min", "advertised price of cpu 0 is below the least allowed, 5m"},
-		{"a dear price", "paris", func(a *store.Advertisement) { a.Prices.CPU = 2_000_000 },
+		{"a dear price", "paris", func(a *model.Advertisement) { a.Prices.CPU = 2_000_000 },
 			"providers.default.prices.cpu.max", "advertised price of cpu 2 exceeds the most allowed, 1"},
-		{"another currency", "paris", func(a *store.Advertisement) { a.Prices.Currency = "USD" },
+		{"another currency", "paris", func(a *model.Advertisement) { a.Prices.Currency = "USD" },
 			"providers.default.prices.currencies", `advertised currency "USD" is not one of EUR`},
-		{"a key not allowed", "paris", func(a *store.Advertisement) { a.Labels = map[string]string{"gpu-model": "h100"} },
+		{"a key not allowed", "paris", func(a *model.Advertisement) { a.Labels = map[string]string{"gpu-model": "h100"} },
 			"providers.default.labels.allowedKeys", "label gpu-model is not allowed (allowed: region, zone, fluidos.eu/*)"},
-		{"a value not allowed", "paris", func(a *store.Advertisement) { a.Labels = map[string]string{"region": "us-east"} },
+		{"a value not allowed", "paris", func(a *model.Advertisement) { a.Labels = map[string]string{"region": "us-east"} },
 			"providers.clusters[paris].labels.allowedValues[region]", "label region=us-east is not allowed (allowed values: eu-west)"},
-		{"too many labels", "berlin", func(a *store.Advertisement) {
+		{"too many labels", "berlin", func(a *model.Advertisement) {
 			a.Labels = map[string]string{"region": "a", "zone": "b", "fluidos.eu/a": "c", "fluidos.eu/b": "d"}
 		}, "providers.default.labels.maxLabels", "4 labels advertised, at most 3 allowed"},
 	} {
@@ -103,7 +103,7 @@ func TestCheckAdvertisement(t *testing.T) {
 			ad := good
 			c.change(&ad)
 			err := p.CheckAdvertisement(c.cluster, ad)
-			var be *store.BoundError
+			var be *model.BoundError
 			require.ErrorAs(t, err, &be)
 			assert.Equal(t, c.bound, be.Bound)
 			assert.Equal(t, c.msg, be.Message)

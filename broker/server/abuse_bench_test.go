@@ -42,6 +42,7 @@ import (
 
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 )
@@ -255,8 +256,8 @@ func fillLive(b *testing.B, s *store.Store, requester string, n int) {
 		go func() {
 			defer wg.Done()
 			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				_, err := s.Reserve(ctx, store.ReserveRequest{ID: fmt.Sprintf("bulk-%d", i), Requester: requester,
-					Duration: time.Hour, Resources: store.Resources{CPU: 1, Memory: 1 << 20}})
+				_, err := s.Reserve(ctx, model.ReserveRequest{ID: fmt.Sprintf("bulk-%d", i), Requester: requester,
+					Duration: time.Hour, Resources: model.Resources{CPU: 1, Memory: 1 << 20}})
 				if err != nil {
 					b.Error(err)
 					return

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 )
@@ -67,7 +67,7 @@ func TestReserveReadRelease(t *testing.T) {
 
 	c, err := b.Store.Cluster(context.Background(), "paris")
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{}, c.Reserved, "freed exactly once")
+	assert.Equal(t, model.Resources{}, c.Reserved, "freed exactly once")
 	require.NoError(t, b.Store.CheckInvariant(context.Background()))
 }
 
@@ -117,7 +117,7 @@ func TestExpiryTimer(t *testing.T) {
 	}, 5*time.Second, 50*time.Millisecond, "the broker's timer expires it")
 	c, err := b.Store.Cluster(context.Background(), "paris")
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{}, c.Reserved, "capacity came back")
+	assert.Equal(t, model.Resources{}, c.Reserved, "capacity came back")
 }
 
 func TestIdentity(t *testing.T) {

@@ -36,6 +36,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 )
@@ -49,21 +50,21 @@ const (
 
 // benchProvider is a realistic, varied advertisement scaled by benchScale so
 // that no run exhausts it (every iteration is one new reservation).
-func benchProvider(rng *rand.Rand, id string) store.Advertisement {
+func benchProvider(rng *rand.Rand, id string) model.Advertisement {
 	const gi = int64(1) << 30
 	cores := []int64{16, 32, 48, 64, 96, 128, 256, 512, 1024}[rng.IntN(9)]
 	memPerCore := []int64{2, 4, 8}[rng.IntN(3)]
-	r := store.Resources{CPU: cores * 1000 * benchScale, Memory: cores * memPerCore * gi * benchScale, Storage: cores * 10 * gi * benchScale}
+	r := model.Resources{CPU: cores * 1000 * benchScale, Memory: cores * memPerCore * gi * benchScale, Storage: cores * 10 * gi * benchScale}
 	if rng.IntN(5) == 0 {
 		r.GPU = []int64{1, 2, 4, 8}[rng.IntN(4)] * benchScale
 	}
 	usedPct := rng.Int64N(70)
-	used := store.Resources{CPU: r.CPU * usedPct / 100, Memory: r.Memory * usedPct / 100, GPU: r.GPU / 2}
-	return store.Advertisement{
+	used := model.Resources{CPU: r.CPU * usedPct / 100, Memory: r.Memory * usedPct / 100, GPU: r.GPU / 2}
+	return model.Advertisement{
 		Name: id, Endpoint: "https://" + id + ".example:6443",
 		Labels:   map[string]string{"region": []string{"eu-west", "eu-central", "eu-south"}[rng.IntN(3)]},
 		Capacity: r, Allocatable: r, Allocated: used,
-		Prices: store.Prices{CPU: 20_000 + rng.Int64N(40_000), Memory: 2_000 + rng.Int64N(4_000), GPU: 500_000 + rng.Int64N(2_000_000), Currency: "EUR"},
+		Prices: model.Prices{CPU: 20_000 + rng.Int64N(40_000), Memory: 2_000 + rng.Int64N(4_000), GPU: 500_000 + rng.Int64N(2_000_000), Currency: "EUR"},
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
@@ -165,7 +165,7 @@ type sseEvent struct {
 	frame []byte // "id: ...\nevent: ...\ndata: ...\n\n"
 }
 
-func encodeEvent(e store.Event) *sseEvent {
+func encodeEvent(e model.Event) *sseEvent {
 	data, _ := json.Marshal(api.EventFromStore(e))
 	return &sseEvent{id: e.ID, frame: fmt.Appendf(nil, "id: %s\nevent: %s\ndata: %s\n\n", e.ID, e.Type, data)}
 }

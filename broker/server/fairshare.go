@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -22,7 +23,7 @@ const outcomeLimited = "limited"
 // LimitRange refuses). It returns false for any other error.
 func writeFairShareError(w http.ResponseWriter, err error) bool {
 	var limit *store.LimitError
-	var bound *store.BoundError
+	var bound *model.BoundError
 	switch {
 	case errors.As(err, &limit):
 		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(limit.RetryAfter.Seconds())), 10))
@@ -33,7 +34,7 @@ func writeFairShareError(w http.ResponseWriter, err error) bool {
 		writeError(w, http.StatusTooManyRequests, reason, limit.Error())
 	case errors.As(err, &bound):
 		writeError(w, http.StatusForbidden, api.ReasonOutsideBounds, bound.Error())
-	case errors.Is(err, store.ErrInvalid):
+	case errors.Is(err, model.ErrInvalid):
 		writeError(w, http.StatusBadRequest, api.ReasonBadRequest, err.Error())
 	default:
 		return false
@@ -67,7 +68,7 @@ func (s *Server) getUsage(w http.ResponseWriter, r *http.Request, _ string) {
 	ids = slices.Compact(ids)
 	out := make([]api.MemberUsage, 0, len(ids))
 	for _, id := range ids {
-		var limits store.Limits
+		var limits model.Limits
 		if policy != nil {
 			limits = policy.Limits(id)
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -59,7 +60,7 @@ func (s *Server) postGroup(w http.ResponseWriter, r *http.Request, caller string
 		s.metrics.reservation(outcomeConflict).Inc()
 		writeError(w, http.StatusConflict, api.ReasonConflict,
 			"a member id of group "+req.Group+" is already used alone, by another group or for other amounts")
-	case errors.Is(err, store.ErrInvalidRequest):
+	case errors.Is(err, model.ErrInvalidRequest):
 		s.metrics.reservation(outcomeInvalid).Inc()
 		writeError(w, http.StatusBadRequest, api.ReasonBadRequest, err.Error())
 	default:

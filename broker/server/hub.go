@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/backoff"
 )
@@ -220,7 +221,7 @@ func (sh *hubShard) positions() (clusters, cursors []string) {
 
 // deliver adds what one read returned to the topics, each event encoded once
 // for all the streams of its cluster, and tells the streams.
-func (sh *hubShard) deliver(events map[string][]store.Event) {
+func (sh *hubShard) deliver(events map[string][]model.Event) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for cluster, evs := range events {

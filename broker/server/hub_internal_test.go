@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 )
@@ -30,12 +31,12 @@ func TestHubStreamBehind(t *testing.T) {
 
 	var taken []*sseEvent
 	for i := 1; i <= hubBacklog+10; i++ {
-		h.shard("paris").deliver(map[string][]store.Event{"paris": {{ID: fmt.Sprintf("%d-0", i)}}})
+		h.shard("paris").deliver(map[string][]model.Event{"paris": {{ID: fmt.Sprintf("%d-0", i)}}})
 		if taken, err = fast.take(taken[:0]); err != nil || len(taken) != 1 {
 			t.Fatalf("fast stream: %d events, %v", len(taken), err)
 		}
 	}
-	h.shard("paris").deliver(map[string][]store.Event{"paris": {{ID: "5-0"}}}) // not after the last: dropped
+	h.shard("paris").deliver(map[string][]model.Event{"paris": {{ID: "5-0"}}}) // not after the last: dropped
 	_, err = slow.take(nil)
 	assert.ErrorIs(t, err, errStreamBehind)
 	taken, err = fast.take(nil)

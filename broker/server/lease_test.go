@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 )
 
@@ -185,7 +185,7 @@ func TestLeaseLapses(t *testing.T) {
 	require.Len(t, resp.Renewed, 1)
 	r, err := b.Store.Reservation(context.Background(), "rome", "renewed")
 	require.NoError(t, err)
-	assert.Equal(t, store.PhaseReserved, r.Phase)
+	assert.Equal(t, model.PhaseReserved, r.Phase)
 }
 
 func scrape(t *testing.T, b *brokertest.Broker) string {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 )
@@ -35,9 +36,9 @@ func BenchmarkRenewLeases(b *testing.B) {
 	bk := brokertest.Start(b, brokertest.Options{Store: store.Config{StaleThreshold: time.Hour}})
 	const gi = int64(1) << 30
 	for i := range 4 {
-		r := store.Resources{CPU: 100_000_000, Memory: 400_000 * gi, Storage: 1_000_000 * gi}
-		_, err := bk.Store.Advertise(ctx, fmt.Sprintf("p%d", i), store.Advertisement{Capacity: r, Allocatable: r,
-			Prices: store.Prices{CPU: 30_000 + int64(i)*1000, Memory: 4_000, Currency: "EUR"}})
+		r := model.Resources{CPU: 100_000_000, Memory: 400_000 * gi, Storage: 1_000_000 * gi}
+		_, err := bk.Store.Advertise(ctx, fmt.Sprintf("p%d", i), model.Advertisement{Capacity: r, Allocatable: r,
+			Prices: model.Prices{CPU: 30_000 + int64(i)*1000, Memory: 4_000, Currency: "EUR"}})
 		require.NoError(b, err)
 	}
 	// 10,000 leases of rome, as its agent makes them (one per pod, 2m lease;
@@ -56,8 +57,8 @@ func BenchmarkRenewLeases(b *testing.B) {
 					return
 				}
 				ids[i] = fmt.Sprintf("pod-%05d-0f3c9a2e-6b1d-4c8e-9a7f", i)
-				_, err := bk.Store.Reserve(ctx, store.ReserveRequest{ID: ids[i], Requester: "rome", Owner: "default/pod",
-					Resources: store.Resources{CPU: 250, Memory: 256 << 20}, Duration: time.Hour, Lease: 2 * time.Minute})
+				_, err := bk.Store.Reserve(ctx, model.ReserveRequest{ID: ids[i], Requester: "rome", Owner: "default/pod",
+					Resources: model.Resources{CPU: 250, Memory: 256 << 20}, Duration: time.Hour, Lease: 2 * time.Minute})
 				if err != nil {
 					errs <- err
 					return

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/server"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
@@ -459,17 +460,17 @@ func TestFaultsSentinelFailover(t *testing.T) {
 
 	lost, undone := 0, 0
 	for qid, provider := range load.live {
-		requester, id, _ := store.SplitQualifiedID(qid)
+		requester, id, _ := model.SplitQualifiedID(qid)
 		r, err := b.store.Reservation(ctx, requester, id)
-		if err != nil || r.Phase != store.PhaseReserved && r.Phase != store.PhaseActive || r.Target != provider {
+		if err != nil || r.Phase != model.PhaseReserved && r.Phase != model.PhaseActive || r.Target != provider {
 			lost++
 			t.Errorf("acknowledged reservation %s on %s: %+v, %v", qid, provider, r, err)
 		}
 	}
 	for qid := range load.released {
-		requester, id, _ := store.SplitQualifiedID(qid)
+		requester, id, _ := model.SplitQualifiedID(qid)
 		r, err := b.store.Reservation(ctx, requester, id)
-		if err != nil || r.Phase != store.PhaseReleased {
+		if err != nil || r.Phase != model.PhaseReleased {
 			undone++
 			t.Errorf("acknowledged release of %s undone: %+v, %v", qid, r, err)
 		}
@@ -528,9 +529,9 @@ func TestFaultsReplicaLost(t *testing.T) {
 	// On the replica: a failover now would keep it.
 	rc := redis.NewClient(set.users.AdminOptions(replica))
 	defer rc.Close()
-	phase, err := rc.HGet(context.Background(), b.store.Key("resv:", store.QualifiedID("rome", "r2")), "phase").Result()
+	phase, err := rc.HGet(context.Background(), b.store.Key("resv:", model.QualifiedID("rome", "r2")), "phase").Result()
 	require.NoError(t, err)
-	assert.Equal(t, store.PhaseReserved, phase)
+	assert.Equal(t, model.PhaseReserved, phase)
 	require.NoError(t, b.store.CheckInvariant(context.Background()))
 }
 

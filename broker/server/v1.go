@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -35,7 +36,7 @@ func (s *Server) v1PostAdvertisement(w http.ResponseWriter, r *http.Request, cal
 		s.writeStoreError(w, "", err)
 		return
 	}
-	s.advertise(w, r.Context(), caller, ad, func(c store.Cluster) any {
+	s.advertise(w, r.Context(), caller, ad, func(c model.Cluster) any {
 		return api.V1AdvertisementResponse{Advertisement: api.V1AdvertisementFromStore(c), ProviderInstructions: instructions}
 	})
 }
@@ -46,7 +47,7 @@ func (s *Server) v1PostAdvertisement(w http.ResponseWriter, r *http.Request, cal
 // refuses such an advertisement (400), but a seed agent would then be
 // refused every time and go stale, its free CPU and memory lost. For that
 // resource the cluster has nothing free, which is what capping says.
-func (s *Server) capV1Allocated(caller string, ad *store.Advertisement) {
+func (s *Server) capV1Allocated(caller string, ad *model.Advertisement) {
 	for _, r := range []struct {
 		name             string
 		allocated, alloc *int64
@@ -58,7 +59,7 @@ func (s *Server) capV1Allocated(caller string, ad *store.Advertisement) {
 			continue
 		}
 		s.log.Info("Warning: seed advertisement allocates more than allocatable, capped at allocatable (nothing free)",
-			"cluster", caller, "resource", r.name, "allocated", store.Quantity(r.name, *r.allocated), "allocatable", store.Quantity(r.name, *r.alloc))
+			"cluster", caller, "resource", r.name, "allocated", model.Quantity(r.name, *r.allocated), "allocatable", model.Quantity(r.name, *r.alloc))
 		s.metrics.v1Capped.WithLabelValues(r.name).Inc()
 		*r.allocated = *r.alloc
 	}
@@ -130,7 +131,7 @@ func (s *Server) v1InstructionsFor(r *http.Request, caller string) ([]api.V1Rese
 			return nil, err
 		}
 		for _, res := range rs {
-			if res.Phase == store.PhaseReserved && !seen[res.QID()] {
+			if res.Phase == model.PhaseReserved && !seen[res.QID()] {
 				seen[res.QID()] = true
 				out = append(out, api.V1ReservationFromStore(res))
 			}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -26,17 +27,17 @@ func (s *Server) putAdvertisement(w http.ResponseWriter, r *http.Request, caller
 		writeDecodeError(w, err)
 		return
 	}
-	s.advertise(w, r.Context(), id, ad, func(c store.Cluster) any { return api.ClusterFromStore(c, true) })
+	s.advertise(w, r.Context(), id, ad, func(c model.Cluster) any { return api.ClusterFromStore(c, true) })
 }
 
 // advertise stores ad and answers with the stored cluster rendered by view.
-func (s *Server) advertise(w http.ResponseWriter, ctx context.Context, id string, ad store.Advertisement, view func(store.Cluster) any) {
+func (s *Server) advertise(w http.ResponseWriter, ctx context.Context, id string, ad model.Advertisement, view func(model.Cluster) any) {
 	ack, err := s.store.Advertise(ctx, id, ad)
 	if err != nil {
 		s.writeStoreError(w, "advertise", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, view(store.Cluster{ID: id, Advertisement: ad, Reserved: ack.Reserved, SeenAt: ack.SeenAt,
+	writeJSON(w, http.StatusOK, view(model.Cluster{ID: id, Advertisement: ad, Reserved: ack.Reserved, SeenAt: ack.SeenAt,
 		NodesReserved: ack.NodesReserved}))
 }
 
@@ -92,12 +93,12 @@ func (s *Server) postReservation(w http.ResponseWriter, r *http.Request, caller 
 }
 
 // reserve runs a decision, records its metrics, and answers failures itself.
-func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req store.ReserveRequest) (store.Decision, bool) {
+func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req model.ReserveRequest) (model.Decision, bool) {
 	start := time.Now()
 	if le := s.rateRefused.refused(req.Requester, start); le != nil {
 		s.metrics.decided(outcomeLimited, 0)
 		writeFairShareError(w, le)
-		return store.Decision{}, false
+		return model.Decision{}, false
 	}
 	d, err := s.store.Reserve(ctx, req)
 	took := time.Since(start)
@@ -127,7 +128,7 @@ func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req store.R
 		s.metrics.decided(outcomeError, took)
 		s.writeStoreError(w, "reserve", err)
 	}
-	return store.Decision{}, false
+	return model.Decision{}, false
 }
 
 // requesterOf is whose reservation a call addresses: ids are scoped per
@@ -258,7 +259,7 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 	}
 	renew, whose := s.store.Renew, "of "+requester
 	if requester != caller {
-		renew = func(ctx context.Context, requester string, ids []string) ([]store.Renewal, error) {
+		renew = func(ctx context.Context, requester string, ids []string) ([]model.Renewal, error) {
 			return s.store.RenewFor(ctx, caller, requester, ids)
 		}
 		whose = "of " + requester + " placed on " + caller
@@ -272,19 +273,19 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 	var counts [4]int // by renewOutcomes' order
 	for _, rn := range renewals {
 		switch rn.Outcome {
-		case store.Renewed:
+		case model.Renewed:
 			counts[0]++
 			out.Renewed = append(out.Renewed, api.RenewedLease{ID: rn.ID, RemainingMs: rn.Remaining.Milliseconds()})
 			continue
-		case store.RenewNotFound:
+		case model.RenewNotFound:
 			counts[1]++
 			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewNotFound,
 				Error: "no reservation " + rn.ID + " " + whose + " (ids are scoped per requester)"})
-		case store.RenewEnded:
+		case model.RenewEnded:
 			counts[2]++
 			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewEnded,
 				Error: "reservation " + rn.ID + " has ended (released or expired): it cannot be renewed"})
-		case store.RenewNotALease:
+		case model.RenewNotALease:
 			counts[3]++
 			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewNotALease,
 				Error: "reservation " + rn.ID + " has a fixed duration (no lease): it is never renewed"})

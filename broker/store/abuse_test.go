@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/policy"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
@@ -50,7 +51,7 @@ requesters:
 		_, err := s.Advertise(ctx, id, cluster(20, 80, 0, 30_000, nil))
 		require.NoError(t, err)
 	}
-	reqs := make([]store.ReserveRequest, 40)
+	reqs := make([]model.ReserveRequest, 40)
 	for i := range reqs {
 		reqs[i] = request(fmt.Sprintf("grab-%d", i), "mallory", 1000, 1, 0)
 	}
@@ -115,7 +116,7 @@ requesters:
 
 	usage, err := s.Usage(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, store.Usage{Reservations: 8, Resources: store.Resources{CPU: 8000, Memory: 8 * gi}}, usage["mallory"])
+	assert.Equal(t, model.Usage{Reservations: 8, Resources: model.Resources{CPU: 8000, Memory: 8 * gi}}, usage["mallory"])
 	assert.Equal(t, int64(3), usage["lyon"].Reservations)
 	assertInvariant(t, s)
 }
@@ -133,7 +134,7 @@ requesters:
 `)})
 	_, err := s.Advertise(ctx, "paris", cluster(64, 256, 0, 30_000, nil))
 	require.NoError(t, err)
-	reqs := make([]store.ReserveRequest, 0, 40)
+	reqs := make([]model.ReserveRequest, 0, 40)
 	for i := range 20 {
 		reqs = append(reqs, request(fmt.Sprintf("m-%d", i), "mallory", 100, 1, 0), request(fmt.Sprintf("r-%d", i), "rome", 100, 1, 0))
 	}
@@ -308,7 +309,7 @@ func TestAbuseEndedReservationsKept24h(t *testing.T) {
 	require.NoError(t, err)
 	r, err := s.Reservation(ctx, "rome", "r1")
 	require.NoError(t, err)
-	assert.Equal(t, store.PhaseReleased, r.Phase, "readable while retained")
+	assert.Equal(t, model.PhaseReleased, r.Phase, "readable while retained")
 	time.Sleep(400 * time.Millisecond)
 	_, err = s.Reservation(ctx, "rome", "r1")
 	assert.ErrorIs(t, err, store.ErrNotFound)
@@ -451,9 +452,9 @@ func TestAbuseAllocatedOverAllocatable(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, store.Config{})
 	ad := cluster(4, 16, 0, 30_000, nil)
-	ad.Allocated = store.Resources{CPU: 6000, Memory: gi}
+	ad.Allocated = model.Resources{CPU: 6000, Memory: gi}
 	_, err := s.Advertise(ctx, "paris", ad)
-	require.ErrorIs(t, err, store.ErrInvalid)
+	require.ErrorIs(t, err, model.ErrInvalid)
 	assert.EqualError(t, err, "invalid advertisement: allocated cpu 6 exceeds allocatable 4: free capacity cannot be negative")
 	_, err = s.Cluster(ctx, "paris")
 	assert.ErrorIs(t, err, store.ErrNotFound, "nothing stored")
@@ -472,7 +473,7 @@ providers:
 `)})
 	liar := cluster(100_000, 400_000, 0, 0, nil)
 	_, err := s.Advertise(ctx, "mallory", liar)
-	var be *store.BoundError
+	var be *model.BoundError
 	require.ErrorAs(t, err, &be)
 	assert.Equal(t, "providers.default.maxCapacity.cpu", be.Bound)
 	liar = cluster(128, 512, 0, 0, nil)

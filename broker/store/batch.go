@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"sync"
+
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 // reserveBatcher sends the Reserve requests that arrive while earlier calls
@@ -27,19 +29,19 @@ type reserveBatcher struct {
 // pendingReserve is one request waiting for its decision.
 type pendingReserve struct {
 	ctx  context.Context
-	req  ReserveRequest
+	req  model.ReserveRequest
 	arg  string // its ARGV value in reserve.lua: the request, encoded (reserveArg)
 	done chan reserveResult
 }
 
 type reserveResult struct {
-	decision Decision
+	decision model.Decision
 	err      error
 }
 
 // do queues p and returns its decision, or the context's error if ctx ends
 // first (the request may still be decided: Reserve is idempotent by id).
-func (b *reserveBatcher) do(ctx context.Context, p *pendingReserve) (Decision, error) {
+func (b *reserveBatcher) do(ctx context.Context, p *pendingReserve) (model.Decision, error) {
 	b.mu.Lock()
 	b.queue = append(b.queue, p)
 	lead := b.inFlight < b.maxInFlight
@@ -54,7 +56,7 @@ func (b *reserveBatcher) do(ctx context.Context, p *pendingReserve) (Decision, e
 	case r := <-p.done:
 		return r.decision, r.err
 	case <-ctx.Done():
-		return Decision{}, ctx.Err()
+		return model.Decision{}, ctx.Err()
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/scripts"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
@@ -56,9 +57,9 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 				require.NoError(t, err)
 			}
 		}
-		var kept []store.ReserveRequest
+		var kept []model.ReserveRequest
 		for b := range 4 {
-			reqs := make([]store.ReserveRequest, 48)
+			reqs := make([]model.ReserveRequest, 48)
 			for i := range reqs {
 				reqs[i] = randomRequest(rng, fmt.Sprintf("r%d-%d-%d", round, b, i), ids[rng.IntN(n)])
 				reqs[i].Priority = int32(rng.IntN(3))
@@ -166,10 +167,10 @@ func TestConcurrentReserveBatches(t *testing.T) {
 	s := store.New(rdb, store.Config{StaleThreshold: time.Hour, ReserveBatch: 16})
 	require.NoError(t, s.LoadScripts(ctx))
 	for i := range 20 {
-		_, err := s.Advertise(ctx, fmt.Sprintf("p%02d", i), store.Advertisement{
-			Capacity:    store.Resources{CPU: 4000, Memory: 8 * gi},
-			Allocatable: store.Resources{CPU: 4000, Memory: 8 * gi},
-			Prices:      store.Prices{CPU: int64(10_000 + 1000*i), Memory: 1000, Currency: "EUR"},
+		_, err := s.Advertise(ctx, fmt.Sprintf("p%02d", i), model.Advertisement{
+			Capacity:    model.Resources{CPU: 4000, Memory: 8 * gi},
+			Allocatable: model.Resources{CPU: 4000, Memory: 8 * gi},
+			Prices:      model.Prices{CPU: int64(10_000 + 1000*i), Memory: 1000, Currency: "EUR"},
 		})
 		require.NoError(t, err)
 	}
@@ -185,9 +186,9 @@ func TestConcurrentReserveBatches(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range each {
-				_, err := s.Reserve(ctx, store.ReserveRequest{
+				_, err := s.Reserve(ctx, model.ReserveRequest{
 					ID: fmt.Sprintf("q%d-%d", c, i), Requester: "home", Duration: time.Hour,
-					Resources: store.Resources{CPU: 1000, Memory: gi},
+					Resources: model.Resources{CPU: 1000, Memory: gi},
 				})
 				var nf *store.NoFitError
 				if err != nil && !errors.As(err, &nf) {
@@ -217,9 +218,9 @@ func TestBatchIsolatesABadRequest(t *testing.T) {
 	s := store.New(rdb, store.Config{StaleThreshold: time.Hour})
 	require.NoError(t, s.LoadScripts(ctx))
 	for _, id := range []string{"paris", "berlin"} {
-		_, err := s.Advertise(ctx, id, store.Advertisement{
-			Capacity: store.Resources{CPU: 8000, Memory: 16 * gi}, Allocatable: store.Resources{CPU: 8000, Memory: 16 * gi},
-			Prices: store.Prices{CPU: 20_000, Memory: 2_000, Currency: "EUR"},
+		_, err := s.Advertise(ctx, id, model.Advertisement{
+			Capacity: model.Resources{CPU: 8000, Memory: 16 * gi}, Allocatable: model.Resources{CPU: 8000, Memory: 16 * gi},
+			Prices: model.Prices{CPU: 20_000, Memory: 2_000, Currency: "EUR"},
 		})
 		require.NoError(t, err)
 	}

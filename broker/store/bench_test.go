@@ -30,6 +30,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/policy"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
@@ -46,27 +47,27 @@ const benchScale = 1000
 
 // benchCluster is a realistic, varied advertisement (size, memory per core,
 // GPUs, local usage, prices, labels), scaled by benchScale.
-func benchCluster(rng *rand.Rand, id string) store.Advertisement {
+func benchCluster(rng *rand.Rand, id string) model.Advertisement {
 	cores := []int64{16, 32, 48, 64, 96, 128, 256, 512, 1024}[rng.IntN(9)]
 	memPerCore := []int64{2, 4, 8}[rng.IntN(3)]
 	var gpus int64
 	if rng.IntN(5) == 0 {
 		gpus = []int64{1, 2, 4, 8}[rng.IntN(4)]
 	}
-	r := store.Resources{
+	r := model.Resources{
 		CPU:     cores * 1000 * benchScale,
 		Memory:  cores * memPerCore * gi * benchScale,
 		GPU:     gpus * benchScale,
 		Storage: cores * 10 * gi * benchScale,
 	}
 	usedPct := rng.Int64N(70) // local pods already use 0-69% of it
-	used := store.Resources{CPU: r.CPU * usedPct / 100, Memory: r.Memory * usedPct / 100, GPU: r.GPU / 2, Storage: r.Storage * usedPct / 100}
+	used := model.Resources{CPU: r.CPU * usedPct / 100, Memory: r.Memory * usedPct / 100, GPU: r.GPU / 2, Storage: r.Storage * usedPct / 100}
 	regions := []string{"eu-west", "eu-central", "eu-south", "eu-north", "us-east"}
-	return store.Advertisement{
+	return model.Advertisement{
 		Name: id, Endpoint: "https://" + id + ".example:6443",
 		Labels:   map[string]string{"region": regions[rng.IntN(len(regions))], "tier": []string{"edge", "cloud"}[rng.IntN(2)]},
 		Capacity: r, Allocatable: r, Allocated: used,
-		Prices: store.Prices{
+		Prices: model.Prices{
 			CPU:      20_000 + rng.Int64N(40_000),     // 0.02-0.06 EUR per core-hour
 			Memory:   2_000 + rng.Int64N(4_000),       // 0.002-0.006 EUR per GiB-hour
 			GPU:      500_000 + rng.Int64N(2_000_000), // 0.5-2.5 EUR per GPU-hour
@@ -81,7 +82,7 @@ func benchClusterID(i int) string { return fmt.Sprintf("c%05d", i) }
 func advertiseMany(b testing.TB, st *store.Store, n int) {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(uint64(n), 42))
-	ads := make([]store.Advertisement, n)
+	ads := make([]model.Advertisement, n)
 	for i := range ads {
 		ads[i] = benchCluster(rng, benchClusterID(i))
 	}
@@ -98,7 +99,7 @@ func advertiseMany(b testing.TB, st *store.Store, n int) {
 
 // benchRequests are the shapes the requesters ask for (CPU and memory, as the
 // v2 API requires; no GPU, so every live cluster is a candidate).
-var benchRequests = []store.Resources{
+var benchRequests = []model.Resources{
 	{CPU: 250, Memory: 512 << 20},
 	{CPU: 500, Memory: 1 * gi},
 	{CPU: 1000, Memory: 2 * gi},
@@ -263,7 +264,7 @@ func BenchmarkReserve(b *testing.B) {
 				}
 				b.Run("method="+method, func(b *testing.B) {
 					runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {
-						_, err := s.Reserve(ctx, store.ReserveRequest{
+						_, err := s.Reserve(ctx, model.ReserveRequest{
 							ID:        "b" + strconv.FormatInt(seq, 36),
 							Requester: benchClusterID(int(seq) % requesters),
 							Resources: benchRequests[seq%int64(len(benchRequests))],
@@ -285,7 +286,7 @@ func BenchmarkAdvertise(b *testing.B) {
 	b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
 		advertiseMany(b, st, n)
 		rng := rand.New(rand.NewPCG(n, 42))
-		ads := make([]store.Advertisement, n)
+		ads := make([]model.Advertisement, n)
 		for i := range ads {
 			ads[i] = benchCluster(rng, benchClusterID(i))
 		}
@@ -302,20 +303,20 @@ func BenchmarkAdvertise(b *testing.B) {
 // rounding). slowPath makes the node with the most free cpu memory-full,
 // so that the record's node summary cannot decide any request and every
 // candidate's node record is read: the worst case of the per-node check.
-func benchNodes(rng *rand.Rand, ad store.Advertisement, slowPath bool) []store.NodeCapacity {
+func benchNodes(rng *rand.Rand, ad model.Advertisement, slowPath bool) []model.NodeCapacity {
 	weights := []int64{1, 1, 1, 1, 2, 2, 2, 3, 3, 4} // sums to 20
-	nodes := make([]store.NodeCapacity, len(weights))
+	nodes := make([]model.NodeCapacity, len(weights))
 	part := func(total, w int64) int64 { return total / 20 * w }
 	for i, w := range weights {
-		a := store.Resources{CPU: part(ad.Allocatable.CPU, w), Memory: part(ad.Allocatable.Memory, w),
+		a := model.Resources{CPU: part(ad.Allocatable.CPU, w), Memory: part(ad.Allocatable.Memory, w),
 			GPU: part(ad.Allocatable.GPU, w), Storage: part(ad.Allocatable.Storage, w)}
 		pct := rng.Int64N(70)
-		nodes[i] = store.NodeCapacity{Name: fmt.Sprintf("node-%02d", i), Allocatable: a,
-			Allocated: store.Resources{CPU: a.CPU * pct / 100, Memory: a.Memory * pct / 100, GPU: a.GPU / 2, Storage: a.Storage * pct / 100}}
+		nodes[i] = model.NodeCapacity{Name: fmt.Sprintf("node-%02d", i), Allocatable: a,
+			Allocated: model.Resources{CPU: a.CPU * pct / 100, Memory: a.Memory * pct / 100, GPU: a.GPU / 2, Storage: a.Storage * pct / 100}}
 	}
 	if slowPath {
 		top := &nodes[len(nodes)-1]
-		top.Allocated = store.Resources{Memory: top.Allocatable.Memory}
+		top.Allocated = model.Resources{Memory: top.Allocatable.Memory}
 	}
 	return nodes
 }
@@ -336,7 +337,7 @@ func BenchmarkReserveNodes(b *testing.B) {
 				require.NoError(b, admin(b, st).FlushAll(ctx).Err())
 				require.NoError(b, st.LoadScripts(ctx))
 				rng := rand.New(rand.NewPCG(uint64(n), 42))
-				ads := make([]store.Advertisement, n)
+				ads := make([]model.Advertisement, n)
 				for i := range ads {
 					ads[i] = benchCluster(rng, benchClusterID(i))
 					if variant != "0" {
@@ -355,7 +356,7 @@ func BenchmarkReserveNodes(b *testing.B) {
 				requesters := min(n, 8)
 				b.Run("nodes="+variant, func(b *testing.B) {
 					runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {
-						d, err := st.Reserve(ctx, store.ReserveRequest{
+						d, err := st.Reserve(ctx, model.ReserveRequest{
 							ID:        "b" + strconv.FormatInt(seq, 36),
 							Requester: benchClusterID(int(seq) % requesters),
 							Resources: benchRequests[seq%int64(len(benchRequests))],
@@ -404,7 +405,7 @@ func BenchmarkReserveReplicated(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("clusters=%d/wait=%s", n, map[int]string{0: "off", 1: "on"}[wait]), func(b *testing.B) {
 			runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {
-				_, err := st.Reserve(ctx, store.ReserveRequest{
+				_, err := st.Reserve(ctx, model.ReserveRequest{
 					ID:        "b" + strconv.FormatInt(seq, 36),
 					Requester: benchClusterID(int(seq) % 8),
 					Resources: benchRequests[seq%int64(len(benchRequests))],

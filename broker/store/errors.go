@@ -4,11 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/resource"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 var (
@@ -37,23 +36,6 @@ func (e *NoFitError) Error() string {
 		return "no cluster fits the request: no cluster is advertised"
 	}
 	return "no cluster fits the request (" + strings.Join(reasons, ", ") + ")"
-}
-
-// ErrInvalid means an advertisement contradicts itself (e.g. more allocated
-// than allocatable): the caller must fix it.
-var ErrInvalid = errors.New("invalid advertisement")
-
-// BoundError is an advertisement outside the bounds the operator set for
-// its cluster (broker/policy): nothing was stored.
-type BoundError struct {
-	// Bound names the operator's setting, e.g.
-	// "providers.clusters.paris.maxAllocatable.cpu".
-	Bound   string
-	Message string // what was advertised against what the bound allows
-}
-
-func (e *BoundError) Error() string {
-	return e.Message + " (operator bound " + e.Bound + ")"
 }
 
 // LimitRetryAfter is when a requester refused at one of its limits on live
@@ -87,16 +69,4 @@ func (e *LimitError) Error() string {
 var limitNames = map[string]string{"reservations": "live reservations", "cpu": "reserved cpu", "memory": "reserved memory", "gpu": "reserved gpus"}
 
 // amount renders one of the limit's amounts in the API's units.
-func (e *LimitError) amount(v int64) string { return Quantity(e.Limit, v) }
-
-// Quantity renders an amount of a resource ("cpu", "memory", "storage";
-// anything else is a count) as the API writes it: 1500m, 4Gi, 2.
-func Quantity(res string, v int64) string {
-	switch res {
-	case "cpu":
-		return resource.NewMilliQuantity(v, resource.DecimalSI).String()
-	case "memory", "storage":
-		return resource.NewQuantity(v, resource.BinarySI).String()
-	}
-	return strconv.FormatInt(v, 10)
-}
+func (e *LimitError) amount(v int64) string { return model.Quantity(e.Limit, v) }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -29,7 +30,7 @@ func (s *Store) EventCursor(ctx context.Context, cluster, since string) (string,
 
 // ReadEvents returns up to count events after cursor, waiting up to block for
 // the first one (0: don't wait). An empty slice means none arrived in time.
-func (s *Store) ReadEvents(ctx context.Context, cluster, cursor string, count int64, block time.Duration) ([]Event, error) {
+func (s *Store) ReadEvents(ctx context.Context, cluster, cursor string, count int64, block time.Duration) ([]model.Event, error) {
 	args := &redis.XReadArgs{Streams: []string{s.Key("events:", cluster), cursor}, Count: count, Block: block}
 	if block <= 0 {
 		args.Block = -1 // go-redis: negative means no BLOCK argument
@@ -41,7 +42,7 @@ func (s *Store) ReadEvents(ctx context.Context, cluster, cursor string, count in
 	if err != nil {
 		return nil, err
 	}
-	var out []Event
+	var out []model.Event
 	for _, st := range streams {
 		for _, m := range st.Messages {
 			out = append(out, eventFromMessage(m))
@@ -54,7 +55,7 @@ func (s *Store) ReadEvents(ctx context.Context, cluster, cursor string, count in
 // up to count events of each after its cursor (cursors[i] for clusters[i]),
 // waiting up to block for the first (0: not at all). It returns the events by
 // cluster; none arrived in time: an empty map.
-func (s *Store) ReadStreams(ctx context.Context, clusters, cursors []string, count int64, block time.Duration) (map[string][]Event, error) {
+func (s *Store) ReadStreams(ctx context.Context, clusters, cursors []string, count int64, block time.Duration) (map[string][]model.Event, error) {
 	streams := make([]string, 0, 2*len(clusters))
 	for _, c := range clusters {
 		streams = append(streams, s.Key("events:", c))
@@ -71,10 +72,10 @@ func (s *Store) ReadStreams(ctx context.Context, clusters, cursors []string, cou
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string][]Event, len(res))
+	out := make(map[string][]model.Event, len(res))
 	prefix := s.Key("events:")
 	for _, st := range res {
-		events := make([]Event, len(st.Messages))
+		events := make([]model.Event, len(st.Messages))
 		for i, m := range st.Messages {
 			events[i] = eventFromMessage(m)
 		}
@@ -83,16 +84,16 @@ func (s *Store) ReadStreams(ctx context.Context, clusters, cursors []string, cou
 	return out, nil
 }
 
-func eventFromMessage(m redis.XMessage) Event {
+func eventFromMessage(m redis.XMessage) model.Event {
 	str := func(k string) string { v, _ := m.Values[k].(string); return v }
-	e := Event{
+	e := model.Event{
 		ID:          m.ID,
 		Type:        str("type"),
 		Reservation: str("reservation"),
 		Requester:   str("requester"),
 		Provider:    str("provider"),
 		Phase:       str("phase"),
-		Resources:   Resources{CPU: atoi(str("cpu")), Memory: atoi(str("mem")), GPU: atoi(str("gpu")), Storage: atoi(str("sto"))},
+		Resources:   model.Resources{CPU: atoi(str("cpu")), Memory: atoi(str("mem")), GPU: atoi(str("gpu")), Storage: atoi(str("sto"))},
 		ExpiresAt:   msTime(atoi(str("expires_ms"))),
 		Remaining:   time.Duration(atoi(str("remaining_ms"))) * time.Millisecond,
 		Node:        str("node"),

@@ -5,6 +5,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/scripts/reference"
 )
 
@@ -21,7 +22,7 @@ func NewFullScan(rdb redis.UniversalClient, cfg Config) *Store {
 // ReserveBatch decides reqs in one reserve.lua call, in order: the batch the
 // batcher would send if they all queued at once (tests compare it with one
 // call per request).
-func (s *Store) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]Decision, []error) {
+func (s *Store) ReserveBatch(ctx context.Context, reqs []model.ReserveRequest) ([]model.Decision, []error) {
 	batch := make([]*pendingReserve, len(reqs))
 	for i, req := range reqs {
 		p, err := newPendingReserve(ctx, s.withLimits(req))
@@ -31,7 +32,7 @@ func (s *Store) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]Deci
 		batch[i] = p
 	}
 	s.sendReserves(ctx, batch)
-	decisions, errs := make([]Decision, len(reqs)), make([]error, len(reqs))
+	decisions, errs := make([]model.Decision, len(reqs)), make([]error, len(reqs))
 	for i, p := range batch {
 		r := <-p.done
 		decisions[i], errs[i] = r.decision, r.err

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -38,22 +39,22 @@ func BenchmarkReserveGroup(b *testing.B) {
 	}
 	require.NoError(b, g.Wait())
 	const size = 8
-	members := func(seq int64) []store.GroupMember {
-		out := make([]store.GroupMember, size)
+	members := func(seq int64) []model.GroupMember {
+		out := make([]model.GroupMember, size)
 		for i := range out {
-			out[i] = store.GroupMember{ID: "g" + strconv.FormatInt(seq, 36) + "-" + strconv.Itoa(i),
+			out[i] = model.GroupMember{ID: "g" + strconv.FormatInt(seq, 36) + "-" + strconv.Itoa(i),
 				Resources: benchRequests[(seq+int64(i))%int64(len(benchRequests))]}
 		}
 		return out
 	}
-	single := func(ctx context.Context, seq int64, m store.GroupMember) error {
-		_, err := st.Reserve(ctx, store.ReserveRequest{ID: m.ID, Requester: benchClusterID(int(seq) % 8),
+	single := func(ctx context.Context, seq int64, m model.GroupMember) error {
+		_, err := st.Reserve(ctx, model.ReserveRequest{ID: m.ID, Requester: benchClusterID(int(seq) % 8),
 			Resources: m.Resources, Duration: time.Hour})
 		return err
 	}
 	b.Run(fmt.Sprintf("clusters=%d/group=%d", n, size), func(b *testing.B) {
 		runSerialAndParallel(b, rdb, "groups/s", "evalsha", func(ctx context.Context, seq int64) error {
-			d, err := st.ReserveGroup(ctx, store.GroupRequest{Group: "g" + strconv.FormatInt(seq, 36),
+			d, err := st.ReserveGroup(ctx, model.GroupRequest{Group: "g" + strconv.FormatInt(seq, 36),
 				Requester: benchClusterID(int(seq) % 8), MinMember: size, Members: members(seq), Duration: time.Hour})
 			if err == nil && len(d.Reservations) != size {
 				err = fmt.Errorf("%d members reserved", len(d.Reservations))
@@ -93,20 +94,20 @@ func BenchmarkPreempt(b *testing.B) {
 	st, rdb := benchStore(b)
 	ctx := context.Background()
 	const n = 1000
-	full := func(name string) store.NodeCapacity {
-		return store.NodeCapacity{Name: name, Allocatable: store.Resources{CPU: 8000, Memory: 32 * gi},
-			Allocated: store.Resources{CPU: 6000, Memory: 8 * gi}}
+	full := func(name string) model.NodeCapacity {
+		return model.NodeCapacity{Name: name, Allocatable: model.Resources{CPU: 8000, Memory: 32 * gi},
+			Allocated: model.Resources{CPU: 6000, Memory: 8 * gi}}
 	}
 	var g errgroup.Group
 	g.SetLimit(32)
 	for i := range n {
 		g.Go(func() error {
-			ad := store.Advertisement{Nodes: []store.NodeCapacity{full("n1"), full("n2")}}
+			ad := model.Advertisement{Nodes: []model.NodeCapacity{full("n1"), full("n2")}}
 			for _, nd := range ad.Nodes {
 				ad.Allocatable, ad.Allocated = ad.Allocatable.Add(nd.Allocatable), ad.Allocated.Add(nd.Allocated)
 			}
 			ad.Capacity = ad.Allocatable
-			ad.Prices = store.Prices{CPU: 30_000, Memory: 3_000, Currency: "EUR"}
+			ad.Prices = model.Prices{CPU: 30_000, Memory: 3_000, Currency: "EUR"}
 			_, err := st.Advertise(ctx, benchClusterID(i), ad)
 			return err
 		})
@@ -116,15 +117,15 @@ func BenchmarkPreempt(b *testing.B) {
 	for i := range 2 * n {
 		prio := int32(1 + rng.IntN(10))
 		g.Go(func() error {
-			_, err := st.Reserve(ctx, store.ReserveRequest{ID: "low-" + strconv.Itoa(i), Requester: "requester-" + strconv.Itoa(i%8),
-				Resources: store.Resources{CPU: 2000, Memory: gi}, Duration: time.Hour, Priority: prio})
+			_, err := st.Reserve(ctx, model.ReserveRequest{ID: "low-" + strconv.Itoa(i), Requester: "requester-" + strconv.Itoa(i%8),
+				Resources: model.Resources{CPU: 2000, Memory: gi}, Duration: time.Hour, Priority: prio})
 			return err
 		})
 	}
 	require.NoError(b, g.Wait())
-	urgent := func(seq int64) store.ReserveRequest {
-		return store.ReserveRequest{ID: "u" + strconv.FormatInt(seq, 36), Requester: "urgent",
-			Resources: store.Resources{CPU: 2000, Memory: gi}, Duration: time.Hour, Priority: 100}
+	urgent := func(seq int64) model.ReserveRequest {
+		return model.ReserveRequest{ID: "u" + strconv.FormatInt(seq, 36), Requester: "urgent",
+			Resources: model.Resources{CPU: 2000, Memory: gi}, Duration: time.Hour, Priority: 100}
 	}
 	b.Run(fmt.Sprintf("clusters=%d/reserve-nofit", n), func(b *testing.B) {
 		runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {

@@ -13,15 +13,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
 // gang is a group request of n members of milli CPUs and 1 GiB each, ids <name>-0 ...
-func gang(name, requester string, n, minMember int, milli int64) store.GroupRequest {
-	g := store.GroupRequest{Group: name, Requester: requester, MinMember: minMember, Duration: time.Hour, Priority: 10}
+func gang(name, requester string, n, minMember int, milli int64) model.GroupRequest {
+	g := model.GroupRequest{Group: name, Requester: requester, MinMember: minMember, Duration: time.Hour, Priority: 10}
 	for i := range n {
-		g.Members = append(g.Members, store.GroupMember{ID: fmt.Sprintf("%s-%d", name, i),
-			Resources: store.Resources{CPU: milli, Memory: gi}})
+		g.Members = append(g.Members, model.GroupMember{ID: fmt.Sprintf("%s-%d", name, i),
+			Resources: model.Resources{CPU: milli, Memory: gi}})
 	}
 	return g
 }
@@ -66,7 +67,7 @@ func TestGroupAllOrNothing(t *testing.T) {
 	for i, r := range d.Reservations {
 		assert.Equal(t, req.Members[i].ID, r.ID)
 		assert.Equal(t, "default/train", r.Group)
-		assert.Equal(t, store.PhaseReserved, r.Phase)
+		assert.Equal(t, model.PhaseReserved, r.Phase)
 		assert.NotEmpty(t, r.Node)
 		perNode[r.Target+"/"+r.Node]++
 	}
@@ -153,12 +154,12 @@ requesters:
 
 	bad := gang("g", "rome", 2, 3, 1000)
 	_, err := s.ReserveGroup(ctx, bad)
-	assert.ErrorIs(t, err, store.ErrInvalidRequest)
+	assert.ErrorIs(t, err, model.ErrInvalidRequest)
 	assert.Contains(t, err.Error(), "minMember 3 must be between 1 and the 2 members")
 	bad = gang("g", "rome", 2, 2, 1000)
 	bad.Members[1].ID = bad.Members[0].ID
 	_, err = s.ReserveGroup(ctx, bad)
-	assert.ErrorIs(t, err, store.ErrInvalidRequest)
+	assert.ErrorIs(t, err, model.ErrInvalidRequest)
 
 	_, err = s.Reserve(ctx, request("g-1", "rome", 1000, 1, 0))
 	require.NoError(t, err)
@@ -197,8 +198,8 @@ func TestGroupInvariantUnderConcurrentMixedRequests(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 1000)
 	var mu sync.Mutex
-	groups, refused := map[string]store.GroupRequest{}, map[string]store.GroupRequest{}
-	spread := &store.Spread{Group: "shop/app=web", TopologyKey: zoneKey, MaxSkew: 2, WhenUnsatisfiable: store.DoNotSchedule}
+	groups, refused := map[string]model.GroupRequest{}, map[string]model.GroupRequest{}
+	spread := &model.Spread{Group: "shop/app=web", TopologyKey: zoneKey, MaxSkew: 2, WhenUnsatisfiable: model.DoNotSchedule}
 	var preemptions, spreads atomic.Int32
 	for i := range 1000 {
 		wg.Add(1)
@@ -206,7 +207,7 @@ func TestGroupInvariantUnderConcurrentMixedRequests(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(i), 7))
 			requester := fmt.Sprintf("r%d", i%5)
-			single := func(req store.ReserveRequest) {
+			single := func(req model.ReserveRequest) {
 				d, err := s.Reserve(ctx, req)
 				var nf *store.NoFitError
 				switch {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -22,25 +23,25 @@ import (
 // clusters and full clusters (whose free capacity still goes below zero when
 // a re-advertisement shrinks under what is reserved: the broker refuses only
 // more allocated than allocatable, store.Advertisement.Validate).
-func randomAdvertisement(rng *rand.Rand) store.Advertisement {
+func randomAdvertisement(rng *rand.Rand) model.Advertisement {
 	cores := int64(1 + rng.IntN(64))
 	if rng.IntN(4) == 0 {
 		cores = 16 // many equal sizes
 	}
-	alloc := store.Resources{
+	alloc := model.Resources{
 		CPU: cores * 1000, Memory: cores * int64(1+rng.IntN(8)) * gi,
 		GPU: []int64{0, 0, 0, 1, 2, 4}[rng.IntN(6)], Storage: int64(rng.IntN(200)) * gi,
 	}
 	pct := []int64{0, 0, 25, 50, 90, 100, 100}[rng.IntN(7)]
-	used := store.Resources{CPU: alloc.CPU * pct / 100, Memory: alloc.Memory * int64(rng.IntN(100)) / 100, GPU: alloc.GPU / 2}
+	used := model.Resources{CPU: alloc.CPU * pct / 100, Memory: alloc.Memory * int64(rng.IntN(100)) / 100, GPU: alloc.GPU / 2}
 	regions := []string{"eu", "us", "ap"}
 	labels := map[string]string{"region": regions[rng.IntN(len(regions))]}
 	if rng.IntN(3) == 0 {
 		labels["tier"] = "edge"
 	}
-	return store.Advertisement{
+	return model.Advertisement{
 		Capacity: alloc, Allocatable: alloc, Allocated: used, Labels: labels,
-		Prices: store.Prices{
+		Prices: model.Prices{
 			CPU: []int64{10_000, 20_000, 30_000, 40_000}[rng.IntN(4)], Memory: int64(rng.IntN(4)) * 1_000,
 			GPU: []int64{500_000, 1_000_000}[rng.IntN(2)], Currency: "EUR",
 		},
@@ -51,21 +52,21 @@ func randomAdvertisement(rng *rand.Rand) store.Advertisement {
 // randomNodes draws the nodes of half the clusters (the others advertise
 // none: the cluster-level rule), from small value domains so that equal
 // free capacities (ties of the best fit) happen, with full and GPU nodes.
-func randomNodes(rng *rand.Rand) []store.NodeCapacity {
+func randomNodes(rng *rand.Rand) []model.NodeCapacity {
 	if rng.IntN(2) == 0 {
 		return nil
 	}
-	nodes := make([]store.NodeCapacity, 1+rng.IntN(12))
+	nodes := make([]model.NodeCapacity, 1+rng.IntN(12))
 	for i := range nodes {
 		cores := []int64{1, 2, 4, 8, 16, 32}[rng.IntN(6)]
-		alloc := store.Resources{
+		alloc := model.Resources{
 			CPU: cores * 1000, Memory: cores * []int64{1, 2, 4, 8}[rng.IntN(4)] * gi,
 			GPU: []int64{0, 0, 0, 1, 2, 4}[rng.IntN(6)], Storage: []int64{0, 50, 100, 200}[rng.IntN(4)] * gi,
 		}
 		pct := []int64{0, 0, 25, 50, 90, 100}[rng.IntN(6)]
-		used := store.Resources{CPU: alloc.CPU * pct / 100, Memory: alloc.Memory * int64(rng.IntN(4)) / 4,
+		used := model.Resources{CPU: alloc.CPU * pct / 100, Memory: alloc.Memory * int64(rng.IntN(4)) / 4,
 			GPU: alloc.GPU / 2, Storage: alloc.Storage * int64(rng.IntN(3)) / 4}
-		nodes[i] = store.NodeCapacity{Name: fmt.Sprintf("n%02d", i), Allocatable: alloc, Allocated: used}
+		nodes[i] = model.NodeCapacity{Name: fmt.Sprintf("n%02d", i), Allocatable: alloc, Allocated: used}
 	}
 	return nodes
 }
@@ -86,16 +87,16 @@ func listSome(t *testing.T, rng *rand.Rand, s *store.Store, id string) []string 
 	return ids
 }
 
-func randomRequest(rng *rand.Rand, id, requester string) store.ReserveRequest {
-	req := store.ReserveRequest{ID: id, Requester: requester, Duration: time.Hour,
-		Resources: store.Resources{CPU: int64(1+rng.IntN(16)) * 250, Memory: int64(1+rng.IntN(8)) * gi / 2}}
+func randomRequest(rng *rand.Rand, id, requester string) model.ReserveRequest {
+	req := model.ReserveRequest{ID: id, Requester: requester, Duration: time.Hour,
+		Resources: model.Resources{CPU: int64(1+rng.IntN(16)) * 250, Memory: int64(1+rng.IntN(8)) * gi / 2}}
 	switch rng.IntN(8) {
 	case 0:
 		req.Resources.GPU = int64(1 + rng.IntN(2))
 	case 1:
 		req.Resources.Storage = int64(1+rng.IntN(50)) * gi
 	case 2:
-		req.Resources = store.Resources{CPU: 24_000, Memory: 96 * gi} // fits few or none
+		req.Resources = model.Resources{CPU: 24_000, Memory: 96 * gi} // fits few or none
 	}
 	switch rng.IntN(6) {
 	case 0:
@@ -142,7 +143,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 		time.Sleep(stale + 100*time.Millisecond)
 		// The others stay live: they publish again (a heartbeat) every 500 ms,
 		// as agents do, so none goes stale between the two decisions compared.
-		ads := map[string]store.Advertisement{}
+		ads := map[string]model.Advertisement{}
 		// lastBeat is taken before a heartbeat starts: its first cluster is
 		// seen then. Concurrent, so that a loaded machine stays well within
 		// the threshold.

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -57,14 +58,14 @@ func (s *Store) checkInvariantOnce(ctx context.Context) error {
 		return err
 	}
 	var errs []error
-	var allLive []Reservation
+	var allLive []model.Reservation
 	for _, c := range clusters {
 		live, err := s.LiveReservations(ctx, "by-target", c.ID)
 		if err != nil {
 			return err
 		}
 		allLive = append(allLive, live...)
-		var sum Resources
+		var sum model.Resources
 		for _, r := range live {
 			if !r.Live() {
 				errs = append(errs, fmt.Errorf("cluster %s: index holds reservation %s in phase %s", c.ID, r.ID, r.Phase))
@@ -114,7 +115,7 @@ func (s *Store) checkUsage(ctx context.Context) ([]error, error) {
 	if err != nil {
 		return nil, err
 	}
-	want := map[string]Usage{}
+	want := map[string]model.Usage{}
 	for _, r := range live {
 		if r.Live() {
 			u := want[r.Requester]
@@ -142,7 +143,7 @@ func (s *Store) checkUsage(ctx context.Context) ([]error, error) {
 }
 
 // checkNodes verifies one cluster's node debits against its live reservations.
-func (s *Store) checkNodes(ctx context.Context, c Cluster, live []Reservation) ([]error, error) {
+func (s *Store) checkNodes(ctx context.Context, c model.Cluster, live []model.Reservation) ([]error, error) {
 	listed, err := s.rdb.SMembers(ctx, s.Key("node-listed:", c.ID)).Result()
 	if err != nil {
 		return nil, err
@@ -152,7 +153,7 @@ func (s *Store) checkNodes(ctx context.Context, c Cluster, live []Reservation) (
 	for _, id := range listed {
 		isListed[id] = true
 	}
-	want := map[string]Resources{}
+	want := map[string]model.Resources{}
 	for _, r := range live {
 		if r.Node == "" {
 			continue
@@ -199,12 +200,12 @@ func (s *Store) CheckIndex(ctx context.Context) error {
 
 // checkIndex verifies that the candidate index agrees with the cluster hashes
 // for every cluster it holds as live.
-func (s *Store) checkIndex(ctx context.Context, clusters []Cluster) error {
+func (s *Store) checkIndex(ctx context.Context, clusters []model.Cluster) error {
 	live, err := s.rdb.ZRange(ctx, s.Key("idx:live"), 0, -1).Result()
 	if err != nil {
 		return err
 	}
-	byID := make(map[string]Cluster, len(clusters))
+	byID := make(map[string]model.Cluster, len(clusters))
 	for _, c := range clusters {
 		byID[c.ID] = c
 	}
@@ -268,9 +269,9 @@ func (s *Store) checkIndex(ctx context.Context, clusters []Cluster) error {
 }
 
 // sortedNodes are a cluster's nodes in idx:nrec order: most free cpu first, then by name.
-func sortedNodes(c Cluster) []Node {
+func sortedNodes(c model.Cluster) []model.Node {
 	nodes := c.StoredNodes()
-	slices.SortFunc(nodes, func(a, b Node) int {
+	slices.SortFunc(nodes, func(a, b model.Node) int {
 		if fa, fb := a.Free().CPU, b.Free().CPU; fa != fb {
 			return cmp.Compare(fb, fa)
 		}
@@ -280,7 +281,7 @@ func sortedNodes(c Cluster) []Node {
 }
 
 // nodeSummary is the tail of an idx:rec record (scripts/lib/nodes.lua summarize_nodes).
-func nodeSummary(nodes []Node) []float64 {
+func nodeSummary(nodes []model.Node) []float64 {
 	if len(nodes) == 0 {
 		return make([]float64, 9)
 	}
@@ -297,7 +298,7 @@ func nodeSummary(nodes []Node) []float64 {
 }
 
 // checkNodeRecord verifies a live cluster's idx:nrec against its nodes.
-func (s *Store) checkNodeRecord(ctx context.Context, id string, nodes []Node) error {
+func (s *Store) checkNodeRecord(ctx context.Context, id string, nodes []model.Node) error {
 	raw, err := s.rdb.HGet(ctx, s.Key("idx:nrec"), id).Result()
 	if errors.Is(err, redis.Nil) {
 		if len(nodes) > 0 {
@@ -368,14 +369,4 @@ func decodeRecord(raw string) ([]float64, error) {
 		out = append(out, math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[i:i+8]))))
 	}
 	return out, nil
-}
-
-// Add returns r + o.
-func (r Resources) Add(o Resources) Resources {
-	return Resources{CPU: r.CPU + o.CPU, Memory: r.Memory + o.Memory, GPU: r.GPU + o.GPU, Storage: r.Storage + o.Storage}
-}
-
-// Sub returns r - o.
-func (r Resources) Sub(o Resources) Resources {
-	return Resources{CPU: r.CPU - o.CPU, Memory: r.Memory - o.Memory, GPU: r.GPU - o.GPU, Storage: r.Storage - o.Storage}
 }

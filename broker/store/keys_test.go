@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 	redismanifest "github.com/fluidos-project/resource-broker/manifests/redis"
@@ -150,7 +151,7 @@ requesters:
 			_, err = s.ReserveGroup(ctx, gang("train-"+run, "rome", 2, 2, 500))
 			require.NoError(t, err)
 			spread := request("web-"+run, "rome", 200, 1, 0)
-			spread.Spread = &store.Spread{Group: "web", TopologyKey: "topology.kubernetes.io/region", MaxSkew: 1, WhenUnsatisfiable: "ScheduleAnyway"}
+			spread.Spread = &model.Spread{Group: "web", TopologyKey: "topology.kubernetes.io/region", MaxSkew: 1, WhenUnsatisfiable: "ScheduleAnyway"}
 			_, err = s.Reserve(ctx, spread)
 			require.NoError(t, err)
 			_, err = s.Protect(ctx, "rome", []string{"train-" + run + "-0"})

@@ -15,11 +15,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
 // lease is a request for a lease: hold time hold, lease length length.
-func lease(id, requester string, milli int64, hold, length time.Duration) store.ReserveRequest {
+func lease(id, requester string, milli int64, hold, length time.Duration) model.ReserveRequest {
 	r := request(id, requester, milli, 1, 0)
 	r.Duration, r.Lease = hold, length
 	return r
@@ -59,7 +60,7 @@ func snapshot(t *testing.T, s *store.Store) map[string]string {
 func expiryOf(t *testing.T, s *store.Store, requester, id string) (score float64, hash int64) {
 	t.Helper()
 	ctx := context.Background()
-	qid := store.QualifiedID(requester, id)
+	qid := model.QualifiedID(requester, id)
 	score, err := s.Client().ZScore(ctx, s.Key("expiry"), qid).Result()
 	require.NoError(t, err, "%s in the expiry zset", qid)
 	hash, err = s.Client().HGet(ctx, s.Key("resv:", qid), "expires_ms").Int64()
@@ -105,7 +106,7 @@ func TestScopedIDs(t *testing.T) {
 	assert.ErrorIs(t, err, store.ErrNotFound, "berlin has no id same")
 	rn, err := s.Renew(ctx, "berlin", []string{"same"})
 	require.NoError(t, err)
-	assert.Equal(t, []store.Renewal{{ID: "same", Outcome: store.RenewNotFound}}, rn, "renewals are the caller's own ids only")
+	assert.Equal(t, []model.Renewal{{ID: "same", Outcome: model.RenewNotFound}}, rn, "renewals are the caller's own ids only")
 	assert.Equal(t, before, snapshot(t, s), "refused calls changed nothing")
 
 	// rome releases its own; milan's lives on.
@@ -152,12 +153,12 @@ func TestRenew(t *testing.T) {
 
 	rn, err := s.Renew(ctx, "rome", []string{"short-hold", "long-hold", "fixed", "gone", "unknown", "milans"})
 	require.NoError(t, err)
-	outcomes := map[string]store.RenewOutcome{}
+	outcomes := map[string]model.RenewOutcome{}
 	for _, r := range rn {
 		outcomes[r.ID] = r.Outcome
 	}
-	assert.Equal(t, map[string]store.RenewOutcome{"short-hold": store.Renewed, "long-hold": store.Renewed,
-		"fixed": store.RenewNotALease, "gone": store.RenewEnded, "unknown": store.RenewNotFound, "milans": store.RenewNotFound}, outcomes)
+	assert.Equal(t, map[string]model.RenewOutcome{"short-hold": model.Renewed, "long-hold": model.Renewed,
+		"fixed": model.RenewNotALease, "gone": model.RenewEnded, "unknown": model.RenewNotFound, "milans": model.RenewNotFound}, outcomes)
 	assert.InDelta(t, 10*time.Second, rn[0].Remaining, float64(time.Second), "renewed to now + lease")
 	assert.Greater(t, rn[1].Remaining, 59*time.Minute, "not shortened to the lease")
 	for _, r := range rn[2:] {
@@ -203,22 +204,22 @@ func TestLeaseExpiresAtHoldTime(t *testing.T) {
 	time.Sleep(400 * time.Millisecond)
 	rn, err := s.Renew(ctx, "rome", []string{"late"})
 	require.NoError(t, err)
-	assert.Equal(t, store.RenewEnded, rn[0].Outcome, "past its end on the broker's clock: too late")
+	assert.Equal(t, model.RenewEnded, rn[0].Outcome, "past its end on the broker's clock: too late")
 	n, _, err := s.Expire(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), n, "both expired at their hold time")
 	for _, id := range []string{"unbound", "late"} {
 		r, err := s.Reservation(ctx, "rome", id)
 		require.NoError(t, err)
-		assert.Equal(t, store.PhaseExpired, r.Phase, id)
+		assert.Equal(t, model.PhaseExpired, r.Phase, id)
 		assert.Zero(t, r.Remaining, id)
 	}
 	rn, err = s.Renew(ctx, "rome", []string{"unbound"})
 	require.NoError(t, err)
-	assert.Equal(t, store.RenewEnded, rn[0].Outcome)
+	assert.Equal(t, model.RenewEnded, rn[0].Outcome)
 	c, err := s.Cluster(ctx, "paris")
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{}, c.Reserved, "capacity back")
+	assert.Equal(t, model.Resources{}, c.Reserved, "capacity back")
 	assertInvariant(t, s)
 }
 
@@ -299,7 +300,7 @@ func TestLeaseInvariantUnderConcurrency(t *testing.T) {
 	for i := range 6 {
 		c, err := s.Cluster(ctx, fmt.Sprintf("p%d", i))
 		require.NoError(t, err)
-		assert.Equal(t, store.Resources{}, c.Reserved, c.ID)
+		assert.Equal(t, model.Resources{}, c.Reserved, c.ID)
 	}
 	assertInvariant(t, s)
 }
@@ -312,7 +313,7 @@ func TestReindexMovesOlderLayout(t *testing.T) {
 	s := newStore(t, store.Config{})
 	rdb := s.Client()
 	ad := cluster(8, 32, 0, 1_000, nil)
-	ad.Nodes = []store.NodeCapacity{{Name: "n1", Allocatable: ad.Allocatable}}
+	ad.Nodes = []model.NodeCapacity{{Name: "n1", Allocatable: ad.Allocatable}}
 	_, err := s.Advertise(ctx, "paris", ad)
 	require.NoError(t, err)
 	_, err = s.Reserve(ctx, request("old", "rome", 1000, 1, 0))
@@ -349,7 +350,7 @@ func TestReindexMovesOlderLayout(t *testing.T) {
 	assertInvariant(t, s)
 	rn, err := s.Renew(ctx, "rome", []string{"old"})
 	require.NoError(t, err)
-	assert.Equal(t, store.RenewNotALease, rn[0].Outcome)
+	assert.Equal(t, model.RenewNotALease, rn[0].Outcome)
 	res, err := s.Release(ctx, "rome", "old", "rome")
 	require.NoError(t, err)
 	assert.True(t, res.Released)

@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"slices"
+
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 // Sets of live reservations, by role of the cluster that names them.
@@ -71,7 +73,7 @@ func (s *Store) ScanLive(ctx context.Context, set, cluster string, pos ScanPos, 
 
 // Reservations reads reservations by qualified id in one pipeline; those
 // that are gone are left out.
-func (s *Store) Reservations(ctx context.Context, qids []string) ([]Reservation, error) {
+func (s *Store) Reservations(ctx context.Context, qids []string) ([]model.Reservation, error) {
 	return s.reservations(ctx, qids)
 }
 
@@ -80,7 +82,7 @@ func (s *Store) Reservations(ctx context.Context, qids []string) ([]Reservation,
 // after ("" when this page is the last). Only the page's clusters are read
 // in full; the ids of all are read to order them (one sorted set, as long as
 // the federation, which the operator sizes).
-func (s *Store) ClustersPage(ctx context.Context, after string, limit int) ([]Cluster, string, error) {
+func (s *Store) ClustersPage(ctx context.Context, after string, limit int) ([]model.Cluster, string, error) {
 	ids, err := s.rdb.ZRange(ctx, s.Key("clusters"), 0, -1).Result()
 	if err != nil {
 		return nil, "", err

@@ -13,34 +13,35 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/embedredis"
 )
 
 // node builds an advertised node: free milli-CPUs of alloc milli-CPUs, 8 GiB
 // free of 16 GiB, gpus free of gpus.
-func node(name string, allocMilli, freeMilli, gpus int64) store.NodeCapacity {
-	return store.NodeCapacity{
+func node(name string, allocMilli, freeMilli, gpus int64) model.NodeCapacity {
+	return model.NodeCapacity{
 		Name:        name,
-		Allocatable: store.Resources{CPU: allocMilli, Memory: 16 * gi, GPU: gpus, Storage: 100 * gi},
-		Allocated:   store.Resources{CPU: allocMilli - freeMilli, Memory: 8 * gi},
+		Allocatable: model.Resources{CPU: allocMilli, Memory: 16 * gi, GPU: gpus, Storage: 100 * gi},
+		Allocated:   model.Resources{CPU: allocMilli - freeMilli, Memory: 8 * gi},
 	}
 }
 
 // withNodes is an advertisement of nodes whose totals are the nodes' sums
 // (used: what runs on them), priced per core.
-func withNodes(pricePerCore int64, nodes ...store.NodeCapacity) store.Advertisement {
-	var alloc, used store.Resources
+func withNodes(pricePerCore int64, nodes ...model.NodeCapacity) model.Advertisement {
+	var alloc, used model.Resources
 	for _, n := range nodes {
 		alloc, used = alloc.Add(n.Allocatable), used.Add(n.Allocated)
 	}
-	return store.Advertisement{
+	return model.Advertisement{
 		Capacity: alloc, Allocatable: alloc, Allocated: used, Nodes: nodes,
-		Prices: store.Prices{CPU: pricePerCore, Memory: pricePerCore / 8, GPU: 1_000_000, Currency: "EUR"},
+		Prices: model.Prices{CPU: pricePerCore, Memory: pricePerCore / 8, GPU: 1_000_000, Currency: "EUR"},
 	}
 }
 
-func advertise(t *testing.T, s *store.Store, id string, ad store.Advertisement) {
+func advertise(t *testing.T, s *store.Store, id string, ad model.Advertisement) {
 	t.Helper()
 	_, err := s.Advertise(context.Background(), id, ad)
 	require.NoError(t, err)
@@ -247,7 +248,7 @@ func TestNodeFitListedReservations(t *testing.T) {
 	advertise(t, s, "paris", withNodes(30_000, p1, p2))
 	c, err = s.Cluster(ctx, "paris")
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{CPU: 2000, Memory: gi}, c.NodesReserved["p1"])
+	assert.Equal(t, model.Resources{CPU: 2000, Memory: gi}, c.NodesReserved["p1"])
 	assertInvariant(t, s)
 
 	// Listed again, then released: nothing to credit, the listing goes.
@@ -293,7 +294,7 @@ func TestNodeFitConcurrent(t *testing.T) {
 	frees := map[string][]int64{"paris": {1, 3, 5, 7, 9, 11}, "berlin": {2, 4, 6, 12}}
 	free := map[string]int64{}
 	for id, cpus := range frees {
-		var nodes []store.NodeCapacity
+		var nodes []model.NodeCapacity
 		for i, c := range cpus {
 			n := node(fmt.Sprintf("%s-%d", id, i), 16000, c*1000, 0)
 			nodes = append(nodes, n)
@@ -301,7 +302,7 @@ func TestNodeFitConcurrent(t *testing.T) {
 		}
 		nodes = append(nodes, node(id+"-tiny", 1000, 900, 0))
 		ad := withNodes(30_000, nodes...)
-		ad.Allocated = store.Resources{} // the totals would hold far more
+		ad.Allocated = model.Resources{} // the totals would hold far more
 		advertise(t, s, id, ad)
 	}
 	var (
@@ -314,8 +315,8 @@ func TestNodeFitConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d, err := s.Reserve(ctx, store.ReserveRequest{ID: fmt.Sprintf("q%03d", i), Requester: "rome", Duration: time.Hour,
-				Resources: store.Resources{CPU: 1000, Memory: gi / 8}})
+			d, err := s.Reserve(ctx, model.ReserveRequest{ID: fmt.Sprintf("q%03d", i), Requester: "rome", Duration: time.Hour,
+				Resources: model.Resources{CPU: 1000, Memory: gi / 8}})
 			var nf *store.NoFitError
 			if errors.As(err, &nf) {
 				return
@@ -374,7 +375,7 @@ func TestNodeFitMixesWithTotals(t *testing.T) {
 func TestNodeFitWaitingList(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, store.Config{WaitTTL: time.Minute})
-	nodes := []store.NodeCapacity{node("p1", 4000, 1000, 0), node("p2", 4000, 1000, 0)}
+	nodes := []model.NodeCapacity{node("p1", 4000, 1000, 0), node("p2", 4000, 1000, 0)}
 	advertise(t, s, "paris", withNodes(10_000, nodes...))
 	high := request("high", "rome", 2000, 1, 0)
 	high.Priority = 100

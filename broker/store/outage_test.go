@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -58,7 +59,7 @@ func TestOutageDoesNotCountAgainstLeases(t *testing.T) {
 	// the clock, and the lease is renewed, not refused as ended.
 	rn, err := s.Renew(ctx, "rome", []string{"renewer"})
 	require.NoError(t, err)
-	assert.Equal(t, store.Renewed, rn[0].Outcome, "a lease live when the outage began is renewable after it")
+	assert.Equal(t, model.Renewed, rn[0].Outcome, "a lease live when the outage began is renewable after it")
 	assert.InDelta(t, length, rn[0].Remaining, float64(100*time.Millisecond))
 
 	res, err := s.ExpireRun(ctx)
@@ -66,7 +67,7 @@ func TestOutageDoesNotCountAgainstLeases(t *testing.T) {
 	assert.Equal(t, int64(1), res.Expired, "only the fixed-duration reservation ends")
 	assert.Equal(t, int64(1), res.Credited, "the quiet lease is credited")
 	assert.Greater(t, res.Outage, 2*length, "the outage found is as long as the pause")
-	for id, want := range map[string]string{"quiet": store.PhaseReserved, "renewer": store.PhaseReserved, "fixed": store.PhaseExpired, "before": store.PhaseExpired} {
+	for id, want := range map[string]string{"quiet": model.PhaseReserved, "renewer": model.PhaseReserved, "fixed": model.PhaseExpired, "before": model.PhaseExpired} {
 		r, err := s.Reservation(ctx, "rome", id)
 		require.NoError(t, err)
 		assert.Equal(t, want, r.Phase, id)
@@ -90,7 +91,7 @@ func TestOutageDoesNotCountAgainstLeases(t *testing.T) {
 	assert.Equal(t, int64(1), ended, "the quiet lease ends a lease after the outage")
 	q, err = s.Reservation(ctx, "rome", "quiet")
 	require.NoError(t, err)
-	assert.Equal(t, store.PhaseExpired, q.Phase)
+	assert.Equal(t, model.PhaseExpired, q.Phase)
 	r, err := s.Reservation(ctx, "rome", "renewer")
 	require.NoError(t, err)
 	assert.True(t, r.Live(), "renewed after the outage: live")
@@ -116,14 +117,14 @@ func TestRenewForProvider(t *testing.T) {
 	before := snapshot(t, s)
 	rn, err := s.RenewFor(ctx, "berlin", "rome", []string{"web"})
 	require.NoError(t, err)
-	assert.Equal(t, store.RenewNotFound, rn[0].Outcome, "berlin does not provide it")
+	assert.Equal(t, model.RenewNotFound, rn[0].Outcome, "berlin does not provide it")
 	assert.Equal(t, before, snapshot(t, s), "a refused renewal changes nothing")
 
 	rn, err = s.RenewFor(ctx, "paris", "rome", []string{"web", "nope"})
 	require.NoError(t, err)
-	assert.Equal(t, store.Renewed, rn[0].Outcome)
+	assert.Equal(t, model.Renewed, rn[0].Outcome)
 	assert.InDelta(t, 4*time.Second, rn[0].Remaining, float64(300*time.Millisecond))
-	assert.Equal(t, store.RenewNotFound, rn[1].Outcome)
+	assert.Equal(t, model.RenewNotFound, rn[1].Outcome)
 
 	time.Sleep(1700 * time.Millisecond) // past the hold time: the renewal carried it
 	n, _, err := s.Expire(ctx)

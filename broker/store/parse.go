@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 func atoi(s string) int64 {
@@ -48,8 +50,8 @@ func flatMap(flat []string) map[string]string {
 	return m
 }
 
-func resourcesFrom(m map[string]string, prefix string) Resources {
-	return Resources{
+func resourcesFrom(m map[string]string, prefix string) model.Resources {
+	return model.Resources{
 		CPU:     atoi(m[prefix+"cpu"]),
 		Memory:  atoi(m[prefix+"mem"]),
 		GPU:     atoi(m[prefix+"gpu"]),
@@ -59,8 +61,8 @@ func resourcesFrom(m map[string]string, prefix string) Resources {
 
 // reservationFromMap reads a reservation hash; nowMs is the Redis clock of
 // the read, for Remaining.
-func reservationFromMap(id string, m map[string]string, nowMs int64) (Reservation, error) {
-	r := Reservation{
+func reservationFromMap(id string, m map[string]string, nowMs int64) (model.Reservation, error) {
+	r := model.Reservation{
 		ID:          id,
 		Requester:   m["requester"],
 		Target:      m["target"],
@@ -100,16 +102,16 @@ func reservationFromMap(id string, m map[string]string, nowMs int64) (Reservatio
 	return r, nil
 }
 
-func clusterFromMap(id string, m map[string]string) (Cluster, error) {
-	c := Cluster{
+func clusterFromMap(id string, m map[string]string) (model.Cluster, error) {
+	c := model.Cluster{
 		ID: id,
-		Advertisement: Advertisement{
+		Advertisement: model.Advertisement{
 			Name:        m["name"],
 			Endpoint:    m["endpoint"],
 			Capacity:    resourcesFrom(m, "cap_"),
 			Allocatable: resourcesFrom(m, "alloc_"),
 			Allocated:   resourcesFrom(m, "used_"),
-			Prices: Prices{
+			Prices: model.Prices{
 				CPU: atoi(m["price_cpu"]), Memory: atoi(m["price_mem"]), GPU: atoi(m["price_gpu"]),
 				Currency: m["currency"],
 			},
@@ -139,14 +141,14 @@ func amountsOf(s string) map[string]string {
 
 // withNodes adds a cluster's nodes (its nodes:<id> hash, in name order) and
 // the broker's debits (its node-resv:<id> hash).
-func withNodes(c Cluster, nodes, debits map[string]string) Cluster {
+func withNodes(c model.Cluster, nodes, debits map[string]string) model.Cluster {
 	for name, v := range nodes {
 		a := amountsOf(v)
-		c.Nodes = append(c.Nodes, NodeCapacity{Name: name, Allocatable: resourcesFrom(a, "alloc_"), Allocated: resourcesFrom(a, "used_")})
+		c.Nodes = append(c.Nodes, model.NodeCapacity{Name: name, Allocatable: resourcesFrom(a, "alloc_"), Allocated: resourcesFrom(a, "used_")})
 	}
 	sort.Slice(c.Nodes, func(i, j int) bool { return c.Nodes[i].Name < c.Nodes[j].Name })
 	if len(debits) > 0 {
-		c.NodesReserved = make(map[string]Resources, len(debits))
+		c.NodesReserved = make(map[string]model.Resources, len(debits))
 		for name, v := range debits {
 			c.NodesReserved[name] = resourcesFrom(amountsOf(v), "")
 		}

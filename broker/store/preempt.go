@@ -7,27 +7,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/scripts"
 )
 
-// Victim is a reservation a preemption ended.
-type Victim struct {
-	Reservation string    `json:"reservation"`
-	Requester   string    `json:"requester"`
-	Provider    string    `json:"provider"`
-	Node        string    `json:"node"`
-	Priority    int32     `json:"priority"`
-	CPU         int64     `json:"cpu"`
-	Memory      int64     `json:"mem"`
-	GPU         int64     `json:"gpu"`
-	Storage     int64     `json:"sto"`
-	Resources   Resources `json:"-"`
-}
-
 // PreemptDecision is the outcome of a successful Preempt.
 type PreemptDecision struct {
-	Reservation Reservation
-	Victims     []Victim // none for a replay
+	Reservation model.Reservation
+	Victims     []model.Victim // none for a replay
 	Replayed    bool
 	Reason      string // why, as the audit says it
 }
@@ -51,7 +38,7 @@ const DefaultPreemptGrace = 30 * time.Second
 // atomic step. It returns ErrFitsWithoutPreemption, ErrCapacityComing, a
 // *NoFitError (no set of lower-priority reservations makes room) or
 // ErrConflict.
-func (s *Store) Preempt(ctx context.Context, req ReserveRequest) (PreemptDecision, error) {
+func (s *Store) Preempt(ctx context.Context, req model.ReserveRequest) (PreemptDecision, error) {
 	selector, err := selectorArg(req.Selector)
 	if err != nil {
 		return PreemptDecision{}, err
@@ -84,7 +71,7 @@ func (s *Store) Preempt(ctx context.Context, req ReserveRequest) (PreemptDecisio
 		}
 		for i := range d.Victims {
 			v := &d.Victims[i]
-			v.Resources = Resources{CPU: v.CPU, Memory: v.Memory, GPU: v.GPU, Storage: v.Storage}
+			v.Resources = model.Resources{CPU: v.CPU, Memory: v.Memory, GPU: v.GPU, Storage: v.Storage}
 		}
 		var why struct {
 			Reason string `json:"reason"`

@@ -8,10 +8,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
-func prioritized(id, requester string, milli int64, priority int32) store.ReserveRequest {
+func prioritized(id, requester string, milli int64, priority int32) model.ReserveRequest {
 	r := request(id, requester, milli, 1, 0)
 	r.Priority = priority
 	return r
@@ -28,7 +29,7 @@ func TestPreemptFewestLowestPriority(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, store.Config{})
 	advertise(t, s, "paris", withNodes(30_000, node("p1", 4000, 4000, 0), node("p2", 2000, 2000, 0)))
-	for _, r := range []store.ReserveRequest{prioritized("a", "rome", 1000, 1), prioritized("b", "lyon", 1000, 5),
+	for _, r := range []model.ReserveRequest{prioritized("a", "rome", 1000, 1), prioritized("b", "lyon", 1000, 5),
 		prioritized("c", "lyon", 2000, 1), prioritized("d", "rome", 2000, 100)} {
 		_, err := s.Reserve(ctx, r)
 		require.NoError(t, err)
@@ -52,7 +53,7 @@ func TestPreemptFewestLowestPriority(t *testing.T) {
 
 	c, err := s.Reservation(ctx, "lyon", "c")
 	require.NoError(t, err)
-	assert.Equal(t, store.PhaseReleased, c.Phase)
+	assert.Equal(t, model.PhaseReleased, c.Phase)
 	for _, id := range []string{"a", "b"} {
 		requester := map[string]string{"a": "rome", "b": "lyon"}[id]
 		r, err := s.Reservation(ctx, requester, id)

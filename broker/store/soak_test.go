@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -44,13 +45,13 @@ requesters:
   clusters:
     mallory: {maxReservations: 3, reservesPerSecond: 50, reserveBurst: 5}
 `)})
-	providers := map[string]store.Advertisement{"paris": cluster(64, 256, 2, 30_000, nil), "berlin": cluster(48, 192, 4, 50_000, nil),
+	providers := map[string]model.Advertisement{"paris": cluster(64, 256, 2, 30_000, nil), "berlin": cluster(48, 192, 4, 50_000, nil),
 		"lyon": cluster(32, 128, 0, 20_000, nil)}
 	for _, id := range []string{"paris", "berlin"} { // nodes: the per-node debits and listings
 		ad := providers[id]
-		ad.Nodes = []store.NodeCapacity{
-			{Name: "n1", Allocatable: store.Resources{CPU: ad.Allocatable.CPU / 2, Memory: ad.Allocatable.Memory / 2, GPU: ad.Allocatable.GPU, Storage: 50 * gi}},
-			{Name: "n2", Allocatable: store.Resources{CPU: ad.Allocatable.CPU / 2, Memory: ad.Allocatable.Memory / 2, Storage: 50 * gi}},
+		ad.Nodes = []model.NodeCapacity{
+			{Name: "n1", Allocatable: model.Resources{CPU: ad.Allocatable.CPU / 2, Memory: ad.Allocatable.Memory / 2, GPU: ad.Allocatable.GPU, Storage: 50 * gi}},
+			{Name: "n2", Allocatable: model.Resources{CPU: ad.Allocatable.CPU / 2, Memory: ad.Allocatable.Memory / 2, Storage: 50 * gi}},
 		}
 		providers[id] = ad
 	}
@@ -95,9 +96,9 @@ requesters:
 			rng := rand.New(rand.NewPCG(uint64(w), 18))
 			for c := range cycles {
 				requester := requesters[rng.IntN(len(requesters))]
-				req := store.ReserveRequest{ID: fmt.Sprintf("w%d-c%d", w, c), Requester: requester,
+				req := model.ReserveRequest{ID: fmt.Sprintf("w%d-c%d", w, c), Requester: requester,
 					Duration:  time.Duration(100+rng.IntN(int(longest/time.Millisecond)-100)) * time.Millisecond,
-					Resources: store.Resources{CPU: int64(100 + rng.IntN(4000)), Memory: int64(1+rng.IntN(8)) * gi}}
+					Resources: model.Resources{CPU: int64(100 + rng.IntN(4000)), Memory: int64(1+rng.IntN(8)) * gi}}
 				switch rng.IntN(10) {
 				case 0: // nothing can hold it: it waits, and its requester never retries
 					req.Resources.CPU = 200_000
@@ -136,7 +137,7 @@ requesters:
 				}
 				if rng.IntN(8) == 0 { // its provider lists pods of reservations on its nodes, in their figures
 					ad := providers[r.Target]
-					ad.Nodes = append([]store.NodeCapacity(nil), ad.Nodes...)
+					ad.Nodes = append([]model.NodeCapacity(nil), ad.Nodes...)
 					live, err := s.LiveReservations(ctx, "by-target", r.Target)
 					require.NoError(t, err)
 					for _, l := range live {
@@ -181,7 +182,7 @@ requesters:
 	rng := rand.New(rand.NewPCG(99, 18))
 	for _, id := range []string{"paris", "berlin"} {
 		ad := providers[id]
-		ad.Nodes = append([]store.NodeCapacity(nil), ad.Nodes...)
+		ad.Nodes = append([]model.NodeCapacity(nil), ad.Nodes...)
 		live, err := s.LiveReservations(ctx, "by-target", id)
 		require.NoError(t, err)
 		for _, l := range live {

@@ -9,17 +9,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
 const zoneKey = "topology.kubernetes.io/zone"
 
-func inZone(ad store.Advertisement, zone string) store.Advertisement {
+func inZone(ad model.Advertisement, zone string) model.Advertisement {
 	ad.Labels = map[string]string{zoneKey: zone}
 	return ad
 }
 
-func replica(i int, sp *store.Spread) store.ReserveRequest {
+func replica(i int, sp *model.Spread) model.ReserveRequest {
 	r := request(fmt.Sprintf("web-%d", i), "lyon", 1000, 1, 0)
 	r.Spread = sp
 	return r
@@ -37,7 +38,7 @@ func TestSpreadZones(t *testing.T) {
 	advertise(t, s, "paris", inZone(withNodes(30_000, node("p1", 16000, 16000, 0)), "a"))
 	advertise(t, s, "rome", inZone(withNodes(30_000, node("r1", 4000, 2000, 0)), "b"))
 	advertise(t, s, "milan", inZone(withNodes(30_000, node("m1", 2000, 1000, 0)), "b"))
-	sp := &store.Spread{Group: "shop/app=web", TopologyKey: zoneKey, MaxSkew: 1, WhenUnsatisfiable: store.DoNotSchedule}
+	sp := &model.Spread{Group: "shop/app=web", TopologyKey: zoneKey, MaxSkew: 1, WhenUnsatisfiable: model.DoNotSchedule}
 	zones := map[string]int{}
 	for i := range 6 {
 		d, err := s.Reserve(ctx, replica(i, sp))
@@ -68,7 +69,7 @@ func TestSpreadZones(t *testing.T) {
 	assert.Equal(t, int64(1), nf.Rejected["spread_max_skew"], "paris, in zone a, would make a skew of 2")
 
 	anyway := *sp
-	anyway.WhenUnsatisfiable = store.ScheduleAnyway
+	anyway.WhenUnsatisfiable = model.ScheduleAnyway
 	d, err = s.Reserve(ctx, replica(8, &anyway))
 	require.NoError(t, err)
 	assert.Equal(t, "paris", d.Reservation.Target)
@@ -100,7 +101,7 @@ func TestSpreadSharePolicy(t *testing.T) {
 	advertise(t, s, "rome", withNodes(30_000, node("r1", 8000, 8000, 0)))
 	targets := map[string]int{}
 	for i := range 4 {
-		d, err := s.Reserve(ctx, replica(i, &store.Spread{Group: "shop/web"}))
+		d, err := s.Reserve(ctx, replica(i, &model.Spread{Group: "shop/web"}))
 		require.NoError(t, err)
 		targets[d.Reservation.Target]++
 	}

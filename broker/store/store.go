@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/scripts"
 )
 
@@ -258,20 +259,20 @@ func (s *Store) run(ctx context.Context, sc *redis.Script, args ...any) ([]any, 
 // Advertise stores a cluster's advertisement and marks it live. An
 // advertisement that contradicts itself is refused (ErrInvalid), one outside
 // the operator's bounds too (*BoundError): nothing is stored.
-func (s *Store) Advertise(ctx context.Context, id string, ad Advertisement) (Ack, error) {
+func (s *Store) Advertise(ctx context.Context, id string, ad model.Advertisement) (model.Ack, error) {
 	if err := ad.Validate(); err != nil {
-		return Ack{}, err
+		return model.Ack{}, err
 	}
 	if s.cfg.Policy != nil {
 		if err := s.cfg.Policy.CheckAdvertisement(id, ad); err != nil {
-			return Ack{}, err
+			return model.Ack{}, err
 		}
 	}
 	labels := "{}"
 	if len(ad.Labels) > 0 {
 		b, err := json.Marshal(ad.Labels)
 		if err != nil {
-			return Ack{}, err
+			return model.Ack{}, err
 		}
 		labels = string(b)
 	}
@@ -295,19 +296,19 @@ func (s *Store) Advertise(ctx context.Context, id string, ad Advertisement) (Ack
 	args = appendResources(args, "used_", ad.Allocated)
 	reply, err := s.run(ctx, scripts.Advertise, args...)
 	if err != nil {
-		return Ack{}, err
+		return model.Ack{}, err
 	}
 	f := toStrings(reply[:5])
 	debits, _ := reply[5].([]any)
-	nodes := withNodes(Cluster{}, nil, flatMap(toStrings(debits)))
-	return Ack{
+	nodes := withNodes(model.Cluster{}, nil, flatMap(toStrings(debits)))
+	return model.Ack{
 		SeenAt:        msTime(atoi(f[0])),
-		Reserved:      Resources{CPU: atoi(f[1]), Memory: atoi(f[2]), GPU: atoi(f[3]), Storage: atoi(f[4])},
+		Reserved:      model.Resources{CPU: atoi(f[1]), Memory: atoi(f[2]), GPU: atoi(f[3]), Storage: atoi(f[4])},
 		NodesReserved: nodes.NodesReserved,
 	}, nil
 }
 
-func appendResources(args []any, prefix string, r Resources) []any {
+func appendResources(args []any, prefix string, r model.Resources) []any {
 	return append(args, prefix+"cpu", r.CPU, prefix+"mem", r.Memory, prefix+"gpu", r.GPU, prefix+"sto", r.Storage)
 }
 
@@ -316,7 +317,7 @@ func appendResources(args []any, prefix string, r Resources) []any {
 // when its requester's limits refuse it. Concurrent requests are decided in
 // batches (Config.ReserveBatch), each exactly as if alone. With a
 // Config.Policy, the requester's limits are the policy's.
-func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, error) {
+func (s *Store) Reserve(ctx context.Context, req model.ReserveRequest) (model.Decision, error) {
 	if sp := req.Spread; sp != nil && (sp.TopologyKey != "" || s.cfg.MaxOwnerShare > 0) {
 		if s.cfg.Policy != nil {
 			req.Limits = s.cfg.Policy.Limits(req.Requester)
@@ -325,7 +326,7 @@ func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, erro
 	}
 	p, err := newPendingReserve(ctx, s.withLimits(req))
 	if err != nil {
-		return Decision{}, err
+		return model.Decision{}, err
 	}
 	d, err := s.reserve.do(ctx, p)
 	var nf *NoFitError
@@ -337,39 +338,39 @@ func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (Decision, erro
 
 // preemptFor runs Preempt for a request reserve.lua refused (nf): the
 // decision, or the refusal, saying why nothing was preempted.
-func (s *Store) preemptFor(ctx context.Context, req ReserveRequest, nf *NoFitError) (Decision, error) {
+func (s *Store) preemptFor(ctx context.Context, req model.ReserveRequest, nf *NoFitError) (model.Decision, error) {
 	pd, err := s.Preempt(ctx, req)
 	var pnf *NoFitError
 	switch {
 	case err == nil:
-		return Decision{Reservation: pd.Reservation, Replayed: pd.Replayed, Victims: pd.Victims}, nil
+		return model.Decision{Reservation: pd.Reservation, Replayed: pd.Replayed, Victims: pd.Victims}, nil
 	case errors.Is(err, ErrFitsWithoutPreemption): // capacity came back meanwhile
 		p, err := newPendingReserve(ctx, s.withLimits(req))
 		if err != nil {
-			return Decision{}, err
+			return model.Decision{}, err
 		}
 		return s.reserve.do(ctx, p)
 	case errors.Is(err, ErrCapacityComing):
 		nf.Rejected["capacity_being_released"] = 1
-		return Decision{}, nf
+		return model.Decision{}, nf
 	case errors.As(err, &pnf):
 		for k, n := range pnf.Rejected {
 			nf.Rejected[k] = n
 		}
-		return Decision{}, nf
+		return model.Decision{}, nf
 	}
-	return Decision{}, err
+	return model.Decision{}, err
 }
 
 // withLimits sets req's limits from the policy, if any.
-func (s *Store) withLimits(req ReserveRequest) ReserveRequest {
+func (s *Store) withLimits(req model.ReserveRequest) model.ReserveRequest {
 	if s.cfg.Policy != nil {
 		req.Limits = s.cfg.Policy.Limits(req.Requester)
 	}
 	return req
 }
 
-func newPendingReserve(ctx context.Context, req ReserveRequest) (*pendingReserve, error) {
+func newPendingReserve(ctx context.Context, req model.ReserveRequest) (*pendingReserve, error) {
 	arg, err := encodeReserveArg(req)
 	if err != nil {
 		return nil, err
@@ -408,7 +409,7 @@ type reserveLimits struct {
 	Burst        int     `json:"burst,omitempty"`
 }
 
-func encodeReserveArg(req ReserveRequest) (string, error) {
+func encodeReserveArg(req model.ReserveRequest) (string, error) {
 	selector, err := selectorArg(req.Selector)
 	if err != nil {
 		return "", err
@@ -457,7 +458,7 @@ func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
 }
 
 // parseReserveReply reads one request's {outcome, reservation, candidates, rejections, now_ms}.
-func (s *Store) parseReserveReply(req ReserveRequest, reply []any) (Decision, error) {
+func (s *Store) parseReserveReply(req model.ReserveRequest, reply []any) (model.Decision, error) {
 	id := req.ID
 	outcome, _ := reply[0].(string)
 	switch outcome {
@@ -465,29 +466,29 @@ func (s *Store) parseReserveReply(req ReserveRequest, reply []any) (Decision, er
 		flat, _ := reply[1].([]any)
 		now, _ := reply[4].(int64)
 		r, err := s.readReservation(id, flatMap(toStrings(flat)), now)
-		return Decision{Reservation: r, Replayed: outcome == "replay"}, err
+		return model.Decision{Reservation: r, Replayed: outcome == "replay"}, err
 	case "conflict":
-		return Decision{}, ErrConflict
+		return model.Decision{}, ErrConflict
 	case "limited":
 		msg, _ := reply[3].(string)
-		return Decision{}, limitError(req.Requester, msg)
+		return model.Decision{}, limitError(req.Requester, msg)
 	case "error":
 		msg, _ := reply[3].(string)
-		return Decision{}, fmt.Errorf("reserve %s: %s", id, msg)
+		return model.Decision{}, fmt.Errorf("reserve %s: %s", id, msg)
 	case "nofit":
 		nf := &NoFitError{}
 		rejected, _ := reply[3].(string)
 		if err := json.Unmarshal([]byte(rejected), &nf.Rejected); err != nil {
-			return Decision{}, fmt.Errorf("decode rejections: %w", err)
+			return model.Decision{}, fmt.Errorf("decode rejections: %w", err)
 		}
-		return Decision{}, nf
+		return model.Decision{}, nf
 	}
-	return Decision{}, fmt.Errorf("unexpected reserve outcome %q", outcome)
+	return model.Decision{}, fmt.Errorf("unexpected reserve outcome %q", outcome)
 }
 
 // ReleaseResult tells what Release did.
 type ReleaseResult struct {
-	Reservation Reservation
+	Reservation model.Reservation
 	Released    bool // false: it had already ended, nothing changed
 	Clamped     bool // a counter went below zero and was clamped: an invariant was broken before
 }
@@ -513,17 +514,17 @@ func (s *Store) Release(ctx context.Context, requester, id, caller string) (Rele
 // Grant attaches the provider's access grant to a live reservation,
 // requester's id (Active); caller must be its provider. The grant is sealed
 // (Config.GrantKeys) before it reaches Redis.
-func (s *Store) Grant(ctx context.Context, requester, id, caller string, grant json.RawMessage) (Reservation, error) {
-	sealed := s.cfg.GrantKeys.seal(QualifiedID(requester, id), grant)
+func (s *Store) Grant(ctx context.Context, requester, id, caller string, grant json.RawMessage) (model.Reservation, error) {
+	sealed := s.cfg.GrantKeys.seal(model.QualifiedID(requester, id), grant)
 	reply, err := s.run(ctx, scripts.Grant, requester, id, caller, sealed, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds())
 	if err != nil {
-		return Reservation{}, err
+		return model.Reservation{}, err
 	}
 	switch reply[0].(string) {
 	case "notfound":
-		return Reservation{}, ErrNotFound
+		return model.Reservation{}, ErrNotFound
 	case "forbidden":
-		return Reservation{}, ErrForbidden
+		return model.Reservation{}, ErrForbidden
 	}
 	now, _ := reply[2].(int64)
 	r, err := s.readReservation(id, flatMap(toStrings(reply[1].([]any))), now)
@@ -579,15 +580,15 @@ func (s *Store) ExpireRun(ctx context.Context) (ExpireResult, error) {
 
 // Usage returns what each requester holding live reservations holds (the
 // figures its limits are checked against).
-func (s *Store) Usage(ctx context.Context) (map[string]Usage, error) {
+func (s *Store) Usage(ctx context.Context) (map[string]model.Usage, error) {
 	m, err := s.rdb.HGetAll(ctx, s.Key("usage")).Result()
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]Usage, len(m))
+	out := make(map[string]model.Usage, len(m))
 	for requester, v := range m {
 		a := amountsOf(v)
-		out[requester] = Usage{Reservations: atoi(a["n"]), Resources: resourcesFrom(a, "")}
+		out[requester] = model.Usage{Reservations: atoi(a["n"]), Resources: resourcesFrom(a, "")}
 	}
 	return out, nil
 }
@@ -595,7 +596,7 @@ func (s *Store) Usage(ctx context.Context) (map[string]Usage, error) {
 // Renew extends leases of requester (ids as it chose them) in one atomic
 // call on the Redis clock; it returns one Renewal per id, in order. A
 // refused id (not found, ended, not a lease) changed nothing.
-func (s *Store) Renew(ctx context.Context, requester string, ids []string) ([]Renewal, error) {
+func (s *Store) Renew(ctx context.Context, requester string, ids []string) ([]model.Renewal, error) {
 	return s.renew(ctx, requester, "", ids)
 }
 
@@ -603,14 +604,14 @@ func (s *Store) Renew(ctx context.Context, requester string, ids []string) ([]Re
 // reservations of requester placed on provider are renewed, any other id is
 // RenewNotFound. A provider that still hears a requester (scripts/renew.lua)
 // keeps its leases while the requester cannot reach the broker.
-func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []string) ([]Renewal, error) {
+func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []string) ([]model.Renewal, error) {
 	if provider == "" {
 		return nil, errors.New("renew: a provider renewing for a requester must be named")
 	}
 	return s.renew(ctx, requester, provider, ids)
 }
 
-func (s *Store) renew(ctx context.Context, requester, provider string, ids []string) ([]Renewal, error) {
+func (s *Store) renew(ctx context.Context, requester, provider string, ids []string) ([]model.Renewal, error) {
 	args := make([]any, 0, 2+len(ids))
 	args = append(args, requester, provider)
 	for _, id := range ids {
@@ -623,30 +624,30 @@ func (s *Store) renew(ctx context.Context, requester, provider string, ids []str
 	if len(reply) != 1+2*len(ids) {
 		return nil, fmt.Errorf("renew: %d reply values for %d ids", len(reply), len(ids))
 	}
-	out := make([]Renewal, len(ids))
+	out := make([]model.Renewal, len(ids))
 	for i, id := range ids {
 		outcome, _ := reply[1+2*i].(string)
 		ms, _ := reply[2+2*i].(int64)
-		out[i] = Renewal{ID: id, Outcome: RenewOutcome(outcome), Remaining: time.Duration(ms) * time.Millisecond}
+		out[i] = model.Renewal{ID: id, Outcome: model.RenewOutcome(outcome), Remaining: time.Duration(ms) * time.Millisecond}
 	}
 	return out, nil
 }
 
 // Reservation reads reservation id of requester (ids are scoped per requester).
-func (s *Store) Reservation(ctx context.Context, requester, id string) (Reservation, error) {
-	rs, err := s.reservations(ctx, []string{QualifiedID(requester, id)})
+func (s *Store) Reservation(ctx context.Context, requester, id string) (model.Reservation, error) {
+	rs, err := s.reservations(ctx, []string{model.QualifiedID(requester, id)})
 	if err != nil {
-		return Reservation{}, err
+		return model.Reservation{}, err
 	}
 	if len(rs) == 0 {
-		return Reservation{}, ErrNotFound
+		return model.Reservation{}, ErrNotFound
 	}
 	return rs[0], nil
 }
 
 // LiveReservations returns the live reservations whose target (role "by-target")
 // or requester (role "by-requester") is cluster.
-func (s *Store) LiveReservations(ctx context.Context, role, cluster string) ([]Reservation, error) {
+func (s *Store) LiveReservations(ctx context.Context, role, cluster string) ([]model.Reservation, error) {
 	qids, err := s.rdb.SMembers(ctx, s.Key(role, ":", cluster)).Result()
 	if err != nil {
 		return nil, err
@@ -656,7 +657,7 @@ func (s *Store) LiveReservations(ctx context.Context, role, cluster string) ([]R
 
 // reservations reads reservations by qualified id, in one pipeline with the
 // Redis clock (TIME) for their remaining time; those gone are left out.
-func (s *Store) reservations(ctx context.Context, qids []string) ([]Reservation, error) {
+func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reservation, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.MapStringStringCmd, len(qids))
 	for i, qid := range qids {
@@ -667,12 +668,12 @@ func (s *Store) reservations(ctx context.Context, qids []string) ([]Reservation,
 		return nil, err
 	}
 	nowMs := now.Val().UnixMilli()
-	out := make([]Reservation, 0, len(qids))
+	out := make([]model.Reservation, 0, len(qids))
 	for i, cmd := range cmds {
 		if len(cmd.Val()) == 0 {
 			continue // ended and gone between the two reads
 		}
-		_, id, ok := SplitQualifiedID(qids[i])
+		_, id, ok := model.SplitQualifiedID(qids[i])
 		if !ok {
 			return nil, fmt.Errorf("reservation key %q has no requester", qids[i])
 		}
@@ -686,7 +687,7 @@ func (s *Store) reservations(ctx context.Context, qids []string) ([]Reservation,
 }
 
 // readReservation reads a reservation hash (reservationFromMap) and opens its grant.
-func (s *Store) readReservation(id string, m map[string]string, nowMs int64) (Reservation, error) {
+func (s *Store) readReservation(id string, m map[string]string, nowMs int64) (model.Reservation, error) {
 	r, err := reservationFromMap(id, m, nowMs)
 	if err != nil || len(r.Grant) == 0 {
 		return r, err
@@ -700,13 +701,13 @@ func (s *Store) readReservation(id string, m map[string]string, nowMs int64) (Re
 }
 
 // Cluster reads one cluster, its nodes included.
-func (s *Store) Cluster(ctx context.Context, id string) (Cluster, error) {
+func (s *Store) Cluster(ctx context.Context, id string) (model.Cluster, error) {
 	cs, err := s.readClusters(ctx, []string{id})
 	if err != nil {
-		return Cluster{}, err
+		return model.Cluster{}, err
 	}
 	if len(cs) == 0 {
-		return Cluster{}, ErrNotFound
+		return model.Cluster{}, ErrNotFound
 	}
 	return cs[0], nil
 }
@@ -714,7 +715,7 @@ func (s *Store) Cluster(ctx context.Context, id string) (Cluster, error) {
 // readClusters reads the keys of clusters (cluster, nodes, node debits and
 // listed reservations) in one pipeline with the Redis clock, which judges
 // Live; a cluster without a hash is left out.
-func (s *Store) readClusters(ctx context.Context, ids []string) ([]Cluster, error) {
+func (s *Store) readClusters(ctx context.Context, ids []string) ([]model.Cluster, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([][3]*redis.MapStringStringCmd, len(ids))
 	listed := make([]*redis.StringSliceCmd, len(ids))
@@ -729,7 +730,7 @@ func (s *Store) readClusters(ctx context.Context, ids []string) ([]Cluster, erro
 		return nil, err
 	}
 	edge := now.Val().Add(-s.cfg.StaleThreshold)
-	out := make([]Cluster, 0, len(ids))
+	out := make([]model.Cluster, 0, len(ids))
 	for i, cmd := range cmds {
 		if len(cmd[0].Val()) == 0 {
 			continue
@@ -760,7 +761,7 @@ func (s *Store) ClusterIDs(ctx context.Context) ([]string, error) {
 }
 
 // Clusters reads every known cluster, live or stale, in id order.
-func (s *Store) Clusters(ctx context.Context) ([]Cluster, error) {
+func (s *Store) Clusters(ctx context.Context) ([]model.Cluster, error) {
 	ids, err := s.rdb.ZRange(ctx, s.Key("clusters"), 0, -1).Result()
 	if err != nil {
 		return nil, err

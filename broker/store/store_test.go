@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/scripts"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
@@ -69,31 +70,31 @@ func adminOf(tb testing.TB, rdb *redis.Client) *redis.Client {
 }
 
 // cluster builds an advertisement: cpu in cores, memory in GiB, gpus, price per core-hour in micro-units.
-func cluster(cores, memGi, gpus, pricePerCore int64, labels map[string]string) store.Advertisement {
-	r := store.Resources{CPU: cores * 1000, Memory: memGi * gi, GPU: gpus, Storage: 100 * gi}
-	return store.Advertisement{
+func cluster(cores, memGi, gpus, pricePerCore int64, labels map[string]string) model.Advertisement {
+	r := model.Resources{CPU: cores * 1000, Memory: memGi * gi, GPU: gpus, Storage: 100 * gi}
+	return model.Advertisement{
 		Capacity: r, Allocatable: r, Labels: labels,
-		Prices: store.Prices{CPU: pricePerCore, Memory: pricePerCore / 8, GPU: 1_000_000, Currency: "EUR"},
+		Prices: model.Prices{CPU: pricePerCore, Memory: pricePerCore / 8, GPU: 1_000_000, Currency: "EUR"},
 	}
 }
 
-func request(id, requester string, milli, memGi, gpus int64) store.ReserveRequest {
-	return store.ReserveRequest{ID: id, Requester: requester, Duration: time.Hour,
-		Resources: store.Resources{CPU: milli, Memory: memGi * gi, GPU: gpus}}
+func request(id, requester string, milli, memGi, gpus int64) model.ReserveRequest {
+	return model.ReserveRequest{ID: id, Requester: requester, Duration: time.Hour,
+		Resources: model.Resources{CPU: milli, Memory: memGi * gi, GPU: gpus}}
 }
 
 func TestReserveScoring(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		name     string
-		clusters map[string]store.Advertisement
-		used     map[string]store.Resources
-		req      store.ReserveRequest
+		clusters map[string]model.Advertisement
+		used     map[string]model.Resources
+		req      model.ReserveRequest
 		want     string
 	}{
 		{
 			name: "cost decides between equal clusters",
-			clusters: map[string]store.Advertisement{
+			clusters: map[string]model.Advertisement{
 				"berlin": cluster(16, 64, 0, 40_000, nil),
 				"paris":  cluster(16, 64, 0, 30_000, nil),
 			},
@@ -102,7 +103,7 @@ func TestReserveScoring(t *testing.T) {
 		},
 		{
 			name: "availability decides at equal price",
-			clusters: map[string]store.Advertisement{
+			clusters: map[string]model.Advertisement{
 				"berlin": cluster(64, 256, 0, 30_000, nil),
 				"paris":  cluster(8, 32, 0, 30_000, nil),
 			},
@@ -111,7 +112,7 @@ func TestReserveScoring(t *testing.T) {
 		},
 		{
 			name: "much more room outweighs a slightly higher price (70/30)",
-			clusters: map[string]store.Advertisement{
+			clusters: map[string]model.Advertisement{
 				"berlin": cluster(64, 256, 0, 31_000, nil),
 				"paris":  cluster(4, 8, 0, 30_000, nil),
 			},
@@ -120,7 +121,7 @@ func TestReserveScoring(t *testing.T) {
 		},
 		{
 			name: "ties go to the smallest cluster id",
-			clusters: map[string]store.Advertisement{
+			clusters: map[string]model.Advertisement{
 				"lyon":  cluster(16, 64, 0, 30_000, nil),
 				"paris": cluster(16, 64, 0, 30_000, nil),
 				"milan": cluster(16, 64, 0, 30_000, nil),
@@ -130,7 +131,7 @@ func TestReserveScoring(t *testing.T) {
 		},
 		{
 			name: "a GPU request goes only where GPUs are free",
-			clusters: map[string]store.Advertisement{
+			clusters: map[string]model.Advertisement{
 				"berlin": cluster(64, 256, 0, 10_000, nil),
 				"paris":  cluster(8, 32, 2, 90_000, nil),
 			},
@@ -139,7 +140,7 @@ func TestReserveScoring(t *testing.T) {
 		},
 		{
 			name: "the requester is never its own provider",
-			clusters: map[string]store.Advertisement{
+			clusters: map[string]model.Advertisement{
 				"rome":  cluster(128, 512, 0, 1_000, nil),
 				"paris": cluster(8, 32, 0, 90_000, nil),
 			},
@@ -148,21 +149,21 @@ func TestReserveScoring(t *testing.T) {
 		},
 		{
 			name: "allocated capacity is not free",
-			clusters: map[string]store.Advertisement{
+			clusters: map[string]model.Advertisement{
 				"berlin": cluster(16, 64, 0, 30_000, nil),
 				"paris":  cluster(16, 64, 0, 20_000, nil),
 			},
-			used: map[string]store.Resources{"paris": {CPU: 15_500, Memory: 10 * gi}},
+			used: map[string]model.Resources{"paris": {CPU: 15_500, Memory: 10 * gi}},
 			req:  request("r1", "rome", 1000, 1, 0),
 			want: "berlin",
 		},
 		{
 			name: "label selector",
-			clusters: map[string]store.Advertisement{
+			clusters: map[string]model.Advertisement{
 				"berlin": cluster(16, 64, 0, 30_000, map[string]string{"region": "eu-central"}),
 				"paris":  cluster(16, 64, 0, 20_000, map[string]string{"region": "eu-west"}),
 			},
-			req: func() store.ReserveRequest {
+			req: func() model.ReserveRequest {
 				r := request("r1", "rome", 1000, 1, 0)
 				r.Selector = map[string]string{"region": "eu-central"}
 				return r
@@ -183,7 +184,7 @@ func TestReserveScoring(t *testing.T) {
 			d, err := s.Reserve(ctx, tc.req)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, d.Reservation.Target)
-			assert.Equal(t, store.PhaseReserved, d.Reservation.Phase)
+			assert.Equal(t, model.PhaseReserved, d.Reservation.Phase)
 			require.NotEmpty(t, d.Reservation.Candidates)
 			assert.Equal(t, tc.want, d.Reservation.Candidates[0].Cluster)
 			assert.InDelta(t, d.Reservation.Candidates[0].Score, d.Reservation.Score, 0.01)
@@ -199,7 +200,7 @@ func TestReserveScoring(t *testing.T) {
 func TestReserveNothingFits(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, store.Config{})
-	for id, ad := range map[string]store.Advertisement{
+	for id, ad := range map[string]model.Advertisement{
 		"rome":   cluster(64, 256, 0, 1, nil),
 		"paris":  cluster(2, 64, 0, 1, nil),
 		"berlin": cluster(16, 2, 0, 1, nil),
@@ -268,7 +269,7 @@ func TestIdempotentReserveAndRelease(t *testing.T) {
 	assert.Equal(t, first.Reservation, again.Reservation)
 	c, err := s.Cluster(ctx, "paris")
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{CPU: 3000, Memory: 4 * gi}, c.Reserved, "locked once")
+	assert.Equal(t, model.Resources{CPU: 3000, Memory: 4 * gi}, c.Reserved, "locked once")
 
 	other, err := s.Reserve(ctx, request("r1", "milan", 1000, 1, 0))
 	require.NoError(t, err, "ids are scoped per requester: milan's r1 is another reservation")
@@ -283,13 +284,13 @@ func TestIdempotentReserveAndRelease(t *testing.T) {
 	res, err := s.Release(ctx, "rome", "r1", "rome")
 	require.NoError(t, err)
 	assert.True(t, res.Released)
-	assert.Equal(t, store.PhaseReleased, res.Reservation.Phase)
+	assert.Equal(t, model.PhaseReleased, res.Reservation.Phase)
 	res, err = s.Release(ctx, "rome", "r1", "paris")
 	require.NoError(t, err)
 	assert.False(t, res.Released, "second release changes nothing")
 	c, err = s.Cluster(ctx, "paris")
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{}, c.Reserved, "both freed once, not below zero")
+	assert.Equal(t, model.Resources{}, c.Reserved, "both freed once, not below zero")
 	_, err = s.Release(ctx, "rome", "nope", "rome")
 	assert.ErrorIs(t, err, store.ErrNotFound)
 	assertInvariant(t, s)
@@ -318,10 +319,10 @@ func TestExpiry(t *testing.T) {
 
 	r, err := s.Reservation(ctx, "rome", "short")
 	require.NoError(t, err)
-	assert.Equal(t, store.PhaseExpired, r.Phase)
+	assert.Equal(t, model.PhaseExpired, r.Phase)
 	c, err := s.Cluster(ctx, "paris")
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{CPU: 1000, Memory: gi}, c.Reserved, "the expired capacity came back")
+	assert.Equal(t, model.Resources{CPU: 1000, Memory: gi}, c.Reserved, "the expired capacity came back")
 	// The requester and the provider were both told.
 	for _, who := range []string{"rome", "paris"} {
 		evs, err := s.ReadEvents(ctx, who, "0", 10, 0)
@@ -343,7 +344,7 @@ func TestReserveMatchesReference(t *testing.T) {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("c%02d", i)
 		ad := cluster(int64(2+rng.IntN(64)), int64(4+rng.IntN(256)), int64(rng.IntN(3)), int64(10_000+rng.IntN(5)*5_000), nil)
-		ad.Allocated = store.Resources{CPU: int64(rng.IntN(2000)), Memory: int64(rng.IntN(4)) * gi}
+		ad.Allocated = model.Resources{CPU: int64(rng.IntN(2000)), Memory: int64(rng.IntN(4)) * gi}
 		ad.Nodes = randomNodes(rng)
 		_, err := s.Advertise(ctx, ids[i], ad)
 		require.NoError(t, err)
@@ -379,12 +380,12 @@ func TestReserveMatchesReference(t *testing.T) {
 }
 
 // referenceDecision is the scoring rule of ARCHITECTURE.md written plainly in Go.
-func referenceDecision(clusters []store.Cluster, req store.ReserveRequest, wRes, wCost float64, stale map[string]bool) (string, float64) {
+func referenceDecision(clusters []model.Cluster, req model.ReserveRequest, wRes, wCost float64, stale map[string]bool) (string, float64) {
 	type cand struct {
 		id           string
 		rs, price, s float64
 	}
-	get := func(r store.Resources, i int) int64 { return [4]int64{r.CPU, r.Memory, r.GPU, r.Storage}[i] }
+	get := func(r model.Resources, i int) int64 { return [4]int64{r.CPU, r.Memory, r.GPU, r.Storage}[i] }
 	var fits []cand
 	for _, c := range clusters {
 		if c.ID == req.Requester || stale[c.ID] {
@@ -445,10 +446,10 @@ func referenceDecision(clusters []store.Cluster, req store.ReserveRequest, wRes,
 // referenceNode is the node a reservation takes on cluster c, written
 // plainly: among the nodes whose free capacity holds every requested amount,
 // the least free GPU, then CPU, memory, storage, then name ("" if none).
-func referenceNode(c store.Cluster, req store.ReserveRequest) string {
-	get := func(r store.Resources) [4]int64 { return [4]int64{r.CPU, r.Memory, r.GPU, r.Storage} }
+func referenceNode(c model.Cluster, req model.ReserveRequest) string {
+	get := func(r model.Resources) [4]int64 { return [4]int64{r.CPU, r.Memory, r.GPU, r.Storage} }
 	want := get(req.Resources)
-	var best *store.Node
+	var best *model.Node
 	for _, n := range c.StoredNodes() {
 		free := get(n.Free())
 		holds := true
@@ -548,7 +549,7 @@ func eventTypes(t *testing.T, s *store.Store, cluster string) []string {
 func TestPriorityWaitingList(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, store.Config{WaitTTL: time.Minute})
-	for id, ad := range map[string]store.Advertisement{
+	for id, ad := range map[string]model.Advertisement{
 		"rome":  cluster(1, 4, 0, 1, nil),
 		"lyon":  cluster(1, 4, 0, 1, nil),
 		"paris": cluster(4, 64, 0, 1, nil),
@@ -613,7 +614,7 @@ func TestPriorityWaitingList(t *testing.T) {
 
 	// A forgotten waiter (its requester stopped retrying) expires.
 	short := newStore(t, store.Config{WaitTTL: 300 * time.Millisecond})
-	for id, ad := range map[string]store.Advertisement{"rome": cluster(1, 4, 0, 1, nil), "paris": cluster(2, 8, 0, 1, nil), "lyon": cluster(1, 4, 0, 1, nil)} {
+	for id, ad := range map[string]model.Advertisement{"rome": cluster(1, 4, 0, 1, nil), "paris": cluster(2, 8, 0, 1, nil), "lyon": cluster(1, 4, 0, 1, nil)} {
 		_, err := short.Advertise(ctx, id, ad)
 		require.NoError(t, err)
 	}

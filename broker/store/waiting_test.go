@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -19,7 +20,7 @@ func waitingSetup(t *testing.T, ttl time.Duration) *store.Store {
 	t.Helper()
 	ctx := context.Background()
 	s := newStore(t, store.Config{WaitTTL: ttl})
-	for id, ad := range map[string]store.Advertisement{"rome": cluster(1, 4, 0, 1, nil), "paris": cluster(2, 8, 0, 1, nil), "lyon": cluster(1, 4, 0, 1, nil)} {
+	for id, ad := range map[string]model.Advertisement{"rome": cluster(1, 4, 0, 1, nil), "paris": cluster(2, 8, 0, 1, nil), "lyon": cluster(1, 4, 0, 1, nil)} {
 		_, err := s.Advertise(ctx, id, ad)
 		require.NoError(t, err)
 	}

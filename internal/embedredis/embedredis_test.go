@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/policy"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/embedredis"
@@ -54,15 +55,15 @@ func TestCloseStopsServing(t *testing.T) {
 	require.Error(t, rdb.Ping(ctx).Err())
 }
 
-func advert(cores, memGi, gpus, pricePerCore int64, labels map[string]string) store.Advertisement {
-	r := store.Resources{CPU: cores * 1000, Memory: memGi * gi, GPU: gpus, Storage: 100 * gi}
-	return store.Advertisement{Capacity: r, Allocatable: r, Labels: labels,
-		Prices: store.Prices{CPU: pricePerCore, Memory: pricePerCore / 8, GPU: 1_000_000, Currency: "EUR"}}
+func advert(cores, memGi, gpus, pricePerCore int64, labels map[string]string) model.Advertisement {
+	r := model.Resources{CPU: cores * 1000, Memory: memGi * gi, GPU: gpus, Storage: 100 * gi}
+	return model.Advertisement{Capacity: r, Allocatable: r, Labels: labels,
+		Prices: model.Prices{CPU: pricePerCore, Memory: pricePerCore / 8, GPU: 1_000_000, Currency: "EUR"}}
 }
 
-func request(id, requester string, milli, memGi, gpus int64) store.ReserveRequest {
-	return store.ReserveRequest{ID: id, Requester: requester, Duration: time.Hour,
-		Resources: store.Resources{CPU: milli, Memory: memGi * gi, GPU: gpus}}
+func request(id, requester string, milli, memGi, gpus int64) model.ReserveRequest {
+	return model.ReserveRequest{ID: id, Requester: requester, Duration: time.Hour,
+		Resources: model.Resources{CPU: milli, Memory: memGi * gi, GPU: gpus}}
 }
 
 func eventsOf(t *testing.T, s *store.Store, cluster string) []string {
@@ -91,7 +92,7 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	began := time.Now()
 	ack, err := s.Advertise(ctx, "paris", advert(8, 32, 0, 30_000, nil))
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{}, ack.Reserved)
+	assert.Equal(t, model.Resources{}, ack.Reserved)
 	assert.WithinDuration(t, began, ack.SeenAt, 5*time.Second, "the server clock (TIME)")
 	_, err = s.Advertise(ctx, "berlin", advert(16, 64, 2, 60_000, map[string]string{"gpu": "nvidia"}))
 	require.NoError(t, err)
@@ -113,7 +114,7 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	assert.False(t, d.Replayed)
 	r1 := d.Reservation
 	assert.Equal(t, "paris", r1.Target)
-	assert.Equal(t, store.PhaseReserved, r1.Phase)
+	assert.Equal(t, model.PhaseReserved, r1.Phase)
 	assert.InDelta(t, 84.69, r1.Score, 0.001)
 	require.Len(t, r1.Candidates, 2)
 	assert.Equal(t, []string{"paris", "berlin"}, []string{r1.Candidates[0].Cluster, r1.Candidates[1].Cluster})
@@ -147,7 +148,7 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 
 	paris, err := s.Cluster(ctx, "paris")
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{CPU: 3000, Memory: 2 * gi}, paris.Reserved)
+	assert.Equal(t, model.Resources{CPU: 3000, Memory: 2 * gi}, paris.Reserved)
 	require.NoError(t, s.CheckInvariant(ctx))
 
 	// Grant: only the provider; the reservation becomes Active.
@@ -155,7 +156,7 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	require.ErrorIs(t, err, store.ErrForbidden)
 	got, err := s.Grant(ctx, "rome", "r1", "paris", json.RawMessage(`{"endpoint":"https://paris","token":"t"}`))
 	require.NoError(t, err)
-	assert.Equal(t, store.PhaseActive, got.Phase)
+	assert.Equal(t, model.PhaseActive, got.Phase)
 	assert.JSONEq(t, `{"endpoint":"https://paris","token":"t"}`, string(got.Grant))
 	byTarget, err := s.LiveReservations(ctx, "by-target", "paris")
 	require.NoError(t, err)
@@ -172,13 +173,13 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	require.NoError(t, err)
 	assert.True(t, rel.Released)
 	assert.False(t, rel.Clamped)
-	assert.Equal(t, store.PhaseReleased, rel.Reservation.Phase)
+	assert.Equal(t, model.PhaseReleased, rel.Reservation.Phase)
 	rel, err = s.Release(ctx, "rome", "r1", "paris")
 	require.NoError(t, err)
 	assert.False(t, rel.Released, "the second release changes nothing")
 	paris, err = s.Cluster(ctx, "paris")
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{}, paris.Reserved)
+	assert.Equal(t, model.Resources{}, paris.Reserved)
 	require.NoError(t, s.CheckInvariant(ctx))
 
 	// Expire: only what is due.
@@ -197,10 +198,10 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	assert.Zero(t, clamped)
 	r4, err := s.Reservation(ctx, "rome", "r4")
 	require.NoError(t, err)
-	assert.Equal(t, store.PhaseExpired, r4.Phase)
+	assert.Equal(t, model.PhaseExpired, r4.Phase)
 	paris, err = s.Cluster(ctx, "paris")
 	require.NoError(t, err)
-	assert.Equal(t, store.Resources{}, paris.Reserved, "the expired capacity came back")
+	assert.Equal(t, model.Resources{}, paris.Reserved, "the expired capacity came back")
 	require.NoError(t, s.CheckInvariant(ctx))
 
 	// The event streams: the provider is told of its reservations, the
@@ -212,7 +213,7 @@ func exerciseStore(t *testing.T, rdb *redis.Client) {
 	// A blocking read (XREAD BLOCK, as the broker's event stream does) wakes on a new event.
 	cursor, err := s.EventCursor(ctx, "paris", "$")
 	require.NoError(t, err)
-	woke := make(chan []store.Event, 1)
+	woke := make(chan []model.Event, 1)
 	go func() {
 		evs, _ := s.ReadEvents(ctx, "paris", cursor, 10, 5*time.Second)
 		woke <- evs

@@ -31,7 +31,7 @@ import (
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
-	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/kubelet"
 	"github.com/fluidos-project/resource-broker/internal/realnode"
@@ -444,8 +444,8 @@ func (c *Cluster) waitAgent(ctx context.Context, since time.Time) error {
 }
 
 // expectedAllocatable is what the agent should advertise: the sum of the nodes.
-func (c *Cluster) expectedAllocatable() store.Resources {
-	var sum store.Resources
+func (c *Cluster) expectedAllocatable() model.Resources {
+	var sum model.Resources
 	c.mu.Lock()
 	names := append([]string(nil), c.nodes...)
 	c.mu.Unlock()

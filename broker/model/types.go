@@ -1,9 +1,8 @@
-package store
+package model
 
 import (
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -15,6 +14,16 @@ type Resources struct {
 	Memory  int64 // bytes
 	GPU     int64 // devices (nvidia.com/gpu)
 	Storage int64 // bytes of ephemeral storage
+}
+
+// Add returns r + o.
+func (r Resources) Add(o Resources) Resources {
+	return Resources{CPU: r.CPU + o.CPU, Memory: r.Memory + o.Memory, GPU: r.GPU + o.GPU, Storage: r.Storage + o.Storage}
+}
+
+// Sub returns r - o.
+func (r Resources) Sub(o Resources) Resources {
+	return Resources{CPU: r.CPU - o.CPU, Memory: r.Memory - o.Memory, GPU: r.GPU - o.GPU, Storage: r.Storage - o.Storage}
 }
 
 // Prices are a cluster's hourly rates in micro-units of its currency.
@@ -176,40 +185,10 @@ type Limits struct {
 	Burst    int     // calls allowed at once on top of the rate (at least 1)
 }
 
-// args are the limits' values in reserve.lua's ARGV ("": none).
-func (l Limits) args() []any {
-	opt := func(v *int64) string {
-		if v == nil {
-			return ""
-		}
-		return strconv.FormatInt(*v, 10)
-	}
-	priority, rate, burst := "", "", ""
-	if l.Priority != nil {
-		priority = strconv.FormatInt(int64(*l.Priority), 10)
-	}
-	if l.Rate > 0 {
-		rate = strconv.FormatFloat(l.Rate, 'g', -1, 64)
-		burst = strconv.Itoa(max(l.Burst, 1))
-	}
-	return []any{opt(l.Reservations), opt(l.CPU), opt(l.Memory), opt(l.GPU), priority, rate, burst}
-}
-
 // Usage is what one requester holds: its live reservations and their sum.
 type Usage struct {
 	Reservations int64
 	Resources    Resources
-}
-
-// Policy is the operator's fair-share configuration (broker/policy).
-type Policy interface {
-	// Limits returns a requester's limits.
-	Limits(requester string) Limits
-	// CheckAdvertisement returns a *BoundError when cluster advertises
-	// something outside the operator's bounds for it.
-	CheckAdvertisement(cluster string, ad Advertisement) error
-	// Clusters lists the clusters with settings of their own.
-	Clusters() []string
 }
 
 // Candidate is one cluster's score for a decision.
@@ -321,4 +300,18 @@ type Renewal struct {
 	ID        string
 	Outcome   RenewOutcome
 	Remaining time.Duration // after the call, when Renewed
+}
+
+// Victim is a reservation a preemption ended.
+type Victim struct {
+	Reservation string    `json:"reservation"`
+	Requester   string    `json:"requester"`
+	Provider    string    `json:"provider"`
+	Node        string    `json:"node"`
+	Priority    int32     `json:"priority"`
+	CPU         int64     `json:"cpu"`
+	Memory      int64     `json:"mem"`
+	GPU         int64     `json:"gpu"`
+	Storage     int64     `json:"sto"`
+	Resources   Resources `json:"-"`
 }
