@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"k8s.io/apimachinery/pkg/util/validation"
 	kjson "sigs.k8s.io/json"
 )
@@ -97,11 +98,11 @@ func (l Limits) lease(s string) (time.Duration, error) {
 // MinLease is the shortest lease a request may ask for.
 const MinLease = time.Second
 
-// ValidateClusterID checks a cluster identity: a DNS-1123 label, because it
-// names tenant namespaces (rb-<id>) and Redis keys.
+// ValidateClusterID checks a cluster identity (model.ValidateClusterID) as
+// a 400 answer.
 func ValidateClusterID(id string) error {
-	if errs := validation.IsDNS1123Label(id); len(errs) > 0 {
-		return invalid("cluster id %q: %s", id, strings.Join(errs, "; "))
+	if err := model.ValidateClusterID(id); err != nil {
+		return invalid("%s", err)
 	}
 	return nil
 }

@@ -211,7 +211,7 @@ func (p Prices) MarshalJSON() ([]byte, error) {
 
 func (p Prices) toStore() (model.Prices, error) {
 	out := model.Prices{Currency: p.Currency}
-	if p.Currency != "" && !isCurrencyCode(p.Currency) {
+	if p.Currency != "" && !model.IsCurrencyCode(p.Currency) {
 		return out, invalid("prices.currency: %q is not an ISO 4217 code such as EUR", p.Currency)
 	}
 	for _, f := range []struct {
@@ -231,18 +231,6 @@ func (p Prices) toStore() (model.Prices, error) {
 		*f.dst = f.q.ScaledValue(resource.Micro)
 	}
 	return out, nil
-}
-
-func isCurrencyCode(s string) bool {
-	if len(s) != 3 {
-		return false
-	}
-	for _, c := range s {
-		if c < 'A' || c > 'Z' {
-			return false
-		}
-	}
-	return true
 }
 
 // Cluster is a stored advertisement as the broker sees it.

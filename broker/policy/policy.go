@@ -422,7 +422,7 @@ func (b ProviderBounds) validate(p *field.Path) field.ErrorList {
 	}
 	if pr := b.Prices; pr != nil {
 		for i, c := range pr.Currencies {
-			if !isCurrencyCode(c) {
+			if !model.IsCurrencyCode(c) {
 				errs = append(errs, field.Invalid(p.Child("prices", "currencies").Index(i), c, "an ISO 4217 code such as EUR"))
 			}
 		}
@@ -472,16 +472,4 @@ func (b ProviderBounds) validate(p *field.Path) field.ErrorList {
 		}
 	}
 	return errs
-}
-
-func isCurrencyCode(s string) bool {
-	if len(s) != 3 {
-		return false
-	}
-	for _, c := range s {
-		if c < 'A' || c > 'Z' {
-			return false
-		}
-	}
-	return true
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 )
 
@@ -158,7 +159,7 @@ func normalizeClusterIDs(ids []string) ([]string, error) {
 		if id == "" {
 			return nil, errors.New("--clusters: empty cluster id in the list")
 		}
-		if err := devcerts.ValidateClusterID(id); err != nil {
+		if err := model.ValidateClusterID(id); err != nil {
 			return nil, fmt.Errorf("--clusters: %w", err)
 		}
 		if seen[id] {

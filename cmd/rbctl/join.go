@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 )
@@ -104,7 +105,7 @@ func (o *joinOptions) run(ctx context.Context, out io.Writer) error {
 	if o.clusterID == "" {
 		return errors.New("--cluster-id is required: the member's id at the broker (its certificate's CN)")
 	}
-	if err := devcerts.ValidateClusterID(o.clusterID); err != nil {
+	if err := model.ValidateClusterID(o.clusterID); err != nil {
 		return fmt.Errorf("--cluster-id: %w", err)
 	}
 	if o.brokerContext == "" {
@@ -275,7 +276,7 @@ where the member's rbctl join reads it.`,
 		Example: `  rbctl join approve paris --context rome --ca-dir rb-install/certs/ca`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := devcerts.ValidateClusterID(args[0]); err != nil {
+			if err := model.ValidateClusterID(args[0]); err != nil {
 				return err
 			}
 			if caDir == "" {

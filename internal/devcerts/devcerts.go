@@ -24,7 +24,7 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/validation"
+	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
 // File names used by Save, LoadCA and WriteTLSDir. The TLS directory layout
@@ -184,7 +184,7 @@ func (ca *CA) IssueServer(commonName string, hosts []string) (Pair, error) {
 // one year) whose subject common name is the cluster identity. The name must
 // be a DNS-1123 label because cluster ids become namespace names.
 func (ca *CA) IssueClient(commonName string) (Pair, error) {
-	if err := ValidateClusterID(commonName); err != nil {
+	if err := model.ValidateClusterID(commonName); err != nil {
 		return Pair{}, fmt.Errorf("devcerts: %w", err)
 	}
 	tmpl := &x509.Certificate{
@@ -206,17 +206,6 @@ func (ca *CA) IssueUser(name string, groups []string) (Pair, error) {
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 	return ca.issue(tmpl)
-}
-
-// ValidateClusterID reports whether id can be used as a cluster identity,
-// i.e. as the common name of a client certificate: it must be a DNS-1123
-// label (lower-case alphanumerics and '-', at most 63 characters).
-func ValidateClusterID(id string) error {
-	if msgs := validation.IsDNS1123Label(id); len(msgs) > 0 {
-		return fmt.Errorf("invalid cluster id %q: must be a DNS-1123 label because it becomes a namespace name: %s",
-			id, strings.Join(msgs, "; "))
-	}
-	return nil
 }
 
 // WriteTLSDir writes dir/tls.crt (0644), dir/tls.key (0600) and dir/ca.crt
@@ -287,7 +276,7 @@ func (ca *CA) SignClientCSR(csrPEM []byte, validity time.Duration) ([]byte, erro
 	if err := csr.CheckSignature(); err != nil {
 		return nil, fmt.Errorf("devcerts: certificate request: %w", err)
 	}
-	if err := ValidateClusterID(csr.Subject.CommonName); err != nil {
+	if err := model.ValidateClusterID(csr.Subject.CommonName); err != nil {
 		return nil, fmt.Errorf("devcerts: certificate request: %w", err)
 	}
 	if len(csr.DNSNames)+len(csr.IPAddresses)+len(csr.EmailAddresses)+len(csr.URIs) > 0 {
@@ -306,7 +295,7 @@ func (ca *CA) SignClientCSR(csrPEM []byte, validity time.Duration) ([]byte, erro
 // NewClientCSR returns a new key and a certificate signing request for it
 // with CN = id, as SignClientCSR signs it.
 func NewClientCSR(id string) (csrPEM, keyPEM []byte, err error) {
-	if err := ValidateClusterID(id); err != nil {
+	if err := model.ValidateClusterID(id); err != nil {
 		return nil, nil, fmt.Errorf("devcerts: %w", err)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
