@@ -57,14 +57,8 @@ func (r *grantReconciler) setup(mgr ctrl.Manager) error {
 // Reconcile grants pi's reservation if a grant is due.
 func (r *grantReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var pi rbv1.ProviderInstruction
-	if err := r.Client.Get(ctx, req.NamespacedName, &pi); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !pi.DeletionTimestamp.IsZero() || IsEnded(&pi) {
-		return ctrl.Result{}, nil
-	}
-	if r.PolicyReady != nil && !r.PolicyReady() {
-		return ctrl.Result{RequeueAfter: time.Second}, nil
+	if live, wait, err := r.readLive(ctx, req.NamespacedName, &pi); !live {
+		return ctrl.Result{RequeueAfter: wait}, err
 	}
 	requester := pi.Spec.Requester
 	// No access before the tenant is in place, quota included; its objects'

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	resourcehelper "k8s.io/component-helpers/resource"
 	"k8s.io/utils/ptr"
@@ -157,14 +158,8 @@ func (r *holdReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		return ctrl.Result{}, nil
 	}
 	var pi rbv1.ProviderInstruction
-	if err := r.Client.Get(ctx, req.NamespacedName, &pi); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !pi.DeletionTimestamp.IsZero() || IsEnded(&pi) {
-		return ctrl.Result{}, nil
-	}
-	if r.PolicyReady != nil && !r.PolicyReady() {
-		return ctrl.Result{RequeueAfter: time.Second}, nil
+	if live, wait, err := r.readLive(ctx, req.NamespacedName, &pi); !live {
+		return ctrl.Result{RequeueAfter: wait}, err
 	}
 	if _, ready, err := r.tenantReady(ctx, pi.Spec.Requester); err != nil || !ready {
 		return ctrl.Result{}, err // the tenant's objects bring us back
@@ -186,6 +181,22 @@ func (r *holdReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 	}
 	return ctrl.Result{RequeueAfter: st.recheck}, nil
+}
+
+// readLive reads the instruction at key into pi and tells whether the
+// hold and grant reconcilers act on it: live, and the tenant policy loaded
+// (else look again in wait).
+func (r *TenantReconciler) readLive(ctx context.Context, key types.NamespacedName, pi *rbv1.ProviderInstruction) (bool, time.Duration, error) {
+	if err := r.Client.Get(ctx, key, pi); err != nil {
+		return false, 0, client.IgnoreNotFound(err)
+	}
+	if !pi.DeletionTimestamp.IsZero() || IsEnded(pi) {
+		return false, 0, nil
+	}
+	if r.PolicyReady != nil && !r.PolicyReady() {
+		return false, time.Second, nil
+	}
+	return true, 0, nil
 }
 
 // reservationPods lists the pods of reservation id in ns: its placeholder
