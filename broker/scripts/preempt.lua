@@ -87,15 +87,7 @@ end
 local function holds_req(free) return holds(free, req) end
 
 -- The candidates: live providers with at least the request's cpu allocatable.
-local matching = nil
-if selector_json ~= '' then
-  local keys = {}
-  for k, v in pairs(cjson.decode(selector_json)) do keys[#keys + 1] = prefix .. 'idx:label:' .. k .. '=' .. tostring(v) end
-  matching = {}
-  if #keys > 0 then
-    for _, cid in ipairs(redis.call('SINTER', unpack(keys))) do matching[cid] = true end
-  end
-end
+local matching = clusters_with_labels(prefix, selector_json)
 local cands = {}
 for _, cid in ipairs(redis.call('ZRANGEBYSCORE', prefix .. 'idx:alloc:cpu', str.cpu, '+inf')) do
   local seen = redis.call('ZSCORE', prefix .. 'idx:live', cid)

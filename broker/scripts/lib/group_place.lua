@@ -15,15 +15,7 @@ for _, m in ipairs(members) do
 end
 local rejected = {members = #members, min_member = min_member, placeable = 0}
 local live = redis.call('ZCOUNT', prefix .. 'idx:live', cut, '+inf')
-local matching = nil
-if selector_json ~= '' then
-  local keys = {}
-  for k, v in pairs(cjson.decode(selector_json)) do keys[#keys + 1] = prefix .. 'idx:label:' .. k .. '=' .. tostring(v) end
-  matching = {}
-  if #keys > 0 then
-    for _, cid in ipairs(redis.call('SINTER', unpack(keys))) do matching[cid] = true end
-  end
-end
+local matching = clusters_with_labels(prefix, selector_json)
 -- live_now tells whether cluster cid is live (seen since the cut).
 local function live_now(cid)
   local seen = redis.call('ZSCORE', prefix .. 'idx:live', cid)

@@ -141,6 +141,19 @@ local function index_cluster(prefix, cid, seen, old_labels)
   end
 end
 
+-- clusters_with_labels is the set of cluster ids carrying every label of
+-- selector_json, or nil when there is no selector ('').
+local function clusters_with_labels(prefix, selector_json)
+  if selector_json == '' then return nil end
+  local keys = {}
+  for k, v in pairs(cjson.decode(selector_json)) do keys[#keys + 1] = prefix .. 'idx:label:' .. k .. '=' .. tostring(v) end
+  local matching = {}
+  if #keys > 0 then
+    for _, cid in ipairs(redis.call('SINTER', unpack(keys))) do matching[cid] = true end
+  end
+  return matching
+end
+
 -- unindex_cluster removes a cluster from the candidate index (it went stale).
 local function unindex_cluster(prefix, cid)
   redis.call('ZREM', prefix .. 'idx:live', cid)
