@@ -190,7 +190,7 @@ func TestLeaseRenewedWhileBound(t *testing.T) {
 	at, err := bc.Reservation(ctx, got.Status.ReservationID)
 	require.NoError(t, err)
 	if at.Lease == "" {
-		t.Skip("this broker does not keep leases (before the broker's side of issue 15)")
+		t.Skip("this broker does not keep leases (a broker older than leases)")
 	}
 	assert.Equal(t, "2s", at.Lease, "asked as a lease")
 	require.NotNil(t, got.Status.Lease, "status.lease shows the lease")

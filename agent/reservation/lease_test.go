@@ -158,7 +158,7 @@ func TestFailedIsFinal(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, b.reserves(), "Failed is final: not asked again")
 
-	got.Status.Reason = api.ReasonNoCapacity // as an agent before issue 15 wrote it
+	got.Status.Reason = api.ReasonNoCapacity // as an agent older than leases wrote it
 	require.NoError(t, c.Status().Update(context.Background(), &got))
 	b.reserve = func(api.ReservationRequest) (api.Reservation, error) {
 		return api.Reservation{ID: "u-1", Provider: "paris", Phase: "Reserved", RemainingMs: 60_000}, nil

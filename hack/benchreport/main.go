@@ -136,7 +136,7 @@ var suites = []Suite{
 	},
 }
 
-// targets are the goals of the performance work (issue 7). Name is a regular
+// targets are the goals of the performance work. Name is a regular
 // expression on the benchmark name (without the -GOMAXPROCS suffix); every
 // result it matches is one row. Baseline names one of the suite's baselines;
 // with OnRatio the limit applies to value / baseline.
@@ -151,7 +151,7 @@ var targets = []Target{
 		Name: `^BenchmarkReserve/clusters=10000/method=index/serial$`, Unit: "p99-ms", Baseline: "full scan", Op: "<", Limit: 5},
 	{Suite: "broker", Figure: "p99 ms, 10,000 clusters, index, 16 in flight",
 		Name: `^BenchmarkReserve/clusters=10000/method=index/parallel$`, Unit: "p99-ms", Baseline: "full scan", Op: "<", Limit: 5},
-	// Per-node fit (issue 16): at most 1.5x the cost of the cluster-level fit.
+	// Per-node fit: at most 1.5x the cost of the cluster-level fit.
 	{Suite: "broker", Figure: "per-node fit: p99 ms, 10,000 clusters x 10 nodes vs no nodes, serial",
 		Name: `^BenchmarkReserveNodes/clusters=10000/nodes=10/serial$`, Unit: "p99-ms", Baseline: "no nodes", OnRatio: true, Op: "<", Limit: 1.5},
 	{Suite: "broker", Figure: "per-node fit: decisions/s, 100 clusters x 10 nodes vs no nodes, 16 in flight",
@@ -170,7 +170,7 @@ var targets = []Target{
 		Name: `^BenchmarkHTTPReserve/https-mtls$`, Unit: "p99-ms", Baseline: "in-process Store.Reserve", Op: "<", Limit: 20},
 	{Suite: "http", Figure: "rb-broker peak RSS MiB, 8 members listing 60,000 reservations at once (manifest limit 256 MiB)",
 		Name: `^BenchmarkListReservations$`, Unit: "broker-peak-rss-MiB", Op: "<", Limit: 256},
-	// The bounded abuse run (issue 18): every abuse at once against one
+	// The bounded abuse run: every abuse at once against one
 	// rb-broker process; the honest members are never refused and the
 	// broker stays under its manifest's memory limit.
 	{Suite: "http", Figure: "rb-broker peak RSS MiB, every abuse at once (60,000 live, 8 listers, 1,000 streams, a member at its limits)",
@@ -181,7 +181,7 @@ var targets = []Target{
 		Name: `^BenchmarkAbuseCombined/abuse$`, Unit: "p99-ms", Baseline: "honest members alone", Info: "shown against the same members alone, same run"},
 	{Suite: "events", Figure: "notification p99 ms",
 		Name: `^BenchmarkEventLatency/sse-mtls(-loaded)?$`, Unit: "p99-ms", Baseline: "Redis XADD -> XREAD", Op: "<", Limit: 50},
-	// The broker under abuse (issue 18): one member's streams must not slow
+	// The broker under abuse: one member's streams must not slow
 	// the others down by more than 2x.
 	{Suite: "events", Figure: "honest members' reserve p99 ms while another member holds 1,000 event streams",
 		Name: `^BenchmarkStreamsReserve$`, Unit: "p99-ms", Baseline: "no stream open", OnRatio: true, Op: "<", Limit: 2},
@@ -202,7 +202,7 @@ var targets = []Target{
 		Name: `^BenchmarkEndToEnd/remote$`, Unit: "p99-ms", Baseline: "local scheduling", Info: "stress figure, no target (target: paced run)"},
 	{Suite: "scheduler", Figure: "scheduling throughput, resource-broker / default profile",
 		Name: `^BenchmarkSchedulingThroughput`, Unit: "rb-pods/s", Baseline: "default profile", OnRatio: true, Op: ">=", Limit: 0.95},
-	// The virtual node's kubelet endpoint (issue 23): metrics-server's scrape
+	// The virtual node's kubelet endpoint: metrics-server's scrape
 	// (10 s timeout) must never time out.
 	{Suite: "kubelet", Figure: "/stats/summary p99 ms, 1,000 borrowed pods on one virtual node",
 		Name: `^BenchmarkKubeletMetrics/pods=1000/route=stats-summary/source=cache$`, Unit: "p99-ms", Baseline: "list at scrape", Op: "<", Limit: 1000},

@@ -31,7 +31,7 @@ type ResourceBrokerArgs struct {
 	// ReservationDuration is deprecated and ignored (a warning is logged
 	// when it is set; it must still be between 1s and 24h, so that a
 	// configuration valid before stays valid and a broken one still fails).
-	// The plugin's reservations are leases (issue 15): the requester's agent
+	// The plugin's reservations are leases: the requester's agent
 	// asks for them with its --lease-length and --hold-time and renews them
 	// while their pod runs, so a fixed duration no longer applies. The hold
 	// time lives next to the renewal interval it is validated against.
