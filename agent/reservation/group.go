@@ -49,12 +49,9 @@ func groupName(rsv *rbv1.Reservation) string {
 
 // reserveGroup asks for rsv's gang (req is rsv's own request) and settles
 // rsv's part of the answer.
-func (r *Reconciler) reserveGroup(ctx context.Context, rsv *rbv1.Reservation, req api.ReservationRequest, finalizer func() error) (ctrl.Result, error) {
+func (r *Reconciler) reserveGroup(ctx context.Context, rsv *rbv1.Reservation, req api.ReservationRequest) (ctrl.Result, error) {
 	gb, ok := r.Broker.(GroupBroker)
 	if !ok {
-		if err := finalizer(); err != nil {
-			return ctrl.Result{}, client.IgnoreNotFound(err)
-		}
 		return r.fail(ctx, rsv, "Invalid", "this agent's broker client cannot reserve groups")
 	}
 	members, err := r.groupMembers(ctx, rsv)
@@ -63,9 +60,6 @@ func (r *Reconciler) reserveGroup(ctx context.Context, rsv *rbv1.Reservation, re
 	}
 	name, minMember := groupName(rsv), int(rsv.Spec.Group.MinMember)
 	if len(members) < minMember {
-		if err := finalizer(); err != nil {
-			return ctrl.Result{}, client.IgnoreNotFound(err)
-		}
 		msg := fmt.Sprintf("group %s has %d of the %d members it needs; the group is asked for once they exist", name, len(members), minMember)
 		if err := r.refused(ctx, rsv, rbv1.ReservationPending, ReasonWaitingForGroup, msg, msg); err != nil {
 			return ctrl.Result{}, err
@@ -85,17 +79,17 @@ func (r *Reconciler) reserveGroup(ctx context.Context, rsv *rbv1.Reservation, re
 	answer, err := gb.ReserveGroup(ctx, g)
 	metrics.BrokerCalls.WithLabelValues("reserve_group", outcome(err)).Inc()
 	if err != nil {
-		return r.settle(ctx, rsv, api.Reservation{}, err, finalizer)
+		return r.settle(ctx, rsv, api.Reservation{}, err)
 	}
 	for _, d := range answer.Reservations {
 		if d.ID == string(rsv.UID) {
-			return r.settle(ctx, rsv, d, nil, finalizer)
+			return r.settle(ctx, rsv, d, nil)
 		}
 	}
 	// Not placed with the gang (beyond minMember): on its own, as any reservation.
 	single, err := r.Broker.Reserve(ctx, req)
 	metrics.BrokerCalls.WithLabelValues("reserve", outcome(err)).Inc()
-	return r.settle(ctx, rsv, single, err, finalizer)
+	return r.settle(ctx, rsv, single, err)
 }
 
 // groupMembers lists the members of rsv's gang that are still wanted (not

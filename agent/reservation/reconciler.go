@@ -19,9 +19,6 @@ package reservation
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -262,92 +259,66 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.deleteForPod(ctx, &rsv, why)
 	}
 	r.defaults()
-	finalizer := r.addFinalizer(ctx, &rsv)
+	// The release finalizer is in place before the broker is asked: whatever
+	// the broker then holds for this object is released when it goes.
+	if err := r.addFinalizer(ctx, &rsv); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
 	switch rsv.Status.Phase {
 	case rbv1.ReservationReleased, rbv1.ReservationExpired:
-		return ctrl.Result{}, finalizer() // over; deleting the object is the owner's business
+		return ctrl.Result{}, nil // over; deleting the object is the owner's business
 	case rbv1.ReservationFailed:
 		if rsv.Status.Reason != api.ReasonNoCapacity {
-			return ctrl.Result{}, finalizer() // refused for good
+			return ctrl.Result{}, nil // refused for good
 		}
-		// Failed for lack of capacity: written by an agent before issue
-		// 15, for which Failed was not final. Waiting, as now.
-		return r.reserve(ctx, &rsv, finalizer)
+		// Failed for lack of capacity: written by an agent older than
+		// leases, for which Failed was not final. Waiting, as now.
+		return r.reserve(ctx, &rsv)
 	case rbv1.ReservationReserved, rbv1.ReservationActive:
-		if err := finalizer(); err != nil {
-			return ctrl.Result{}, err
-		}
 		return r.refresh(ctx, &rsv)
 	default: // new, or Pending (waiting for capacity, or for the broker)
-		return r.reserve(ctx, &rsv, finalizer)
+		return r.reserve(ctx, &rsv)
 	}
 }
 
-// addFinalizer starts the patch that adds the release finalizer, if rsv
-// lacks it, and returns the function that waits for it and takes the
-// patched object's metadata into rsv (nil when done or not needed). The
-// patch is made while the broker is asked (reserve): one round trip
-// instead of two before the decision is written.
+// addFinalizer adds the release finalizer to rsv if it lacks it.
 //
 // Finalizers are patched, never written with Update: an Update would send
 // the spec back re-encoded (a duration of 30m as 30m0s), which the CRD's
 // immutability rule rightly refuses.
-func (r *Reconciler) addFinalizer(ctx context.Context, rsv *rbv1.Reservation) func() error {
+func (r *Reconciler) addFinalizer(ctx context.Context, rsv *rbv1.Reservation) error {
 	if controllerutil.ContainsFinalizer(rsv, rbv1.ReleaseFinalizer) {
-		return func() error { return nil }
+		return nil
 	}
 	before := rsv.DeepCopy()
-	patched := rsv.DeepCopy()
-	controllerutil.AddFinalizer(patched, rbv1.ReleaseFinalizer)
-	done := make(chan error, 1)
-	go func() { done <- r.Client.Patch(ctx, patched, client.MergeFrom(before)) }()
-	var err error
-	waited := false
-	return func() error {
-		if !waited {
-			waited, err = true, <-done
-			if err == nil {
-				rsv.ObjectMeta = patched.ObjectMeta
-				r.wrote(rsv)
-			}
-		}
+	controllerutil.AddFinalizer(rsv, rbv1.ReleaseFinalizer)
+	if err := r.Client.Patch(ctx, rsv, client.MergeFrom(before)); err != nil {
 		return err
 	}
+	r.wrote(rsv)
+	return nil
 }
 
 // reserve asks the broker; the UID makes a retried request lock capacity
-// once. finalizer waits for the release finalizer (see addFinalizer): no
-// status is written before it is in place, and if it could not be put in
-// place whatever the broker holds for this object is released (withdrawn
-// from the waiting list), as the object may be gone with nothing left to
-// release it; the next attempt asks again.
-func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation, finalizer func() error) (ctrl.Result, error) {
+// once.
+func (r *Reconciler) reserve(ctx context.Context, rsv *rbv1.Reservation) (ctrl.Result, error) {
 	req, err := r.requestFor(rsv)
 	if err != nil {
-		if err := finalizer(); err != nil {
-			return ctrl.Result{}, client.IgnoreNotFound(err)
-		}
 		return r.fail(ctx, rsv, "Invalid", err.Error())
 	}
 	if rsv.Spec.Group != nil {
-		return r.reserveGroup(ctx, rsv, req, finalizer)
+		return r.reserveGroup(ctx, rsv, req)
 	}
 	rsv.Status.Attempts++
 	decision, err := r.Broker.Reserve(ctx, req)
 	metrics.BrokerCalls.WithLabelValues("reserve", outcome(err)).Inc()
-	return r.settle(ctx, rsv, decision, err, finalizer)
+	return r.settle(ctx, rsv, decision, err)
 }
 
 // settle writes the broker's answer to a reservation request (a decision or
-// err) into status, once finalizer has put the release finalizer in place.
-func (r *Reconciler) settle(ctx context.Context, rsv *rbv1.Reservation, decision api.Reservation, err error, finalizer func() error) (ctrl.Result, error) {
+// err) into status.
+func (r *Reconciler) settle(ctx context.Context, rsv *rbv1.Reservation, decision api.Reservation, err error) (ctrl.Result, error) {
 	logger := log.FromContext(ctx)
-	if ferr := finalizer(); ferr != nil {
-		if _, rerr := r.Broker.Release(ctx, string(rsv.UID)); rerr != nil && !brokerclient.IsNotFound(rerr) {
-			logger.Info("could not release after failing to add the finalizer; the broker expires it", "error", rerr.Error())
-		}
-		return ctrl.Result{}, client.IgnoreNotFound(ferr)
-	}
 	switch {
 	case err == nil:
 		before := rsv.Status.Phase
@@ -432,28 +403,6 @@ func (r *Reconciler) refresh(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 	return ctrl.Result{}, nil
 }
 
-// transitionEvent records the change of phase from before, if any.
-func (r *Reconciler) transitionEvent(rsv *rbv1.Reservation, before rbv1.ReservationPhase) {
-	switch now := rsv.Status.Phase; {
-	case now == before || now == rbv1.ReservationReserved: // Reserved has its own event, with the decision
-	case now == rbv1.ReservationActive:
-		r.Recorder.Eventf(rsv, nil, corev1.EventTypeNormal, "Active", "Sync", "granted by %s: the reservation is Ready", rsv.Status.Provider)
-	case now == rbv1.ReservationExpired:
-		r.Recorder.Eventf(rsv, nil, corev1.EventTypeWarning, "Expired", "Sync", "the broker ended the reservation: its time ran out")
-	default:
-		r.Recorder.Eventf(rsv, nil, corev1.EventTypeNormal, string(now), "Sync", "reservation is %s at the broker", now)
-	}
-}
-
-// lifetime says how long a decision lives, for its event.
-func lifetime(at api.Reservation) string {
-	left := (time.Duration(at.RemainingMs) * time.Millisecond).Round(time.Second)
-	if at.Lease != "" {
-		return fmt.Sprintf("a lease of %s renewed while its pod runs; %s to bind the pod", at.Lease, left)
-	}
-	return fmt.Sprintf("for %s", left)
-}
-
 // release gives the capacity back before the object may go.
 func (r *Reconciler) release(ctx context.Context, rsv *rbv1.Reservation) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(rsv, rbv1.ReleaseFinalizer) {
@@ -479,151 +428,12 @@ func (r *Reconciler) release(ctx context.Context, rsv *rbv1.Reservation) (ctrl.R
 	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Patch(ctx, rsv, client.MergeFrom(before)))
 }
 
-// wait keeps a reservation the broker refused for lack of capacity Pending,
-// with Reserved=False and the broker's reason, and asks again: within
-// WaitingRetry, to keep its place on the broker's waiting list, and at once
-// on a CapacityAvailable event.
-func (r *Reconciler) wait(ctx context.Context, rsv *rbv1.Reservation, err error) (ctrl.Result, error) {
-	reason, msg := api.ReasonNoCapacity, err.Error()
-	var apiErr *brokerclient.APIError
-	if errors.As(err, &apiErr) && apiErr.Message != "" {
-		msg = apiErr.Message
-	}
-	if err := r.refused(ctx, rsv, rbv1.ReservationPending, reason, msg, "waiting for capacity: "+msg); err != nil {
-		return ctrl.Result{}, err
-	}
-	return ctrl.Result{RequeueAfter: min(r.backoff(rsv.Status.Attempts), r.WaitingRetry)}, nil
-}
-
-func isOverLimit(err error) bool {
-	_, ok := brokerclient.OverLimit(err)
-	return ok
-}
-
-// overLimit keeps a reservation Pending while its cluster is at one of the
-// limits the broker's operator set (429 LimitExceeded or RateLimited): the
-// broker answered, so Synced stays True, and the status and a Warning Event
-// name the limit (not BrokerUnavailable). It tries again after the broker's
-// Retry-After, no sooner than the back-off.
-func (r *Reconciler) overLimit(ctx context.Context, rsv *rbv1.Reservation, err error) (ctrl.Result, error) {
-	ae, _ := brokerclient.OverLimit(err)
-	if rerr := r.refused(ctx, rsv, rbv1.ReservationPending, ae.Reason, ae.Message, "over this cluster's share at the broker: "+ae.Message); rerr != nil {
-		return ctrl.Result{}, rerr
-	}
-	return ctrl.Result{RequeueAfter: max(ae.RetryAfter, r.backoff(rsv.Status.Attempts))}, nil
-}
-
-// fail marks a reservation refused for good: Failed is final.
-func (r *Reconciler) fail(ctx context.Context, rsv *rbv1.Reservation, reason, msg string) (ctrl.Result, error) {
-	return ctrl.Result{}, r.refused(ctx, rsv, rbv1.ReservationFailed, reason, msg, msg)
-}
-
-// refused writes a refusal into status (phase, reason, Reserved=False,
-// Synced=True, Ready) and, when the phase or reason changed, a Warning Event
-// saying event.
-func (r *Reconciler) refused(ctx context.Context, rsv *rbv1.Reservation, phase rbv1.ReservationPhase, reason, msg, event string) error {
-	changed := rsv.Status.Phase != phase || rsv.Status.Reason != reason
-	rsv.Status.Phase = phase
-	rsv.Status.Reason, rsv.Status.Message = reason, msg
-	rsv.Status.ObservedGeneration = rsv.Generation
-	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionFalse,
-		Reason: reason, Message: msg, ObservedGeneration: rsv.Generation})
-	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionTrue,
-		Reason: "BrokerReachable", ObservedGeneration: rsv.Generation})
-	setReady(rsv)
-	if err := r.updateStatus(ctx, rsv); err != nil {
-		return err
-	}
-	if changed {
-		r.Recorder.Eventf(rsv, nil, corev1.EventTypeWarning, reason, "Reserve", "%s", event)
-	}
-	return nil
-}
-
 // expiresAtSlack: a status.expiresAt that differs from a new reading by at
 // most this much is kept (each reading is local now + the broker's
 // remaining time, so two readings of an unchanged reservation differ by
 // the time between them and the second the API server rounds to): looking
 // again at an unchanged reservation writes nothing.
 const expiresAtSlack = 2 * time.Second
-
-// mirror copies the broker's reservation into status. Times that the
-// agent acts on come from the broker's remaining time, on this cluster's
-// clock: status.expiresAt is now + RemainingMs (never the broker's
-// ExpiresAt, whose clock need not agree with ours).
-func (r *Reconciler) mirror(rsv *rbv1.Reservation, at api.Reservation) {
-	rsv.Status.Phase = rbv1.ReservationPhase(at.Phase)
-	rsv.Status.ReservationID = at.ID
-	rsv.Status.Provider = at.Provider
-	rsv.Status.Score = strconv.FormatFloat(at.Score, 'f', 2, 64)
-	rsv.Status.Reason, rsv.Status.Message = "", fmt.Sprintf("reserved on %s", at.Provider)
-	// At the precision the API server keeps (seconds), so that a status
-	// read back compares equal to the broker's view of it. (For display
-	// only: nothing compares it with this cluster's clock.)
-	rsv.Status.ReservedAt = ptr.To(metav1.NewTime(at.CreatedAt).Rfc3339Copy())
-	if isLive(rsv.Status.Phase) && at.RemainingMs > 0 {
-		exp := metav1.NewTime(r.Now().Add(time.Duration(at.RemainingMs) * time.Millisecond)).Rfc3339Copy()
-		if old := rsv.Status.ExpiresAt; old == nil || old.Sub(exp.Time).Abs() > expiresAtSlack {
-			rsv.Status.ExpiresAt = &exp
-		}
-	}
-	rsv.Status.Lease = nil
-	if at.Lease != "" {
-		if d, err := time.ParseDuration(at.Lease); err == nil {
-			rsv.Status.Lease = &metav1.Duration{Duration: d}
-		}
-	}
-	// The provider's grant says how it holds the capacity (the bridge
-	// pins the pod's copy accordingly); an answer without the grant (the
-	// decision, before any grant) keeps what was mirrored.
-	if at.Grant != nil && at.Grant.Placement != nil {
-		rsv.Status.Placement = &rbv1.ReservationPlacement{Node: at.Grant.Placement.Node, PriorityClassName: at.Grant.Placement.PriorityClassName}
-	}
-	rsv.Status.ObservedGeneration = rsv.Generation
-	if isLive(rsv.Status.Phase) {
-		meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionReserved, Status: metav1.ConditionTrue,
-			Reason: at.Phase, Message: "capacity held on " + at.Provider, ObservedGeneration: rsv.Generation})
-	}
-	setReady(rsv)
-}
-
-// setReady sets the Ready condition from the phase: True exactly while
-// Active (reserved and granted by the provider), so that
-// kubectl wait --for=condition=Ready works.
-func setReady(rsv *rbv1.Reservation) {
-	c := metav1.Condition{Type: rbv1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: rsv.Generation}
-	switch rsv.Status.Phase {
-	case rbv1.ReservationActive:
-		c.Status, c.Reason, c.Message = metav1.ConditionTrue, "Granted", "granted by "+rsv.Status.Provider
-	case rbv1.ReservationReserved:
-		c.Reason, c.Message = "WaitingForGrant", "reserved on "+rsv.Status.Provider+"; waiting for its grant"
-	case rbv1.ReservationPending, "":
-		c.Reason, c.Message = "Pending", "waiting for the broker's decision"
-		if rsv.Status.Reason != "" {
-			c.Reason, c.Message = rsv.Status.Reason, rsv.Status.Message
-		}
-	default:
-		c.Reason, c.Message = string(rsv.Status.Phase), "the reservation is "+strings.ToLower(string(rsv.Status.Phase))
-	}
-	meta.SetStatusCondition(&rsv.Status.Conditions, c)
-}
-
-func (r *Reconciler) unsynced(rsv *rbv1.Reservation, err error) {
-	meta.SetStatusCondition(&rsv.Status.Conditions, metav1.Condition{Type: rbv1.ConditionSynced, Status: metav1.ConditionFalse,
-		Reason: "BrokerUnavailable", Message: err.Error(), ObservedGeneration: rsv.Generation})
-}
-
-// untilExpiry looks again at a fixed-duration reservation shortly after the
-// broker should have expired it (from the remaining time the broker
-// measured, never from its ExpiresAt), in case the event stream missed it.
-// A lease gets no timer: its end comes with the broker's events, and with
-// the renewals' answers while its pod runs.
-func (r *Reconciler) untilExpiry(at api.Reservation) ctrl.Result {
-	if at.Lease != "" || at.RemainingMs <= 0 {
-		return ctrl.Result{}
-	}
-	return ctrl.Result{RequeueAfter: time.Duration(at.RemainingMs)*time.Millisecond + 2*time.Second}
-}
 
 // backoff is the wait after the attempts-th attempt that failed (the count
 // is kept in the status, across restarts).
