@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/apimachinery/pkg/util/sets"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/dynamic"
@@ -64,7 +64,7 @@ type reservationCache struct {
 }
 
 type aheadEntry struct {
-	rv      uint64
+	rv      string
 	obj     *brokerv1alpha1.Reservation // nil: deleted
 	expires time.Time
 }
@@ -114,24 +114,23 @@ func newReservationCache(client dynamic.Interface) (*reservationCache, error) {
 	return &reservationCache{informer: inf.Informer(), ahead: map[types.UID]aheadEntry{}}, nil
 }
 
-// resourceVersion as a number (etcd's revision); 0 when it is not one.
-func resourceVersion(r *brokerv1alpha1.Reservation) uint64 {
-	v, err := strconv.ParseUint(r.ResourceVersion, 10, 64)
-	if err != nil {
-		return 0
-	}
-	return v
+// newer compares resourceVersions as the API server allows (apimachinery's
+// resourceversion): -1, 0 or 1; ok is false when one is not comparable
+// (empty, or not the server's form), and then nothing is preferred.
+func newer(a, b string) (int, bool) {
+	c, err := resourceversion.CompareResourceVersion(a, b)
+	return c, err == nil
 }
 
 // observe records r (or its deletion) from a scheduler event when it is
 // newer than what this cache holds.
 func (c *reservationCache) observe(r *brokerv1alpha1.Reservation, deleted bool) {
-	rv := resourceVersion(r)
-	if rv == 0 || r.UID == "" {
+	rv := r.ResourceVersion
+	if _, ok := newer(rv, rv); !ok || r.UID == "" {
 		return
 	}
 	if obj, exists, err := c.informer.GetIndexer().Get(r); err == nil && exists {
-		if resourceVersion(obj.(*brokerv1alpha1.Reservation)) >= rv && !deleted {
+		if cmp, ok := newer(obj.(*brokerv1alpha1.Reservation).ResourceVersion, rv); ok && cmp >= 0 && !deleted {
 			return
 		}
 	} else if deleted {
@@ -143,7 +142,8 @@ func (c *reservationCache) observe(r *brokerv1alpha1.Reservation, deleted bool) 
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cur, ok := c.ahead[r.UID]; !ok || cur.rv < rv || deleted {
+	cur, ok := c.ahead[r.UID]
+	if cmp, comparable := newer(cur.rv, rv); !ok || (comparable && cmp < 0) || deleted {
 		c.ahead[r.UID] = entry
 	}
 }
@@ -153,8 +153,10 @@ func (c *reservationCache) observe(r *brokerv1alpha1.Reservation, deleted bool) 
 func (c *reservationCache) caughtUp(r *brokerv1alpha1.Reservation, deleted bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cur, ok := c.ahead[r.UID]; ok && (deleted || cur.rv <= resourceVersion(r)) {
-		delete(c.ahead, r.UID)
+	if cur, ok := c.ahead[r.UID]; ok {
+		if cmp, comparable := newer(cur.rv, r.ResourceVersion); deleted || !comparable || cmp <= 0 {
+			delete(c.ahead, r.UID)
+		}
 	}
 }
 
@@ -166,8 +168,11 @@ func (c *reservationCache) fresh(r *brokerv1alpha1.Reservation) (*brokerv1alpha1
 		return r, true
 	}
 	cur, ok := c.ahead[r.UID]
+	if !ok {
+		return r, true
+	}
 	// A deletion carries the last version (or a later one); anything else must be newer.
-	if !ok || cur.rv < resourceVersion(r) || (cur.obj != nil && cur.rv == resourceVersion(r)) {
+	if cmp, comparable := newer(cur.rv, r.ResourceVersion); !comparable || cmp < 0 || (cur.obj != nil && cmp == 0) {
 		return r, true
 	}
 	if time.Now().After(cur.expires) {
