@@ -70,7 +70,7 @@ type Options struct {
 	// Bridge is how won reservations become nodes (bridge.ModeVirtualKubelet or
 	// bridge.ModeLiqo); empty: no bridge.
 	Bridge string
-	// BridgeOptions tune the bridge; Setup fills ClusterID and Grants.
+	// BridgeOptions tune the bridge; Setup fills ClusterID and the grant source.
 	BridgeOptions bridge.Options
 	// NoProviderHold turns the provider-side hold off (--provider-hold=false):
 	// no placeholder pods, grants without placement.
@@ -248,7 +248,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if o.Bridge != "" {
 		bo := o.BridgeOptions
-		bo.ClusterID, bo.Grants = o.ClusterID, o.Broker
+		bo.ClusterID, bo.VirtualKubelet.Grants = o.ClusterID, o.Broker
 		br, err := bridge.New(o.Bridge, bo)
 		if err != nil {
 			return err

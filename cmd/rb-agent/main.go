@@ -299,12 +299,12 @@ func run(o options) error {
 	}
 	if o.bridge != "none" {
 		ao.Bridge = o.bridge
-		ao.BridgeOptions = bridge.Options{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod, UnschedulableAfter: o.unschedulableAfter,
+		ao.BridgeOptions = bridge.Options{VirtualKubelet: virtualkubelet.Config{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod, UnschedulableAfter: o.unschedulableAfter,
 			HeartbeatPeriod: o.renewInterval, HeartbeatLease: o.leaseLength,
 			ProviderLostGrace: o.lostGrace, ProviderLostReplaceAfter: o.lostReplaceAfter, StatusSyncPeriod: o.nodeStatusPeriod,
-			KubeletAddress: o.kubeletAddress, KubeletPorts: o.kubeletPorts, MetricsPeriod: o.metricsPeriod, NodeIP: o.nodeIP, KubeletServingCert: o.kubeletCert, KubeletServingCertTimeout: o.kubeletCertWait}
+			KubeletAddress: o.kubeletAddress, KubeletPorts: o.kubeletPorts, MetricsPeriod: o.metricsPeriod, NodeIP: o.nodeIP, KubeletServingCert: o.kubeletCert, KubeletServingCertTimeout: o.kubeletCertWait}}
 		if o.kubeletClientCA != "" {
-			if ao.BridgeOptions.KubeletClientCA, err = os.ReadFile(o.kubeletClientCA); err != nil {
+			if ao.BridgeOptions.VirtualKubelet.KubeletClientCA, err = os.ReadFile(o.kubeletClientCA); err != nil {
 				return fmt.Errorf("--kubelet-client-ca: %w", err)
 			}
 		}

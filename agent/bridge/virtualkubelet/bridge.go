@@ -60,53 +60,82 @@ type GrantSource interface {
 	Reservation(ctx context.Context, id string) (api.Reservation, error)
 }
 
-// Config of the virtual-kubelet bridge; see bridge.Options for the meaning
-// and defaults.
+// Config of the virtual-kubelet bridge. Zero values take the defaults.
 type Config struct {
-	ClusterID        string
-	Grants           GrantSource
-	Log              logr.Logger
-	LeaseDuration    time.Duration
+	// ClusterID is this (requester) cluster's id.
+	ClusterID string
+	// Grants reads the providers' grants (required).
+	Grants GrantSource
+	// Log is the bridge's logger (default: the manager's).
+	Log logr.Logger
+
+	// LeaseDuration of the virtual nodes' Lease in kube-node-lease (default 40s,
+	// the kubelet's); it is renewed every quarter of it.
+	LeaseDuration time.Duration
+	// StatusSyncPeriod is how often a virtual node's status is rewritten when
+	// nothing changed (default 1m); changes are written at once.
 	StatusSyncPeriod time.Duration
-	ProbePeriod      time.Duration
-	// HeartbeatPeriod and HeartbeatLease shape the heartbeat Lease at each
-	// provider (heartbeat.go); defaults DefaultHeartbeatPeriod and
-	// DefaultHeartbeatLease.
+	// ProbePeriod is how often the provider's API is checked with the granted
+	// token (default 5s, at least 1s).
+	ProbePeriod time.Duration
+	// HeartbeatPeriod and HeartbeatLease: the bridge renews a Lease in its
+	// tenant namespace at each provider every HeartbeatPeriod, claiming
+	// HeartbeatLease; the provider renews this cluster's leases at the broker
+	// while it sees it renewed (defaults DefaultHeartbeatPeriod and
+	// DefaultHeartbeatLease: the reservations' renew interval and lease
+	// length; heartbeat.go).
 	HeartbeatPeriod, HeartbeatLease time.Duration
-	PodsPerReservation              int64
-	// KubeletAddress host:port is the first port of the nodes' kubelet
-	// endpoints (default ":10250"; port 0: any free port; "off": none).
-	KubeletAddress string
-	// KubeletPorts is how many ports from there the nodes may take, one
-	// each (default 100).
-	KubeletPorts    int
-	NodeIP          string
-	KubeletClientCA []byte
-	// KubeletServingCert is where the kubelet endpoint's serving certificate
-	// comes from: ServingCertCSR (default) or ServingCertSelfSigned.
-	KubeletServingCert string
-	// KubeletServingCertTimeout is how long a CSR may wait for the signer
-	// before the agent says it serves a self-signed certificate (default 1m).
-	KubeletServingCertTimeout time.Duration
+	// ProviderLostGrace is how long a provider's API server may leave the
+	// probe unanswered while its virtual node stays Ready (default 40s, at
+	// least ProbePeriod): brief glitches change nothing. Past it the node is
+	// Ready=Unknown and tainted node.kubernetes.io/unreachable.
+	ProviderLostGrace time.Duration
+	// ProviderLostReplaceAfter is how long after a lost provider's last
+	// answer the pods on its virtual node are deleted so that their
+	// controllers replace them elsewhere (default 2m, at least
+	// ProviderLostGrace); StatefulSet pods and pods annotated
+	// broker.fluidos.eu/replace-on-provider-loss: "false" stay (lost.go).
+	ProviderLostReplaceAfter time.Duration
+	// UnschedulableAfter is how long the provider's scheduler may leave a
+	// pod's copy unplaced before the pod gets a Warning Event and its
+	// reservation ProviderScheduled=False (default 30s).
+	UnschedulableAfter time.Duration
+	// PodsPerReservation is the pod capacity each active reservation adds to its
+	// virtual node (default 110, the kubelet's default).
+	PodsPerReservation int64
 	// PodSyncWorkers per virtual node (default 10).
 	PodSyncWorkers int
 	// CreateTimeout bounds the retries of a pod's creation at the provider
 	// before the pod is reported failed (default 30s).
 	CreateTimeout time.Duration
-	// UnschedulableAfter is how long a copy may stay unplaced by the
-	// provider's scheduler before it is reported (default 30s).
-	UnschedulableAfter time.Duration
-	// MetricsPeriod is how often each node lists its pods' usage from the
-	// provider's metrics.k8s.io (default 10s, at least 1s).
+
+	// KubeletAddress is where the virtual nodes' kubelet endpoints listen,
+	// for `kubectl logs`, `exec`, `attach`, `port-forward` and metrics-server
+	// (default ":10250"; "off" disables them): host:port is the first port,
+	// each virtual node takes the lowest free one of KubeletPorts from there
+	// (port 0: any free port).
+	KubeletAddress string
+	// KubeletPorts is the size of that port range (default 100).
+	KubeletPorts int
+	// MetricsPeriod is how often each virtual node lists its pods' usage
+	// from the provider's metrics.k8s.io API (default 10s, at least 1s).
 	MetricsPeriod time.Duration
-	// ProviderLostGrace is how long the provider's API server may leave the
-	// probe unanswered before its node is Ready=Unknown and tainted
-	// unreachable (default 40s, at least ProbePeriod).
-	ProviderLostGrace time.Duration
-	// ProviderLostReplaceAfter is how long after the last answer the pods
-	// bound to a lost provider's node are deleted to be replaced elsewhere
-	// (default 2m, at least ProviderLostGrace); see lost.go.
-	ProviderLostReplaceAfter time.Duration
+	// NodeIP is the address the API server uses to reach that endpoint: the
+	// agent pod's IP (default $POD_IP).
+	NodeIP string
+	// KubeletClientCA (PEM) verifies the API server's client certificate on the
+	// kubelet endpoint (default: client-ca-file of
+	// kube-system/extension-apiserver-authentication).
+	KubeletClientCA []byte
+	// KubeletServingCert is where that endpoint's serving certificate comes
+	// from: ServingCertCSR (default: a CertificateSigningRequest to the
+	// cluster's kubernetes.io/kubelet-serving signer, approved by the agent
+	// itself; self-signed until it is issued) or ServingCertSelfSigned.
+	KubeletServingCert string
+	// KubeletServingCertTimeout is how long the CSR may wait for the signer
+	// before the agent warns (log and Event) that it serves a self-signed
+	// certificate (default 1m; it goes on waiting).
+	KubeletServingCertTimeout time.Duration
 }
 
 // Bridge runs the virtual nodes of this cluster.
@@ -130,9 +159,7 @@ type Bridge struct {
 	mu    sync.Mutex
 	nodes map[string]*providerNode // by provider
 
-	namingSem chan struct{}
-	namingMu  sync.Mutex
-	naming    map[string]map[types.UID]time.Time // provider -> reservation -> when its status.virtualNode was written
+	toName chan event.GenericEvent // reservations for the namer (naming.go)
 }
 
 // New checks the configuration and fills in the defaults.
@@ -217,7 +244,7 @@ func New(cfg Config) (*Bridge, error) {
 		return nil, fmt.Errorf("unschedulable-after %s: must be positive", cfg.UnschedulableAfter)
 	}
 	return &Bridge{cfg: cfg, nodes: map[string]*providerNode{}, events: make(chan event.GenericEvent, 256),
-		namingSem: make(chan struct{}, namingParallelism), naming: map[string]map[types.UID]time.Time{}}, nil
+		toName: make(chan event.GenericEvent, 256)}, nil
 }
 
 // SetupWithManager registers the controller and the runnable that serves the
@@ -268,6 +295,9 @@ func (b *Bridge) SetupWithManager(mgr ctrl.Manager) error {
 		return nil
 	})
 	if err := mgr.Add(b); err != nil {
+		return err
+	}
+	if err := b.setupNamer(mgr); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -334,10 +364,8 @@ func (b *Bridge) runningNodes() []*providerNode {
 // Reconcile brings the virtual node of one provider (req.Name) in line with
 // the reservations to it: started once one is active, sized to the active
 // ones (writeCapacity), removed when none is live and no pod is left on it.
-// An active reservation is named in status.virtualNode once the node's
-// capacity, as the API server holds it, counts it and the node is
-// schedulable: the scheduler plugin retries a pod when its reservation names
-// a node, and the attempt then finds room for it there.
+// Once the node is schedulable and its capacity counts them, the namer
+// names it in the active reservations' status (naming.go).
 func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	provider := req.Name
 	if b.ctx.Err() != nil {
@@ -409,6 +437,7 @@ func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		if _, err := n.writeCapacity(ctx, &cur); err != nil {
 			return ctrl.Result{}, err
 		}
+		n.setCounted(ids)
 	}
 
 	if len(live) == 0 {
@@ -429,9 +458,6 @@ func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		b.mu.Lock()
 		delete(b.nodes, provider)
 		b.mu.Unlock()
-		b.namingMu.Lock()
-		delete(b.naming, provider)
-		b.namingMu.Unlock()
 		n.stop()
 		return ctrl.Result{}, b.removeNode(ctx, name)
 	}
@@ -441,7 +467,7 @@ func (b *Bridge) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	if !schedulable(&cur) {
 		return ctrl.Result{}, nil // named once it is: the change triggers a reconcile
 	}
-	b.nameNode(provider, name, active)
+	b.askNames(ctx, name, active)
 	return ctrl.Result{}, nil
 }
 
@@ -464,58 +490,6 @@ func schedulable(node *corev1.Node) bool {
 		}
 	}
 	return false
-}
-
-// namingParallelism bounds the status.virtualNode writes in flight.
-const namingParallelism = 16
-
-// namingRetry: a reservation named this long ago that the cache still shows
-// unnamed is named again (the write was lost, or its event was).
-const namingRetry = 10 * time.Second
-
-// nameNode writes status.virtualNode = node on the active reservations that
-// do not name it yet: the node is schedulable and its capacity (written by
-// writeCapacity, or found already so) counts all of them. The writes are
-// independent merge patches, made in the background, in parallel: the
-// reconcile does not wait for them, so that the next resize of the node (a
-// burst activates reservations faster than one round trip per name) is not
-// held up behind them. A failed write asks for another reconcile.
-func (b *Bridge) nameNode(provider, name string, active []*rbv1.Reservation) {
-	b.namingMu.Lock()
-	defer b.namingMu.Unlock()
-	now := time.Now()
-	marks := map[types.UID]time.Time{} // what is being named now; the others are done or gone
-	for _, r := range active {
-		if r.Status.VirtualNode == name {
-			continue
-		}
-		if since, ok := b.naming[provider][r.UID]; ok && now.Sub(since) < namingRetry {
-			marks[r.UID] = since
-			continue
-		}
-		marks[r.UID] = now
-		go func() {
-			select {
-			case b.namingSem <- struct{}{}:
-			case <-b.ctx.Done():
-				return
-			}
-			err := rsvstatus.SetVirtualNode(b.ctx, b.client, r, name)
-			<-b.namingSem
-			if err != nil && b.ctx.Err() == nil {
-				b.log.V(1).Info("naming the virtual node in a reservation's status, retrying", "reservation", client.ObjectKeyFromObject(r), "error", err.Error())
-				b.namingMu.Lock()
-				delete(b.naming[provider], r.UID)
-				b.namingMu.Unlock()
-				b.enqueue(provider)
-			}
-		}()
-	}
-	if len(marks) == 0 {
-		delete(b.naming, provider)
-	} else {
-		b.naming[provider] = marks
-	}
 }
 
 // leftover tells whether our node exists and how many unfinished pods it has.

@@ -236,13 +236,13 @@ func TestVirtualKubelet(t *testing.T) {
 		corev1.ResourceCPU: resource.MustParse("16"), corev1.ResourceMemory: resource.MustParse("64Gi"), corev1.ResourcePods: resource.MustParse("110")})
 	b.Advertise("paris", "8", "32Gi", "", "0.03", nil)
 	paris.startAgent(nil)
-	rome.startAgent(&bridge.Options{
+	rome.startAgent(&bridge.Options{Log: bridgetest.Logger(t, 1), VirtualKubelet: virtualkubelet.Config{
 		LeaseDuration: leaseDuration, ProbePeriod: time.Second, StatusSyncPeriod: 5 * time.Second,
-		KubeletAddress: "127.0.0.1:0", NodeIP: "127.0.0.1", Log: bridgetest.Logger(t, 1),
+		KubeletAddress: "127.0.0.1:0", NodeIP: "127.0.0.1",
 		// Lost after a short grace; never replaced here (test/integration's
 		// TestFaultsProviderLost covers that on real nodes).
 		ProviderLostGrace: lostGrace, ProviderLostReplaceAfter: time.Hour,
-	})
+	}})
 	require.NoError(t, rome.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}))
 	var rsv *rbv1.Reservation
 

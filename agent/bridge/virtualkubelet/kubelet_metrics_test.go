@@ -61,11 +61,9 @@ func TestVirtualNodeUsage(t *testing.T) {
 		m.startAgent(nil)
 	}
 	first := freePort(t)
-	rome.startAgent(&bridge.Options{
+	rome.startAgent(&bridge.Options{Log: bridgetest.Logger(t, 1), VirtualKubelet: virtualkubelet.Config{
 		LeaseDuration: leaseDuration, ProbePeriod: time.Second, StatusSyncPeriod: 5 * time.Second,
-		KubeletAddress: fmt.Sprintf("127.0.0.1:%d", first), KubeletPorts: 10, NodeIP: "127.0.0.1", MetricsPeriod: time.Second,
-		Log: bridgetest.Logger(t, 1),
-	})
+		KubeletAddress: fmt.Sprintf("127.0.0.1:%d", first), KubeletPorts: 10, NodeIP: "127.0.0.1", MetricsPeriod: time.Second}})
 	require.NoError(t, rome.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}))
 	pods := map[string]string{"paris": "web-0", "berlin": "api-0"}
 	for id, pod := range pods {

@@ -71,6 +71,8 @@ type providerNode struct {
 	mu      sync.Mutex
 	active  []string // broker ids of the active reservations, newest first
 	grantOf string   // the reservation whose grant the connection uses
+	// counted: the active reservations the capacity as the API server holds it counts.
+	counted []string
 	// written is the capacity writeCapacity last wrote, at resourceVersion writtenRV.
 	written   corev1.ResourceList
 	writtenRV string
