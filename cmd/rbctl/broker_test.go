@@ -18,6 +18,7 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/output"
 )
 
 // brokerArgs are the flags that point rbctl at b as cluster id.
@@ -92,7 +93,7 @@ func TestGetReservations(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 3, out)
 	assertRow(t, lines[0], `NAME +PHASE +REQUESTER +PROVIDER +CPU +MEMORY +SCORE +REMAINING`)
-	assertRow(t, out, `r1 +Reserved +rome +paris +2 +4Gi +`+regexp.QuoteMeta(score(r1.Score))+` +(59|60)m`)
+	assertRow(t, out, `r1 +Reserved +rome +paris +2 +4Gi +`+regexp.QuoteMeta(output.Score(r1.Score))+` +(59|60)m`)
 	assertRow(t, out, `pod-1 +Reserved +rome +paris +1 +1Gi +\d+\.\d\d +(89|90)s`)
 
 	// paris provides r1 and requested r2.
@@ -137,8 +138,8 @@ func TestDescribeReservation(t *testing.T) {
 	assertRow(t, out, `Requester: +rome`)
 	assertRow(t, out, `Request: +cpu 2, memory 4Gi`)
 	assertRow(t, out, `Provider: +paris`)
-	assertRow(t, out, `Score: +`+regexp.QuoteMeta(score(r.Score))+` of 100`)
-	assertRow(t, out, `Price: +`+regexp.QuoteMeta(money(r.Price, "EUR"))+` per hour for the request`)
+	assertRow(t, out, `Score: +`+regexp.QuoteMeta(output.Score(r.Score))+` of 100`)
+	assertRow(t, out, `Price: +`+regexp.QuoteMeta(output.Money(r.Price, "EUR"))+` per hour for the request`)
 	assertRow(t, out, `Expires: +\S+ \(in (59|60)m\)`)
 	assert.Contains(t, out, "paris has the highest score of the 3 best candidates")
 	assert.Contains(t, out, "score = 0.70 x resource score + 0.30 x cost score")
@@ -148,9 +149,9 @@ func TestDescribeReservation(t *testing.T) {
 	c := r.Candidates
 	require.Len(t, c, 3)
 	for i, cand := range c {
-		pattern := ` +` + []string{"1", "2", "3"}[i] + ` +` + cand.Cluster + ` +` + regexp.QuoteMeta(score(cand.Score)) +
-			` +` + regexp.QuoteMeta(score(cand.ResourceScore)) + ` +` + regexp.QuoteMeta(score(cand.CostScore)) +
-			` +` + regexp.QuoteMeta(money(cand.Price, "EUR"))
+		pattern := ` +` + []string{"1", "2", "3"}[i] + ` +` + cand.Cluster + ` +` + regexp.QuoteMeta(output.Score(cand.Score)) +
+			` +` + regexp.QuoteMeta(output.Score(cand.ResourceScore)) + ` +` + regexp.QuoteMeta(output.Score(cand.CostScore)) +
+			` +` + regexp.QuoteMeta(output.Money(cand.Price, "EUR"))
 		if i == 0 {
 			pattern += ` +<- chosen`
 		}
@@ -188,45 +189,6 @@ func TestBrokerFlagsFromEnvironment(t *testing.T) {
 	t.Setenv("RB_CERT_DIR", filepath.Join(t.TempDir(), "missing"))
 	_, err = runRbctl(t, "get", "clusters")
 	assert.ErrorContains(t, err, "--cert-dir must hold tls.crt, tls.key and ca.crt")
-}
-
-func TestFormatting(t *testing.T) {
-	for in, want := range map[string]string{"64Gi": "64Gi", "1536Mi": "1.5Gi", "100": "100", "2048": "2Ki", "1Ti": "1Ti", "0": "0"} {
-		assert.Equal(t, want, bytesHuman(brokertest.MustQ(in)), in)
-	}
-	for in, want := range map[string]string{"16": "16", "13500m": "13.5", "250m": "0.25"} {
-		assert.Equal(t, want, cores(brokertest.MustQ(in)), in)
-	}
-	assert.Equal(t, "0.03", decimal(brokertest.MustQ("30m")))
-	assert.Equal(t, "0.076 EUR", money(76000, "EUR"))
-	now := time.Now()
-	assert.Equal(t, "in 59m", until(now, now.Add(59*time.Minute+10*time.Second)))
-	assert.Equal(t, "3m ago", until(now, now.Add(-3*time.Minute)))
-	assert.Equal(t, "0s", ago(now, now.Add(time.Second)), "a broker clock ahead of ours")
-}
-
-func TestReasons(t *testing.T) {
-	eur := map[string]string{"paris": "EUR", "berlin": "EUR"}
-	only := reasons(api.Reservation{Provider: "paris", Candidates: []api.Candidate{{Cluster: "paris", Score: 90, ResourceScore: 85.71, CostScore: 100}}}, eur)
-	assert.Contains(t, only[0], "paris was the only candidate")
-	assert.Contains(t, only[1], "score = 0.70 x resource score + 0.30 x cost score")
-
-	tie := reasons(api.Reservation{Provider: "berlin", Candidates: []api.Candidate{
-		{Cluster: "berlin", Score: 100, ResourceScore: 100, CostScore: 100, Price: 1000},
-		{Cluster: "paris", Score: 100, ResourceScore: 100, CostScore: 100, Price: 1000},
-	}}, eur)
-	assert.Contains(t, tie[len(tie)-1], "berlin and paris tie at 100.00; on equal scores the broker picks the smaller cluster id.")
-	assert.Contains(t, tie[1], "the broker's weights", "equal sub-scores tell nothing about the weights")
-
-	cheaper := reasons(api.Reservation{Provider: "paris", Candidates: []api.Candidate{
-		{Cluster: "paris", Score: 100, ResourceScore: 100, CostScore: 100, Price: 60000},
-		{Cluster: "berlin", Score: 70, ResourceScore: 100, CostScore: 0, Price: 100000},
-	}}, eur)
-	assert.Equal(t, "paris beats berlin by 30.00 points: resource score 100.00 vs 100.00, cost score 100.00 vs 0.00;"+
-		" it is 0.04 EUR per hour cheaper.", cheaper[len(cheaper)-1])
-
-	none := reasons(api.Reservation{Provider: "paris"}, eur)
-	assert.Equal(t, []string{"The broker recorded no candidates for this decision."}, none)
 }
 
 // TestGetReservationsPages: rbctl lists more reservations than the

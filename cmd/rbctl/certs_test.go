@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/certs"
 )
 
 // runRbctl runs the rbctl command tree with args and returns its stdout.
@@ -94,7 +95,7 @@ func TestCertsWritesLayoutAndReusesCA(t *testing.T) {
 	}
 
 	broker := checkTLSDir(t, filepath.Join(out, "broker"), caPEM, x509.ExtKeyUsageServerAuth)
-	for _, h := range defaultBrokerHosts {
+	for _, h := range certs.DefaultBrokerHosts {
 		if err := broker.VerifyHostname(h); err != nil {
 			t.Errorf("broker certificate: %v", err)
 		}

@@ -1,11 +1,15 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/fluidos-project/resource-broker/internal/rbctl/member"
+)
 
 // deprecatedCommands are the commands of rbctl before get and describe,
 // kept for a release so that scripts keep working: cobra says what replaces
 // each when it runs.
-func deprecatedCommands(g *globalOptions) []*cobra.Command {
+func deprecatedCommands(g *member.Options) []*cobra.Command {
 	alias := func(cmd *cobra.Command, use, instead string) *cobra.Command {
 		cmd.Use, cmd.Aliases, cmd.Example = use, nil, ""
 		cmd.Hidden = true

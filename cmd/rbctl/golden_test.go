@@ -17,6 +17,9 @@ import (
 	"github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/describe"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/get"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/output"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden with rbctl's current output")
@@ -78,29 +81,29 @@ func goldenObject() *v1alpha1.Reservation {
 // TestOperatorOutput: rbctl's tables, names, JSON, YAML, jsonpath and
 // descriptions, byte for byte (testdata/*.golden).
 func TestOperatorOutput(t *testing.T) {
-	print := func(t *testing.T, p printFlags, l listing) []byte {
+	print := func(t *testing.T, p output.Flags, l output.Listing) []byte {
 		t.Helper()
-		require.NoError(t, p.validate())
+		require.NoError(t, p.Validate())
 		var out, errOut bytes.Buffer
-		require.NoError(t, p.print(&out, &errOut, l))
+		require.NoError(t, p.Print(&out, &errOut, l))
 		return append(out.Bytes(), errOut.Bytes()...)
 	}
-	clusters := clusterListing(goldenClusters(), goldenNow)
-	for name, p := range map[string]printFlags{
+	clusters := get.ClusterListing(goldenClusters(), goldenNow)
+	for name, p := range map[string]output.Flags{
 		"get-clusters":            {},
-		"get-clusters-wide":       {output: "wide"},
-		"get-clusters-no-headers": {noHeaders: true},
-		"get-clusters-name":       {output: "name"},
-		"get-clusters-json":       {output: "json"},
-		"get-clusters-yaml":       {output: "yaml"},
-		"get-clusters-jsonpath":   {output: `jsonpath={range .items[*]}{.clusterID}{"\t"}{.live}{"\n"}{end}`},
+		"get-clusters-wide":       {Output: "wide"},
+		"get-clusters-no-headers": {NoHeaders: true},
+		"get-clusters-name":       {Output: "name"},
+		"get-clusters-json":       {Output: "json"},
+		"get-clusters-yaml":       {Output: "yaml"},
+		"get-clusters-jsonpath":   {Output: `jsonpath={range .items[*]}{.clusterID}{"\t"}{.live}{"\n"}{end}`},
 	} {
 		t.Run(name, func(t *testing.T) { golden(t, name, print(t, p, clusters)) })
 	}
 
-	one := clusterListing(goldenClusters()[2:], goldenNow)
-	one.single = true
-	t.Run("get-cluster-paris-json", func(t *testing.T) { golden(t, "get-cluster-paris-json", print(t, printFlags{output: "json"}, one)) })
+	one := get.ClusterListing(goldenClusters()[2:], goldenNow)
+	one.Single = true
+	t.Run("get-cluster-paris-json", func(t *testing.T) { golden(t, "get-cluster-paris-json", print(t, output.Flags{Output: "json"}, one)) })
 
 	r := goldenReservation()
 	ended := api.Reservation{ID: "gone-uid", Phase: "Released", Requester: "rome", Provider: "berlin", Resources: brokertest.Quantities("1", "1Gi", ""),
@@ -109,19 +112,19 @@ func TestOperatorOutput(t *testing.T) {
 	member := r
 	member.ID, member.Group = "train-0-uid", "batch/train"
 	memberObj := &v1alpha1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "batch", Name: "train-0-k2x9q"}}
-	rows := []reservationRow{{Reservation: ended, object: endedObj}, {Reservation: member, object: memberObj}, {Reservation: r, object: goldenObject()}}
-	for name, p := range map[string]printFlags{
+	rows := []get.ReservationRow{{Reservation: ended, Object: endedObj}, {Reservation: member, Object: memberObj}, {Reservation: r, Object: goldenObject()}}
+	for name, p := range map[string]output.Flags{
 		"get-reservations-all-namespaces":      {},
-		"get-reservations-all-namespaces-wide": {output: "wide"},
+		"get-reservations-all-namespaces-wide": {Output: "wide"},
 	} {
-		t.Run(name, func(t *testing.T) { golden(t, name, print(t, p, reservationListing(rows, true))) })
+		t.Run(name, func(t *testing.T) { golden(t, name, print(t, p, get.ReservationListing(rows, true))) })
 	}
-	provided := []reservationRow{{Reservation: r}}
+	provided := []get.ReservationRow{{Reservation: r}}
 	t.Run("get-reservations-provider", func(t *testing.T) {
-		golden(t, "get-reservations-provider", print(t, printFlags{}, reservationListing(provided, false)))
+		golden(t, "get-reservations-provider", print(t, output.Flags{}, get.ReservationListing(provided, false)))
 	})
 	t.Run("get-reservations-empty", func(t *testing.T) {
-		golden(t, "get-reservations-empty", print(t, printFlags{}, reservationListing(nil, false)))
+		golden(t, "get-reservations-empty", print(t, output.Flags{}, get.ReservationListing(nil, false)))
 	})
 
 	t.Run("describe-reservation", func(t *testing.T) {
@@ -132,7 +135,7 @@ func TestOperatorOutput(t *testing.T) {
 				Reason: "Renewed", Type: corev1.EventTypeNormal, Note: "lease renewed"},
 		}
 		var out bytes.Buffer
-		require.NoError(t, printDescription(&out, goldenObject(), r, map[string]string{"paris": "EUR", "berlin": "EUR"}, events, goldenNow))
+		require.NoError(t, describe.Print(&out, goldenObject(), r, map[string]string{"paris": "EUR", "berlin": "EUR"}, events, goldenNow))
 		golden(t, "describe-reservation", out.Bytes())
 	})
 	t.Run("describe-reservation-preempted", func(t *testing.T) {
@@ -141,19 +144,19 @@ func TestOperatorOutput(t *testing.T) {
 		endedAt := goldenNow.Add(-time.Minute)
 		taken.EndedAt = &endedAt
 		var out bytes.Buffer
-		require.NoError(t, printDescription(&out, nil, taken, map[string]string{"paris": "EUR", "berlin": "EUR"}, nil, goldenNow))
+		require.NoError(t, describe.Print(&out, nil, taken, map[string]string{"paris": "EUR", "berlin": "EUR"}, nil, goldenNow))
 		golden(t, "describe-reservation-preempted", out.Bytes())
 	})
 	t.Run("describe-reservation-ended", func(t *testing.T) {
 		var out bytes.Buffer
 		obj := &v1alpha1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "batch", Name: "job-1"},
 			Status: v1alpha1.ReservationStatus{Phase: v1alpha1.ReservationReleased, ReservationID: "gone-uid"}}
-		require.NoError(t, printDescription(&out, obj, api.Reservation{}, nil, nil, goldenNow))
+		require.NoError(t, describe.Print(&out, obj, api.Reservation{}, nil, nil, goldenNow))
 		golden(t, "describe-reservation-ended", out.Bytes())
 	})
 
 	for _, bad := range []string{"xml", "jsonpath=", "table"} {
-		p := printFlags{output: bad}
-		assert.Error(t, p.validate(), bad)
+		p := output.Flags{Output: bad}
+		assert.Error(t, p.Validate(), bad)
 	}
 }

@@ -34,6 +34,8 @@ import (
 	"github.com/fluidos-project/resource-broker/internal/certdir"
 	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/kustomize"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/join"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/member"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
 
@@ -59,13 +61,13 @@ func startOperatorBed(t *testing.T, contexts ...string) *operatorBed {
 		kcfg.Clusters[name] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
 		kcfg.AuthInfos[name] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
 		kcfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
-		kc, err := newKubeClient(cfg)
+		kc, err := member.NewKubeClient(cfg)
 		require.NoError(t, err)
 		bed.kube[name] = kc
 		bed.rest[name] = cfg
 	}
 	// The broker is installed in rome: its namespace is there.
-	require.NoError(t, ensureNamespace(context.Background(), bed.kube[contexts[0]], "resource-broker"))
+	require.NoError(t, join.EnsureNamespace(context.Background(), bed.kube[contexts[0]], "resource-broker"))
 	bed.kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, clientcmd.WriteToFile(*kcfg, bed.kubeconfig))
 	// No kubeconfig or identity of the machine running the test leaks in.
@@ -84,7 +86,7 @@ func (bed *operatorBed) rbctl(t *testing.T, args ...string) (string, error) {
 func (bed *operatorBed) memberClient(t *testing.T, ctx context.Context, context string) *client.Client {
 	t.Helper()
 	var s corev1.Secret
-	require.NoError(t, bed.kube[context].Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: agentSecretName}, &s))
+	require.NoError(t, bed.kube[context].Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: member.SecretName}, &s))
 	cert, err := tls.X509KeyPair(s.Data[certdir.CertFile], s.Data[certdir.KeyFile])
 	require.NoError(t, err)
 	roots := x509.NewCertPool()
@@ -118,9 +120,9 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return bed.kube["rome"].Get(ctx, ctrlclient.ObjectKey{Name: "rb-member-paris"}, &csr) == nil
 	}, 30*time.Second, 100*time.Millisecond, "paris's request in rome")
-	assert.Equal(t, memberSignerName, csr.Spec.SignerName)
-	assert.Equal(t, "paris", csr.Labels[clusterIDLabel])
-	req, err := parseCSR(csr.Spec.Request)
+	assert.Equal(t, join.SignerName, csr.Spec.SignerName)
+	assert.Equal(t, "paris", csr.Labels[join.ClusterIDLabel])
+	req, err := join.ParseCSR(csr.Spec.Request)
 	require.NoError(t, err)
 	assert.Equal(t, "paris", req.Subject.CommonName)
 
@@ -145,7 +147,7 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	// The Secret is what the agent mounts, and the broker takes it for paris:
 	// paris may advertise paris (and no other cluster).
 	var secret corev1.Secret
-	require.NoError(t, bed.kube["paris"].Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: agentSecretName}, &secret))
+	require.NoError(t, bed.kube["paris"].Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: member.SecretName}, &secret))
 	assert.Equal(t, corev1.SecretTypeTLS, secret.Type)
 	paris := bed.memberClient(t, ctx, "paris")
 	assert.Equal(t, "paris", paris.Identity())
@@ -157,7 +159,7 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	_, err = paris.Advertise(ctx, "berlin", api.Advertisement{})
 	assert.True(t, client.IsForbidden(err), "paris advertising berlin: %v", err)
 	require.NoError(t, bed.kube["rome"].Get(ctx, ctrlclient.ObjectKey{Name: "rb-member-paris"}, &csr))
-	assert.True(t, isApproved(&csr))
+	assert.True(t, join.IsApproved(&csr))
 
 	out, err = bed.rbctl(t, "join", "--context", "paris", "--cluster-id", "paris", "--broker-context", "rome")
 	assert.ErrorContains(t, err, `context "paris" already has Secret resource-broker/rb-agent-tls (cluster id "paris"): rbctl leave first, or --overwrite for a new key`, out)
@@ -176,7 +178,7 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	require.Equal(t, "paris", r.Provider)
 	out, err = bed.rbctl(t, "leave", "--context", "paris", "--broker-context", "rome", "--broker-url", b.URL)
 	assert.ErrorContains(t, err, `"paris" still has 1 live reservations (as provider: r1): end them first, or --force`, out)
-	require.NoError(t, bed.kube["paris"].Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: agentSecretName}, &secret), "still a member")
+	require.NoError(t, bed.kube["paris"].Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: member.SecretName}, &secret), "still a member")
 
 	_, err = bed.memberClient(t, ctx, "rome").Release(ctx, "r1")
 	require.NoError(t, err)
@@ -190,7 +192,7 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	_, err = b.Store.Cluster(ctx, "paris")
 	assert.ErrorIs(t, err, store.ErrNotFound, "the broker forgot paris")
 	require.NoError(t, b.Store.CheckInvariant(ctx))
-	err = bed.kube["paris"].Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: agentSecretName}, &secret)
+	err = bed.kube["paris"].Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: member.SecretName}, &secret)
 	assert.True(t, apierrors.IsNotFound(err), "the Secret is gone: %v", err)
 	err = bed.kube["rome"].Get(ctx, ctrlclient.ObjectKey{Name: "rb-member-paris"}, &csr)
 	assert.True(t, apierrors.IsNotFound(err), "the request is gone: %v", err)
@@ -219,14 +221,14 @@ func TestOperatorJoinRefusesBadRequests(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, kc.Create(ctx, &certificatesv1.CertificateSigningRequest{
 		ObjectMeta: metav1.ObjectMeta{Name: "rb-member-mallory"},
-		Spec: certificatesv1.CertificateSigningRequestSpec{Request: csrPEM, SignerName: memberSignerName,
+		Spec: certificatesv1.CertificateSigningRequestSpec{Request: csrPEM, SignerName: join.SignerName,
 			Usages: []certificatesv1.KeyUsage{certificatesv1.UsageClientAuth}},
 	}))
 	_, err = bed.rbctl(t, "join", "approve", "mallory", "--context", "rome", "--ca-dir", bed.caDir)
 	assert.ErrorContains(t, err, `CertificateSigningRequest rb-member-mallory asks for CN="paris", not the member "mallory"`)
 	var csr certificatesv1.CertificateSigningRequest
 	require.NoError(t, kc.Get(ctx, ctrlclient.ObjectKey{Name: "rb-member-mallory"}, &csr))
-	assert.False(t, isApproved(&csr), "not approved")
+	assert.False(t, join.IsApproved(&csr), "not approved")
 	assert.Empty(t, csr.Status.Certificate, "not signed")
 
 	// A server certificate is not a member's.
@@ -234,7 +236,7 @@ func TestOperatorJoinRefusesBadRequests(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, kc.Create(ctx, &certificatesv1.CertificateSigningRequest{
 		ObjectMeta: metav1.ObjectMeta{Name: "rb-member-oslo"},
-		Spec: certificatesv1.CertificateSigningRequestSpec{Request: csrPEM, SignerName: memberSignerName,
+		Spec: certificatesv1.CertificateSigningRequestSpec{Request: csrPEM, SignerName: join.SignerName,
 			Usages: []certificatesv1.KeyUsage{certificatesv1.UsageServerAuth}},
 	}))
 	_, err = bed.rbctl(t, "join", "approve", "oslo", "--context", "rome", "--ca-dir", bed.caDir)
@@ -314,17 +316,17 @@ func TestOperatorNameResolution(t *testing.T) {
 	bed := startOperatorBed(t, "rome")
 	b := bed.broker
 	kc := bed.kube["rome"]
-	require.NoError(t, ensureNamespace(ctx, kc, "resource-broker"))
+	require.NoError(t, join.EnsureNamespace(ctx, kc, "resource-broker"))
 	pair, err := b.CA.IssueClient("rome")
 	require.NoError(t, err)
-	require.NoError(t, kc.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "resource-broker", Name: agentSecretName},
+	require.NoError(t, kc.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "resource-broker", Name: member.SecretName},
 		Data: brokertest.TLSFiles(pair, b.CA.CertPEM)}))
 	// The agent as manifests/agent deploys it: BROKER_URL in a generated ConfigMap.
 	require.NoError(t, kc.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "resource-broker", Name: "rb-agent-config-7h2k9"},
 		Data: map[string]string{"CLUSTER_ID": "rome", "BROKER_URL": b.URL}}))
 	labels := map[string]string{"app": "rb-agent"}
 	require.NoError(t, kc.Create(ctx, &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "resource-broker", Name: agentDeploymentName},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "resource-broker", Name: member.AgentDeployment},
 		Spec: appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: labels}, Template: corev1.PodTemplateSpec{
 			ObjectMeta: metav1.ObjectMeta{Labels: labels},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "rb-agent", Image: "rb-agent",
@@ -340,7 +342,7 @@ func TestOperatorNameResolution(t *testing.T) {
 	br := brokertest.Decode[api.Reservation](t, data)
 
 	// The Reservation object the agent keeps for it, with its status and an event.
-	require.NoError(t, ensureNamespace(ctx, kc, "demo"))
+	require.NoError(t, join.EnsureNamespace(ctx, kc, "demo"))
 	obj := &v1alpha1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "big-x7k2p"},
 		Spec: v1alpha1.ReservationSpec{PodName: "big", Resources: corev1.ResourceList{
 			corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi")}}}
@@ -349,7 +351,7 @@ func TestOperatorNameResolution(t *testing.T) {
 	meta.SetStatusCondition(&obj.Status.Conditions, metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Granted", Message: "paris granted access"})
 	require.NoError(t, kc.Status().Update(ctx, obj))
 	// A second object whose broker reservation has ended, in another namespace.
-	require.NoError(t, ensureNamespace(ctx, kc, "batch"))
+	require.NoError(t, join.EnsureNamespace(ctx, kc, "batch"))
 	old := &v1alpha1.Reservation{ObjectMeta: metav1.ObjectMeta{Namespace: "batch", Name: "job-1"},
 		Spec: v1alpha1.ReservationSpec{Resources: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")}}}
 	require.NoError(t, kc.Create(ctx, old))
@@ -421,11 +423,11 @@ func TestOperatorNameResolution(t *testing.T) {
 	// A Secret made by hand before rbctl join (Opaque, install.md of old):
 	// --overwrite renews its key and certificate and keeps its type.
 	var before corev1.Secret
-	require.NoError(t, kc.Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: agentSecretName}, &before))
+	require.NoError(t, kc.Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: member.SecretName}, &before))
 	out, err = bed.rbctl(t, "join", "--context", "rome", "--cluster-id", "rome", "--broker-context", "rome", "--ca-dir", bed.caDir, "--overwrite")
 	require.NoError(t, err, out)
 	var after corev1.Secret
-	require.NoError(t, kc.Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: agentSecretName}, &after))
+	require.NoError(t, kc.Get(ctx, ctrlclient.ObjectKey{Namespace: "resource-broker", Name: member.SecretName}, &after))
 	assert.Equal(t, corev1.SecretTypeOpaque, after.Type)
 	assert.NotEqual(t, before.Data[certdir.KeyFile], after.Data[certdir.KeyFile], "a new key")
 	out, err = bed.rbctl(t, "get", "clusters", "paris", "--context", "rome", "-o", "name")
@@ -483,7 +485,7 @@ func TestOperatorJoinWithLeastPrivilege(t *testing.T) {
 	csrPEM, _, err := devcerts.NewClientCSR("oslo")
 	require.NoError(t, err)
 	require.NoError(t, kc.Create(ctx, &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: "rb-member-oslo"},
-		Spec: certificatesv1.CertificateSigningRequestSpec{Request: csrPEM, SignerName: memberSignerName, Usages: []certificatesv1.KeyUsage{certificatesv1.UsageClientAuth}}}))
+		Spec: certificatesv1.CertificateSigningRequestSpec{Request: csrPEM, SignerName: join.SignerName, Usages: []certificatesv1.KeyUsage{certificatesv1.UsageClientAuth}}}))
 	_, err = bed.rbctl(t, "join", "approve", "oslo", "--context", "rome-alice", "--ca-dir", bed.caDir)
 	assert.ErrorContains(t, err, `approving CertificateSigningRequest rb-member-oslo: certificatesigningrequests.certificates.k8s.io "rb-member-oslo" is forbidden: User "alice" cannot update resource "certificatesigningrequests/approval"`)
 

@@ -7,11 +7,13 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/utils/ptr"
 
+	"github.com/fluidos-project/resource-broker/internal/rbctl/member"
 	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
 // newRootCommand builds the rbctl command tree. Each subcommand lives in its
-// own file and is registered here as a sibling.
+// own file and is registered here as a sibling; what each does is in its
+// package under internal/rbctl.
 func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "rbctl",
@@ -29,17 +31,18 @@ and the broker instead.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 	}
-	g := &globalOptions{kube: &genericclioptions.ConfigFlags{
+	// The persistent flags: where the member's identity and the broker are.
+	g := &member.Options{Kube: &genericclioptions.ConfigFlags{
 		KubeConfig: ptr.To(""), Context: ptr.To(""), Namespace: ptr.To(""), Timeout: ptr.To("0"),
 	}}
 	pf := root.PersistentFlags()
-	g.kube.AddFlags(pf)
-	pf.StringVar(&g.brokerURL, "broker-url", os.Getenv("RB_BROKER_URL"),
+	g.Kube.AddFlags(pf)
+	pf.StringVar(&g.BrokerURL, "broker-url", os.Getenv("RB_BROKER_URL"),
 		"broker API URL (env RB_BROKER_URL; default: the BROKER_URL of the member's agent, with a kubeconfig)")
-	pf.StringVar(&g.certDir, "cert-dir", os.Getenv("RB_CERT_DIR"),
+	pf.StringVar(&g.CertDir, "cert-dir", os.Getenv("RB_CERT_DIR"),
 		"directory with a member's tls.crt, tls.key and the broker's ca.crt, as written by rbctl certs, instead of the member's Secret (env RB_CERT_DIR)")
-	pf.StringVar(&g.agentNamespace, "agent-namespace", defaultAgentNamespace,
-		"namespace of the member's agent and of its Secret "+agentSecretName)
+	pf.StringVar(&g.AgentNamespace, "agent-namespace", member.DefaultAgentNamespace,
+		"namespace of the member's agent and of its Secret "+member.SecretName)
 	root.AddCommand(
 		newCertsCommand(),
 		newJoinCommand(g),

@@ -1,17 +1,15 @@
 package main
 
 import (
-	"strconv"
-
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/member"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/output"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/usage"
 )
 
-func newUsageCommand(g *globalOptions) *cobra.Command {
-	p := &printFlags{}
+func newUsageCommand(g *member.Options) *cobra.Command {
+	p := &output.Flags{}
 	cmd := &cobra.Command{
 		Use:   "usage",
 		Short: "Show what each member holds as a requester, against its limits",
@@ -25,10 +23,10 @@ back.`,
   rbctl usage -o yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := p.validate(); err != nil {
+			if err := p.Validate(); err != nil {
 				return err
 			}
-			c, err := g.client(cmd.Context())
+			c, err := g.BrokerClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -36,40 +34,9 @@ back.`,
 			if err != nil {
 				return err
 			}
-			return p.print(cmd.OutOrStdout(), cmd.ErrOrStderr(), usageListing(list))
+			return p.Print(cmd.OutOrStdout(), cmd.ErrOrStderr(), usage.Listing(list))
 		},
 	}
-	p.addFlags(cmd)
+	p.AddFlags(cmd.Flags())
 	return cmd
-}
-
-func usageListing(list []api.MemberUsage) listing {
-	out := listing{kind: "member", table: &metav1.Table{ColumnDefinitions: columns(
-		"MEMBER", "RESERVATIONS", "CPU", "MEMORY", "GPU", "MAX-PRIORITY", "RESERVES/S")}}
-	for _, u := range list {
-		l := u.Limits
-		maxRes := api.Quantities{}
-		if l.MaxResources != nil {
-			maxRes = *l.MaxResources
-		}
-		reservations := strconv.FormatInt(u.Reservations, 10) + "/" + orNone(l.MaxReservations != nil, func() string { return strconv.FormatInt(*l.MaxReservations, 10) })
-		against := func(used, max *resource.Quantity, render func(*resource.Quantity) string) string {
-			return render(used) + "/" + orNone(max != nil, func() string { return render(max) })
-		}
-		priority := orNone(l.MaxPriority != nil, func() string { return strconv.FormatInt(int64(*l.MaxPriority), 10) })
-		rate := orNone(l.ReservesPerSecond != "", func() string { return l.ReservesPerSecond + " (burst " + strconv.Itoa(l.ReserveBurst) + ")" })
-		out.table.Rows = append(out.table.Rows, tableRow(u.Cluster, reservations, against(u.Resources.CPU, maxRes.CPU, cores),
-			against(u.Resources.Memory, maxRes.Memory, bytesHuman), against(u.Resources.GPU, maxRes.GPU, count), priority, rate))
-		out.names = append(out.names, u.Cluster)
-		out.items = append(out.items, u)
-	}
-	return out
-}
-
-// orNone renders a limit, or "-" when there is none.
-func orNone(set bool, render func() string) string {
-	if !set {
-		return "-"
-	}
-	return render()
 }

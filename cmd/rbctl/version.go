@@ -5,11 +5,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fluidos-project/resource-broker/internal/rbctl/output"
 	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
 func newVersionCommand() *cobra.Command {
-	var output string
+	var format string
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print rbctl's version",
@@ -18,17 +19,17 @@ func newVersionCommand() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := version.Get()
-			switch output {
+			switch format {
 			case "":
 				_, err := fmt.Fprintf(cmd.OutOrStdout(), "rbctl %s\n", v.String())
 				return err
-			case outputJSON, outputYAML:
-				p := printFlags{output: output}
-				return p.print(cmd.OutOrStdout(), cmd.ErrOrStderr(), listing{single: true, items: []any{map[string]any{"clientVersion": v}}})
+			case output.JSON, output.YAML:
+				p := output.Flags{Output: format}
+				return p.Print(cmd.OutOrStdout(), cmd.ErrOrStderr(), output.Listing{Single: true, Items: []any{map[string]any{"clientVersion": v}}})
 			}
-			return fmt.Errorf("--output %q: must be json or yaml", output)
+			return fmt.Errorf("--output %q: must be json or yaml", format)
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "", "json or yaml (default: one line)")
+	cmd.Flags().StringVarP(&format, "output", "o", "", "json or yaml (default: one line)")
 	return cmd
 }

@@ -1,18 +1,20 @@
-package main
+package describe
 
 import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/internal/rbctl/output"
 )
 
-func printExplanation(out io.Writer, r api.Reservation, currency map[string]string, now time.Time) error {
+// printDecision writes the broker's record of r: its request, the decision,
+// the reasons for it in sentences and the candidates compared.
+func printDecision(out io.Writer, r api.Reservation, currency map[string]string, now time.Time) error {
 	w := newTabWriter(out)
 	field := func(name, value string) { row(w, name+":", value) }
 	field("Reservation", r.ID)
@@ -20,7 +22,7 @@ func printExplanation(out io.Writer, r api.Reservation, currency map[string]stri
 	field("Requester", r.Requester)
 	field("Request", describeRequest(r.Resources))
 	if r.Selector != nil && len(r.Selector.MatchLabels) > 0 {
-		field("Selector", labelsString(r.Selector.MatchLabels))
+		field("Selector", output.Labels(r.Selector.MatchLabels))
 	}
 	if r.Owner != "" {
 		field("Owner", r.Owner)
@@ -37,21 +39,21 @@ func printExplanation(out io.Writer, r api.Reservation, currency map[string]stri
 	if r.PreemptedBy != "" {
 		field("Preempted By", r.PreemptedBy+" (of higher priority: it took this reservation's capacity)")
 	}
-	field("Created", timestamp(r.CreatedAt)+" ("+ago(now, r.CreatedAt)+" ago)")
+	field("Created", output.Timestamp(r.CreatedAt)+" ("+output.Ago(now, r.CreatedAt)+" ago)")
 	if r.EndedAt != nil {
-		field("Ended", timestamp(*r.EndedAt)+" ("+ago(now, *r.EndedAt)+" ago)")
+		field("Ended", output.Timestamp(*r.EndedAt)+" ("+output.Ago(now, *r.EndedAt)+" ago)")
 	} else {
 		// One clock: the time left as the broker measured it, shown as a
 		// local time, never the broker's expiresAt against this clock.
 		left := time.Duration(r.RemainingMs) * time.Millisecond
-		field("Expires", timestamp(now.Add(left))+" ("+until(now, now.Add(left))+")")
+		field("Expires", output.Timestamp(now.Add(left))+" ("+output.Until(now, now.Add(left))+")")
 	}
 	if r.Lease != "" {
 		field("Lease", r.Lease+" (renewed by its requester while its pod is bound)")
 	}
 	field("Provider", r.Provider)
-	field("Score", strconv.FormatFloat(r.Score, 'f', 2, 64)+" of 100")
-	field("Price", money(r.Price, currency[r.Provider])+" per hour for the request")
+	field("Score", output.Score(r.Score)+" of 100")
+	field("Price", output.Money(r.Price, currency[r.Provider])+" per hour for the request")
 	if err := w.Flush(); err != nil {
 		return err
 	}
@@ -68,8 +70,8 @@ func printExplanation(out io.Writer, r api.Reservation, currency map[string]stri
 	w = newTabWriter(out)
 	row(w, "  RANK", "CLUSTER", "SCORE", "RESOURCE-SCORE", "COST-SCORE", "PRICE/H")
 	for i, c := range r.Candidates {
-		cells := []string{"  " + strconv.Itoa(i+1), c.Cluster, score(c.Score), score(c.ResourceScore), score(c.CostScore),
-			money(c.Price, currency[c.Cluster])}
+		cells := []string{"  " + strconv.Itoa(i+1), c.Cluster, output.Score(c.Score), output.Score(c.ResourceScore), output.Score(c.CostScore),
+			output.Money(c.Price, currency[c.Cluster])}
 		if c.Cluster == r.Provider {
 			cells = append(cells, "<- chosen")
 		}
@@ -112,6 +114,7 @@ func reasons(r api.Reservation, currency map[string]string) []string {
 	if win == nil || runnerUp == nil {
 		return out
 	}
+	score := output.Score
 	var b strings.Builder
 	if win.Score == runnerUp.Score {
 		fmt.Fprintf(&b, "%s and %s tie at %s; on equal scores the broker picks the smaller cluster id.", win.Cluster, runnerUp.Cluster, score(win.Score))
@@ -125,7 +128,7 @@ func reasons(r api.Reservation, currency map[string]string) []string {
 			if d < 0 {
 				what, d = "dearer", -d
 			}
-			fmt.Fprintf(&b, "; it is %s per hour %s", money(d, cw), what)
+			fmt.Fprintf(&b, "; it is %s per hour %s", output.Money(d, cw), what)
 		}
 		b.WriteString(".")
 	}
@@ -148,29 +151,12 @@ func inferWeights(cands []api.Candidate) (float64, bool) {
 }
 
 func describeRequest(q api.Quantities) string {
-	parts := []string{"cpu " + cores(q.CPU), "memory " + bytesHuman(q.Memory)}
+	parts := []string{"cpu " + output.Cores(q.CPU), "memory " + output.Bytes(q.Memory)}
 	if q.GPU != nil && !q.GPU.IsZero() {
-		parts = append(parts, "gpu "+count(q.GPU))
+		parts = append(parts, "gpu "+output.Count(q.GPU))
 	}
 	if q.Storage != nil && !q.Storage.IsZero() {
-		parts = append(parts, "ephemeral storage "+bytesHuman(q.Storage))
+		parts = append(parts, "ephemeral storage "+output.Bytes(q.Storage))
 	}
 	return strings.Join(parts, ", ")
 }
-
-func labelsString(m map[string]string) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + m[k]
-	}
-	return strings.Join(parts, ",")
-}
-
-func score(f float64) string { return strconv.FormatFloat(f, 'f', 2, 64) }
-
-func timestamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
