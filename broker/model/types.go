@@ -185,6 +185,33 @@ type Limits struct {
 	Burst    int     // calls allowed at once on top of the rate (at least 1)
 }
 
+// Rate bounds how fast a member may call: PerSecond units a second with
+// Burst units at once (at least 1). A zero PerSecond is no limit.
+type Rate struct {
+	PerSecond float64
+	Burst     int64
+}
+
+// MemberRates are the rates of one member's calls other than reserve
+// (broker/policy members), counted by the throttle script before the call
+// reaches its own: what keeps one member's loop from slowing the others.
+type MemberRates struct {
+	Advertisements Rate // PUT advertisement (v1 and v2)
+	Renewals       Rate // renewal calls
+	RenewedIDs     Rate // ids in those calls
+	RenewalBytes   Rate // bytes of their bodies
+	Writes         Rate // release, grant and leave (DELETE cluster)
+	Protections    Rate // PUT protections
+}
+
+// Charge is what one call costs against one rate: Cost units of the rate
+// named Kind (the rate key's, e.g. "renewal-ids").
+type Charge struct {
+	Kind string
+	Rate Rate
+	Cost int64
+}
+
 // Usage is what one requester holds: its live reservations and their sum.
 type Usage struct {
 	Reservations int64

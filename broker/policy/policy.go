@@ -69,6 +69,7 @@ type File struct {
 	Kind       string     `json:"kind"`
 	Requesters Requesters `json:"requesters"`
 	Providers  Providers  `json:"providers"`
+	Members    Members    `json:"members"`
 }
 
 // Requesters are the limits of the members as requesters: Default for every
@@ -150,6 +151,8 @@ type Policy struct {
 	defaultLimits model.Limits
 	bounds        map[string]*bounds
 	defaultBounds *bounds
+	rates         map[string]model.MemberRates // by cluster, for the overridden ones
+	defaultRates  model.MemberRates
 	clusters      []string // every cluster with an override, sorted
 }
 
@@ -157,7 +160,7 @@ var _ store.Policy = (*Policy)(nil)
 
 // Default is the policy without a file: 100 reserve calls per second per
 // requester (a burst of 200), a priority ceiling of
-// HighestUserDefinablePriority, no quota and no bounds.
+// HighestUserDefinablePriority, DefaultMemberRates, no quota and no bounds.
 func Default() *Policy {
 	p, err := New(File{APIVersion: APIVersion, Kind: Kind, Requesters: Requesters{Default: RequesterLimits{
 		ReservesPerSecond: ptr(100.0), ReserveBurst: ptr[int32](200), MaxPriority: ptr[int32](HighestUserDefinablePriority),
@@ -204,7 +207,7 @@ func New(f File) (*Policy, error) {
 	if errs := f.validate(); len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
-	p := &Policy{limits: map[string]model.Limits{}, bounds: map[string]*bounds{}}
+	p := &Policy{limits: map[string]model.Limits{}, bounds: map[string]*bounds{}, rates: map[string]model.MemberRates{}}
 	var errs field.ErrorList
 	root := field.NewPath("requesters")
 	// A burst needs a rate, the one it sets or the default's.
@@ -231,6 +234,13 @@ func New(f File) (*Policy, error) {
 		b.add(f.Providers.Clusters[id], proot.Child("clusters").Key(id))
 		errs = append(errs, b.validate(proot.Child("clusters").Key(id))...)
 		p.bounds[id] = b
+		if !slices.Contains(p.clusters, id) {
+			p.clusters = append(p.clusters, id)
+		}
+	}
+	p.defaultRates = f.Members.Default.rates()
+	for _, id := range sortedKeys(f.Members.Clusters) {
+		p.rates[id] = f.Members.Default.merge(f.Members.Clusters[id]).rates()
 		if !slices.Contains(p.clusters, id) {
 			p.clusters = append(p.clusters, id)
 		}
@@ -343,6 +353,13 @@ func (f File) validate() field.ErrorList {
 		p := req.Child("clusters").Key(id)
 		errs = append(errs, validateClusterID(p, id)...)
 		errs = append(errs, f.Requesters.Clusters[id].validate(p)...)
+	}
+	mem := field.NewPath("members")
+	errs = append(errs, f.Members.Default.validate(mem.Child("default"))...)
+	for _, id := range sortedKeys(f.Members.Clusters) {
+		p := mem.Child("clusters").Key(id)
+		errs = append(errs, validateClusterID(p, id)...)
+		errs = append(errs, f.Members.Clusters[id].validate(p)...)
 	}
 	prov := field.NewPath("providers")
 	errs = append(errs, f.Providers.Default.validate(prov.Child("default"))...)

@@ -88,6 +88,8 @@ var (
 	Preempt = load("preempt")
 	// Protect records the reservations PodDisruptionBudgets protect (protect.lua).
 	Protect = load("protect")
+	// Throttle counts a member's call against its rates (throttle.lua).
+	Throttle = load("throttle")
 )
 
 // All lists every script, for loading at start-up and readiness checks.
@@ -103,4 +105,5 @@ var All = map[string]*redis.Script{
 	"preempt":       Preempt,
 	"protect":       Protect,
 	"forget":        Forget,
+	"throttle":      Throttle,
 }

@@ -28,14 +28,14 @@ func (s *Server) postGroup(w http.ResponseWriter, r *http.Request, caller string
 		return
 	}
 	start := time.Now()
-	if le := s.rateRefused.refused(req.Requester, start); le != nil {
+	if le := s.rateRefused.refused("", req.Requester, 1, start); le != nil {
 		s.metrics.decided(outcomeLimited, 0)
 		writeFairShareError(w, le)
 		return
 	}
 	d, err := s.store.ReserveGroup(r.Context(), req)
 	took := time.Since(start)
-	s.rateRefused.record(req.Requester, start, err)
+	s.rateRefused.record(req.Requester, start, err, nil)
 	var noFit *store.GroupNoFitError
 	switch {
 	case err == nil:
@@ -76,6 +76,9 @@ func (s *Server) postGroup(w http.ResponseWriter, r *http.Request, caller string
 // putProtections replaces the caller's report of the reservations its pods'
 // disruption budgets protect (store.Protect).
 func (s *Server) putProtections(w http.ResponseWriter, r *http.Request, caller string) {
+	if !s.throttle(w, r.Context(), caller, model.Charge{Kind: store.RateProtections, Rate: s.rates(caller).Protections, Cost: 1}) {
+		return
+	}
 	var body api.ProtectRequest
 	if err := api.Decode(r.Body, &body); err != nil {
 		writeDecodeError(w, err)

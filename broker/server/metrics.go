@@ -51,6 +51,7 @@ type metrics struct {
 	renewals     *prometheus.CounterVec
 	renewBatch   prometheus.Histogram
 	v1Capped     *prometheus.CounterVec
+	rateLimited  *prometheus.CounterVec
 
 	outcomes      map[string]*lazyCounter        // reservations' children by outcome; read-only once built
 	renewOutcomes map[string]*lazyCounter        // renewals' children by outcome; read-only once built
@@ -121,9 +122,13 @@ func newMetrics(st *store.Store) *metrics {
 			Name: "rb_broker_v1_allocated_capped_total",
 			Help: "Seed (v1) advertisements whose allocated exceeded allocatable, capped at allocatable, by resource (cpu, memory, gpu, storage).",
 		}, []string{"resource"}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rb_broker_rate_limited_total",
+			Help: "Members' calls refused by one of their rates (broker/policy members), by rate (advertisements, renewals, renewed-ids, renewal-bytes, writes, protections); reserve calls refused by their rate count as rb_broker_reservations_total{outcome=\"limited\"}.",
+		}, []string{"rate"}),
 	}
 	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.requests, m.latency, m.streams,
-		m.renewals, m.renewBatch, m.v1Capped,
+		m.renewals, m.renewBatch, m.v1Capped, m.rateLimited,
 		&clusterCollector{store: st},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.outcomes = map[string]*lazyCounter{}

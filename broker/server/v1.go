@@ -15,6 +15,9 @@ import (
 // The seed agents' protocol, served unchanged beside v2.
 
 func (s *Server) v1PostAdvertisement(w http.ResponseWriter, r *http.Request, caller string) {
+	if !s.throttle(w, r.Context(), caller, model.Charge{Kind: store.RateAdvertisements, Rate: s.rates(caller).Advertisements, Cost: 1}) {
+		return
+	}
 	var body api.V1Advertisement
 	if err := api.Decode(r.Body, &body); err != nil {
 		writeDecodeError(w, err)

@@ -17,6 +17,9 @@ func (s *Server) putAdvertisement(w http.ResponseWriter, r *http.Request, caller
 		writeError(w, http.StatusForbidden, api.ReasonForbidden, "cluster "+caller+" may only advertise itself, not "+id)
 		return
 	}
+	if !s.throttle(w, r.Context(), caller, model.Charge{Kind: store.RateAdvertisements, Rate: s.rates(caller).Advertisements, Cost: 1}) {
+		return
+	}
 	var body api.Advertisement
 	if err := api.Decode(r.Body, &body); err != nil {
 		writeDecodeError(w, err)
@@ -60,6 +63,9 @@ func (s *Server) deleteCluster(w http.ResponseWriter, r *http.Request, caller st
 		writeError(w, http.StatusForbidden, api.ReasonForbidden, "cluster "+caller+" may only remove itself, not "+id)
 		return
 	}
+	if !s.throttle(w, r.Context(), caller, s.write(caller)) {
+		return
+	}
 	if err := s.store.Forget(r.Context(), id); err != nil {
 		s.writeStoreError(w, "forget", err)
 		return
@@ -95,14 +101,14 @@ func (s *Server) postReservation(w http.ResponseWriter, r *http.Request, caller 
 // reserve runs a decision, records its metrics, and answers failures itself.
 func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req model.ReserveRequest) (model.Decision, bool) {
 	start := time.Now()
-	if le := s.rateRefused.refused(req.Requester, start); le != nil {
+	if le := s.rateRefused.refused("", req.Requester, 1, start); le != nil {
 		s.metrics.decided(outcomeLimited, 0)
 		writeFairShareError(w, le)
 		return model.Decision{}, false
 	}
 	d, err := s.store.Reserve(ctx, req)
 	took := time.Since(start)
-	s.rateRefused.record(req.Requester, start, err)
+	s.rateRefused.record(req.Requester, start, err, nil)
 	var noFit *store.NoFitError
 	switch {
 	case err == nil:
@@ -181,6 +187,9 @@ func (s *Server) deleteReservation(w http.ResponseWriter, r *http.Request, calle
 	if !ok {
 		return
 	}
+	if !s.throttle(w, r.Context(), caller, s.write(caller)) {
+		return
+	}
 	id := r.PathValue("id")
 	res, err := s.store.Release(r.Context(), requester, id, caller)
 	if err != nil {
@@ -199,6 +208,9 @@ func (s *Server) deleteReservation(w http.ResponseWriter, r *http.Request, calle
 func (s *Server) postGrant(w http.ResponseWriter, r *http.Request, caller string) {
 	requester, ok := requesterOf(w, r, caller)
 	if !ok {
+		return
+	}
+	if !s.throttle(w, r.Context(), caller, s.write(caller)) {
 		return
 	}
 	var g api.Grant
@@ -242,6 +254,13 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 	if !ok {
 		return
 	}
+	// The calls and bytes are known before the body is read, the ids after.
+	rates := s.rates(caller)
+	call := model.Charge{Kind: store.RateRenewals, Rate: rates.Renewals, Cost: 1}
+	bytes := model.Charge{Kind: store.RateRenewalBytes, Rate: rates.RenewalBytes, Cost: bodyCost(r, api.MaxRenewBodyBytes)}
+	if s.refusedByRate(w, caller, time.Now(), call, bytes) {
+		return
+	}
 	var body api.RenewRequest
 	if err := api.Decode(r.Body, &body); err != nil {
 		writeDecodeError(w, err) // counted by rb_broker_http_requests_total, code 400
@@ -249,6 +268,10 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 	}
 	if err := body.Validate(); err != nil {
 		writeDecodeError(w, err)
+		return
+	}
+	if !s.throttle(w, r.Context(), caller, call, bytes,
+		model.Charge{Kind: store.RateRenewedIDs, Rate: rates.RenewedIDs, Cost: int64(len(body.IDs))}) {
 		return
 	}
 	s.metrics.renewBatch.Observe(float64(len(body.IDs)))

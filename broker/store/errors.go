@@ -50,6 +50,9 @@ type LimitError struct {
 	// Limit is "rate" (reserve calls per second), "reservations" (live
 	// ones), "cpu" (millicores), "memory" (bytes) or "gpu".
 	Limit string
+	// Calls is, for a member's rate other than reserve calls (Throttle),
+	// the kind of what it counts (RateKinds); "" for reserve calls.
+	Calls string
 	Max   float64 // the limit
 	Used  int64   // what the requester holds (not for "rate")
 	Asked int64   // what the request would add (not for "rate")
@@ -59,11 +62,43 @@ type LimitError struct {
 }
 
 func (e *LimitError) Error() string {
+	if e.Limit == "rate" && e.Calls != "" {
+		return fmt.Sprintf("member %s exceeds its limit of %g %s per second: retry in %s", e.Requester, e.Max, rateUnits(e.Calls), e.RetryAfter)
+	}
 	if e.Limit == "rate" {
 		return fmt.Sprintf("requester %s exceeds its limit of %g reserve calls per second: retry in %s", e.Requester, e.Max, e.RetryAfter)
 	}
 	return fmt.Sprintf("requester %s is at its limit of %s: holds %s, asks %s more, limit %s",
 		e.Requester, limitNames[e.Limit], e.amount(e.Used), e.amount(e.Asked), e.amount(int64(e.Max)))
+}
+
+// The kinds of a member's rates other than reserve calls (Throttle's
+// charges, broker/policy members), as their rate keys and the rate-limited
+// metric name them.
+const (
+	RateAdvertisements = "advertisements"
+	RateRenewals       = "renewals"
+	RateRenewedIDs     = "renewed-ids"
+	RateRenewalBytes   = "renewal-bytes"
+	RateWrites         = "writes"
+	RateProtections    = "protections"
+)
+
+// rateUnits names what a rate of kind counts, for its error message.
+func rateUnits(kind string) string {
+	switch kind {
+	case RateRenewals:
+		return "renewal calls"
+	case RateRenewedIDs:
+		return "renewed ids"
+	case RateRenewalBytes:
+		return "renewal bytes"
+	case RateWrites:
+		return "writes (release, grant, leave)"
+	case RateProtections:
+		return "protection updates"
+	}
+	return kind
 }
 
 var limitNames = map[string]string{"reservations": "live reservations", "cpu": "reserved cpu", "memory": "reserved memory", "gpu": "reserved gpus"}

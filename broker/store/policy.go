@@ -32,6 +32,8 @@ type Policy interface {
 	// CheckAdvertisement returns a *BoundError when cluster advertises
 	// something outside the operator's bounds for it.
 	CheckAdvertisement(cluster string, ad model.Advertisement) error
+	// Rates returns a member's rates other than its reserve calls'.
+	Rates(member string) model.MemberRates
 	// Clusters lists the clusters with settings of their own.
 	Clusters() []string
 }

@@ -5,17 +5,22 @@
 --                                   what its limits are checked against
 --   P.."rate:"..requester   string  its reserve-call rate state (GCRA: the theoretical arrival
 --                                   time of its next call, ms); expires once that time has passed
+--   P.."rate:"..kind..":"..member   string  the same for a member's other calls (throttle.lua:
+--                                   advertisements, renewals, writes, protections)
 -- @include core
 
--- gcra_step counts one reserve call against a rate (calls per second) with
--- a burst (generic cell rate algorithm: each call moves the theoretical
+-- gcra_step counts one call of cost units (default 1; at most burst: a call
+-- dearer than the burst costs the burst) against a rate (units per second)
+-- with a burst (generic cell rate algorithm: each unit moves the theoretical
 -- arrival time tat one interval on; a call is allowed while tat stays within
 -- burst intervals of now). It returns the new tat when the call is allowed,
--- else nil and the ms until a call would be. tat is P.."rate:"..requester's.
-local function gcra_step(tat, now, rate, burst)
+-- else nil and the ms until the call would be. tat is the rate key's
+-- (P.."rate:"..requester for reserve calls, throttle.lua's for the others).
+local function gcra_step(tat, now, rate, burst, cost)
+  burst = burst or 1
   local interval = 1000 / rate
-  local next_tat = math.max(tat, now) + interval
-  local wait = next_tat - now - (burst or 1) * interval
+  local next_tat = math.max(tat, now) + math.min(cost or 1, burst) * interval
+  local wait = next_tat - now - burst * interval
   if wait > 0 then return nil, math.ceil(wait) end
   return next_tat, nil
 end

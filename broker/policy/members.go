@@ -1,0 +1,144 @@
+package policy
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/fluidos-project/resource-broker/broker/model"
+)
+
+// Members are the rates of the members' calls other than reserve (those
+// are the requesters' reservesPerSecond): Default for every member,
+// Clusters[id] overriding some of them for one. Unlike the requesters'
+// limits they are on without a policy file and with a file that does not
+// name them: each rate left out is DefaultMemberRates'. A rate of 0 per
+// second is no limit.
+//
+//	members:
+//	  default:
+//	    advertisements: {perSecond: "10", burst: "20"}
+//	    renewalBytes: {perSecond: 256Ki, burst: 4Mi}
+//	  clusters:
+//	    bulk: {renewedIDs: {perSecond: "10k", burst: "100k"}}
+type Members struct {
+	Default  MemberRates            `json:"default"`
+	Clusters map[string]MemberRates `json:"clusters,omitempty"`
+}
+
+// MemberRates are one member's rates; an absent field is the default's.
+type MemberRates struct {
+	// Advertisements: PUT of its advertisement (v2) and POST of it (v1).
+	Advertisements *Rate `json:"advertisements,omitempty"`
+	// Renewals, RenewedIDs, RenewalBytes: its renewal calls, the ids they
+	// carry and the bytes of their bodies (a renewal's cost grows with both).
+	Renewals     *Rate `json:"renewals,omitempty"`
+	RenewedIDs   *Rate `json:"renewedIDs,omitempty"`
+	RenewalBytes *Rate `json:"renewalBytes,omitempty"`
+	// Writes: releases, grants and leaving the federation (DELETE cluster).
+	Writes *Rate `json:"writes,omitempty"`
+	// Protections: PUT of the reservations its PodDisruptionBudgets protect.
+	Protections *Rate `json:"protections,omitempty"`
+}
+
+// Rate is a rate with a burst, as quantities ("10", "500m", "256Ki").
+type Rate struct {
+	PerSecond *resource.Quantity `json:"perSecond"` // required; 0: no limit
+	Burst     *resource.Quantity `json:"burst,omitempty"` // default: one second's worth, at least 1
+}
+
+// DefaultMemberRates are the rates no honest agent reaches, derived from
+// the agents' own schedule (docs/architecture.md, "Fair share"):
+//   - advertisements: an agent publishes at most once per debounce (1 s)
+//     plus its period's tick (30 s); the fastest schedule shipped, the test
+//     bed's (250 ms, 1 s), about 5 a second: 10 a second, 20 at once;
+//   - renewals: an agent renews every 30 s, one call per 5,000 of its
+//     leases, and a provider one call per requester it hosts: 10 calls a
+//     second with 100 at once cover 100 requesters renewed together; ids,
+//     2,000 a second with 20,000 at once, renew 60,000 leases in a 30 s
+//     cycle; bytes, 256 KiB a second with 4 MiB at once (ids of about 40
+//     bytes; 4 MiB is three full batches of the longest ids);
+//   - writes: a release per reservation ended and a grant per reservation
+//     hosted follow the reserve rates (100 a second, 200 at once, per
+//     requester): 200 a second, 1,000 at once;
+//   - protections: an agent sends its protected set when a
+//     PodDisruptionBudget's allowance changes, debounced: 2 a second, 10 at once.
+var DefaultMemberRates = model.MemberRates{
+	Advertisements: model.Rate{PerSecond: 10, Burst: 20},
+	Renewals:       model.Rate{PerSecond: 10, Burst: 100},
+	RenewedIDs:     model.Rate{PerSecond: 2000, Burst: 20_000},
+	RenewalBytes:   model.Rate{PerSecond: 256 << 10, Burst: 4 << 20},
+	Writes:         model.Rate{PerSecond: 200, Burst: 1000},
+	Protections:    model.Rate{PerSecond: 2, Burst: 10},
+}
+
+// Rates returns a member's rates (store.Policy).
+func (p *Policy) Rates(member string) model.MemberRates {
+	if r, ok := p.rates[member]; ok {
+		return r
+	}
+	return p.defaultRates
+}
+
+// merge returns d with the rates o sets.
+func (d MemberRates) merge(o MemberRates) MemberRates {
+	out := d
+	for _, f := range []struct{ dst, src **Rate }{
+		{&out.Advertisements, &o.Advertisements}, {&out.Renewals, &o.Renewals}, {&out.RenewedIDs, &o.RenewedIDs},
+		{&out.RenewalBytes, &o.RenewalBytes}, {&out.Writes, &o.Writes}, {&out.Protections, &o.Protections},
+	} {
+		if *f.src != nil {
+			*f.dst = *f.src
+		}
+	}
+	return out
+}
+
+// rates converts to the store's rates, DefaultMemberRates where absent.
+func (m MemberRates) rates() model.MemberRates {
+	out := DefaultMemberRates
+	for _, f := range []struct {
+		dst *model.Rate
+		src *Rate
+	}{
+		{&out.Advertisements, m.Advertisements}, {&out.Renewals, m.Renewals}, {&out.RenewedIDs, m.RenewedIDs},
+		{&out.RenewalBytes, m.RenewalBytes}, {&out.Writes, m.Writes}, {&out.Protections, m.Protections},
+	} {
+		if f.src != nil {
+			*f.dst = f.src.rate()
+		}
+	}
+	return out
+}
+
+func (r *Rate) rate() model.Rate {
+	out := model.Rate{PerSecond: r.PerSecond.AsApproximateFloat64()} // validated: set
+	out.Burst = max(1, int64(out.PerSecond+0.999999))
+	if r.Burst != nil {
+		out.Burst = r.Burst.Value()
+	}
+	return out
+}
+
+func (m MemberRates) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, f := range []struct {
+		name string
+		r    *Rate
+	}{
+		{"advertisements", m.Advertisements}, {"renewals", m.Renewals}, {"renewedIDs", m.RenewedIDs},
+		{"renewalBytes", m.RenewalBytes}, {"writes", m.Writes}, {"protections", m.Protections},
+	} {
+		if f.r == nil {
+			continue
+		}
+		if f.r.PerSecond == nil {
+			errs = append(errs, field.Required(p.Child(f.name, "perSecond"), "a rate needs its units per second (0: no limit)"))
+		} else if f.r.PerSecond.Sign() < 0 || f.r.PerSecond.Cmp(*maxAmount) > 0 {
+			errs = append(errs, field.Invalid(p.Child(f.name, "perSecond"), f.r.PerSecond.String(), "must be between 0 (no limit) and 2^52"))
+		}
+		if b := f.r.Burst; b != nil && (b.Cmp(*resource.NewQuantity(1, resource.DecimalSI)) < 0 || b.Cmp(*maxAmount) > 0) {
+			errs = append(errs, field.Invalid(p.Child(f.name, "burst"), b.String(), "must be between 1 and 2^52"))
+		}
+	}
+	return errs
+}
