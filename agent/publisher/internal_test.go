@@ -34,6 +34,13 @@ func TestBackoff(t *testing.T) {
 	p.failures = 1
 	rejected := &brokerclient.APIError{StatusCode: 400}
 	require.GreaterOrEqual(t, p.backoff(rejected), time.Second, "a refusal waits MaxBackoff")
+
+	// Over its rate, the agent waits what the broker says, within MaxBackoff.
+	p.cfg.MaxBackoff = 10 * time.Second
+	limited := &brokerclient.APIError{StatusCode: 429, Reason: api.ReasonRateLimited, RetryAfter: 3 * time.Second}
+	require.Equal(t, 3*time.Second, p.backoff(limited), "Retry-After, past the back-off")
+	limited.RetryAfter = time.Minute
+	require.Equal(t, 10*time.Second, p.backoff(limited), "no longer than MaxBackoff")
 }
 
 func TestClassify(t *testing.T) {

@@ -255,13 +255,19 @@ func nextAligned(now time.Time, period time.Duration) time.Time {
 }
 
 // backoff is the wait after the p.failures-th consecutive failure (with
-// jitter, so that agents that failed together do not all come back at once).
+// jitter, so that agents that failed together do not all come back at once),
+// no shorter than the broker's Retry-After.
 func (p *Publisher) backoff(err error) time.Duration {
 	b := backoff.Exponential(p.cfg.MinBackoff, p.cfg.MaxBackoff)
 	if !brokerclient.IsRetryable(err) {
 		b.Duration = p.cfg.MaxBackoff
 	}
-	return backoff.Nth(b, int(p.failures))
+	d := backoff.Nth(b, int(p.failures))
+	// A broker over its rate for this member (429) says when to come back.
+	if ae, ok := brokerclient.OverLimit(err); ok && ae.RetryAfter > d {
+		d = min(ae.RetryAfter, p.cfg.MaxBackoff)
+	}
+	return d
 }
 
 // resume reads the Advertisement left by an earlier leader, to continue its
