@@ -76,7 +76,7 @@ func (s *Server) postGroup(w http.ResponseWriter, r *http.Request, caller string
 // putProtections replaces the caller's report of the reservations its pods'
 // disruption budgets protect (store.Protect).
 func (s *Server) putProtections(w http.ResponseWriter, r *http.Request, caller string) {
-	if !s.throttle(w, r.Context(), caller, model.Charge{Kind: store.RateProtections, Rate: s.rates(caller).Protections, Cost: 1}) {
+	if !s.throttle(w, r, caller, model.Charge{Kind: store.RateProtections, Rate: s.rates(caller).Protections, Cost: 1}) {
 		return
 	}
 	var body api.ProtectRequest

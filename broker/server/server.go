@@ -70,6 +70,8 @@ type Server struct {
 	lists     *listGate
 	// rateRefused answers reserve calls its rate still refuses without Redis.
 	rateRefused *rateRefusals
+	// refusals holds the refused calls of members looping past their rates.
+	refusals *heldRefusals
 	certs       *Certs // set by Run; nil: the TLS configuration is fixed
 	dashboard   Dashboard
 	// draining is set when shutdown begins: /readyz fails from then on.
@@ -101,7 +103,7 @@ func New(cfg Config) *Server {
 	}
 	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store), keepAlive: cfg.EventKeepAlive,
 		hub:   newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
-		lists: newListGate(cfg.MaxListsPerCluster), rateRefused: newRateRefusals(),
+		lists: newListGate(cfg.MaxListsPerCluster), rateRefused: newRateRefusals(), refusals: newHeldRefusals(),
 		streamsEnd: make(chan struct{}), dashboard: cfg.Dashboard}
 }
 

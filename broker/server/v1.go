@@ -15,7 +15,7 @@ import (
 // The seed agents' protocol, served unchanged beside v2.
 
 func (s *Server) v1PostAdvertisement(w http.ResponseWriter, r *http.Request, caller string) {
-	if !s.throttle(w, r.Context(), caller, model.Charge{Kind: store.RateAdvertisements, Rate: s.rates(caller).Advertisements, Cost: 1}) {
+	if !s.throttle(w, r, caller, model.Charge{Kind: store.RateAdvertisements, Rate: s.rates(caller).Advertisements, Cost: 1}) {
 		return
 	}
 	var body api.V1Advertisement

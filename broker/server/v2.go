@@ -17,7 +17,7 @@ func (s *Server) putAdvertisement(w http.ResponseWriter, r *http.Request, caller
 		writeError(w, http.StatusForbidden, api.ReasonForbidden, "cluster "+caller+" may only advertise itself, not "+id)
 		return
 	}
-	if !s.throttle(w, r.Context(), caller, model.Charge{Kind: store.RateAdvertisements, Rate: s.rates(caller).Advertisements, Cost: 1}) {
+	if !s.throttle(w, r, caller, model.Charge{Kind: store.RateAdvertisements, Rate: s.rates(caller).Advertisements, Cost: 1}) {
 		return
 	}
 	var body api.Advertisement
@@ -63,7 +63,7 @@ func (s *Server) deleteCluster(w http.ResponseWriter, r *http.Request, caller st
 		writeError(w, http.StatusForbidden, api.ReasonForbidden, "cluster "+caller+" may only remove itself, not "+id)
 		return
 	}
-	if !s.throttle(w, r.Context(), caller, s.write(caller)) {
+	if !s.throttle(w, r, caller, s.write(caller)) {
 		return
 	}
 	if err := s.store.Forget(r.Context(), id); err != nil {
@@ -187,7 +187,7 @@ func (s *Server) deleteReservation(w http.ResponseWriter, r *http.Request, calle
 	if !ok {
 		return
 	}
-	if !s.throttle(w, r.Context(), caller, s.write(caller)) {
+	if !s.throttle(w, r, caller, s.write(caller)) {
 		return
 	}
 	id := r.PathValue("id")
@@ -210,7 +210,7 @@ func (s *Server) postGrant(w http.ResponseWriter, r *http.Request, caller string
 	if !ok {
 		return
 	}
-	if !s.throttle(w, r.Context(), caller, s.write(caller)) {
+	if !s.throttle(w, r, caller, s.write(caller)) {
 		return
 	}
 	var g api.Grant
@@ -258,7 +258,7 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 	rates := s.rates(caller)
 	call := model.Charge{Kind: store.RateRenewals, Rate: rates.Renewals, Cost: 1}
 	bytes := model.Charge{Kind: store.RateRenewalBytes, Rate: rates.RenewalBytes, Cost: bodyCost(r, api.MaxRenewBodyBytes)}
-	if s.refusedByRate(w, caller, time.Now(), call, bytes) {
+	if s.refusedByRate(w, r, caller, time.Now(), call, bytes) {
 		return
 	}
 	var body api.RenewRequest
@@ -270,7 +270,7 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 		writeDecodeError(w, err)
 		return
 	}
-	if !s.throttle(w, r.Context(), caller, call, bytes,
+	if !s.throttle(w, r, caller, call, bytes,
 		model.Charge{Kind: store.RateRenewedIDs, Rate: rates.RenewedIDs, Cost: int64(len(body.IDs))}) {
 		return
 	}
