@@ -42,7 +42,7 @@ type MemberRates struct {
 
 // Rate is a rate with a burst, as quantities ("10", "500m", "256Ki").
 type Rate struct {
-	PerSecond *resource.Quantity `json:"perSecond"` // required; 0: no limit
+	PerSecond *resource.Quantity `json:"perSecond"`       // required; 0: no limit
 	Burst     *resource.Quantity `json:"burst,omitempty"` // default: one second's worth, at least 1
 }
 

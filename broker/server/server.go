@@ -71,9 +71,9 @@ type Server struct {
 	// rateRefused answers reserve calls its rate still refuses without Redis.
 	rateRefused *rateRefusals
 	// refusals holds the refused calls of members looping past their rates.
-	refusals *heldRefusals
-	certs       *Certs // set by Run; nil: the TLS configuration is fixed
-	dashboard   Dashboard
+	refusals  *heldRefusals
+	certs     *Certs // set by Run; nil: the TLS configuration is fixed
+	dashboard Dashboard
 	// draining is set when shutdown begins: /readyz fails from then on.
 	draining atomic.Bool
 	// streamsEnd is closed when the event streams must end (shutdown).
