@@ -195,7 +195,10 @@ providers:
 	code, data = b.Do("mallory", http.MethodPut, "/api/v2/clusters/mallory/advertisement", negative)
 	require.Equal(t, http.StatusBadRequest, code, "%s", data)
 	assert.Contains(t, string(data), "allocated cpu 65 exceeds allocatable 64: free capacity cannot be negative")
-	assert.Equal(t, before, b.Snapshot(), "nothing stored")
+	after := b.Snapshot()
+	assert.Contains(t, after, "rb:{b}:rate:advertisements:mallory", "a refused advertisement is still a call: it counts against mallory's rate")
+	delete(after, "rb:{b}:rate:advertisements:mallory")
+	assert.Equal(t, before, after, "nothing else stored")
 
 	b.Advertise("paris", "16", "64Gi", "", "0.03", nil)
 	resp, body := postResp(t, b, "rome", reservation("r1", "1", "1Gi"))
