@@ -178,3 +178,23 @@ func TestHeartbeatAdvertisement(t *testing.T) {
 	assert.Equal(t, int64(1), live)
 	require.NoError(t, s.CheckInvariant(ctx))
 }
+
+// TestListingAnIDTwiceCountsOnce: a reservation listed twice in one
+// advertisement took its debit off its node twice (the second time off
+// another reservation's share); it counts once.
+func TestListingAnIDTwiceCountsOnce(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	ad := withNodes(10_000, node("p1", 8000, 8000, 0))
+	advertise(t, s, "paris", ad)
+	for _, id := range []string{"a", "b"} {
+		d, err := s.Reserve(ctx, request(id, "lyon", 1000, 1, 0))
+		require.NoError(t, err)
+		require.Equal(t, "p1", d.Reservation.Node)
+	}
+	ad.ReservationsOnNodes = []string{"lyon/a", "lyon/a"}
+	ack, err := s.Advertise(ctx, "paris", ad)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1000), ack.NodesReserved["p1"].CPU, "b is still debited")
+	require.NoError(t, s.CheckInvariant(ctx))
+}
