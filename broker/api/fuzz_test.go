@@ -19,8 +19,8 @@ func checkRequest(t *testing.T, r model.ReserveRequest) {
 		t.Fatalf("accepted invalid amounts %+v", r.Resources)
 	}
 	for _, v := range []int64{r.Resources.CPU, r.Resources.Memory, r.Resources.GPU, r.Resources.Storage} {
-		if v > 1<<52 {
-			t.Fatalf("accepted an amount beyond 2^52: %d", v)
+		if v > model.MaxAmount {
+			t.Fatalf("accepted an amount the scripts cannot hold exactly: %d", v)
 		}
 	}
 	if r.Duration <= 0 || r.Duration > limits.MaxDuration {
@@ -92,15 +92,21 @@ func FuzzAdvertisement(f *testing.F) {
 		if err != nil {
 			return
 		}
-		for _, r := range []model.Resources{ad.Capacity, ad.Allocatable, ad.Allocated} {
+		amounts := []model.Resources{ad.Capacity, ad.Allocatable, ad.Allocated}
+		for _, n := range ad.Nodes {
+			amounts = append(amounts, n.Allocatable, n.Allocated)
+		}
+		for _, r := range amounts {
 			for _, v := range []int64{r.CPU, r.Memory, r.GPU, r.Storage} {
-				if v < 0 || v > 1<<52 {
+				if v < 0 || v > model.MaxAmount {
 					t.Fatalf("accepted amount %d", v)
 				}
 			}
 		}
-		if ad.Prices.CPU < 0 || ad.Prices.Memory < 0 || ad.Prices.GPU < 0 {
-			t.Fatalf("accepted negative price %+v", ad.Prices)
+		for _, p := range []int64{ad.Prices.CPU, ad.Prices.Memory, ad.Prices.GPU} {
+			if p < 0 || p > model.MaxAmount {
+				t.Fatalf("accepted price %+v", ad.Prices)
+			}
 		}
 		if len(ad.Nodes) > api.MaxNodes || len(ad.ReservationsOnNodes) > api.MaxReservationsOnNodes {
 			t.Fatalf("accepted %d nodes, %d ids", len(ad.Nodes), len(ad.ReservationsOnNodes))

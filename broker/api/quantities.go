@@ -12,10 +12,6 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/model"
 )
 
-// maxAmount bounds every integer the broker keeps: the Lua scripts compute in
-// doubles, exact up to 2^53.
-var maxAmount = resource.NewQuantity(1<<52, resource.DecimalSI)
-
 // Quantities is an amount of resources as Kubernetes quantity strings, the
 // same JSON in v1 and v2: {"cpu": "500m", "memory": "1Gi", "gpu": "1", "storage": "10Gi"}.
 type Quantities struct {
@@ -26,40 +22,44 @@ type Quantities struct {
 }
 
 // ToResources converts to integer units (millicores, bytes, devices, bytes);
-// absent amounts are zero. Negative, fractional GPUs and out-of-range amounts
-// are errors naming field.
+// absent amounts are zero. Negative amounts, fractional GPUs and amounts
+// above model.MaxAmount (which the scripts could not hold exactly) are
+// errors naming the field.
 func (q Quantities) ToResources(field string) (model.Resources, error) {
 	var out model.Resources
 	var err error
-	if out.CPU, err = amount(field+".cpu", q.CPU, true); err != nil {
+	if out.CPU, err = amount(field, "cpu", q.CPU); err != nil {
 		return out, err
 	}
-	if out.Memory, err = amount(field+".memory", q.Memory, false); err != nil {
+	if out.Memory, err = amount(field, "memory", q.Memory); err != nil {
 		return out, err
 	}
-	if out.GPU, err = amount(field+".gpu", q.GPU, false); err != nil {
+	if out.GPU, err = amount(field, "gpu", q.GPU); err != nil {
 		return out, err
 	}
 	if q.GPU != nil && q.GPU.MilliValue()%1000 != 0 {
 		return out, fmt.Errorf("%s.gpu: must be a whole number of devices, got %s", field, q.GPU)
 	}
-	if out.Storage, err = amount(field+".storage", q.Storage, false); err != nil {
+	if out.Storage, err = amount(field, "storage", q.Storage); err != nil {
 		return out, err
 	}
 	return out, nil
 }
 
-func amount(field string, q *resource.Quantity, milli bool) (int64, error) {
+// amount converts q, resource res of field, to the store's unit of res
+// (rounded up, as Kubernetes does). The bound is compared as a quantity,
+// before any conversion: a huge quantity's value would overflow int64.
+func amount(field, res string, q *resource.Quantity) (int64, error) {
 	if q == nil {
 		return 0, nil
 	}
 	if q.Sign() < 0 {
-		return 0, fmt.Errorf("%s: must not be negative, got %s", field, q)
+		return 0, fmt.Errorf("%s.%s: must not be negative, got %s", field, res, q)
 	}
-	if q.Cmp(*maxAmount) > 0 {
-		return 0, fmt.Errorf("%s: %s is too large", field, q)
+	if most := model.MaxQuantity(res); q.Cmp(most) > 0 {
+		return 0, fmt.Errorf("%s.%s: %s is above the largest amount the broker holds exactly (%s)", field, res, q, &most)
 	}
-	if milli {
+	if res == "cpu" {
 		return q.MilliValue(), nil
 	}
 	return q.Value(), nil

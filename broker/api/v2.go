@@ -209,6 +209,9 @@ func (p Prices) MarshalJSON() ([]byte, error) {
 	}{p.Currency, decimal(p.CPU), decimal(p.Memory), decimal(p.GPU)})
 }
 
+// maxPrice is the highest hourly rate an advertisement may set.
+var maxPrice = resource.NewQuantity(1<<32, resource.DecimalSI)
+
 func (p Prices) toStore() (model.Prices, error) {
 	out := model.Prices{Currency: p.Currency}
 	if p.Currency != "" && !model.IsCurrencyCode(p.Currency) {
@@ -225,8 +228,10 @@ func (p Prices) toStore() (model.Prices, error) {
 		if f.q.Sign() < 0 {
 			return out, invalid("prices.%s: must not be negative, got %s", f.name, f.q)
 		}
-		if f.q.Cmp(*resource.NewQuantity(1<<32, resource.DecimalSI)) > 0 {
-			return out, invalid("prices.%s: %s is too large", f.name, f.q)
+		// 2^32 units are 2^32 * 10^6 micro-units, below model.MaxAmount:
+		// the scripts hold every price exactly.
+		if f.q.Cmp(*maxPrice) > 0 {
+			return out, invalid("prices.%s: %s is above the highest price the broker takes (%s)", f.name, f.q, maxPrice)
 		}
 		*f.dst = f.q.ScaledValue(resource.Micro)
 	}
@@ -362,7 +367,8 @@ type Candidate struct {
 	Score         float64 `json:"score"`
 	ResourceScore float64 `json:"resourceScore"`
 	CostScore     float64 `json:"costScore"`
-	// Price of the whole request per hour, in micro-units of the cluster's currency.
+	// Price of the whole request per hour, in micro-units of the cluster's
+	// currency, saturated at 10^14-1 (what the scripts write exactly).
 	Price int64 `json:"pricePerHourMicros"`
 }
 

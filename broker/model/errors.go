@@ -2,9 +2,6 @@ package model
 
 import (
 	"errors"
-	"strconv"
-
-	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // ErrInvalid means an advertisement contradicts itself (e.g. more allocated
@@ -22,16 +19,4 @@ type BoundError struct {
 
 func (e *BoundError) Error() string {
 	return e.Message + " (operator bound " + e.Bound + ")"
-}
-
-// Quantity renders an amount of a resource ("cpu", "memory", "storage";
-// anything else is a count) as the API writes it: 1500m, 4Gi, 2.
-func Quantity(res string, v int64) string {
-	switch res {
-	case "cpu":
-		return resource.NewMilliQuantity(v, resource.DecimalSI).String()
-	case "memory", "storage":
-		return resource.NewQuantity(v, resource.BinarySI).String()
-	}
-	return strconv.FormatInt(v, 10)
 }

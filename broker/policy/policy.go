@@ -409,22 +409,19 @@ func (r RequesterLimits) validate(p *field.Path) field.ErrorList {
 	return errs
 }
 
-// maxAmount bounds every amount as the API does: the scripts compute in
-// doubles, exact up to 2^53.
-var maxAmount = resource.NewQuantity(1<<52, resource.DecimalSI)
-
 func (a *Amounts) validate(p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	for _, f := range []struct {
 		name string
 		q    *resource.Quantity
 	}{{"cpu", a.CPU}, {"memory", a.Memory}, {"gpu", a.GPU}, {"storage", a.Storage}} {
+		most := model.MaxQuantity(f.name) // as the API bounds every amount
 		switch {
 		case f.q == nil:
 		case f.q.Sign() < 0:
 			errs = append(errs, field.Invalid(p.Child(f.name), f.q.String(), "must not be negative"))
-		case f.q.Cmp(*maxAmount) > 0:
-			errs = append(errs, field.Invalid(p.Child(f.name), f.q.String(), "is too large"))
+		case f.q.Cmp(most) > 0:
+			errs = append(errs, field.Invalid(p.Child(f.name), f.q.String(), "is above the largest amount the broker holds exactly ("+most.String()+")"))
 		case f.name == "gpu" && f.q.MilliValue()%1000 != 0:
 			errs = append(errs, field.Invalid(p.Child(f.name), f.q.String(), "must be a whole number of devices"))
 		}

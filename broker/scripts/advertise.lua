@@ -10,6 +10,12 @@
 -- reservation's node (its pod is in the figures now) and debits it again
 -- when a later advertisement no longer lists it while it is still live.
 --
+-- A heartbeat, an advertisement that changes nothing a decision reads (the
+-- cluster is in the candidate index, and its fields, its nodes' figures and
+-- the debits its listed reservations leave are those stored), refreshes the
+-- cluster's liveness only (seen_ms, P.."clusters", P.."idx:live"): no index
+-- rewrite, no waiting request told.
+--
 -- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
 -- ARGV[1]  cluster id
 -- ARGV[2]  event stream max length (for the waiting requests it notifies)
@@ -63,11 +69,75 @@ end
 
 local now = now_ms()
 local ck = prefix .. 'cluster:' .. id
+local nk = prefix .. 'nodes:' .. id
+
+-- The listed reservations, decided before anything is written: the broker's
+-- debit goes for those newly listed and comes back for those no longer listed
+-- (still live: an ended one has left the set). Only a live reservation of
+-- this cluster placed on a node counts; an id listed twice counts once.
+local lk = prefix .. 'node-listed:' .. id
+local was = {}
+for _, rid in ipairs(redis.call('SMEMBERS', lk)) do was[rid] = true end
+local function placed(rid)
+  local v = redis.call('HMGET', prefix .. 'resv:' .. rid, 'target', 'phase', 'node', 'cpu', 'mem', 'gpu', 'sto')
+  if v[1] ~= id or not is_live(v[2]) or not v[3] or v[3] == '' then return nil end
+  return v[3], {cpu = v[4], mem = v[5], gpu = v[6], sto = v[7]}
+end
+local is_listed, newly_listed, unlisted = {}, {}, {}
+local debits_move = false
+for _, rid in ipairs(listed_ids) do
+  if not was[rid] and not is_listed[rid] then
+    local node, amounts = placed(rid)
+    if node then
+      newly_listed[#newly_listed + 1] = {rid = rid, node = node, amounts = amounts}
+      debits_move = true
+    end
+  end
+  is_listed[rid] = true
+end
+for rid in pairs(was) do
+  if not is_listed[rid] then
+    local node, amounts = placed(rid)
+    unlisted[#unlisted + 1] = {rid = rid, node = node, amounts = amounts}
+    if node then debits_move = true end
+  end
+end
+
+-- repeats tells whether the advertisement's fields and nodes are the very
+-- strings the cluster's hash and node hash hold.
+local function repeats()
+  local names, sent = {'nodes'}, {tostring(n_nodes)}
+  for i = 1, #fields, 2 do
+    names[#names + 1] = fields[i]
+    sent[#sent + 1] = fields[i + 1]
+  end
+  local held = redis.call('HMGET', ck, unpack(names))
+  for i = 1, #sent do
+    if held[i] ~= sent[i] then return false end
+  end
+  if n_nodes == 0 then return true end
+  local held_nodes = redis.call('HGETALL', nk)
+  if #held_nodes ~= #node_fields then return false end
+  held_nodes = to_map(held_nodes)
+  for i = 1, #node_fields, 2 do
+    if held_nodes[node_fields[i]] ~= node_fields[i + 1] then return false end
+  end
+  return true
+end
+
+-- A heartbeat: the cluster is in the candidate index and nothing a decision
+-- reads changes (its fields, its nodes, its nodes' debits), so the index
+-- stays as it is and nobody waiting is told; only its liveness is refreshed.
+-- A cluster out of the index (new, or dropped as stale by a decision) is
+-- indexed again whatever it sends.
+local in_index = redis.call('ZSCORE', prefix .. 'idx:live', id)
+local heartbeat = in_index and not debits_move and repeats()
+
 local old_labels = nil -- the labels the candidate index holds for this cluster
 local old_free = nil   -- its free capacity, to tell whether the advertisement adds some
 local old_nodes = nil  -- and its nodes' (name -> node table index), from idx:nrec
 local old_nt = nil
-if redis.call('ZSCORE', prefix .. 'idx:live', id) then
+if in_index and not heartbeat then
   old_labels = redis.call('HGET', ck, 'labels')
   old_free = {}
   for _, res in ipairs(RESOURCES) do
@@ -80,68 +150,52 @@ if redis.call('ZSCORE', prefix .. 'idx:live', id) then
     for i, name in ipairs(node_names(old_nt)) do old_nodes[name] = i end
   end
 end
-redis.call('HSET', ck, 'seen_ms', now, 'nodes', n_nodes, unpack(fields))
-redis.call('HSETNX', ck, 'first_seen_ms', now)
+if heartbeat then
+  redis.call('HSET', ck, 'seen_ms', now)
+else
+  redis.call('HSET', ck, 'seen_ms', now, 'nodes', n_nodes, unpack(fields))
+  redis.call('HSETNX', ck, 'first_seen_ms', now)
+  redis.call('DEL', nk)
+  if #node_fields > 0 then redis.call('HSET', nk, unpack(node_fields)) end
+end
 redis.call('ZADD', prefix .. 'clusters', now, id)
 
-local nk = prefix .. 'nodes:' .. id
-redis.call('DEL', nk)
-if #node_fields > 0 then redis.call('HSET', nk, unpack(node_fields)) end
-
--- The listed reservations: the broker's debit goes for those newly listed and
--- comes back for those no longer listed (still live: an ended one has left
--- the set). Only a live reservation of this cluster placed on a node counts.
-local lk = prefix .. 'node-listed:' .. id
-local was = {}
-for _, rid in ipairs(redis.call('SMEMBERS', lk)) do was[rid] = true end
-local function placed(rid)
-  local v = redis.call('HMGET', prefix .. 'resv:' .. rid, 'target', 'phase', 'node', 'cpu', 'mem', 'gpu', 'sto')
-  if v[1] ~= id or not is_live(v[2]) or not v[3] or v[3] == '' then return nil end
-  return v[3], {cpu = v[4], mem = v[5], gpu = v[6], sto = v[7]}
+for _, r in ipairs(newly_listed) do
+  node_debit(prefix, id, r.node, r.amounts, -1)
+  redis.call('SADD', lk, r.rid)
 end
-local is_listed = {}
-for _, rid in ipairs(listed_ids) do
-  is_listed[rid] = true
-  if not was[rid] then
-    local node, amounts = placed(rid)
-    if node then
-      node_debit(prefix, id, node, amounts, -1)
-      redis.call('SADD', lk, rid)
+for _, r in ipairs(unlisted) do
+  if r.node then node_debit(prefix, id, r.node, r.amounts, 1) end
+  redis.call('SREM', lk, r.rid)
+end
+
+if heartbeat then
+  redis.call('ZADD', prefix .. 'idx:live', now, id)
+else
+  index_cluster(prefix, id, now, old_labels)
+  -- A cluster back from stale, or with more free capacity than before (in
+  -- total or on a node), may take a waiting request: tell the first ones.
+  local grew = old_free == nil or old_labels ~= redis.call('HGET', ck, 'labels')
+  if not grew then
+    for _, res in ipairs(RESOURCES) do
+      if tonumber(redis.call('ZSCORE', prefix .. 'idx:free:' .. res, id)) > old_free[res] then grew = true end
     end
   end
-end
-for rid in pairs(was) do
-  if not is_listed[rid] then
-    local node, amounts = placed(rid)
-    if node then node_debit(prefix, id, node, amounts, 1) end
-    redis.call('SREM', lk, rid)
-  end
-end
-
-index_cluster(prefix, id, now, old_labels)
--- A cluster back from stale, or with more free capacity than before (in total
--- or on a node), may take a waiting request: tell the first ones (a heartbeat
--- that changes nothing is silent).
-local grew = old_free == nil or old_labels ~= redis.call('HGET', ck, 'labels')
-if not grew then
-  for _, res in ipairs(RESOURCES) do
-    if tonumber(redis.call('ZSCORE', prefix .. 'idx:free:' .. res, id)) > old_free[res] then grew = true end
-  end
-end
-if not grew then
-  local raw = redis.call('HGET', prefix .. 'idx:nrec', id)
-  if old_nt and not raw then grew = true end -- judged on its totals from now on
-  if raw then
-    local nt = decode_nrec(raw)
-    for i, name in ipairs(node_names(nt)) do
-      local o = old_nodes and old_nodes[name]
-      for k = 4 * i - 3, 4 * i do
-        if not o or nt.f[k] > old_nt.f[4 * o - 4 * i + k] then grew = true end
+  if not grew then
+    local raw = redis.call('HGET', prefix .. 'idx:nrec', id)
+    if old_nt and not raw then grew = true end -- judged on its totals from now on
+    if raw then
+      local nt = decode_nrec(raw)
+      for i, name in ipairs(node_names(nt)) do
+        local o = old_nodes and old_nodes[name]
+        for k = 4 * i - 3, 4 * i do
+          if not o or nt.f[k] > old_nt.f[4 * o - 4 * i + k] then grew = true end
+        end
       end
     end
   end
+  if grew then notify_waiters(prefix, stream_opts(ARGV[2], ARGV[3])) end
 end
-if grew then notify_waiters(prefix, stream_opts(ARGV[2], ARGV[3])) end
 local resv = redis.call('HMGET', ck, 'resv_cpu', 'resv_mem', 'resv_gpu', 'resv_sto')
 return {tostring(now), resv[1] or '0', resv[2] or '0', resv[3] or '0', resv[4] or '0',
   redis.call('HGETALL', prefix .. 'node-resv:' .. id)}

@@ -111,7 +111,7 @@ var benchRequests = []model.Resources{
 // benchStats reads the server-side time of every command from INFO commandstats.
 type benchStats map[string]struct{ calls, usec int64 }
 
-func readStats(b *testing.B, rdb *redis.Client) benchStats {
+func readStats(b testing.TB, rdb *redis.Client) benchStats {
 	b.Helper()
 	// INFO and CONFIG RESETSTAT are the administrator's (manifests/redis/users.acl).
 	info, err := adminOf(b, rdb).Info(context.Background(), "commandstats").Result()
@@ -278,23 +278,37 @@ func BenchmarkReserve(b *testing.B) {
 	}
 }
 
-// BenchmarkAdvertise measures one advertisement (a heartbeat: the same
-// cluster publishing again) with 100 clusters known.
+// BenchmarkAdvertise measures one advertisement of a cluster with 10 nodes,
+// 100 clusters known: unchanged (a heartbeat: an agent publishing the same
+// figures again, which refreshes its liveness only) and changed (one node's
+// figures differ from those stored, so the cluster is indexed again).
 func BenchmarkAdvertise(b *testing.B) {
 	st, rdb := benchStore(b)
 	const n = 100
+	rng := rand.New(rand.NewPCG(n, 42))
+	ads := make([]model.Advertisement, n)
+	for i := range ads {
+		ads[i] = benchCluster(rng, benchClusterID(i))
+		ads[i].Nodes = benchNodes(rng, ads[i], false)
+		_, err := st.Advertise(context.Background(), benchClusterID(i), ads[i])
+		require.NoError(b, err)
+	}
 	b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
-		advertiseMany(b, st, n)
-		rng := rand.New(rand.NewPCG(n, 42))
-		ads := make([]model.Advertisement, n)
-		for i := range ads {
-			ads[i] = benchCluster(rng, benchClusterID(i))
+		for _, variant := range []string{"unchanged", "changed"} {
+			b.Run(variant, func(b *testing.B) {
+				runSerialAndParallel(b, rdb, "ads/s", "evalsha", func(ctx context.Context, seq int64) error {
+					i := int(seq % n)
+					ad := ads[i]
+					if variant == "changed" {
+						// seq is new to every call: no two consecutive ones of a cluster agree.
+						ad.Nodes = slices.Clone(ad.Nodes)
+						ad.Nodes[0].Allocated.CPU = seq % (ad.Nodes[0].Allocatable.CPU + 1)
+					}
+					_, err := st.Advertise(ctx, benchClusterID(i), ad)
+					return err
+				})
+			})
 		}
-		runSerialAndParallel(b, rdb, "ads/s", "evalsha", func(ctx context.Context, seq int64) error {
-			i := int(seq % n)
-			_, err := st.Advertise(ctx, benchClusterID(i), ads[i])
-			return err
-		})
 	})
 }
 

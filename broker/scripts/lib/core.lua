@@ -47,6 +47,16 @@ local function num(x)
   return string.format('%.17g', x)
 end
 
+-- price_micros rounds a request's price per hour (micro-units) to the
+-- integer written in its reservation, its candidates and the audit, at most
+-- MAX_PRICE: tostring and cjson write 14 significant digits, so a larger
+-- integer would come out as 1e+14, which no reader takes for an integer.
+-- Only what is written saturates; decisions compare the exact prices.
+local MAX_PRICE = 1e14 - 1
+local function price_micros(x)
+  return math.min(math.floor(x + 0.5), MAX_PRICE)
+end
+
 local function decode_labels(s)
   if s and s ~= '' then return cjson.decode(s) end
   return {}

@@ -32,7 +32,7 @@ local function new_reservation(p, now)
   local hash = {'requester', p.requester, 'target', p.target, 'phase', 'Reserved',
     'cpu', p.cpu, 'mem', p.mem, 'gpu', p.gpu, 'sto', p.sto,
     'created_ms', tostring(now), 'expires_ms', expires, 'duration_ms', p.duration,
-    'score', p.score, 'price', tostring(math.floor(p.price + 0.5)),
+    'score', p.score, 'price', tostring(price_micros(p.price)),
     'owner', p.owner, 'priority', p.priority, 'selector', p.selector, 'candidates', p.candidates}
   for _, x in ipairs(p.extra or {}) do hash[#hash + 1] = x end
   if tonumber(p.lease) > 0 then

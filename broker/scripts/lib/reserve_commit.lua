@@ -31,7 +31,7 @@ local function report(top)
   local out = {}
   for i, c in ipairs(top) do
     out[i] = {cluster = c.cluster, score = round2(c.score), resource_score = round2(c.resource_score),
-      cost_score = round2(c.cost_score), price = math.floor(c.price + 0.5)}
+      cost_score = round2(c.cost_score), price = price_micros(c.price)}
   end
   return cjson.encode(out)
 end
