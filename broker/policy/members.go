@@ -133,12 +133,15 @@ func (m MemberRates) validate(p *field.Path) field.ErrorList {
 		}
 		if f.r.PerSecond == nil {
 			errs = append(errs, field.Required(p.Child(f.name, "perSecond"), "a rate needs its units per second (0: no limit)"))
-		} else if f.r.PerSecond.Sign() < 0 || f.r.PerSecond.Cmp(*maxAmount) > 0 {
-			errs = append(errs, field.Invalid(p.Child(f.name, "perSecond"), f.r.PerSecond.String(), "must be between 0 (no limit) and 2^52"))
+		} else if f.r.PerSecond.Sign() < 0 || f.r.PerSecond.Cmp(*maxRate) > 0 {
+			errs = append(errs, field.Invalid(p.Child(f.name, "perSecond"), f.r.PerSecond.String(), "must be between 0 (no limit) and 2^53-1"))
 		}
-		if b := f.r.Burst; b != nil && (b.Cmp(*resource.NewQuantity(1, resource.DecimalSI)) < 0 || b.Cmp(*maxAmount) > 0) {
-			errs = append(errs, field.Invalid(p.Child(f.name, "burst"), b.String(), "must be between 1 and 2^52"))
+		if b := f.r.Burst; b != nil && (b.Cmp(*resource.NewQuantity(1, resource.DecimalSI)) < 0 || b.Cmp(*maxRate) > 0) {
+			errs = append(errs, field.Invalid(p.Child(f.name, "burst"), b.String(), "must be between 1 and 2^53-1"))
 		}
 	}
 	return errs
 }
+
+// maxRate bounds rates and bursts: the throttle script computes in doubles.
+var maxRate = resource.NewQuantity(model.MaxAmount, resource.DecimalSI)
