@@ -639,6 +639,55 @@ func (s *Store) EndedReservations(ctx context.Context) (map[string]int64, error)
 	return out, nil
 }
 
+// MemberUsage is what one member holds as a requester: its live reservations
+// (Usage), the ended ones kept (Ended) and its limits (Config.Policy's; none
+// without a policy).
+type MemberUsage struct {
+	Cluster string
+	Usage   model.Usage
+	Ended   int64
+	Limits  model.Limits
+}
+
+// MemberUsages lists what each member holds as a requester, in id order:
+// the members holding live or ended reservations, those with limits of
+// their own and every advertised cluster (GET /api/v2/usage, the
+// dashboard's usage page).
+func (s *Store) MemberUsages(ctx context.Context) ([]MemberUsage, error) {
+	usage, err := s.Usage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ended, err := s.EndedReservations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := s.ClusterIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.Policy != nil {
+		ids = append(ids, s.cfg.Policy.Clusters()...)
+	}
+	for id := range usage {
+		ids = append(ids, id)
+	}
+	for id := range ended {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	out := make([]MemberUsage, 0, len(ids))
+	for _, id := range ids {
+		m := MemberUsage{Cluster: id, Usage: usage[id], Ended: ended[id]}
+		if s.cfg.Policy != nil {
+			m.Limits = s.cfg.Policy.Limits(id)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
 // Renew extends leases of requester (ids as it chose them) in one atomic
 // call on the Redis clock; it returns one Renewal per id, in order. A
 // refused id (not found, ended, not a lease) changed nothing.
