@@ -3,7 +3,10 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -100,4 +103,83 @@ func TestAbuseEndedReservationsBounded(t *testing.T) {
 	}
 	assert.Equal(t, map[string]int64{"mallory": limit, "rome": 5, "paris": 0}, got)
 	require.NoError(t, b.Store.CheckInvariant(ctx))
+}
+
+// TestAbuseRedisMemoryShown: nothing told how far Redis was from its
+// maxmemory until it got there and refused every member's writes. /readyz
+// and the metrics say it now: unlimited, then the headroom, then a warning
+// near maxmemory (readiness holds: every replica shares the one Redis).
+func TestAbuseRedisMemoryShown(t *testing.T) {
+	ctx := context.Background()
+	b := brokertest.Start(t, brokertest.Options{})
+	get := func(path string) string {
+		resp, err := http.Get(b.Health + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, data)
+		return string(data)
+	}
+	metric := func(name string) (float64, bool) {
+		for _, line := range strings.Split(get("/metrics"), "\n") {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				require.NoError(t, err, line)
+				return f, true
+			}
+		}
+		return 0, false
+	}
+	// What Redis counts against maxmemory, as the administrator reads it.
+	used := func() int64 {
+		info, err := b.RDB.InfoMap(ctx, "memory").Result()
+		require.NoError(t, err)
+		n, err := strconv.ParseInt(info["Memory"]["used_memory"], 10, 64)
+		require.NoError(t, err)
+		buffers, err := strconv.ParseInt(info["Memory"]["mem_not_counted_for_evict"], 10, 64)
+		require.NoError(t, err)
+		return n - buffers
+	}
+
+	body := get("/readyz")
+	assert.True(t, strings.HasPrefix(body, "ok\n"), body)
+	assert.Contains(t, body, "no maxmemory (unlimited)")
+	limit, ok := metric("rb_broker_redis_maxmemory_bytes")
+	assert.True(t, ok)
+	assert.Zero(t, limit, "0: unlimited")
+	usedBytes, _ := metric("rb_broker_redis_memory_used_bytes")
+	assert.Positive(t, usedBytes)
+	_, ok = metric("rb_broker_redis_memory_headroom_bytes")
+	assert.False(t, ok, "no headroom without a maxmemory")
+
+	// 16 MiB in Redis (SETRANGE: no 16 MiB command in a query buffer), so
+	// that a few KB more or less (connections, the probe's key) do not move
+	// the shares below.
+	require.NoError(t, b.RDB.SetRange(ctx, "ballast", 16<<20-1, "x").Err())
+	require.NoError(t, b.RDB.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	t.Cleanup(func() { b.RDB.ConfigSet(ctx, "maxmemory", "0") })
+
+	// 64 MiB of headroom: shown once the reading is renewed (every 5s).
+	maxmemory := used() + 64<<20
+	require.NoError(t, b.RDB.ConfigSet(ctx, "maxmemory", strconv.FormatInt(maxmemory, 10)).Err())
+	require.Eventually(t, func() bool { return strings.Contains(get("/readyz"), "of maxmemory") }, 10*time.Second, 100*time.Millisecond)
+	body = get("/readyz")
+	assert.Regexp(t, `redis memory: [0-9.]+ MiB used of maxmemory [0-9.]+ MiB \([0-9.]+%\), 6[34]\.[0-9] MiB headroom`, body)
+	assert.NotContains(t, body, "warning")
+	headroom, ok := metric("rb_broker_redis_memory_headroom_bytes")
+	require.True(t, ok)
+	assert.InDelta(t, float64(64<<20), headroom, float64(1<<20))
+	limit, _ = metric("rb_broker_redis_maxmemory_bytes")
+	assert.Equal(t, float64(maxmemory), limit)
+
+	// 97% of maxmemory: a warning, still ready.
+	maxmemory = used() * 100 / 97
+	require.NoError(t, b.RDB.ConfigSet(ctx, "maxmemory", strconv.FormatInt(maxmemory, 10)).Err())
+	require.Eventually(t, func() bool { return strings.Contains(get("/readyz"), "warning") }, 10*time.Second, 100*time.Millisecond)
+	body = get("/readyz")
+	assert.True(t, strings.HasPrefix(body, "ok\n"), "ready: %s", body)
+	assert.Contains(t, body, "near maxmemory")
+	headroom, _ = metric("rb_broker_redis_memory_headroom_bytes")
+	assert.Less(t, headroom, 0.05*float64(maxmemory))
 }
