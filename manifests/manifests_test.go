@@ -323,7 +323,7 @@ func TestManifestsFitTogether(t *testing.T) {
 		"--redis-url=redis://rb-redis:6379/0",
 		"--weight-resources=0.7", "--weight-cost=0.3", "--stale-threshold=60s",
 		"--default-duration=1h", "--max-duration=24h", "--expiry-interval=1s",
-		"--max-streams-per-cluster=8", "--shutdown-delay=5s", "--shutdown-timeout=15s",
+		"--max-streams-per-cluster=8", "--shutdown-delay=5s", "--shutdown-timeout=15s", "--max-ended-per-member=5000",
 	} {
 		if !slices.Contains(ctr.Args, flag) {
 			t.Errorf("rb-broker args %q lack %s", ctr.Args, flag)

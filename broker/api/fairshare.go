@@ -26,9 +26,12 @@ const (
 type MemberUsage struct {
 	Cluster string `json:"cluster"`
 	// Reservations and Resources are its live reservations and what they hold.
-	Reservations int64        `json:"reservations"`
-	Resources    Quantities   `json:"resources"`
-	Limits       MemberLimits `json:"limits"`
+	Reservations int64      `json:"reservations"`
+	Resources    Quantities `json:"resources"`
+	// EndedReservations are its ended reservations kept readable (until
+	// the retention, at most rb-broker's --max-ended-per-member).
+	EndedReservations int64        `json:"endedReservations"`
+	Limits            MemberLimits `json:"limits"`
 }
 
 // MemberLimits are a member's limits as a requester; an absent one is no limit.
@@ -41,9 +44,10 @@ type MemberLimits struct {
 	ReserveBurst      int    `json:"reserveBurst,omitempty"`
 }
 
-// MemberUsageFromStore renders a member's usage and limits.
-func MemberUsageFromStore(cluster string, u model.Usage, l model.Limits) MemberUsage {
-	out := MemberUsage{Cluster: cluster, Reservations: u.Reservations, Resources: FromResources(u.Resources),
+// MemberUsageFromStore renders a member's usage (u: its live reservations,
+// ended: the ended ones kept) and limits.
+func MemberUsageFromStore(cluster string, u model.Usage, ended int64, l model.Limits) MemberUsage {
+	out := MemberUsage{Cluster: cluster, Reservations: u.Reservations, Resources: FromResources(u.Resources), EndedReservations: ended,
 		Limits: MemberLimits{MaxReservations: l.Reservations, MaxPriority: l.Priority}}
 	if l.CPU != nil || l.Memory != nil || l.GPU != nil {
 		q := Quantities{}

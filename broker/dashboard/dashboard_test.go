@@ -73,6 +73,11 @@ func TestDashboardOverviewMatchesAPI(t *testing.T) {
 	require.True(t, reservedSomewhere, "the reservations show as reserved capacity")
 	b.screenshot(t, "overview")
 
+	// oslo advertises nothing and holds no live reservation: the ended one
+	// it keeps lists it.
+	reserve(t, b.Broker, "oslo", "once", "1", "1Gi")
+	code, data = b.Do("oslo", http.MethodDelete, "/api/v2/reservations/once", nil)
+	require.Equal(t, http.StatusOK, code, "%s", data)
 	b.open(t, "usage")
 	code, data = b.Do("rome", http.MethodGet, "/api/v2/usage", nil)
 	require.Equal(t, http.StatusOK, code, "%s", data)
@@ -80,6 +85,8 @@ func TestDashboardOverviewMatchesAPI(t *testing.T) {
 	rows := eval[map[string]map[string]string](t, b, `Object.fromEntries(Array.from(document.querySelectorAll('[data-member]')).map(m => [m.dataset.member,
 	  Object.fromEntries(Array.from(m.querySelectorAll('td[data-field], [data-limit]')).map(f => [f.dataset.field || 'limit-' + f.dataset.limit, f.dataset.field ? f.textContent : f.querySelector('[data-field=limit]').textContent]))]))`)
 	require.Len(t, rows, len(usage))
+	require.Contains(t, rows, "oslo")
+	assert.Equal(t, "1", rows["oslo"]["ended"])
 	for _, u := range usage {
 		row := rows[u.Cluster]
 		assert.Equal(t, strconv.FormatInt(u.Reservations, 10), row["reservations"], u.Cluster)
@@ -87,6 +94,7 @@ func TestDashboardOverviewMatchesAPI(t *testing.T) {
 		assert.Equal(t, qs(u.Resources.Memory), row["memory"], u.Cluster)
 		assert.Equal(t, qs(u.Limits.MaxResources.CPU), row["limit-cpu"], u.Cluster)
 		assert.Equal(t, strconv.FormatInt(*u.Limits.MaxReservations, 10), row["limit-reservations"], u.Cluster)
+		assert.Equal(t, strconv.FormatInt(u.EndedReservations, 10), row["ended"], u.Cluster)
 	}
 	b.screenshot(t, "usage")
 
@@ -101,7 +109,7 @@ func TestDashboardOverviewMatchesAPI(t *testing.T) {
 
 	b.open(t, "audit")
 	n := eval[int](t, b, `document.querySelectorAll('[data-audit]').length`)
-	assert.Equal(t, 3, n, "one audit entry per decision")
+	assert.Equal(t, 4, n, "one audit entry per decision (oslo's too)")
 	b.screenshot(t, "audit")
 }
 

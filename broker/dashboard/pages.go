@@ -421,37 +421,18 @@ type limitBar struct {
 	Over              bool
 }
 
-// usage shows each member's live reservations against its limits, as GET
-// /api/v2/usage lists them.
+// usage shows each member's live reservations against its limits, and the
+// ended reservations it keeps, as GET /api/v2/usage lists them.
 func (d *Dashboard) usage(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	usage, err := d.store.Usage(ctx)
+	members, err := d.store.MemberUsages(r.Context())
 	if err != nil {
 		d.storeError(w, r, err)
 		return
 	}
-	ids, err := d.store.ClusterIDs(ctx)
-	if err != nil {
-		d.storeError(w, r, err)
-		return
-	}
-	policy := d.store.Config().Policy
-	if policy != nil {
-		ids = append(ids, policy.Clusters()...)
-	}
-	for id := range usage {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	ids = slices.Compact(ids)
-	rows := make([]usageRow, 0, len(ids))
-	for _, id := range ids {
-		var l model.Limits
-		if policy != nil {
-			l = policy.Limits(id)
-		}
-		u := usage[id]
-		row := usageRow{MemberUsage: api.MemberUsageFromStore(id, u, l)}
+	rows := make([]usageRow, 0, len(members))
+	for _, m := range members {
+		u, l := m.Usage, m.Limits
+		row := usageRow{MemberUsage: api.MemberUsageFromStore(m.Cluster, u, m.Ended, l)}
 		add := func(name, res string, used int64, limit *int64) {
 			if limit == nil {
 				return

@@ -1,6 +1,7 @@
 -- expire: end every live reservation whose expires_ms has passed (broker
 -- clock), sweep the waiting list of the requests whose wait expired, and trim
--- the audit stream to its retention. Every broker replica runs it on a timer;
+-- the audit stream and the requesters with ended reservations kept
+-- (ended.lua) to their retention. Every broker replica runs it on a timer;
 -- running it concurrently is safe because each call is atomic and ended
 -- reservations leave the index. Freed capacity notifies the first waiting
 -- requests (waiting.lua notify_waiters).
@@ -14,6 +15,7 @@
 -- ARGV[5]  how long to keep an audit entry (ms)
 -- ARGV[6]  how long without any expire run counts as a broker outage (ms;
 --          clock.lua last_outage)
+-- ARGV[7]  how many ended reservations of one requester to keep at most (ended.lua)
 -- Reply: {expired, clamped, swept, credited, outage_ms}  how many reservations
 --        ended, how many of them needed a counter clamped, how many waiting
 --        members were swept, how many due leases were given more time for the
@@ -24,6 +26,7 @@
 local prefix = KEYS[1]
 local limit = tonumber(ARGV[1])
 local so = stream_opts(ARGV[2], ARGV[3])
+local eo = ended_opts(ARGV[4], ARGV[7])
 local now = now_ms()
 
 -- Stamp the clock first: an outage found now is recorded before any lease
@@ -54,7 +57,7 @@ for _, qid in ipairs(due) do
       redis.call('ZADD', prefix .. 'expiry', string.format('%d', until_ms), qid)
       credited = credited + 1
     else
-      clamped = clamped + end_reservation(prefix, qid, r, 'Expired', now, so, ARGV[4])
+      clamped = clamped + end_reservation(prefix, qid, r, 'Expired', now, so, eo)
       ended = ended + 1
     end
   end
@@ -72,4 +75,7 @@ for _, m in ipairs(gone) do
 end
 
 redis.call('XTRIM', prefix .. 'audit', 'MINID', '~', string.format('%d', now - tonumber(ARGV[5])))
+-- A requester whose last ended reservation is past the retention has none
+-- kept (its P.."ended:" set expired with that record).
+redis.call('ZREMRANGEBYSCORE', prefix .. 'ended-requesters', '-inf', string.format('%d', now - eo.retention))
 return {ended, clamped, #gone, credited, outage_ms}

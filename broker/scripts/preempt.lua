@@ -43,7 +43,7 @@
 --          P.."nodes:"..id, P.."node-resv:"..id, P.."node-listed:"..id,
 --          P.."by-target:"..id, P.."by-requester:"..id, P.."resv:"..qid,
 --          P.."expiry", P.."usage", P.."spread:"..requester.."/"..group,
---          P.."protected:"..requester,
+--          P.."protected:"..requester, P.."ended:"..requester, P.."ended-requesters",
 --          P.."events:"..id, P.."audit" (layout: lib/*.lua)
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  event stream max length   ARGV[3]  audit stream max length
@@ -53,6 +53,7 @@
 -- ARGV[9..12] cpu (millicores), memory (bytes), gpu (count), storage (bytes)
 -- ARGV[13] duration (ms)    ARGV[14] lease (ms; 0: fixed duration)
 -- ARGV[15] label selector JSON or ""   ARGV[16] owner   ARGV[17] priority
+-- ARGV[18] how many ended reservations of one requester to keep at most (ended.lua)
 -- Reply: {outcome, reservation, victims_json, detail_json, now_ms}
 --   outcome      "preempted", "replay", "conflict", "fits", "wait", "nofit"
 --   reservation  flat field/value array of the reservation hash ({} unless preempted or replay)
@@ -62,7 +63,7 @@
 local prefix = KEYS[1]
 local stale_ms = tonumber(ARGV[1])
 local so, audit_max = stream_opts(ARGV[2], ARGV[4]), ARGV[3]
-local retention, grace = ARGV[5], tonumber(ARGV[6])
+local eo, grace = ended_opts(ARGV[5], ARGV[18]), tonumber(ARGV[6])
 local id, requester = ARGV[7], ARGV[8]
 local str = {cpu = ARGV[9], mem = ARGV[10], gpu = ARGV[11], sto = ARGV[12]}
 local duration, lease, selector_json, owner, priority_str = ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17]
@@ -151,7 +152,7 @@ for _, v in ipairs(best.victims) do
     end
     redis.call('HSET', nk, node, table.concat(parts, ' '))
   end
-  end_reservation(prefix, v.qid, r, 'Released', now, so, retention)
+  end_reservation(prefix, v.qid, r, 'Released', now, so, eo)
   redis.call('HSET', prefix .. 'resv:' .. v.qid, 'preempted_by', qid)
   local ev = event_fields('Preempted', bare_id(v.qid), r, now)
   for _, x in ipairs({'by', id, 'by_requester', requester, 'by_priority', priority_str, 'priority', tostring(v.priority)}) do

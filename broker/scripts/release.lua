@@ -10,6 +10,7 @@
 -- ARGV[3]  caller cluster id; it must be the requester or the target
 -- ARGV[4]  event stream max length   ARGV[5]  event stream TTL (ms)
 -- ARGV[6]  how long to keep an ended reservation (ms)
+-- ARGV[7]  how many ended reservations of one requester to keep at most (ended.lua)
 -- Reply: {status, reservation, clamped, now_ms}
 --   status       "released" | "ended" (was already over) | "notfound" | "forbidden"
 --   reservation  flat field/value array of the reservation hash ({} if notfound or forbidden)
@@ -19,6 +20,7 @@
 local prefix, requester, caller = KEYS[1], ARGV[1], ARGV[3]
 local qid = qualify(requester, ARGV[2])
 local so = stream_opts(ARGV[4], ARGV[5])
+local eo = ended_opts(ARGV[6], ARGV[7])
 local now = now_ms()
 local flat = redis.call('HGETALL', prefix .. 'resv:' .. qid)
 if #flat == 0 then
@@ -32,6 +34,6 @@ end
 local r = to_map(flat)
 if caller ~= r.requester and caller ~= r.target then return {'forbidden', {}, 0, now} end
 if not is_live(r.phase) then return {'ended', flat, 0, now} end
-local clamped = end_reservation(prefix, qid, r, 'Released', now, so, ARGV[6])
+local clamped = end_reservation(prefix, qid, r, 'Released', now, so, eo)
 notify_waiters(prefix, so)
 return {'released', redis.call('HGETALL', prefix .. 'resv:' .. qid), clamped, now}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"slices"
 	"strconv"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -42,37 +41,18 @@ func writeFairShareError(w http.ResponseWriter, err error) bool {
 	return true
 }
 
-// getUsage lists what each member holds as a requester against its limits:
-// the members holding live reservations, those with limits of their own and
-// every advertised cluster, in id order. Any member may read it, as it may
-// read every cluster's advertisement.
+// getUsage lists what each member holds as a requester against its limits,
+// and the ended reservations it keeps (store.MemberUsages). Any member may
+// read it, as it may read every cluster's advertisement.
 func (s *Server) getUsage(w http.ResponseWriter, r *http.Request, _ string) {
-	usage, err := s.store.Usage(r.Context())
+	members, err := s.store.MemberUsages(r.Context())
 	if err != nil {
 		s.writeStoreError(w, "", err)
 		return
 	}
-	ids, err := s.store.ClusterIDs(r.Context())
-	if err != nil {
-		s.writeStoreError(w, "", err)
-		return
-	}
-	policy := s.store.Config().Policy
-	if policy != nil {
-		ids = append(ids, policy.Clusters()...)
-	}
-	for id := range usage {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	ids = slices.Compact(ids)
-	out := make([]api.MemberUsage, 0, len(ids))
-	for _, id := range ids {
-		var limits model.Limits
-		if policy != nil {
-			limits = policy.Limits(id)
-		}
-		out = append(out, api.MemberUsageFromStore(id, usage[id], limits))
+	out := make([]api.MemberUsage, 0, len(members))
+	for _, m := range members {
+		out = append(out, api.MemberUsageFromStore(m.Cluster, m.Usage, m.Ended, m.Limits))
 	}
 	writeJSON(w, http.StatusOK, out)
 }

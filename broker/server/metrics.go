@@ -58,7 +58,7 @@ type metrics struct {
 	decisions     map[string]prometheus.Observer // decision's children by outcome; read-only once built
 }
 
-func newMetrics(st *store.Store) *metrics {
+func newMetrics(st *store.Store, memory *redisMemory) *metrics {
 	m := &metrics{
 		registry: prometheus.NewRegistry(),
 		reservations: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -129,7 +129,7 @@ func newMetrics(st *store.Store) *metrics {
 	}
 	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.requests, m.latency, m.streams,
 		m.renewals, m.renewBatch, m.v1Capped, m.rateLimited,
-		&clusterCollector{store: st},
+		&clusterCollector{store: st}, &redisMemoryCollector{memory: memory},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.outcomes = map[string]*lazyCounter{}
 	for _, o := range []string{outcomeReserved, outcomeReplayed, outcomeNoFit, outcomeConflict, outcomeInvalid, outcomeError} {

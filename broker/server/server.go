@@ -65,6 +65,7 @@ type Server struct {
 	limits    api.Limits
 	log       logr.Logger
 	metrics   *metrics
+	memory    *redisMemory
 	keepAlive time.Duration
 	hub       *eventHub
 	lists     *listGate
@@ -101,7 +102,8 @@ func New(cfg Config) *Server {
 	case cfg.MaxListsPerCluster < 0:
 		cfg.MaxListsPerCluster = 0
 	}
-	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store), keepAlive: cfg.EventKeepAlive,
+	memory := &redisMemory{store: cfg.Store, log: cfg.Log.WithName("redis-memory")}
+	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store, memory), memory: memory, keepAlive: cfg.EventKeepAlive,
 		hub:   newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
 		lists: newListGate(cfg.MaxListsPerCluster), rateRefused: newRateRefusals(), refusals: newHeldRefusals(),
 		streamsEnd: make(chan struct{}), dashboard: cfg.Dashboard}
@@ -213,8 +215,10 @@ func (s *Server) health(mux *http.ServeMux) {
 			writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "redis: "+err.Error())
 			return
 		}
+		// Ready, and how far Redis is from maxmemory (a warning near it: see
+		// redisNearFull).
 		w.Header().Set("Content-Type", "text/plain")
-		_, _ = w.Write([]byte("ok"))
+		_, _ = w.Write([]byte("ok\n" + describeRedisMemory(s.memory.read(ctx)) + "\n"))
 	})
 	mux.Handle(metricsRoute, promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc(openAPIRoute, func(w http.ResponseWriter, _ *http.Request) {

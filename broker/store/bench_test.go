@@ -113,7 +113,7 @@ type benchStats map[string]struct{ calls, usec int64 }
 
 func readStats(b testing.TB, rdb *redis.Client) benchStats {
 	b.Helper()
-	// INFO and CONFIG RESETSTAT are the administrator's (manifests/redis/users.acl).
+	// As the administrator, who alone may CONFIG RESETSTAT (manifests/redis/users.acl).
 	info, err := adminOf(b, rdb).Info(context.Background(), "commandstats").Result()
 	require.NoError(b, err)
 	out := benchStats{}

@@ -100,7 +100,57 @@ func (s *Store) checkInvariantOnce(ctx context.Context) error {
 		return err
 	}
 	errs = append(errs, usageErrs...)
+	endedErrs, err := s.checkEnded(ctx)
+	if err != nil {
+		return err
+	}
+	errs = append(errs, endedErrs...)
 	return errors.Join(errs...)
+}
+
+// checkEnded verifies the ended reservations kept (scripts/lib/ended.lua): no
+// requester keeps more than Config.MaxEndedPerMember, and each one kept
+// (within the retention) is the record of an ended reservation of its
+// requester.
+func (s *Store) checkEnded(ctx context.Context) ([]error, error) {
+	now, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	edge := &redis.ZRangeBy{Min: "(" + strconv.FormatInt(now.Add(-s.cfg.Retention).UnixMilli(), 10), Max: "+inf"}
+	requesters, err := s.rdb.ZRangeByScore(ctx, s.Key("ended-requesters"), edge).Result()
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, requester := range requesters {
+		key := s.Key("ended:", requester)
+		if n, err := s.rdb.ZCard(ctx, key).Result(); err != nil {
+			return nil, err
+		} else if n > int64(s.cfg.MaxEndedPerMember) {
+			errs = append(errs, fmt.Errorf("requester %s: %d ended reservations kept, more than %d", requester, n, s.cfg.MaxEndedPerMember))
+		}
+		qids, err := s.rdb.ZRangeByScore(ctx, key, edge).Result()
+		if err != nil {
+			return nil, err
+		}
+		pipe := s.rdb.Pipeline()
+		records := make([]*redis.SliceCmd, len(qids))
+		for i, qid := range qids {
+			records[i] = pipe.HMGet(ctx, s.Key("resv:", qid), "phase", "requester")
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, err
+		}
+		for i, qid := range qids {
+			phase, _ := records[i].Val()[0].(string)
+			owner, _ := records[i].Val()[1].(string)
+			if phase == "" || (model.Reservation{Phase: phase}).Live() || owner != requester {
+				errs = append(errs, fmt.Errorf("requester %s: ended reservation %s kept, but its record says phase %q, requester %q", requester, qid, phase, owner))
+			}
+		}
+	}
+	return errs, nil
 }
 
 // checkUsage verifies each requester's usage (what its limits are checked

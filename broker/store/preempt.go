@@ -47,7 +47,7 @@ func (s *Store) Preempt(ctx context.Context, req model.ReserveRequest) (PreemptD
 	reply, err := s.run(ctx, scripts.Preempt, s.cfg.StaleThreshold.Milliseconds(), s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
 		s.cfg.EventsTTL.Milliseconds(), s.cfg.Retention.Milliseconds(), DefaultPreemptGrace.Milliseconds(),
 		req.ID, req.Requester, r.CPU, r.Memory, r.GPU, r.Storage, req.Duration.Milliseconds(), req.Lease.Milliseconds(),
-		selector, req.Owner, req.Priority)
+		selector, req.Owner, req.Priority, s.cfg.MaxEndedPerMember)
 	if err != nil {
 		return PreemptDecision{}, err
 	}

@@ -34,6 +34,12 @@ const (
 	DefaultOutageGap      = 5 * time.Second
 )
 
+// DefaultMaxEndedPerMember is Config.MaxEndedPerMember's default: it keeps a
+// member's ended reservations to about 6.5 MB of Redis (about 1.3 KB each),
+// where its default reserve rate (policy.Default: 100 a second) over the
+// default retention would keep 60,000 (80 MB).
+const DefaultMaxEndedPerMember = 5000
+
 // Config tunes the store. Zero values take the defaults.
 type Config struct {
 	Prefix          string
@@ -44,6 +50,11 @@ type Config struct {
 	// requester's agent reads how it ended), then it is removed; default
 	// 10m.
 	Retention time.Duration
+	// MaxEndedPerMember bounds the ended reservations kept of one requester
+	// (scripts/lib/ended.lua): beyond it its oldest are removed before their
+	// retention, so that what a member's ended reservations hold in Redis
+	// counts against that member alone; default DefaultMaxEndedPerMember.
+	MaxEndedPerMember int
 	// EventsMaxLen bounds each cluster's event stream (entries, about);
 	// default 10000. EventsTTL removes a stream to which nothing was added
 	// for that long (a cluster gone); default 1h.
@@ -112,6 +123,9 @@ func (c *Config) defaults() {
 	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
+	}
+	if c.MaxEndedPerMember <= 0 {
+		c.MaxEndedPerMember = DefaultMaxEndedPerMember
 	}
 	if c.EventsMaxLen == 0 {
 		c.EventsMaxLen = DefaultEventsMaxLen
@@ -496,7 +510,8 @@ type ReleaseResult struct {
 // Release ends a live reservation, requester's id, on behalf of caller (its
 // requester or provider).
 func (s *Store) Release(ctx context.Context, requester, id, caller string) (ReleaseResult, error) {
-	reply, err := s.run(ctx, scripts.Release, requester, id, caller, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(), s.cfg.Retention.Milliseconds())
+	reply, err := s.run(ctx, scripts.Release, requester, id, caller, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(),
+		s.cfg.Retention.Milliseconds(), s.cfg.MaxEndedPerMember)
 	if err != nil {
 		return ReleaseResult{}, err
 	}
@@ -559,7 +574,7 @@ func (s *Store) ExpireRun(ctx context.Context) (ExpireResult, error) {
 	var res ExpireResult
 	for {
 		reply, err := s.run(ctx, scripts.Expire, s.cfg.ExpireBatch, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(),
-			s.cfg.Retention.Milliseconds(), s.cfg.AuditRetention.Milliseconds(), s.cfg.OutageGap.Milliseconds())
+			s.cfg.Retention.Milliseconds(), s.cfg.AuditRetention.Milliseconds(), s.cfg.OutageGap.Milliseconds(), s.cfg.MaxEndedPerMember)
 		if err != nil {
 			return res, err
 		}
@@ -589,6 +604,86 @@ func (s *Store) Usage(ctx context.Context) (map[string]model.Usage, error) {
 	for requester, v := range m {
 		a := amountsOf(v)
 		out[requester] = model.Usage{Reservations: atoi(a["n"]), Resources: resourcesFrom(a, "")}
+	}
+	return out, nil
+}
+
+// EndedReservations returns how many ended reservations each requester has
+// kept (readable until the retention, at most Config.MaxEndedPerMember;
+// scripts/lib/ended.lua); a requester with none is absent.
+func (s *Store) EndedReservations(ctx context.Context) (map[string]int64, error) {
+	now, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	// Past the edge, a record has expired; expire.lua trims what is older.
+	edge := "(" + strconv.FormatInt(now.Add(-s.cfg.Retention).UnixMilli(), 10)
+	requesters, err := s.rdb.ZRangeByScore(ctx, s.Key("ended-requesters"), &redis.ZRangeBy{Min: edge, Max: "+inf"}).Result()
+	if err != nil {
+		return nil, err
+	}
+	pipe := s.rdb.Pipeline()
+	counts := make([]*redis.IntCmd, len(requesters))
+	for i, r := range requesters {
+		counts[i] = pipe.ZCount(ctx, s.Key("ended:", r), edge, "+inf")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64, len(requesters))
+	for i, r := range requesters {
+		if n := counts[i].Val(); n > 0 {
+			out[r] = n
+		}
+	}
+	return out, nil
+}
+
+// MemberUsage is what one member holds as a requester: its live reservations
+// (Usage), the ended ones kept (Ended) and its limits (Config.Policy's; none
+// without a policy).
+type MemberUsage struct {
+	Cluster string
+	Usage   model.Usage
+	Ended   int64
+	Limits  model.Limits
+}
+
+// MemberUsages lists what each member holds as a requester, in id order:
+// the members holding live or ended reservations, those with limits of
+// their own and every advertised cluster (GET /api/v2/usage, the
+// dashboard's usage page).
+func (s *Store) MemberUsages(ctx context.Context) ([]MemberUsage, error) {
+	usage, err := s.Usage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ended, err := s.EndedReservations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := s.ClusterIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.Policy != nil {
+		ids = append(ids, s.cfg.Policy.Clusters()...)
+	}
+	for id := range usage {
+		ids = append(ids, id)
+	}
+	for id := range ended {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	out := make([]MemberUsage, 0, len(ids))
+	for _, id := range ids {
+		m := MemberUsage{Cluster: id, Usage: usage[id], Ended: ended[id]}
+		if s.cfg.Policy != nil {
+			m.Limits = s.cfg.Policy.Limits(id)
+		}
+		out = append(out, m)
 	}
 	return out, nil
 }

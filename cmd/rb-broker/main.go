@@ -64,6 +64,7 @@ type options struct {
 	policyFile      string
 	grantKeyFile    string
 	retention       time.Duration
+	maxEnded        int
 	auditRetention  time.Duration
 	maxStreams      int
 	maxLists        int
@@ -145,6 +146,8 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.expiryInterval, "expiry-interval", time.Second, "how often this replica releases expired reservations, sweeps the waiting list and trims the audit stream")
 	f.DurationVar(&o.outageGap, "outage-gap", store.DefaultOutageGap, "no expiry run of any replica for this long (Redis clock) is a broker outage: its time does not count against leases; must exceed --expiry-interval")
 	f.DurationVar(&o.retention, "retention", store.DefaultRetention, "how long an ended reservation stays readable (its requester's agent reads how it ended), then it is removed")
+	f.IntVar(&o.maxEnded, "max-ended-per-member", store.DefaultMaxEndedPerMember, "ended reservations of one member (as requester) kept readable for --retention; "+
+		"beyond it its oldest are removed before their retention, so that no member's ended reservations fill Redis for all (about 1.3 KB each)")
 	f.DurationVar(&o.auditRetention, "audit-retention", store.DefaultAuditRetention, "how long a decision stays in the audit stream (which also keeps only its newest 10,000)")
 	f.StringVar(&o.policyFile, "policy-file", "", "the operator's fair-share policy (YAML, kind BrokerPolicy: limits per requester, bounds on what a provider may advertise; "+
 		"docs/security.md); read at start, a mistake refuses to start. Without it: 100 reserve calls per second per requester (a burst of 200), "+
@@ -226,6 +229,9 @@ func (o options) validate() error {
 	}
 	if o.shutdownDelay < 0 || o.shutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-delay (%s) must not be negative and --shutdown-timeout (%s) must be positive", o.shutdownDelay, o.shutdownTimeout))
+	}
+	if o.maxEnded < 1 {
+		errs = append(errs, fmt.Errorf("--max-ended-per-member must be at least 1, got %d", o.maxEnded))
 	}
 	for name, d := range map[string]time.Duration{"--retention": o.retention, "--audit-retention": o.auditRetention} {
 		if d <= 0 {
@@ -466,7 +472,7 @@ func run(ctx context.Context, o options) error {
 	}
 	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL, MaxOwnerShare: o.maxOwnerShare,
 		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, Retention: o.retention, AuditRetention: o.auditRetention,
-		OutageGap: o.outageGap, Policy: pol, GrantKeys: grantKeys, Replicas: o.waitReplicas, ReplicaTimeout: o.waitTimeout})
+		MaxEndedPerMember: o.maxEnded, OutageGap: o.outageGap, Policy: pol, GrantKeys: grantKeys, Replicas: o.waitReplicas, ReplicaTimeout: o.waitTimeout})
 	cfg := server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams, MaxListsPerCluster: o.maxLists,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}}
 	if len(o.operators) > 0 {
@@ -523,7 +529,7 @@ func run(ctx context.Context, o options) error {
 	log.Info("serving", "version", version.Get().Version, "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", redactURL(o.redisURL),
 		"redisUser", o.redisUser(), "redisPassword", o.redisPasswordSource(), "redisWaitReplicas", o.waitReplicas, "redisWaitTimeout", o.waitTimeout,
 		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold,
-		"policy", policySource(o.policyFile), "retention", o.retention, "auditRetention", o.auditRetention)
+		"policy", policySource(o.policyFile), "retention", o.retention, "maxEndedPerMember", o.maxEnded, "auditRetention", o.auditRetention)
 	return srv.Run(ctx, server.RunOptions{APIListener: apiLn, Certs: certs, HealthListener: healthLn, ExpiryInterval: o.expiryInterval,
 		ShutdownDelay: o.shutdownDelay, ShutdownTimeout: o.shutdownTimeout})
 }

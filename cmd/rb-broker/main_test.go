@@ -42,6 +42,7 @@ func TestInvalidFlagsRefuseToStart(t *testing.T) {
 		{[]string{"--redis-url=mysql://x"}, "--redis-url"},
 		{[]string{"--gc-percent=-2"}, "--gc-percent"},
 		{[]string{"--max-streams-per-cluster=0", "--grant-key-file=" + goodKey}, "--max-streams-per-cluster must be at least 1"},
+		{[]string{"--max-ended-per-member=0", "--grant-key-file=" + goodKey}, "--max-ended-per-member must be at least 1"},
 		{[]string{"--shutdown-timeout=0s", "--grant-key-file=" + goodKey}, "--shutdown-timeout"},
 		{[]string{"--shutdown-delay=-1s", "--grant-key-file=" + goodKey}, "--shutdown-delay"},
 		{[]string{"--cert-dir=/nonexistent", "--grant-key-file=" + goodKey}, "/nonexistent"},

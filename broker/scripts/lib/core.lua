@@ -18,7 +18,8 @@
 --                                   price, owner, priority, selector, candidates, node,
 --                                   grant (sealed by the broker, store.GrantKeys; removed when
 --                                   the reservation ends), granted_ms, ended_ms; an ended one
---                                   expires after the retention
+--                                   expires after the retention, or goes earlier beyond its
+--                                   requester's cap (ended.lua)
 --   P.."expiry"             zset    live reservation qid -> expires_ms
 --   P.."by-target:"..id     set     live reservation qids provided by a cluster
 --   P.."by-requester:"..id  set     live reservation qids requested by a cluster

@@ -13,6 +13,7 @@
 -- @include index
 -- @include limits
 -- @include waiting
+-- @include ended
 
 -- spread_count adds delta to the live reservations of a requester's spread
 -- group on provider cid (P.."spread:" above); a count back at zero is removed.
@@ -58,10 +59,11 @@ end
 -- its capacity back to the target exactly once: the cluster's counters, and
 -- the debit of its node unless the target's last advertisement listed it
 -- (then the broker holds no debit for it), and to its requester's usage. Its
--- grant goes (the provider's token is of no use any more), and the record
--- expires after retention_ms. Returns 1 when a counter had to be clamped at
--- zero (a broken invariant worth a metric), else 0.
-local function end_reservation(prefix, qid, r, phase, now, so, retention_ms)
+-- grant goes (the provider's token is of no use any more), and the record is
+-- kept as ended.lua keep_ended says (eo: ended_opts). Returns 1 when a
+-- counter had to be clamped at zero (a broken invariant worth a metric),
+-- else 0.
+local function end_reservation(prefix, qid, r, phase, now, so, eo)
   local ck = prefix .. 'cluster:' .. r.target
   local clamped = 0
   if redis.call('EXISTS', ck) == 1 then
@@ -99,7 +101,7 @@ local function end_reservation(prefix, qid, r, phase, now, so, retention_ms)
   r.ended_ms = tostring(now)
   redis.call('HSET', rk, 'phase', phase, 'ended_ms', r.ended_ms)
   redis.call('HDEL', rk, 'grant')
-  redis.call('PEXPIRE', rk, retention_ms)
+  keep_ended(prefix, r.requester, qid, now, eo)
   redis.call('ZREM', prefix .. 'expiry', qid)
   redis.call('SREM', prefix .. 'by-target:' .. r.target, qid)
   redis.call('SREM', prefix .. 'by-requester:' .. r.requester, qid)
