@@ -454,6 +454,10 @@ func (b *Bed) startBrokers(ctx context.Context) error {
 		return err
 	}
 	b.Store = store.New(b.RDB, store.Config{StaleThreshold: b.opts.StaleThreshold, GrantKeys: grantKeys})
+	policy := filepath.Join(b.Dir, "broker-policy.yaml")
+	if err := os.WriteFile(policy, []byte(brokerPolicy), 0o600); err != nil {
+		return err
+	}
 	var addrs []string
 	for i := range b.opts.BrokerReplicas {
 		br := &Broker{Name: fmt.Sprintf("rb-broker-%d", i), bed: b}
@@ -472,6 +476,20 @@ func (b *Bed) startBrokers(ctx context.Context) error {
 	return nil
 }
 
+// brokerPolicy is the brokers' policy: rb-broker's own without a file
+// (policy.Default), but for the advertisements' rate: the bed's agents
+// advertise up to 4 times a second (Options.Debounce 250 ms, a tick every
+// PublishPeriod), more often than an agent's defaults, on which the
+// default rate is based.
+const brokerPolicy = `apiVersion: broker.fluidos.eu/v1alpha1
+kind: BrokerPolicy
+requesters:
+  default: {reservesPerSecond: 100, reserveBurst: 200, maxPriority: 1000000000}
+members:
+  default:
+    advertisements: {perSecond: "10", burst: "40"}
+`
+
 func (br *Broker) start(ctx context.Context) error {
 	var last error
 	for range 3 {
@@ -486,7 +504,8 @@ func (br *Broker) start(ctx context.Context) error {
 		br.Args = []string{"--listen-address=" + br.Addr, "--health-address=" + br.HealthAddr,
 			"--cert-dir=" + br.bed.BrokerCertDir, "--redis-url=redis://" + br.bed.Redis.Addr + "/0",
 			"--stale-threshold=" + o.StaleThreshold.String(), "--expiry-interval=" + o.ExpiryInterval.String(),
-			"--v=" + strconv.Itoa(o.Verbosity), "--dashboard-operators=" + Operator}
+			"--v=" + strconv.Itoa(o.Verbosity), "--dashboard-operators=" + Operator,
+			"--policy-file=" + filepath.Join(br.bed.Dir, "broker-policy.yaml")}
 		br.Args = append(br.Args, br.bed.Redis.BrokerFlags()...)
 		if err := br.Start(); err != nil {
 			return err
