@@ -67,7 +67,7 @@ var DefaultMemberRates = model.MemberRates{
 	Advertisements: model.Rate{PerSecond: 2, Burst: 5},
 	Renewals:       model.Rate{PerSecond: 10, Burst: 100},
 	RenewedIDs:     model.Rate{PerSecond: 2000, Burst: 20_000},
-	RenewalBytes:   model.Rate{PerSecond: 256 << 10, Burst: 4 << 20},
+	RenewalBytes:   model.Rate{PerSecond: 128 << 10, Burst: 2 << 20},
 	Writes:         model.Rate{PerSecond: 200, Burst: 1000},
 	Protections:    model.Rate{PerSecond: 2, Burst: 10},
 }

@@ -56,6 +56,13 @@ type Dashboard interface {
 // a rolling update of the agent a few more.
 const DefaultMaxStreamsPerCluster = 8
 
+// maxConcurrentAdvertisements bounds the advertisements one replica sends
+// Redis at once. Redis runs one script at a time, in the order they come:
+// 50 members advertising together would put 50 scripts, milliseconds each
+// with many nodes, in front of every reserve call. Advertisements can wait
+// (an agent's next one is seconds away); decisions should not.
+const maxConcurrentAdvertisements = 2
+
 // hubBlock bounds one read of the event hub (eventHub.block).
 const hubBlock = 250 * time.Millisecond
 
@@ -72,9 +79,12 @@ type Server struct {
 	// rateRefused answers reserve calls its rate still refuses without Redis.
 	rateRefused *rateRefusals
 	// refusals holds the refused calls of members looping past their rates.
-	refusals  *heldRefusals
-	certs     *Certs // set by Run; nil: the TLS configuration is fixed
-	dashboard Dashboard
+	refusals *heldRefusals
+	// advertising bounds the advertisements in progress on this replica
+	// (maxConcurrentAdvertisements).
+	advertising chan struct{}
+	certs       *Certs // set by Run; nil: the TLS configuration is fixed
+	dashboard   Dashboard
 	// draining is set when shutdown begins: /readyz fails from then on.
 	draining atomic.Bool
 	// streamsEnd is closed when the event streams must end (shutdown).
@@ -106,7 +116,8 @@ func New(cfg Config) *Server {
 	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store, memory), memory: memory, keepAlive: cfg.EventKeepAlive,
 		hub:   newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
 		lists: newListGate(cfg.MaxListsPerCluster), rateRefused: newRateRefusals(), refusals: newHeldRefusals(),
-		streamsEnd: make(chan struct{}), dashboard: cfg.Dashboard}
+		advertising: make(chan struct{}, maxConcurrentAdvertisements),
+		streamsEnd:  make(chan struct{}), dashboard: cfg.Dashboard}
 }
 
 // eventsRoute is the event stream's route: its requests last as long as

@@ -35,6 +35,16 @@ func (s *Server) putAdvertisement(w http.ResponseWriter, r *http.Request, caller
 
 // advertise stores ad and answers with the stored cluster rendered by view.
 func (s *Server) advertise(w http.ResponseWriter, ctx context.Context, id string, ad model.Advertisement, view func(model.Cluster) any) {
+	// Advertisements take turns (advertising): many members advertising at
+	// once wait here, not in Redis, where each reserve would wait behind
+	// all of them.
+	select {
+	case s.advertising <- struct{}{}:
+		defer func() { <-s.advertising }()
+	case <-ctx.Done():
+		writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "request ended while waiting for its turn")
+		return
+	}
 	ack, err := s.store.Advertise(ctx, id, ad)
 	if err != nil {
 		s.writeStoreError(w, "advertise", err)
@@ -245,7 +255,7 @@ func (s *Server) postGrant(w http.ResponseWriter, r *http.Request, caller string
 	writeJSON(w, http.StatusOK, api.ReservationFromStore(res, false))
 }
 
-// postRenewals extends the caller's leases: one atomic call for the whole
+// postRenewals extends the caller's leases: atomic calls of at most 100 ids
 // batch, on the Redis clock. Each id is renewed or refused (and then left
 // as it was); the answer is 200 either way. With ?requester=, the caller is
 // a provider renewing that requester's leases placed on it (store.RenewFor).

@@ -707,26 +707,34 @@ func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []
 }
 
 func (s *Store) renew(ctx context.Context, requester, provider string, ids []string) ([]model.Renewal, error) {
-	args := make([]any, 0, 2+len(ids))
-	args = append(args, requester, provider)
-	for _, id := range ids {
-		args = append(args, id)
-	}
-	reply, err := s.run(ctx, scripts.Renew, args...)
-	if err != nil {
-		return nil, err
-	}
-	if len(reply) != 1+2*len(ids) {
-		return nil, fmt.Errorf("renew: %d reply values for %d ids", len(reply), len(ids))
-	}
-	out := make([]model.Renewal, len(ids))
-	for i, id := range ids {
-		outcome, _ := reply[1+2*i].(string)
-		ms, _ := reply[2+2*i].(int64)
-		out[i] = model.Renewal{ID: id, Outcome: model.RenewOutcome(outcome), Remaining: time.Duration(ms) * time.Millisecond}
+	out := make([]model.Renewal, 0, len(ids))
+	for chunk := range slices.Chunk(ids, renewChunk) {
+		args := make([]any, 0, 2+len(chunk))
+		args = append(args, requester, provider)
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		reply, err := s.run(ctx, scripts.Renew, args...)
+		if err != nil {
+			return nil, err
+		}
+		if len(reply) != 1+2*len(chunk) {
+			return nil, fmt.Errorf("renew: %d reply values for %d ids", len(reply), len(chunk))
+		}
+		for i, id := range chunk {
+			outcome, _ := reply[1+2*i].(string)
+			ms, _ := reply[2+2*i].(int64)
+			out = append(out, model.Renewal{ID: id, Outcome: model.RenewOutcome(outcome), Remaining: time.Duration(ms) * time.Millisecond})
+		}
 	}
 	return out, nil
 }
+
+// renewChunk bounds the ids of one renew script call. Each id is renewed on
+// its own, so a batch needs no single atomic step; and Redis runs one script
+// at a time: 5,000 ids in one call would hold every other member's reserve
+// for milliseconds, 100 ids a call lets them in between.
+const renewChunk = 100
 
 // Reservation reads reservation id of requester (ids are scoped per requester).
 func (s *Store) Reservation(ctx context.Context, requester, id string) (model.Reservation, error) {
