@@ -361,6 +361,9 @@ var jsonBuffers = sync.Pool{New: func() any {
 // Header values shared by every answer (net/http only reads them).
 var contentTypeJSON = []string{"application/json"}
 
+// jsonAppender is an answer that writes its own JSON (api.RenewResponse).
+type jsonAppender interface{ AppendJSON([]byte) []byte }
+
 // writeJSON answers v as JSON (with a trailing newline, as json.Encoder
 // writes it), in one Write with its Content-Length.
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -371,7 +374,10 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 		}
 	}()
 	b.buf.Reset()
-	if err := b.enc.Encode(v); err != nil {
+	if a, ok := v.(jsonAppender); ok {
+		b.buf.Write(a.AppendJSON(b.buf.AvailableBuffer()))
+		b.buf.WriteByte('\n')
+	} else if err := b.enc.Encode(v); err != nil {
 		b.buf.Reset()
 		code = http.StatusInternalServerError
 		_ = b.enc.Encode(api.Error{Error: "encode answer: " + err.Error(), Reason: api.ReasonInternal})
