@@ -315,7 +315,8 @@ func TestTenantPodPolicy(t *testing.T) {
 	require.NoError(t, e.c.Create(e.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "rb-rome",
 		Labels: map[string]string{rbv1.TenantLabel: "rome"}}}))
 	require.NoError(t, e.c.Create(e.ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: provider.TenantServiceAccount, Namespace: "rb-rome"}}))
-	require.NoError(t, e.c.Create(e.ctx, &rbacBinding))
+	binding := rbacBinding.DeepCopy() // Create writes into it: the var stays as declared
+	require.NoError(t, e.c.Create(e.ctx, binding))
 	impersonated := rest.CopyConfig(e.cfg)
 	impersonated.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:rb-rome:rb-tenant",
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:rb-rome", "system:authenticated"}}
