@@ -1,6 +1,6 @@
 package server_test
 
-// BenchmarkAbuseCombined is issue 18's bounded abuse run: every abuse at once
+// BenchmarkAbuseCombined is the bounded abuse run: every abuse at once
 // against one rb-broker process as deployed (its own process and defaults,
 // the operator's policy file, the cap of 8 streams per cluster), on a real
 // redis-server with mutual TLS:

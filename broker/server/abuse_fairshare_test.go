@@ -24,7 +24,7 @@ import (
 
 // The operator's fair share through the API (real broker, real redis-server,
 // mutual TLS): what a hostile member gets back, and that the honest ones are
-// not held back (issue 18).
+// not held back.
 
 func startWithPolicy(t *testing.T, body string) *brokertest.Broker {
 	t.Helper()

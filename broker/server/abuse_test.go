@@ -1,6 +1,6 @@
 package server_test
 
-// The broker under abuse (issue 18): what a hostile or careless member
+// The broker under abuse: what a hostile or careless member
 // cluster could do to the others through the HTTP layer, each on a real
 // redis-server over real mutual TLS.
 

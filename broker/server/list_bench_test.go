@@ -1,7 +1,7 @@
 package server_test
 
 // BenchmarkListReservations measures lists against a member with 60,000
-// live reservations (issue 18: one unpaginated answer was 28 MB, and 8 such
+// live reservations (one unpaginated answer was 28 MB, and 8 such
 // calls in parallel took the broker to 3.2 GB): the broker runs as its own
 // process (rb-broker, as deployed, on the same redis-server and
 // certificates), 8 clients list every reservation at once through

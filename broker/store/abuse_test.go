@@ -23,7 +23,7 @@ import (
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 )
 
-// The broker tried as a hostile or careless member would (issue 18): each
+// The broker tried as a hostile or careless member would: each
 // test is one way a member could take more than its share, or leave state
 // behind, without sending anything invalid.
 
