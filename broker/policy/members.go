@@ -80,35 +80,34 @@ func (p *Policy) Rates(member string) model.MemberRates {
 	return p.defaultRates
 }
 
-// merge returns d with the rates o sets.
-func (d MemberRates) merge(o MemberRates) MemberRates {
-	out := d
-	for _, f := range []struct{ dst, src **Rate }{
-		{&out.Advertisements, &o.Advertisements}, {&out.Renewals, &o.Renewals}, {&out.RenewedIDs, &o.RenewedIDs},
-		{&out.RenewalBytes, &o.RenewalBytes}, {&out.Writes, &o.Writes}, {&out.Protections, &o.Protections},
-	} {
-		if *f.src != nil {
-			*f.dst = *f.src
-		}
-	}
-	return out
+// memberRate is one rate of a MemberRates: its name in the file, its value
+// (nil: not set) and where it goes in model.MemberRates.
+type memberRate struct {
+	name string
+	rate *Rate
+	in   func(*model.MemberRates) *model.Rate
 }
 
-// rates converts to the store's rates, DefaultMemberRates where absent.
-func (m MemberRates) rates() model.MemberRates {
-	out := DefaultMemberRates
-	for _, f := range []struct {
-		dst *model.Rate
-		src *Rate
-	}{
-		{&out.Advertisements, m.Advertisements}, {&out.Renewals, m.Renewals}, {&out.RenewedIDs, m.RenewedIDs},
-		{&out.RenewalBytes, m.RenewalBytes}, {&out.Writes, m.Writes}, {&out.Protections, m.Protections},
-	} {
-		if f.src != nil {
-			*f.dst = f.src.rate()
+// fields lists m's rates, the one list merging and validation go by.
+func (m MemberRates) fields() []memberRate {
+	return []memberRate{
+		{"advertisements", m.Advertisements, func(r *model.MemberRates) *model.Rate { return &r.Advertisements }},
+		{"renewals", m.Renewals, func(r *model.MemberRates) *model.Rate { return &r.Renewals }},
+		{"renewedIDs", m.RenewedIDs, func(r *model.MemberRates) *model.Rate { return &r.RenewedIDs }},
+		{"renewalBytes", m.RenewalBytes, func(r *model.MemberRates) *model.Rate { return &r.RenewalBytes }},
+		{"writes", m.Writes, func(r *model.MemberRates) *model.Rate { return &r.Writes }},
+		{"protections", m.Protections, func(r *model.MemberRates) *model.Rate { return &r.Protections }},
+	}
+}
+
+// over returns base with the rates m sets in the store's units.
+func (m MemberRates) over(base model.MemberRates) model.MemberRates {
+	for _, f := range m.fields() {
+		if f.rate != nil {
+			*f.in(&base) = f.rate.rate()
 		}
 	}
-	return out
+	return base
 }
 
 func (r *Rate) rate() model.Rate {
@@ -122,22 +121,16 @@ func (r *Rate) rate() model.Rate {
 
 func (m MemberRates) validate(p *field.Path) field.ErrorList {
 	var errs field.ErrorList
-	for _, f := range []struct {
-		name string
-		r    *Rate
-	}{
-		{"advertisements", m.Advertisements}, {"renewals", m.Renewals}, {"renewedIDs", m.RenewedIDs},
-		{"renewalBytes", m.RenewalBytes}, {"writes", m.Writes}, {"protections", m.Protections},
-	} {
-		if f.r == nil {
+	for _, f := range m.fields() {
+		if f.rate == nil {
 			continue
 		}
-		if f.r.PerSecond == nil {
+		if f.rate.PerSecond == nil {
 			errs = append(errs, field.Required(p.Child(f.name, "perSecond"), "a rate needs its units per second (0: no limit)"))
-		} else if f.r.PerSecond.Sign() < 0 || f.r.PerSecond.Cmp(*maxRate) > 0 {
-			errs = append(errs, field.Invalid(p.Child(f.name, "perSecond"), f.r.PerSecond.String(), "must be between 0 (no limit) and 2^53-1"))
+		} else if f.rate.PerSecond.Sign() < 0 || f.rate.PerSecond.Cmp(*maxRate) > 0 {
+			errs = append(errs, field.Invalid(p.Child(f.name, "perSecond"), f.rate.PerSecond.String(), "must be between 0 (no limit) and 2^53-1"))
 		}
-		if b := f.r.Burst; b != nil && (b.Cmp(*resource.NewQuantity(1, resource.DecimalSI)) < 0 || b.Cmp(*maxRate) > 0) {
+		if b := f.rate.Burst; b != nil && (b.Cmp(*resource.NewQuantity(1, resource.DecimalSI)) < 0 || b.Cmp(*maxRate) > 0) {
 			errs = append(errs, field.Invalid(p.Child(f.name, "burst"), b.String(), "must be between 1 and 2^53-1"))
 		}
 	}

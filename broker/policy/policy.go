@@ -238,9 +238,9 @@ func New(f File) (*Policy, error) {
 			p.clusters = append(p.clusters, id)
 		}
 	}
-	p.defaultRates = f.Members.Default.rates()
+	p.defaultRates = f.Members.Default.over(DefaultMemberRates)
 	for _, id := range sortedKeys(f.Members.Clusters) {
-		p.rates[id] = f.Members.Default.merge(f.Members.Clusters[id]).rates()
+		p.rates[id] = f.Members.Clusters[id].over(p.defaultRates)
 		if !slices.Contains(p.clusters, id) {
 			p.clusters = append(p.clusters, id)
 		}
