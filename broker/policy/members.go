@@ -56,8 +56,9 @@ type Rate struct {
 //     leases, and a provider one call per requester it hosts: 10 calls a
 //     second with 100 at once cover 100 requesters renewed together; ids,
 //     2,000 a second with 20,000 at once, renew 60,000 leases in a 30 s
-//     cycle; bytes, 256 KiB a second with 4 MiB at once (ids of about 40
-//     bytes; 4 MiB is three full batches of the longest ids);
+//     cycle; bytes, 128 KiB a second with 2 MiB at once (ids of about 40
+//     bytes, 2,000 of them about 86 KiB; 2 MiB holds a full batch of the
+//     longest ids);
 //   - writes: a release per reservation ended and a grant per reservation
 //     hosted follow the reserve rates (100 a second, 200 at once, per
 //     requester): 200 a second, 1,000 at once;

@@ -8,19 +8,23 @@ package server_test
 //     listings in parallel, over and over;
 //   - greedy opens 1,000 event streams;
 //   - mallory is at its limits and keeps calling reserve from 4 goroutines;
+//   - 50 members (churn-*) re-advertise in a loop, 1 to 40 nodes each, and
+//     heavy loops on renewals of 5,000 ids of 200 bytes (churnAbuse);
 //   - rome and milan, the honest members, reserve.
 //
 // quiet: the honest members alone, on the same state (the baseline, in the
 // same run); abuse: the same while all of the above runs;
-// abuse-unbounded-lists: the same against a second rb-broker process without
-// the bound on list pages (--max-lists-per-cluster), what the bound is
-// worth. One op is one
-// honest reservation. Reported: the honest members' p50/p99 and refusals,
-// mallory's calls and refusals, greedy's streams open and refused, the
-// listings done, the broker's peak RSS (VmHWM, its manifest's limit is
-// 256 MiB), and after the run the honest reservations not found (lost) and
-// the orphan keys (see orphanKeys). It runs only with -bench; see
-// docs/benchmarks.md.
+// abuse-member-rates-off: the same against a second rb-broker process whose
+// policy turns the members' rates off (advertisements, renewals: what those
+// rates are worth); abuse-unbounded-lists: against a third without the
+// bound on list pages (--max-lists-per-cluster), what that bound is worth.
+// One op is one honest reservation. Reported: the honest members' p50/p99
+// and refusals, mallory's calls and refusals, greedy's streams open and
+// refused, the listings done, the churners' advertisements stored and
+// refused, heavy's renewals done and refused, the broker's peak RSS (VmHWM,
+// its manifest's limit is 256 MiB), and after the run the honest
+// reservations not found (lost) and the orphan keys (see orphanKeys). It
+// runs only with -bench; see docs/benchmarks.md.
 
 import (
 	"context"
@@ -58,6 +62,16 @@ requesters:
   clusters:
     mallory: {maxReservations: 20, maxResources: {cpu: "2"}, reservesPerSecond: 50, reserveBurst: 50}
 `
+	// combinedRatesOff is combinedPolicy with the members' rates off.
+	combinedRatesOff = combinedPolicy + `members:
+  default:
+    advertisements: {perSecond: "0"}
+    renewals: {perSecond: "0"}
+    renewedIDs: {perSecond: "0"}
+    renewalBytes: {perSecond: "0"}
+    writes: {perSecond: "0"}
+    protections: {perSecond: "0"}
+`
 )
 
 func BenchmarkAbuseCombined(b *testing.B) {
@@ -69,10 +83,13 @@ func BenchmarkAbuseCombined(b *testing.B) {
 	fillLive(b, bk.Store, "bulk", combinedLive)
 	policyFile := filepath.Join(b.TempDir(), "policy.yaml")
 	require.NoError(b, os.WriteFile(policyFile, []byte(combinedPolicy), 0o600))
+	ratesOffFile := filepath.Join(b.TempDir(), "rates-off.yaml")
+	require.NoError(b, os.WriteFile(ratesOffFile, []byte(combinedRatesOff), 0o600))
 	bin := brokertest.BuildBroker(b, b.TempDir())
-	// A replica as deployed, and one without the bound on list pages (what
-	// that bound is worth, in the same run).
+	// A replica as deployed, one with the members' rates off and one without
+	// the bound on list pages (what each is worth, in the same run).
 	deployed := connect(b, bk, bk.StartProcess(bin, nil, "--stale-threshold=1h", "--policy-file="+policyFile))
+	ratesOff := connect(b, bk, bk.StartProcess(bin, nil, "--stale-threshold=1h", "--policy-file="+ratesOffFile))
 	unbounded := connect(b, bk, bk.StartProcess(bin, nil, "--stale-threshold=1h", "--policy-file="+policyFile, "--max-lists-per-cluster=1000000"))
 	for i := range 20 { // mallory at its limit of live reservations
 		_, err := deployed.mallory.Reserve(ctx, reservation(fmt.Sprintf("m-%d", i), "100m", "128Mi"))
@@ -146,12 +163,15 @@ func BenchmarkAbuseCombined(b *testing.B) {
 			}()
 		}
 		open, refusedStreams := tryStreams(b, abuseCtx, bk, r.proc.URL, "greedy", combinedStreams)
+		churn := prepareChurnAbuse(b, bk, r.proc.URL)
+		churn.start()
 		b.ResetTimer()
 		t0 := time.Now()
 		lat, refused := measure(r, b.N)
 		took := time.Since(t0)
 		b.StopTimer()
 		stop()
+		churn.stop()
 		wg.Wait()
 		report(b, lat, refused)
 		b.ReportMetric(float64(malloryCalls.Load()), "mallory-calls")
@@ -163,9 +183,17 @@ func BenchmarkAbuseCombined(b *testing.B) {
 		b.ReportMetric(float64(listings.Load()), "bulk-full-listings")
 		b.ReportMetric(float64(list429.Load()), "bulk-list-429")
 		b.ReportMetric(float64(listErrors.Load()), "bulk-list-errors")
+		c := &churn.counts
+		b.ReportMetric(float64(c.adsAllowed.Load())/took.Seconds(), "churn-ads/s")
+		b.ReportMetric(float64(c.adsRefused.Load()), "churn-ads-429")
+		b.ReportMetric(float64(c.adsFailed.Load()), "churn-ads-errors")
+		b.ReportMetric(float64(c.renewAllowed.Load()), "heavy-renewals")
+		b.ReportMetric(float64(c.renewRefused.Load()), "heavy-renewals-429")
+		b.ReportMetric(float64(c.renewFailed.Load()), "heavy-renewal-errors")
 		b.ReportMetric(float64(procStatusKiB(b, r.proc.Pid, "VmHWM"))/1024, "broker-peak-rss-MiB")
 	}
 	b.Run("abuse", func(b *testing.B) { abuse(b, deployed) })
+	b.Run("abuse-member-rates-off", func(b *testing.B) { abuse(b, ratesOff) })
 	b.Run("abuse-unbounded-lists", func(b *testing.B) { abuse(b, unbounded) })
 
 	// Nothing lost: every honest reservation placed is live at the broker.

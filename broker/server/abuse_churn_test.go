@@ -52,6 +52,7 @@ type churnAbuse struct {
 	url    string
 	loops  []abuseLoop
 	counts abuseCounts
+	paused atomic.Bool
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -122,6 +123,10 @@ func (a *churnAbuse) start() {
 	}
 }
 
+// pause holds the loops after their calls in flight; resume lets them go on.
+func (a *churnAbuse) pause()  { a.paused.Store(true) }
+func (a *churnAbuse) resume() { a.paused.Store(false) }
+
 // stop ends the loops and waits for them.
 func (a *churnAbuse) stop() {
 	a.cancel()
@@ -132,6 +137,10 @@ func (a *churnAbuse) loop(ctx context.Context, l abuseLoop) {
 	defer a.wg.Done()
 	hc := a.bk.Client(l.cn)
 	for i := 0; ctx.Err() == nil; i++ {
+		if a.paused.Load() {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
 		req, _ := http.NewRequestWithContext(ctx, l.method, a.url+l.path, bytes.NewReader(l.bodies[i%len(l.bodies)]))
 		resp, err := hc.Do(req)
 		if err != nil {
@@ -214,17 +223,29 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 		t.Cleanup(c.CloseIdleConnections)
 		honest = append(honest, c)
 	}
-	const rate, phase = 40.0, 8 * time.Second // per honest member: within its default reserve rate
+	// The honest load alone and beside the abusers, in interleaved slices
+	// (alone, abused, alone, ...): whatever else the machine runs meanwhile
+	// weighs on both sides alike. Each slice starts after a settling time:
+	// past the abusers' refill burst when they resume (at most 5
+	// advertisements per churner), past their calls in flight when they pause.
+	const rate = 40.0 // per honest member: within its default reserve rate
+	const rounds, slice, settle = 4, 2 * time.Second, 500 * time.Millisecond
 	abusers := prepareChurnAbuse(t, bk, proc.URL)
 	var seq atomic.Int64
 	honestReserves(t, honest, rate, time.Second, &seq) // warm connections and caches
-	alone, failed := honestReserves(t, honest, rate, phase, &seq)
-	require.Zero(t, failed)
-
-	abusers.start()
-	counts := &abusers.counts
+	abusers.start()                                    // their bursts first, then their rates
 	began := time.Now()
 	t.Log("the abusers start")
+	time.Sleep(3 * time.Second)
+	abusers.pause()
+	time.Sleep(settle)
+	counts := &abusers.counts
+	var alone, abused []time.Duration
+	measure := func(into *[]time.Duration) {
+		lat, failed := honestReserves(t, honest, rate, slice, &seq)
+		require.Zero(t, failed)
+		*into = append(*into, lat...)
+	}
 	if os.Getenv("RB_ABUSE_SLOWLOG") != "" {
 		bk.RDB.ConfigSet(context.Background(), "slowlog-log-slower-than", "1000")
 		bk.RDB.ConfigSet(context.Background(), "slowlog-max-len", "10000")
@@ -253,11 +274,18 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(3 * time.Second) // past the abusers' bursts
-	abused, failed := honestReserves(t, honest, rate, phase, &seq)
+	for range rounds {
+		measure(&alone)
+		abusers.resume()
+		time.Sleep(settle)
+		measure(&abused)
+		abusers.pause()
+		time.Sleep(settle)
+	}
 	abusers.stop()
-	abuse := time.Since(began).Seconds()
-	require.Zero(t, failed)
+	abuse := time.Since(began).Seconds() // their rates refill paused or not
+	slices.Sort(alone)
+	slices.Sort(abused)
 
 	t.Logf("honest reserve p99: alone %s (%d calls), beside the abusers %s (%d calls): %.2fx; p50 %s and %s",
 		p99(alone), len(alone), p99(abused), len(abused), float64(p99(abused))/float64(p99(alone)), alone[len(alone)/2], abused[len(abused)/2])
