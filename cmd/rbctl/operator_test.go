@@ -122,7 +122,7 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "paris's request in rome")
 	assert.Equal(t, join.SignerName, csr.Spec.SignerName)
 	assert.Equal(t, "paris", csr.Labels[join.ClusterIDLabel])
-	req, err := join.ParseCSR(csr.Spec.Request)
+	req, err := certauthority.ParseCSR(csr.Spec.Request)
 	require.NoError(t, err)
 	assert.Equal(t, "paris", req.Subject.CommonName)
 

@@ -278,16 +278,9 @@ func (ca *CA) issue(tmpl *x509.Certificate) (Pair, error) {
 // ask for no subject alternative names: a member certificate names a
 // cluster, nothing else.
 func (ca *CA) SignClientCSR(csrPEM []byte, validity time.Duration) ([]byte, error) {
-	block, _ := pem.Decode(csrPEM)
-	if block == nil || block.Type != "CERTIFICATE REQUEST" {
-		return nil, errors.New("certauthority: no PEM CERTIFICATE REQUEST block")
-	}
-	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	csr, err := ParseCSR(csrPEM)
 	if err != nil {
-		return nil, fmt.Errorf("certauthority: %w", err)
-	}
-	if err := csr.CheckSignature(); err != nil {
-		return nil, fmt.Errorf("certauthority: certificate request: %w", err)
+		return nil, err
 	}
 	if err := model.ValidateClusterID(csr.Subject.CommonName); err != nil {
 		return nil, fmt.Errorf("certauthority: certificate request: %w", err)
@@ -303,6 +296,23 @@ func (ca *CA) SignClientCSR(csrPEM []byte, validity time.Duration) ([]byte, erro
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 	return ca.sign(tmpl, csr.PublicKey, validity)
+}
+
+// ParseCSR parses a PEM certificate signing request ("CERTIFICATE REQUEST")
+// and checks that it is signed by the key it asks a certificate for.
+func ParseCSR(csrPEM []byte) (*x509.CertificateRequest, error) {
+	block, _ := pem.Decode(csrPEM)
+	if block == nil || block.Type != "CERTIFICATE REQUEST" {
+		return nil, errors.New("certauthority: no PEM CERTIFICATE REQUEST block")
+	}
+	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("certauthority: %w", err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("certauthority: certificate request: %w", err)
+	}
+	return csr, nil
 }
 
 // NewClientCSR returns a new key and a certificate signing request for it

@@ -72,7 +72,7 @@ func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id
 			return fmt.Errorf("CertificateSigningRequest %s asks for usage %q: a member certificate is for client authentication only", csr.Name, u)
 		}
 	}
-	req, err := ParseCSR(csr.Spec.Request)
+	req, err := certauthority.ParseCSR(csr.Spec.Request)
 	if err != nil {
 		return fmt.Errorf("CertificateSigningRequest %s: %w", csr.Name, err)
 	}
