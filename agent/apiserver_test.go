@@ -10,13 +10,13 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/fluidos-project/resource-broker/agent"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 )
 
 func TestAPIServerFrom(t *testing.T) {
-	ca, err := devcerts.NewCA("cluster-ca")
+	ca, err := certauthority.NewCA("cluster-ca")
 	require.NoError(t, err)
-	other, err := devcerts.NewCA("public-ca")
+	other, err := certauthority.NewCA("public-ca")
 	require.NoError(t, err)
 	dir := t.TempDir()
 	write := func(name string, b []byte) string {

@@ -19,7 +19,7 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 )
 
 // newClient returns a client for cluster id with a certificate directory
@@ -255,14 +255,14 @@ func scrape(t *testing.T, b *brokertest.Broker) string {
 func TestTLSRefused(t *testing.T) {
 	ctx := context.Background()
 	b := brokertest.Start(t, brokertest.Options{})
-	other, err := devcerts.NewCA("other CA")
+	other, err := certauthority.NewCA("other CA")
 	require.NoError(t, err)
 
 	t.Run("client certificate from another CA", func(t *testing.T) {
 		pair, err := other.IssueClient("rome")
 		require.NoError(t, err)
 		dir := t.TempDir()
-		require.NoError(t, devcerts.WriteTLSDir(dir, pair, b.CA.CertPEM))
+		require.NoError(t, certauthority.WriteTLSDir(dir, pair, b.CA.CertPEM))
 		c, err := client.New(b.URL, dir, client.WithRetries(3, 2*time.Second)) // a retry would wait >= 1s
 		require.NoError(t, err)
 		start := time.Now()
@@ -276,7 +276,7 @@ func TestTLSRefused(t *testing.T) {
 		pair, err := b.CA.IssueClient("rome")
 		require.NoError(t, err)
 		dir := t.TempDir()
-		require.NoError(t, devcerts.WriteTLSDir(dir, pair, other.CertPEM))
+		require.NoError(t, certauthority.WriteTLSDir(dir, pair, other.CertPEM))
 		c, err := client.New(b.URL, dir, client.WithRetries(3, time.Second))
 		require.NoError(t, err)
 		_, err = c.Clusters(ctx)
@@ -319,7 +319,7 @@ func TestKeyRotation(t *testing.T) {
 	rotate := func(cn string) {
 		pair, err := b.CA.IssueClient(cn)
 		require.NoError(t, err)
-		require.NoError(t, devcerts.WriteTLSDir(dir, pair, b.CA.CertPEM))
+		require.NoError(t, certauthority.WriteTLSDir(dir, pair, b.CA.CertPEM))
 		time.Sleep(20 * time.Millisecond)
 	}
 	rotate("milan")

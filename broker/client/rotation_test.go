@@ -22,8 +22,8 @@ import (
 
 	"github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
 )
 
 // TestCertificateRotationWithoutRestart rotates every certificate of a
@@ -47,12 +47,12 @@ func TestCertificateRotationWithoutRestart(t *testing.T) {
 	const check = 50 * time.Millisecond
 	b := brokertest.Start(t, brokertest.Options{CertCheckInterval: check})
 	oldCA := b.CA
-	newCA, err := devcerts.NewCA("rb-broker-ca-2")
+	newCA, err := certauthority.NewCA("rb-broker-ca-2")
 	require.NoError(t, err)
 	bothCAs := append(append([]byte{}, oldCA.CertPEM...), newCA.CertPEM...)
 
 	clientDir := filepath.Join(t.TempDir(), "rome")
-	writeClient := func(ca *devcerts.CA, caPEM []byte) *big.Int {
+	writeClient := func(ca *certauthority.CA, caPEM []byte) *big.Int {
 		pair, err := ca.IssueClient("rome")
 		require.NoError(t, err)
 		require.NoError(t, certdir.WriteAtomic(clientDir, brokertest.TLSFiles(pair, caPEM)))
@@ -113,7 +113,7 @@ func TestCertificateRotationWithoutRestart(t *testing.T) {
 		require.Eventually(t, func() bool { return calls.Load() >= n+20 }, 10*time.Second, time.Millisecond, "%s: calls continue", name)
 		t.Logf("%s: done after %d calls", name, calls.Load())
 	}
-	servedBy := func(ca *devcerts.CA, serial *big.Int) func() bool {
+	servedBy := func(ca *certauthority.CA, serial *big.Int) func() bool {
 		return func() bool {
 			conn, err := tls.Dial("tcp", strings.TrimPrefix(b.URL, "https://"), &tls.Config{RootCAs: poolOf(t, bothCAs),
 				GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &oldCert, nil }})
@@ -125,7 +125,7 @@ func TestCertificateRotationWithoutRestart(t *testing.T) {
 			return leaf.SerialNumber.Cmp(serial) == 0 && leaf.CheckSignatureFrom(ca.Cert) == nil
 		}
 	}
-	rotateServer := func(ca *devcerts.CA, caPEM []byte) *big.Int {
+	rotateServer := func(ca *certauthority.CA, caPEM []byte) *big.Int {
 		pair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1"})
 		require.NoError(t, err)
 		b.RotateServer(pair, caPEM)

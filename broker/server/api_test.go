@@ -18,7 +18,7 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 )
 
 func TestReserveReadRelease(t *testing.T) {
@@ -153,7 +153,7 @@ func TestIdentity(t *testing.T) {
 	_, err := anon.Get(b.URL + "/api/v2/clusters")
 	require.Error(t, err, "no client certificate must fail the handshake")
 	// A certificate from another CA is not accepted either.
-	other, err := devcerts.NewCA("other")
+	other, err := certauthority.NewCA("other")
 	require.NoError(t, err)
 	pair, err := other.IssueClient("rome")
 	require.NoError(t, err)

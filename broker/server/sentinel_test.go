@@ -28,8 +28,8 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/server"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 	redismanifest "github.com/fluidos-project/resource-broker/manifests/redis"
 )
@@ -190,7 +190,7 @@ func (s *sentinelSet) client() redis.UniversalClient {
 type sentinelBroker struct {
 	t       *testing.T
 	url     string
-	ca      *devcerts.CA
+	ca      *certauthority.CA
 	store   *store.Store
 	mu      sync.Mutex
 	clients map[string]*http.Client
@@ -201,7 +201,7 @@ func startSentinelBroker(t *testing.T, set *sentinelSet, rdb redis.UniversalClie
 	require.NoError(t, err)
 	st := store.New(rdb, store.Config{Replicas: 1, GrantKeys: keys})
 	require.NoError(t, st.LoadScripts(context.Background()))
-	ca, err := devcerts.NewCA("test CA")
+	ca, err := certauthority.NewCA("test CA")
 	require.NoError(t, err)
 	pair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1"})
 	require.NoError(t, err)

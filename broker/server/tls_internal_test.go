@@ -13,11 +13,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
 )
 
-func serverFiles(t *testing.T, ca *devcerts.CA, caPEM []byte) map[string][]byte {
+func serverFiles(t *testing.T, ca *certauthority.CA, caPEM []byte) map[string][]byte {
 	t.Helper()
 	pair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1"})
 	require.NoError(t, err)
@@ -26,7 +26,7 @@ func serverFiles(t *testing.T, ca *devcerts.CA, caPEM []byte) map[string][]byte 
 
 // handshake is the connection state of a client certificate of ca as the
 // handshake verified it.
-func handshake(t *testing.T, ca *devcerts.CA) *tls.ConnectionState {
+func handshake(t *testing.T, ca *certauthority.CA) *tls.ConnectionState {
 	t.Helper()
 	pair, err := ca.IssueClient("rome")
 	require.NoError(t, err)
@@ -41,7 +41,7 @@ func handshake(t *testing.T, ca *devcerts.CA) *tls.ConnectionState {
 
 // renewed is ca's certificate issued again with the same key, as
 // cert-manager renews a CA with rotationPolicy: Never.
-func renewed(t *testing.T, ca *devcerts.CA) []byte {
+func renewed(t *testing.T, ca *certauthority.CA) []byte {
 	t.Helper()
 	tmpl := *ca.Cert
 	tmpl.SerialNumber = big.NewInt(time.Now().UnixNano())
@@ -57,9 +57,9 @@ func renewed(t *testing.T, ca *devcerts.CA) []byte {
 // lost when its CA was removed.
 func TestCertsGenerations(t *testing.T) {
 	dir := t.TempDir()
-	one, err := devcerts.NewCA("one")
+	one, err := certauthority.NewCA("one")
 	require.NoError(t, err)
-	two, err := devcerts.NewCA("two")
+	two, err := certauthority.NewCA("two")
 	require.NoError(t, err)
 	require.NoError(t, certdir.WriteAtomic(dir, serverFiles(t, one, one.CertPEM)))
 	c, err := LoadCerts(dir, 0, testr.New(t))

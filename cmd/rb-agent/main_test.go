@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/version"
 )
 
@@ -20,12 +20,12 @@ import (
 func init() { logsapi.ReapplyHandling = logsapi.ReapplyHandlingIgnoreUnchanged }
 
 func TestStartupRefusesBadConfiguration(t *testing.T) {
-	ca, err := devcerts.NewCA("test")
+	ca, err := certauthority.NewCA("test")
 	require.NoError(t, err)
 	pair, err := ca.IssueClient("paris")
 	require.NoError(t, err)
 	certs := filepath.Join(t.TempDir(), "paris")
-	require.NoError(t, devcerts.WriteTLSDir(certs, pair, ca.CertPEM))
+	require.NoError(t, certauthority.WriteTLSDir(certs, pair, ca.CertPEM))
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, os.WriteFile(kubeconfig, []byte(`apiVersion: v1
 kind: Config
@@ -83,12 +83,12 @@ func TestVersion(t *testing.T) {
 // start and says what to set; so it does for the other addresses only its
 // own cluster reaches, and for an API server CA that is not one.
 func TestStartupRefusesAnAPIServerAddressOnlyThisClusterReaches(t *testing.T) {
-	ca, err := devcerts.NewCA("test")
+	ca, err := certauthority.NewCA("test")
 	require.NoError(t, err)
 	pair, err := ca.IssueClient("paris")
 	require.NoError(t, err)
 	certs := filepath.Join(t.TempDir(), "paris")
-	require.NoError(t, devcerts.WriteTLSDir(certs, pair, ca.CertPEM))
+	require.NoError(t, certauthority.WriteTLSDir(certs, pair, ca.CertPEM))
 	dir := t.TempDir()
 	clusterCA := filepath.Join(dir, "ca.crt")
 	require.NoError(t, os.WriteFile(clusterCA, ca.CertPEM, 0o600))

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 	redismanifest "github.com/fluidos-project/resource-broker/manifests/redis"
 )
@@ -70,12 +70,12 @@ func TestRedisPasswordNeverShown(t *testing.T) {
 	passwordFile := filepath.Join(t.TempDir(), "password")
 	require.NoError(t, os.WriteFile(passwordFile, []byte(oldPassword+"\n"), 0o600))
 
-	ca, err := devcerts.NewCA("test CA")
+	ca, err := certauthority.NewCA("test CA")
 	require.NoError(t, err)
 	serverPair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1"})
 	require.NoError(t, err)
 	certDir := filepath.Join(t.TempDir(), "tls")
-	require.NoError(t, devcerts.WriteTLSDir(certDir, serverPair, ca.CertPEM))
+	require.NoError(t, certauthority.WriteTLSDir(certDir, serverPair, ca.CertPEM))
 	clientPair, err := ca.IssueClient("rome")
 	require.NoError(t, err)
 	clientCert, err := clientPair.TLSCertificate()

@@ -10,8 +10,8 @@ func newCertsCommand() *cobra.Command {
 	o := certs.Options{}
 	cmd := &cobra.Command{
 		Use:   "certs",
-		Short: "Write a development CA and mutual-TLS certificates for the broker and clusters",
-		Long: `certs writes a development certificate authority, a server certificate for
+		Short: "Write a CA and mutual-TLS certificates for the broker and clusters",
+		Long: `certs writes a certificate authority, a server certificate for
 the broker and one client certificate per cluster (CN = cluster id):
 
   <out>/ca/ca.crt, <out>/ca/ca.key
@@ -20,7 +20,9 @@ the broker and one client certificate per cluster (CN = cluster id):
 
 The tls.crt/tls.key/ca.crt directories have the layout of a cert-manager
 Secret. If <out>/ca already exists its CA is reused, so clusters can be
-added later without reissuing the others. Not for production use.`,
+added later without reissuing the others; rbctl join --ca-dir signs the
+members' certificates with it. ca.key is the CA's private key, unencrypted,
+with mode 0600: keep <out>/ca where only the CA's operators can read it.`,
 		Example: `  rbctl certs
   rbctl certs --out .certs --clusters madrid`,
 		Args: cobra.NoArgs,

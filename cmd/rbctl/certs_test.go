@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/rbctl/certs"
 )
 
@@ -143,7 +143,7 @@ func TestCertsWritesLayoutAndReusesCA(t *testing.T) {
 	checkTLSDir(t, filepath.Join(out, "clusters", "rome"), caPEM, x509.ExtKeyUsageClientAuth)
 
 	// The written CA is loadable by the library.
-	if _, err := devcerts.LoadCA(filepath.Join(out, "ca")); err != nil {
+	if _, err := certauthority.LoadCA(filepath.Join(out, "ca")); err != nil {
 		t.Errorf("LoadCA: %v", err)
 	}
 }

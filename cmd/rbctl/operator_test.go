@@ -31,8 +31,8 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/kustomize"
 	"github.com/fluidos-project/resource-broker/internal/rbctl/join"
 	"github.com/fluidos-project/resource-broker/internal/rbctl/member"
@@ -122,7 +122,7 @@ func TestOperatorJoinAndLeave(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "paris's request in rome")
 	assert.Equal(t, join.SignerName, csr.Spec.SignerName)
 	assert.Equal(t, "paris", csr.Labels[join.ClusterIDLabel])
-	req, err := join.ParseCSR(csr.Spec.Request)
+	req, err := certauthority.ParseCSR(csr.Spec.Request)
 	require.NoError(t, err)
 	assert.Equal(t, "paris", req.Subject.CommonName)
 
@@ -217,7 +217,7 @@ func TestOperatorJoinRefusesBadRequests(t *testing.T) {
 	kc := bed.kube["rome"]
 
 	// A request under mallory's name that asks for paris's identity.
-	csrPEM, _, err := devcerts.NewClientCSR("paris")
+	csrPEM, _, err := certauthority.NewClientCSR("paris")
 	require.NoError(t, err)
 	require.NoError(t, kc.Create(ctx, &certificatesv1.CertificateSigningRequest{
 		ObjectMeta: metav1.ObjectMeta{Name: "rb-member-mallory"},
@@ -232,7 +232,7 @@ func TestOperatorJoinRefusesBadRequests(t *testing.T) {
 	assert.Empty(t, csr.Status.Certificate, "not signed")
 
 	// A server certificate is not a member's.
-	csrPEM, _, err = devcerts.NewClientCSR("oslo")
+	csrPEM, _, err = certauthority.NewClientCSR("oslo")
 	require.NoError(t, err)
 	require.NoError(t, kc.Create(ctx, &certificatesv1.CertificateSigningRequest{
 		ObjectMeta: metav1.ObjectMeta{Name: "rb-member-oslo"},
@@ -272,7 +272,7 @@ func TestOperatorJoinRefusesBadRequests(t *testing.T) {
 	_, err = bed.rbctl(t, "join", "--context", "rome", "--cluster-id", "rome", "--broker-context", "rome", "--timeout", "1m")
 	assert.ErrorContains(t, err, `no ConfigMap resource-broker/rb-broker-ca in context "rome" for the broker's CA (rbctl join approve publishes it; or pass --broker-ca-file)`)
 	onRequest(t, kc, "rb-member-rome", signByHand)
-	caFile := filepath.Join(bed.caDir, devcerts.CACertFile)
+	caFile := filepath.Join(bed.caDir, certauthority.CACertFile)
 	out, err := bed.rbctl(t, "join", "--context", "rome", "--cluster-id", "rome", "--broker-context", "rome", "--timeout", "1m",
 		"--broker-ca-file", caFile)
 	require.NoError(t, err, out)
@@ -482,7 +482,7 @@ func TestOperatorJoinWithLeastPrivilege(t *testing.T) {
 	require.NoError(t, clientcmd.WriteToFile(*kcfg, bed.kubeconfig))
 
 	// alice may ask, not approve.
-	csrPEM, _, err := devcerts.NewClientCSR("oslo")
+	csrPEM, _, err := certauthority.NewClientCSR("oslo")
 	require.NoError(t, err)
 	require.NoError(t, kc.Create(ctx, &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: "rb-member-oslo"},
 		Spec: certificatesv1.CertificateSigningRequestSpec{Request: csrPEM, SignerName: join.SignerName, Usages: []certificatesv1.KeyUsage{certificatesv1.UsageClientAuth}}}))

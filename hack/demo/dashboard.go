@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/dashboard"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
 )
 
@@ -24,7 +24,7 @@ func startDashboard(bed *testbed.Bed, certDir string) (dashboardProxy, error) {
 	if err != nil {
 		return dashboardProxy{}, err
 	}
-	if err := devcerts.WriteTLSDir(certDir, pair, bed.CA.CertPEM); err != nil {
+	if err := certauthority.WriteTLSDir(certDir, pair, bed.CA.CertPEM); err != nil {
 		return dashboardProxy{}, err
 	}
 	cert, err := pair.TLSCertificate()

@@ -28,8 +28,8 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/dashboard"
 	"github.com/fluidos-project/resource-broker/broker/server"
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/redistest"
 )
 
@@ -44,7 +44,7 @@ type Broker struct {
 	Store  *store.Store
 	URL    string // https://127.0.0.1:<port>, the mutual-TLS API
 	Health string // http://127.0.0.1:<port>, /healthz /readyz /metrics
-	CA     *devcerts.CA
+	CA     *certauthority.CA
 	Dir    string // holds broker/ (the server's cert dir) and clusters/<id>/ once ClusterCertDir is called
 	// Dashboard is the broker's web dashboard when Options.Operators name operators.
 	Dashboard *dashboard.Dashboard
@@ -93,7 +93,7 @@ func Start(t testing.TB, o Options) *Broker {
 		o.Store.GrantKeys = keys
 	}
 	st := store.New(rs.Client(), o.Store)
-	ca, err := devcerts.NewCA("test CA")
+	ca, err := certauthority.NewCA("test CA")
 	require.NoError(t, err)
 	pair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1"})
 	require.NoError(t, err)
@@ -259,14 +259,14 @@ func (b *Broker) Snapshot() map[string]string {
 // ClusterCertDir writes a client certificate for cluster id in the cert-manager
 // layout (tls.crt, tls.key, ca.crt) and returns its directory.
 // TLSFiles are a certificate directory's files: the pair and ca.crt.
-func TLSFiles(p devcerts.Pair, caPEM []byte) map[string][]byte {
+func TLSFiles(p certauthority.Pair, caPEM []byte) map[string][]byte {
 	return map[string][]byte{certdir.CertFile: p.CertPEM, certdir.KeyFile: p.KeyPEM, certdir.CAFile: caPEM}
 }
 
 // RotateServer replaces the broker's certificate directory (Dir/broker) as
 // the kubelet updates a mounted Secret: pair is the new serving key pair,
 // caPEM the CAs the broker trusts for client certificates.
-func (b *Broker) RotateServer(pair devcerts.Pair, caPEM []byte) {
+func (b *Broker) RotateServer(pair certauthority.Pair, caPEM []byte) {
 	b.t.Helper()
 	require.NoError(b.t, certdir.WriteAtomic(filepath.Join(b.Dir, "broker"), TLSFiles(pair, caPEM)))
 }
@@ -276,7 +276,7 @@ func (b *Broker) ClusterCertDir(id string) string {
 	pair, err := b.CA.IssueClient(id)
 	require.NoError(b.t, err)
 	dir := filepath.Join(b.Dir, "clusters", id)
-	require.NoError(b.t, devcerts.WriteTLSDir(dir, pair, b.CA.CertPEM))
+	require.NoError(b.t, certauthority.WriteTLSDir(dir, pair, b.CA.CertPEM))
 	return dir
 }
 

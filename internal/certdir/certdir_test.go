@@ -9,20 +9,20 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
 )
 
-func issue(t *testing.T, ca *devcerts.CA, cn string) map[string][]byte {
+func issue(t *testing.T, ca *certauthority.CA, cn string) map[string][]byte {
 	t.Helper()
 	pair, err := ca.IssueClient(cn)
 	require.NoError(t, err)
 	return map[string][]byte{certdir.CertFile: pair.CertPEM, certdir.KeyFile: pair.KeyPEM, certdir.CAFile: ca.CertPEM}
 }
 
-func newCA(t *testing.T, name string) *devcerts.CA {
+func newCA(t *testing.T, name string) *certauthority.CA {
 	t.Helper()
-	ca, err := devcerts.NewCA(name)
+	ca, err := certauthority.NewCA(name)
 	require.NoError(t, err)
 	return ca
 }

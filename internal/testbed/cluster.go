@@ -32,7 +32,7 @@ import (
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/broker/model"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/kubelet"
 	"github.com/fluidos-project/resource-broker/internal/realnode"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
@@ -140,7 +140,7 @@ type Cluster struct {
 	// CA is the cluster's CA (with Options.RealNodes only): the API
 	// server's client CA, issuer of the kubelets' serving certificates and
 	// kube-controller-manager's CSR signer.
-	CA *devcerts.CA
+	CA *certauthority.CA
 	// AgentIP is the address of the agent's virtual-kubelet endpoint (with
 	// Options.RealNodes: an address on the host bridge, as a pod IP).
 	AgentIP string

@@ -24,7 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 )
 
 // With Options.MetricsServer every cluster runs metrics-server
@@ -112,7 +112,7 @@ func (c *Cluster) startMetricsServer(ctx context.Context) error {
 		return err
 	}
 	certDir := filepath.Join(c.dir, "pki", metricsServerName)
-	if err := devcerts.WriteTLSDir(certDir, serving, c.CA.CertPEM); err != nil {
+	if err := certauthority.WriteTLSDir(certDir, serving, c.CA.CertPEM); err != nil {
 		return err
 	}
 	c.MetricsServerAddr = ip + ":" + strconv.Itoa(metricsServerPort)
@@ -121,8 +121,8 @@ func (c *Cluster) startMetricsServer(ctx context.Context) error {
 		Args: []string{
 			"--kubeconfig=" + kubeconfig, "--authentication-kubeconfig=" + kubeconfig, "--authorization-kubeconfig=" + kubeconfig,
 			"--bind-address=" + ip, "--secure-port=" + strconv.Itoa(metricsServerPort),
-			"--tls-cert-file=" + filepath.Join(certDir, devcerts.TLSCertFile),
-			"--tls-private-key-file=" + filepath.Join(certDir, devcerts.TLSKeyFile),
+			"--tls-cert-file=" + filepath.Join(certDir, certauthority.TLSCertFile),
+			"--tls-private-key-file=" + filepath.Join(certDir, certauthority.TLSKeyFile),
 			"--kubelet-use-node-status-port", "--kubelet-preferred-address-types=InternalIP",
 			"--kubelet-certificate-authority=" + c.caFile,
 			"--metric-resolution=" + c.bed.opts.MetricResolution.String(),

@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/realnode"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 	"github.com/fluidos-project/resource-broker/internal/testimages"
@@ -130,7 +130,7 @@ func (b *Bed) imagePaths() []string {
 
 // controlPlaneOptions are the API server settings of a real cluster.
 func (c *Cluster) controlPlaneOptions(ctx context.Context) ([]testenv.Option, error) {
-	ca, err := devcerts.NewCA(c.Name + " cluster CA")
+	ca, err := certauthority.NewCA(c.Name + " cluster CA")
 	if err != nil {
 		return nil, err
 	}
@@ -139,18 +139,18 @@ func (c *Cluster) controlPlaneOptions(ctx context.Context) ([]testenv.Option, er
 	if err := ca.Save(pki); err != nil {
 		return nil, err
 	}
-	c.caFile = filepath.Join(pki, devcerts.CACertFile)
+	c.caFile = filepath.Join(pki, certauthority.CACertFile)
 	kubeletClient, err := ca.IssueUser(RealNodesKubeletAPIUser, nil)
 	if err != nil {
 		return nil, err
 	}
-	if err := devcerts.WriteTLSDir(filepath.Join(pki, "kubelet-client"), kubeletClient, ca.CertPEM); err != nil {
+	if err := certauthority.WriteTLSDir(filepath.Join(pki, "kubelet-client"), kubeletClient, ca.CertPEM); err != nil {
 		return nil, err
 	}
 	// The aggregation layer (metrics.k8s.io, ...): a front-proxy CA of its
 	// own, as kubeadm sets it up; the API server dials an APIService's
 	// endpoints itself (no kube-proxy here).
-	frontProxy, err := devcerts.NewCA(c.Name + " front-proxy CA")
+	frontProxy, err := certauthority.NewCA(c.Name + " front-proxy CA")
 	if err != nil {
 		return nil, err
 	}
@@ -158,26 +158,26 @@ func (c *Cluster) controlPlaneOptions(ctx context.Context) ([]testenv.Option, er
 	if err != nil {
 		return nil, err
 	}
-	if err := devcerts.WriteTLSDir(filepath.Join(pki, "front-proxy-client"), proxyClient, frontProxy.CertPEM); err != nil {
+	if err := certauthority.WriteTLSDir(filepath.Join(pki, "front-proxy-client"), proxyClient, frontProxy.CertPEM); err != nil {
 		return nil, err
 	}
 	opts := []testenv.Option{
 		testenv.WithClientCA(ca),
-		testenv.WithAPIServerArg("requestheader-client-ca-file", filepath.Join(pki, "front-proxy-client", devcerts.CACertFile)),
+		testenv.WithAPIServerArg("requestheader-client-ca-file", filepath.Join(pki, "front-proxy-client", certauthority.CACertFile)),
 		testenv.WithAPIServerArg("requestheader-allowed-names", "front-proxy-client"),
 		testenv.WithAPIServerArg("requestheader-username-headers", "X-Remote-User"),
 		testenv.WithAPIServerArg("requestheader-group-headers", "X-Remote-Group"),
 		testenv.WithAPIServerArg("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
-		testenv.WithAPIServerArg("proxy-client-cert-file", filepath.Join(pki, "front-proxy-client", devcerts.TLSCertFile)),
-		testenv.WithAPIServerArg("proxy-client-key-file", filepath.Join(pki, "front-proxy-client", devcerts.TLSKeyFile)),
+		testenv.WithAPIServerArg("proxy-client-cert-file", filepath.Join(pki, "front-proxy-client", certauthority.TLSCertFile)),
+		testenv.WithAPIServerArg("proxy-client-key-file", filepath.Join(pki, "front-proxy-client", certauthority.TLSKeyFile)),
 		testenv.WithAPIServerArg("enable-aggregator-routing", "true"),
 		testenv.WithAPIServerArg("authorization-mode", "Node,RBAC"),
 		testenv.WithAPIServerArg("enable-admission-plugins", "NodeRestriction"),
 		// envtest turns the ServiceAccount admission plugin off because it
 		// runs no controllers; kube-controller-manager runs here.
 		testenv.WithAPIServerArg("disable-admission-plugins", "DefaultStorageClass"),
-		testenv.WithAPIServerArg("kubelet-client-certificate", filepath.Join(pki, "kubelet-client", devcerts.TLSCertFile)),
-		testenv.WithAPIServerArg("kubelet-client-key", filepath.Join(pki, "kubelet-client", devcerts.TLSKeyFile)),
+		testenv.WithAPIServerArg("kubelet-client-certificate", filepath.Join(pki, "kubelet-client", certauthority.TLSCertFile)),
+		testenv.WithAPIServerArg("kubelet-client-key", filepath.Join(pki, "kubelet-client", certauthority.TLSKeyFile)),
 		testenv.WithAPIServerArg("kubelet-certificate-authority", c.caFile),
 		testenv.WithAPIServerArg("kubelet-preferred-address-types", "InternalIP"),
 	}
@@ -287,7 +287,7 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 				"--service-account-private-key-file=" + filepath.Join(apiserver.CertDir, "sa-signer.key"),
 				"--root-ca-file=" + rootCA,
 				"--cluster-signing-cert-file=" + c.caFile,
-				"--cluster-signing-key-file=" + filepath.Join(c.dir, "pki", devcerts.CAKeyFile),
+				"--cluster-signing-key-file=" + filepath.Join(c.dir, "pki", certauthority.CAKeyFile),
 				"--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
 				"--node-monitor-grace-period=" + grace.String(), "--node-monitor-period=2s",
 				"--concurrent-namespace-syncs=5",
@@ -325,7 +325,7 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 		return err
 	}
 	certDir := filepath.Join(c.dir, "pki", "kubelet-"+name)
-	if err := devcerts.WriteTLSDir(certDir, serving, c.CA.CertPEM); err != nil {
+	if err := certauthority.WriteTLSDir(certDir, serving, c.CA.CertPEM); err != nil {
 		return err
 	}
 	kubelet, err := nodeBinary("kubelet")
@@ -337,7 +337,7 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 		CPU: int(size.Cpu().Value()), Memory: size.Memory().Value(),
 		Labels:      map[string]string{"topology.kubernetes.io/region": c.Spec.Labels["region"]},
 		KubeletPath: kubelet, Kubeconfig: kc, ClientCAFile: c.caFile,
-		ServingCertFile: filepath.Join(certDir, devcerts.TLSCertFile), ServingKeyFile: filepath.Join(certDir, devcerts.TLSKeyFile),
+		ServingCertFile: filepath.Join(certDir, certauthority.TLSCertFile), ServingKeyFile: filepath.Join(certDir, certauthority.TLSKeyFile),
 		Images: c.bed.imagePaths(), PauseImage: testimages.Pause,
 		LogDir: filepath.Join(c.bed.LogDir, "nodes", name), Verbosity: max(c.bed.opts.Verbosity, 1),
 		ClusterDNS: c.DNSAddr,

@@ -43,8 +43,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/clockskew"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/realnode"
 	"github.com/fluidos-project/resource-broker/internal/testenv"
 )
@@ -165,7 +165,7 @@ func (o *Options) validate() error {
 type Bed struct {
 	Dir, LogDir, BinDir string
 	// CA signs the broker's certificate and the clusters' client certificates.
-	CA *devcerts.CA
+	CA *certauthority.CA
 	// BrokerCertDir holds ca.crt, tls.crt, tls.key of the brokers.
 	BrokerCertDir string
 	Redis         *Redis
@@ -404,7 +404,7 @@ func (b *Bed) start(ctx context.Context) error {
 const Operator = "operator"
 
 func (b *Bed) makeCerts() error {
-	ca, err := devcerts.NewCA("resource-broker testbed CA")
+	ca, err := certauthority.NewCA("resource-broker testbed CA")
 	if err != nil {
 		return err
 	}
@@ -414,7 +414,7 @@ func (b *Bed) makeCerts() error {
 		return err
 	}
 	b.BrokerCertDir = filepath.Join(b.Dir, "certs", "broker")
-	if err := devcerts.WriteTLSDir(b.BrokerCertDir, pair, ca.CertPEM); err != nil {
+	if err := certauthority.WriteTLSDir(b.BrokerCertDir, pair, ca.CertPEM); err != nil {
 		return err
 	}
 	for _, c := range b.Clusters {
@@ -423,7 +423,7 @@ func (b *Bed) makeCerts() error {
 			return err
 		}
 		c.CertDir = filepath.Join(b.Dir, "certs", "clusters", c.Name)
-		if err := devcerts.WriteTLSDir(c.CertDir, p, ca.CertPEM); err != nil {
+		if err := certauthority.WriteTLSDir(c.CertDir, p, ca.CertPEM); err != nil {
 			return err
 		}
 	}

@@ -8,7 +8,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 )
 
 // WithClientCA makes ca the API server's client CA (--client-ca-file) and
@@ -16,7 +16,7 @@ import (
 // envtest keeps to itself. With the key in hand a test bed can sign what a
 // real cluster's CA signs: the kubelets' and kube-controller-manager's
 // credentials and the API server's client certificate towards kubelets.
-func WithClientCA(ca *devcerts.CA) Option {
+func WithClientCA(ca *certauthority.CA) Option {
 	return WithEnvironment(func(env *envtest.Environment) {
 		env.ControlPlane.GetAPIServer().SecureServing.Authn = &caAuthn{ca: ca}
 	})
@@ -28,7 +28,7 @@ const ClientCAFile = "client-ca.crt"
 
 // caAuthn is an envtest.Authn issuing client certificates from a CA we hold.
 type caAuthn struct {
-	ca  *devcerts.CA
+	ca  *certauthority.CA
 	dir string
 }
 

@@ -9,7 +9,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 )
 
 // WithServingCert makes the API server listen on address (an IP; the port
@@ -21,7 +21,7 @@ import (
 // --root-ca-file = ca). dir receives the certificates (envtest's CertDir,
 // kept), among them a service-account signing key of its own
 // (sa-signer.key, sa-signer.crt) as envtest would write it.
-func WithServingCert(ca *devcerts.CA, dir, address string, sans ...string) Option {
+func WithServingCert(ca *certauthority.CA, dir, address string, sans ...string) Option {
 	return func(o *options) {
 		WithAPIServerArg("advertise-address", address)(o)
 		o.prepare = append(o.prepare, func(env *envtest.Environment) error {
@@ -44,12 +44,12 @@ func WithServingCert(ca *devcerts.CA, dir, address string, sans ...string) Optio
 
 // writeServingCerts writes the files envtest would otherwise generate
 // (it generates none when apiserver.crt exists).
-func writeServingCerts(ca *devcerts.CA, dir, address string, sans []string) error {
+func writeServingCerts(ca *certauthority.CA, dir, address string, sans []string) error {
 	serving, err := ca.IssueServer("kube-apiserver", append([]string{address, "localhost", "127.0.0.1"}, sans...))
 	if err != nil {
 		return err
 	}
-	saSigner, err := devcerts.NewCA("service-account signer")
+	saSigner, err := certauthority.NewCA("service-account signer")
 	if err != nil {
 		return err
 	}

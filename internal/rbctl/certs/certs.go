@@ -1,8 +1,8 @@
-// Package certs writes a development certificate authority and the
-// mutual-TLS certificates of a federation from it: a server certificate for
-// the broker and a client certificate per cluster (CN = cluster id), each in
-// the directory layout of a cert-manager Secret. An existing CA is reused,
-// so clusters can be added later without reissuing the others.
+// Package certs writes a certificate authority and the mutual-TLS
+// certificates of a federation from it: a server certificate for the broker
+// and a client certificate per cluster (CN = cluster id), each in the
+// directory layout of a cert-manager Secret. An existing CA is reused, so
+// clusters can be added later without reissuing the others.
 package certs
 
 import (
@@ -15,7 +15,7 @@ import (
 	"strings"
 
 	"github.com/fluidos-project/resource-broker/broker/model"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 )
 
 const (
@@ -87,14 +87,14 @@ func Write(o Options, w io.Writer) error {
 
 // loadOrCreateCA reuses the CA in dir when it exists, otherwise creates and
 // saves a new CA there.
-func loadOrCreateCA(dir string, w io.Writer) (*devcerts.CA, error) {
+func loadOrCreateCA(dir string, w io.Writer) (*certauthority.CA, error) {
 	fi, err := os.Stat(dir)
 	switch {
 	case err == nil:
 		if !fi.IsDir() {
 			return nil, fmt.Errorf("%s exists and is not a directory", dir)
 		}
-		ca, err := devcerts.LoadCA(dir)
+		ca, err := certauthority.LoadCA(dir)
 		if err != nil {
 			return nil, fmt.Errorf("%s exists but its CA cannot be loaded (remove the directory to create a new CA): %w", dir, err)
 		}
@@ -102,26 +102,26 @@ func loadOrCreateCA(dir string, w io.Writer) (*devcerts.CA, error) {
 			dir, ca.Cert.Subject.CommonName, ca.Cert.NotAfter.UTC().Format("2006-01-02"))
 		return ca, nil
 	case errors.Is(err, fs.ErrNotExist):
-		ca, err := devcerts.NewCA(devCACommonName)
+		ca, err := certauthority.NewCA(devCACommonName)
 		if err != nil {
 			return nil, err
 		}
 		if err := ca.Save(dir); err != nil {
 			return nil, err
 		}
-		fmt.Fprintf(w, "wrote %s\n", filepath.Join(dir, devcerts.CACertFile))
-		fmt.Fprintf(w, "wrote %s\n", filepath.Join(dir, devcerts.CAKeyFile))
+		fmt.Fprintf(w, "wrote %s\n", filepath.Join(dir, certauthority.CACertFile))
+		fmt.Fprintf(w, "wrote %s\n", filepath.Join(dir, certauthority.CAKeyFile))
 		return ca, nil
 	default:
 		return nil, err
 	}
 }
 
-func writeTLSDir(w io.Writer, dir string, p devcerts.Pair, caPEM []byte) error {
-	if err := devcerts.WriteTLSDir(dir, p, caPEM); err != nil {
+func writeTLSDir(w io.Writer, dir string, p certauthority.Pair, caPEM []byte) error {
+	if err := certauthority.WriteTLSDir(dir, p, caPEM); err != nil {
 		return err
 	}
-	for _, name := range []string{devcerts.TLSCertFile, devcerts.TLSKeyFile, devcerts.CACertFile} {
+	for _, name := range []string{certauthority.TLSCertFile, certauthority.TLSKeyFile, certauthority.CACertFile} {
 		fmt.Fprintf(w, "wrote %s\n", filepath.Join(dir, name))
 	}
 	return nil

@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/fluidos-project/resource-broker/broker/model"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/rbctl/member"
 )
 
@@ -42,7 +42,7 @@ func Approve(ctx context.Context, o ApproveOptions, out io.Writer) error {
 	if o.CADir == "" {
 		return errors.New("--ca-dir is required: the directory of the members' CA (ca.crt, ca.key), as rbctl certs writes it")
 	}
-	ca, err := devcerts.LoadCA(o.CADir)
+	ca, err := certauthority.LoadCA(o.CADir)
 	if err != nil {
 		return fmt.Errorf("--ca-dir: %w", err)
 	}
@@ -56,7 +56,7 @@ func Approve(ctx context.Context, o ApproveOptions, out io.Writer) error {
 // approveAndSign approves a member's request, after checking it names the
 // member and asks for client authentication only, signs it, and publishes
 // the CA's certificate for the member.
-func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id string, ca *devcerts.CA, validity time.Duration, namespace string) error {
+func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id string, ca *certauthority.CA, validity time.Duration, namespace string) error {
 	var csr certificatesv1.CertificateSigningRequest
 	if err := kc.Get(ctx, ctrlclient.ObjectKey{Name: CSRName(id)}, &csr); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -72,7 +72,7 @@ func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id
 			return fmt.Errorf("CertificateSigningRequest %s asks for usage %q: a member certificate is for client authentication only", csr.Name, u)
 		}
 	}
-	req, err := ParseCSR(csr.Spec.Request)
+	req, err := certauthority.ParseCSR(csr.Spec.Request)
 	if err != nil {
 		return fmt.Errorf("CertificateSigningRequest %s: %w", csr.Name, err)
 	}
@@ -115,7 +115,7 @@ func approveAndSign(ctx context.Context, kc ctrlclient.Client, out io.Writer, id
 
 // publishCA writes the CA's certificate into the ConfigMap members read it
 // from, if it is not there already.
-func publishCA(ctx context.Context, kc ctrlclient.Client, out io.Writer, namespace string, ca *devcerts.CA) error {
+func publishCA(ctx context.Context, kc ctrlclient.Client, out io.Writer, namespace string, ca *certauthority.CA) error {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: CAConfigMap}}
 	res, err := controllerutil.CreateOrUpdate(ctx, kc, cm, func() error {
 		cm.Data = map[string]string{certdir.CAFile: string(ca.CertPEM)}

@@ -65,16 +65,3 @@ func ParseCertificate(certPEM []byte) (*x509.Certificate, error) {
 	}
 	return x509.ParseCertificate(block.Bytes)
 }
-
-// ParseCSR parses a PEM certificate request and checks its signature.
-func ParseCSR(csrPEM []byte) (*x509.CertificateRequest, error) {
-	block, _ := pem.Decode(csrPEM)
-	if block == nil || block.Type != "CERTIFICATE REQUEST" {
-		return nil, errors.New("no PEM CERTIFICATE REQUEST block")
-	}
-	req, err := x509.ParseCertificateRequest(block.Bytes)
-	if err != nil {
-		return nil, err
-	}
-	return req, req.CheckSignature()
-}

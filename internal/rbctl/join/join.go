@@ -24,8 +24,8 @@ import (
 
 	"github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/broker/model"
+	"github.com/fluidos-project/resource-broker/internal/certauthority"
 	"github.com/fluidos-project/resource-broker/internal/certdir"
-	"github.com/fluidos-project/resource-broker/internal/devcerts"
 	"github.com/fluidos-project/resource-broker/internal/rbctl/member"
 )
 
@@ -78,10 +78,10 @@ func Join(ctx context.Context, o Options, out io.Writer) error {
 	if memberContext == "" {
 		return errors.New("--context is required: the kubeconfig context of the cluster that joins")
 	}
-	var ca *devcerts.CA
+	var ca *certauthority.CA
 	if o.CADir != "" {
 		var err error
-		if ca, err = devcerts.LoadCA(o.CADir); err != nil {
+		if ca, err = certauthority.LoadCA(o.CADir); err != nil {
 			return fmt.Errorf("--ca-dir: %w", err)
 		}
 	}
@@ -111,7 +111,7 @@ func Join(ctx context.Context, o Options, out io.Writer) error {
 		return fmt.Errorf("reading the member's Secret: %w", err)
 	}
 
-	csrPEM, keyPEM, err := devcerts.NewClientCSR(o.ClusterID)
+	csrPEM, keyPEM, err := certauthority.NewClientCSR(o.ClusterID)
 	if err != nil {
 		return err
 	}
@@ -204,10 +204,10 @@ func (o *Options) check(ctx context.Context, kc ctrlclient.Client, out io.Writer
 
 // brokerCA is the CA the member trusts for the broker: that of --ca-dir or
 // --broker-ca-file, or the one the approver published.
-func (o *Options) brokerCA(ctx context.Context, broker ctrlclient.Client, ca *devcerts.CA) ([]byte, string, error) {
+func (o *Options) brokerCA(ctx context.Context, broker ctrlclient.Client, ca *certauthority.CA) ([]byte, string, error) {
 	switch {
 	case ca != nil:
-		return ca.CertPEM, filepath.Join(o.CADir, devcerts.CACertFile), nil
+		return ca.CertPEM, filepath.Join(o.CADir, certauthority.CACertFile), nil
 	case o.CAFile != "":
 		data, err := os.ReadFile(o.CAFile)
 		if err != nil {

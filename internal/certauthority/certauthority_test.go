@@ -1,4 +1,4 @@
-package devcerts
+package certauthority
 
 import (
 	"bytes"
@@ -270,6 +270,32 @@ func TestWriteTLSDir(t *testing.T) {
 	// The files load as a TLS key pair, as a pod mounting the Secret would.
 	if _, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")); err != nil {
 		t.Errorf("LoadX509KeyPair: %v", err)
+	}
+}
+
+// TestWriteTLSDirNarrowsExistingKey: rbctl certs writes the broker's
+// certificate again over the files of an earlier run; a key file found
+// readable by others is left with mode 0600, its old content replaced.
+func TestWriteTLSDirNarrowsExistingKey(t *testing.T) {
+	ca := newCA(t, "test-ca")
+	p, err := ca.IssueServer("rb-broker", []string{"localhost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(keyFile, []byte("an earlier key"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(keyFile, 0o644); err != nil { // whatever the umask
+		t.Fatal(err)
+	}
+	if err := WriteTLSDir(dir, p, ca.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	assertMode(t, keyFile, 0o600)
+	if got, _ := os.ReadFile(keyFile); !bytes.Equal(got, p.KeyPEM) {
+		t.Errorf("tls.key holds %q, want the new key", got)
 	}
 }
 
@@ -545,7 +571,7 @@ func TestSignClientCSR(t *testing.T) {
 	}{
 		"SANs":      {withSAN, "asks for subject alternative names"},
 		"not a CSR": {certPEM, "no PEM CERTIFICATE REQUEST block"},
-		"tampered":  {bytes.Replace(csrPEM, csrPEM[60:64], []byte("AAAA"), 1), "devcerts:"},
+		"tampered":  {bytes.Replace(csrPEM, csrPEM[60:64], []byte("AAAA"), 1), "certauthority:"},
 	} {
 		if _, err := ca.SignClientCSR(tc.csr, time.Hour); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: SignClientCSR: %v, want an error with %q", name, err, tc.want)

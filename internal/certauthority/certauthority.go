@@ -1,10 +1,23 @@
-// Package devcerts is a small development certificate authority. It issues
-// ECDSA P-256 server and client certificates for running the resource broker
-// locally, and in tests, with mutual TLS.
+// Package certauthority is the certificate authority of a federation's
+// mutual TLS: an ECDSA P-256 CA that issues the broker's server certificate
+// and the members' client certificates (CN = cluster id), and signs the
+// members' certificate signing requests.
 //
-// It is not meant for production: the CA key lives in memory and, when
-// saved, in a plain PEM file.
-package devcerts
+// rbctl certs creates the CA (or reuses the one it finds) and issues the
+// broker's certificate, and clusters' ones when asked; rbctl join makes a
+// member's key and request (NewClientCSR), and rbctl join (with --ca-dir) or
+// rbctl join approve loads the CA to sign the request (SignClientCSR). The
+// test harnesses (brokertest, testenv, testbed) make throwaway CAs with it.
+//
+// Keys: a CA's key is generated and held in memory; Save writes it, PEM
+// PKCS #8 and unencrypted, to ca.key with mode 0600 (ca.crt 0644), and
+// LoadCA reads it back. The file's mode is its only protection: keep the
+// directory where only the CA's operators can read it. A leaf's key is
+// generated in memory and returned with its certificate (Pair); WriteTLSDir
+// writes it to tls.key with mode 0600. Files written over existing ones get
+// exactly these modes. There is no revocation: a certificate is valid until
+// it expires (a year at most) or the CA is replaced.
+package certauthority
 
 import (
 	"crypto"
@@ -44,7 +57,7 @@ const (
 	clockSkew = time.Minute
 )
 
-// CA is a development certificate authority kept in memory.
+// CA is a certificate authority: its certificate and its private key.
 type CA struct {
 	Cert    *x509.Certificate
 	Key     crypto.Signer
@@ -59,11 +72,11 @@ type Pair struct {
 // NewCA creates a self-signed ECDSA P-256 CA valid for 10 years.
 func NewCA(commonName string) (*CA, error) {
 	if strings.TrimSpace(commonName) == "" {
-		return nil, errors.New("devcerts: CA common name must not be empty")
+		return nil, errors.New("certauthority: CA common name must not be empty")
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("devcerts: generating CA key: %w", err)
+		return nil, fmt.Errorf("certauthority: generating CA key: %w", err)
 	}
 	serial, err := randomSerial()
 	if err != nil {
@@ -81,11 +94,11 @@ func NewCA(commonName string) (*CA, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		return nil, fmt.Errorf("devcerts: creating CA certificate: %w", err)
+		return nil, fmt.Errorf("certauthority: creating CA certificate: %w", err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		return nil, fmt.Errorf("devcerts: parsing CA certificate: %w", err)
+		return nil, fmt.Errorf("certauthority: parsing CA certificate: %w", err)
 	}
 	return &CA{
 		Cert:    cert,
@@ -102,31 +115,31 @@ func LoadCA(dir string) (*CA, error) {
 
 	certPEM, err := os.ReadFile(certPath)
 	if err != nil {
-		return nil, fmt.Errorf("devcerts: reading CA certificate: %w", err)
+		return nil, fmt.Errorf("certauthority: reading CA certificate: %w", err)
 	}
 	keyPEM, err := os.ReadFile(keyPath)
 	if err != nil {
-		return nil, fmt.Errorf("devcerts: reading CA key: %w", err)
+		return nil, fmt.Errorf("certauthority: reading CA key: %w", err)
 	}
 
 	certBlock, _ := pem.Decode(certPEM)
 	if certBlock == nil || certBlock.Type != "CERTIFICATE" {
-		return nil, fmt.Errorf("devcerts: %s: no PEM CERTIFICATE block", certPath)
+		return nil, fmt.Errorf("certauthority: %s: no PEM CERTIFICATE block", certPath)
 	}
 	cert, err := x509.ParseCertificate(certBlock.Bytes)
 	if err != nil {
-		return nil, fmt.Errorf("devcerts: %s: %w", certPath, err)
+		return nil, fmt.Errorf("certauthority: %s: %w", certPath, err)
 	}
 	if !cert.IsCA {
-		return nil, fmt.Errorf("devcerts: %s: certificate is not a CA", certPath)
+		return nil, fmt.Errorf("certauthority: %s: certificate is not a CA", certPath)
 	}
 
 	key, err := parseKeyPEM(keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("devcerts: %s: %w", keyPath, err)
+		return nil, fmt.Errorf("certauthority: %s: %w", keyPath, err)
 	}
 	if !publicKeysEqual(cert.PublicKey, key.Public()) {
-		return nil, fmt.Errorf("devcerts: %s does not match the certificate in %s", keyPath, certPath)
+		return nil, fmt.Errorf("certauthority: %s does not match the certificate in %s", keyPath, certPath)
 	}
 
 	return &CA{
@@ -144,7 +157,7 @@ func (ca *CA) Save(dir string) error {
 		return err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("devcerts: %w", err)
+		return fmt.Errorf("certauthority: %w", err)
 	}
 	if err := writeFile(filepath.Join(dir, CACertFile), ca.CertPEM, 0o644); err != nil {
 		return err
@@ -157,7 +170,7 @@ func (ca *CA) Save(dir string) error {
 // address if it parses as one, as a DNS name otherwise.
 func (ca *CA) IssueServer(commonName string, hosts []string) (Pair, error) {
 	if strings.TrimSpace(commonName) == "" {
-		return Pair{}, errors.New("devcerts: server common name must not be empty")
+		return Pair{}, errors.New("certauthority: server common name must not be empty")
 	}
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: commonName},
@@ -175,7 +188,7 @@ func (ca *CA) IssueServer(commonName string, hosts []string) (Pair, error) {
 		}
 	}
 	if len(tmpl.IPAddresses)+len(tmpl.DNSNames) == 0 {
-		return Pair{}, fmt.Errorf("devcerts: server certificate %q needs at least one host (DNS name or IP)", commonName)
+		return Pair{}, fmt.Errorf("certauthority: server certificate %q needs at least one host (DNS name or IP)", commonName)
 	}
 	return ca.issue(tmpl)
 }
@@ -185,7 +198,7 @@ func (ca *CA) IssueServer(commonName string, hosts []string) (Pair, error) {
 // be a DNS-1123 label because cluster ids become namespace names.
 func (ca *CA) IssueClient(commonName string) (Pair, error) {
 	if err := model.ValidateClusterID(commonName); err != nil {
-		return Pair{}, fmt.Errorf("devcerts: %w", err)
+		return Pair{}, fmt.Errorf("certauthority: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: commonName},
@@ -199,7 +212,7 @@ func (ca *CA) IssueClient(commonName string) (Pair, error) {
 // as an API server or a kubelet reads them from a certificate.
 func (ca *CA) IssueUser(name string, groups []string) (Pair, error) {
 	if strings.TrimSpace(name) == "" {
-		return Pair{}, errors.New("devcerts: user name must not be empty")
+		return Pair{}, errors.New("certauthority: user name must not be empty")
 	}
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: name, Organization: groups},
@@ -213,7 +226,7 @@ func (ca *CA) IssueUser(name string, groups []string) (Pair, error) {
 // created if needed.
 func WriteTLSDir(dir string, p Pair, caPEM []byte) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("devcerts: %w", err)
+		return fmt.Errorf("certauthority: %w", err)
 	}
 	if err := writeFile(filepath.Join(dir, TLSCertFile), p.CertPEM, 0o644); err != nil {
 		return err
@@ -228,7 +241,7 @@ func WriteTLSDir(dir string, p Pair, caPEM []byte) error {
 func (p Pair) TLSCertificate() (tls.Certificate, error) {
 	c, err := tls.X509KeyPair(p.CertPEM, p.KeyPEM)
 	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("devcerts: %w", err)
+		return tls.Certificate{}, fmt.Errorf("certauthority: %w", err)
 	}
 	return c, nil
 }
@@ -245,7 +258,7 @@ func (ca *CA) Pool() *x509.CertPool {
 func (ca *CA) issue(tmpl *x509.Certificate) (Pair, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return Pair{}, fmt.Errorf("devcerts: generating key: %w", err)
+		return Pair{}, fmt.Errorf("certauthority: generating key: %w", err)
 	}
 	certPEM, err := ca.sign(tmpl, key.Public(), leafValidity)
 	if err != nil {
@@ -265,22 +278,15 @@ func (ca *CA) issue(tmpl *x509.Certificate) (Pair, error) {
 // ask for no subject alternative names: a member certificate names a
 // cluster, nothing else.
 func (ca *CA) SignClientCSR(csrPEM []byte, validity time.Duration) ([]byte, error) {
-	block, _ := pem.Decode(csrPEM)
-	if block == nil || block.Type != "CERTIFICATE REQUEST" {
-		return nil, errors.New("devcerts: no PEM CERTIFICATE REQUEST block")
-	}
-	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	csr, err := ParseCSR(csrPEM)
 	if err != nil {
-		return nil, fmt.Errorf("devcerts: %w", err)
-	}
-	if err := csr.CheckSignature(); err != nil {
-		return nil, fmt.Errorf("devcerts: certificate request: %w", err)
+		return nil, err
 	}
 	if err := model.ValidateClusterID(csr.Subject.CommonName); err != nil {
-		return nil, fmt.Errorf("devcerts: certificate request: %w", err)
+		return nil, fmt.Errorf("certauthority: certificate request: %w", err)
 	}
 	if len(csr.DNSNames)+len(csr.IPAddresses)+len(csr.EmailAddresses)+len(csr.URIs) > 0 {
-		return nil, fmt.Errorf("devcerts: certificate request for %q asks for subject alternative names; a member certificate names only its cluster", csr.Subject.CommonName)
+		return nil, fmt.Errorf("certauthority: certificate request for %q asks for subject alternative names; a member certificate names only its cluster", csr.Subject.CommonName)
 	}
 	if validity <= 0 || validity > leafValidity {
 		validity = leafValidity
@@ -292,19 +298,36 @@ func (ca *CA) SignClientCSR(csrPEM []byte, validity time.Duration) ([]byte, erro
 	return ca.sign(tmpl, csr.PublicKey, validity)
 }
 
+// ParseCSR parses a PEM certificate signing request ("CERTIFICATE REQUEST")
+// and checks that it is signed by the key it asks a certificate for.
+func ParseCSR(csrPEM []byte) (*x509.CertificateRequest, error) {
+	block, _ := pem.Decode(csrPEM)
+	if block == nil || block.Type != "CERTIFICATE REQUEST" {
+		return nil, errors.New("certauthority: no PEM CERTIFICATE REQUEST block")
+	}
+	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("certauthority: %w", err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("certauthority: certificate request: %w", err)
+	}
+	return csr, nil
+}
+
 // NewClientCSR returns a new key and a certificate signing request for it
 // with CN = id, as SignClientCSR signs it.
 func NewClientCSR(id string) (csrPEM, keyPEM []byte, err error) {
 	if err := model.ValidateClusterID(id); err != nil {
-		return nil, nil, fmt.Errorf("devcerts: %w", err)
+		return nil, nil, fmt.Errorf("certauthority: %w", err)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, nil, fmt.Errorf("devcerts: generating key: %w", err)
+		return nil, nil, fmt.Errorf("certauthority: generating key: %w", err)
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: id}}, key)
 	if err != nil {
-		return nil, nil, fmt.Errorf("devcerts: certificate request: %w", err)
+		return nil, nil, fmt.Errorf("certauthority: certificate request: %w", err)
 	}
 	if keyPEM, err = marshalKeyPEM(key); err != nil {
 		return nil, nil, err
@@ -331,7 +354,7 @@ func (ca *CA) sign(tmpl *x509.Certificate, pub crypto.PublicKey, validity time.D
 
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 	if err != nil {
-		return nil, fmt.Errorf("devcerts: signing certificate %q: %w", tmpl.Subject.CommonName, err)
+		return nil, fmt.Errorf("certauthority: signing certificate %q: %w", tmpl.Subject.CommonName, err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }
@@ -342,7 +365,7 @@ func randomSerial() (*big.Int, error) {
 	for {
 		n, err := rand.Int(rand.Reader, limit)
 		if err != nil {
-			return nil, fmt.Errorf("devcerts: generating serial number: %w", err)
+			return nil, fmt.Errorf("certauthority: generating serial number: %w", err)
 		}
 		if n.Sign() > 0 {
 			return n, nil
@@ -356,7 +379,7 @@ func (ca *CA) KeyPEM() ([]byte, error) { return marshalKeyPEM(ca.Key) }
 func marshalKeyPEM(key crypto.Signer) ([]byte, error) {
 	der, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
-		return nil, fmt.Errorf("devcerts: marshalling private key: %w", err)
+		return nil, fmt.Errorf("certauthority: marshalling private key: %w", err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }
@@ -388,13 +411,13 @@ func publicKeysEqual(a, b crypto.PublicKey) bool {
 // content is written so a key is never readable with a wider mode.
 func writeFile(path string, data []byte, perm os.FileMode) error {
 	if err := os.Chmod(path, perm); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("devcerts: %w", err)
+		return fmt.Errorf("certauthority: %w", err)
 	}
 	if err := os.WriteFile(path, data, perm); err != nil {
-		return fmt.Errorf("devcerts: %w", err)
+		return fmt.Errorf("certauthority: %w", err)
 	}
 	if err := os.Chmod(path, perm); err != nil {
-		return fmt.Errorf("devcerts: %w", err)
+		return fmt.Errorf("certauthority: %w", err)
 	}
 	return nil
 }
