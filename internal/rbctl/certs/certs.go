@@ -19,7 +19,7 @@ import (
 )
 
 const (
-	devCACommonName  = "resource-broker development CA"
+	caCommonName     = "resource-broker CA"
 	brokerCommonName = "rb-broker"
 )
 
@@ -102,7 +102,7 @@ func loadOrCreateCA(dir string, w io.Writer) (*certauthority.CA, error) {
 			dir, ca.Cert.Subject.CommonName, ca.Cert.NotAfter.UTC().Format("2006-01-02"))
 		return ca, nil
 	case errors.Is(err, fs.ErrNotExist):
-		ca, err := certauthority.NewCA(devCACommonName)
+		ca, err := certauthority.NewCA(caCommonName)
 		if err != nil {
 			return nil, err
 		}
