@@ -60,7 +60,7 @@ bench-e2e: envtest-bin check-redis ## End-to-end latency on the whole test bed (
 
 .PHONY: fuzz
 fuzz: ## Fuzz the request decoders for 30 s each.
-	for f in FuzzReservationRequest FuzzV1ReservationRequest FuzzAdvertisement FuzzV1Advertisement; do \
+	for f in FuzzReservationRequest FuzzV1ReservationRequest FuzzAdvertisement FuzzV1Advertisement FuzzDecodeRenewRequest; do \
 		go test -run '^$$' -fuzz "^$$f$$" -fuzztime 30s ./broker/api/ || exit 1; done
 
 .PHONY: vet

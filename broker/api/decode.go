@@ -32,14 +32,36 @@ func invalid(format string, a ...any) error { return &InvalidError{Msg: fmt.Spri
 // Trailing data is refused too. Errors are *InvalidError naming the problem,
 // or *http.MaxBytesError when the body was cut by http.MaxBytesReader.
 func Decode(r io.Reader, v any) error {
-	data, err := io.ReadAll(r)
+	data, err := readBody(r, -1)
+	if err != nil {
+		return err
+	}
+	return decodeStrict(data, v)
+}
+
+// readBody reads a request body (a *http.MaxBytesError is kept as it is),
+// into one buffer of size bytes when size, its length, is known (> 0).
+func readBody(r io.Reader, size int64) ([]byte, error) {
+	var data []byte
+	var err error
+	if size > 0 {
+		buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
+		_, err = buf.ReadFrom(r)
+		data = buf.Bytes()
+	} else {
+		data, err = io.ReadAll(r)
+	}
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return err
+			return nil, err
 		}
-		return invalid("read body: %v", err)
+		return nil, invalid("read body: %v", err)
 	}
+	return data, nil
+}
+
+func decodeStrict(data []byte, v any) error {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return invalid("empty body: a JSON object is required")
 	}

@@ -226,10 +226,11 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 	// The honest load alone and beside the abusers, in interleaved slices
 	// (alone, abused, alone, ...): whatever else the machine runs meanwhile
 	// weighs on both sides alike. Each slice starts after a settling time:
-	// past the abusers' refill burst when they resume (at most 5
-	// advertisements per churner), past their calls in flight when they pause.
+	// past the burst their rates refilled while paused when they resume (up
+	// to 5 advertisements per churner, 250 in all), past their calls in
+	// flight when they pause.
 	const rate = 40.0 // per honest member: within its default reserve rate
-	const rounds, slice, settle = 4, 2 * time.Second, 500 * time.Millisecond
+	const rounds, slice, resumed, paused = 4, 2 * time.Second, 1500 * time.Millisecond, 500 * time.Millisecond
 	abusers := prepareChurnAbuse(t, bk, proc.URL)
 	var seq atomic.Int64
 	honestReserves(t, honest, rate, time.Second, &seq) // warm connections and caches
@@ -238,7 +239,7 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 	t.Log("the abusers start")
 	time.Sleep(3 * time.Second)
 	abusers.pause()
-	time.Sleep(settle)
+	time.Sleep(paused)
 	counts := &abusers.counts
 	var alone, abused []time.Duration
 	measure := func(into *[]time.Duration) {
@@ -277,10 +278,10 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 	for range rounds {
 		measure(&alone)
 		abusers.resume()
-		time.Sleep(settle)
+		time.Sleep(resumed)
 		measure(&abused)
 		abusers.pause()
-		time.Sleep(settle)
+		time.Sleep(paused)
 	}
 	abusers.stop()
 	abuse := time.Since(began).Seconds() // their rates refill paused or not

@@ -271,8 +271,8 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 	if s.refusedByRate(w, r, caller, time.Now(), call, bytes) {
 		return
 	}
-	var body api.RenewRequest
-	if err := api.Decode(r.Body, &body); err != nil {
+	body, err := api.DecodeRenewRequest(r.Body, r.ContentLength)
+	if err != nil {
 		writeDecodeError(w, err) // counted by rb_broker_http_requests_total, code 400
 		return
 	}
