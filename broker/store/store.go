@@ -412,7 +412,8 @@ type reserveArg struct {
 	Limits    reserveLimits `json:"limits"`
 }
 
-// reserveLimits are a request's limits in reserveArg (absent: no limit).
+// reserveLimits are a request's limits in reserveArg and groupArg (absent:
+// no limit).
 type reserveLimits struct {
 	Reservations *int64  `json:"n,omitempty"`
 	CPU          *int64  `json:"cpu,omitempty"`
@@ -423,21 +424,25 @@ type reserveLimits struct {
 	Burst        int     `json:"burst,omitempty"`
 }
 
+// limitsArg encodes l for the scripts.
+func limitsArg(l model.Limits) reserveLimits {
+	lim := reserveLimits{Reservations: l.Reservations, CPU: l.CPU, Memory: l.Memory, GPU: l.GPU, Priority: l.Priority}
+	if l.Rate > 0 {
+		lim.Rate, lim.Burst = l.Rate, max(l.Burst, 1)
+	}
+	return lim
+}
+
 func encodeReserveArg(req model.ReserveRequest) (string, error) {
 	selector, err := selectorArg(req.Selector)
 	if err != nil {
 		return "", err
 	}
-	l := req.Limits
-	lim := reserveLimits{Reservations: l.Reservations, CPU: l.CPU, Memory: l.Memory, GPU: l.GPU, Priority: l.Priority}
-	if l.Rate > 0 {
-		lim.Rate, lim.Burst = l.Rate, max(l.Burst, 1)
-	}
 	b, err := json.Marshal(reserveArg{
 		ID: req.ID, Requester: req.Requester,
 		CPU: req.Resources.CPU, Memory: req.Resources.Memory, GPU: req.Resources.GPU, Storage: req.Resources.Storage,
 		Duration: req.Duration.Milliseconds(), Lease: req.Lease.Milliseconds(), Priority: req.Priority,
-		Selector: selector, Owner: req.Owner, Wait: !req.NoWait, Limits: lim,
+		Selector: selector, Owner: req.Owner, Wait: !req.NoWait, Limits: limitsArg(req.Limits),
 	})
 	return string(b), err
 }
