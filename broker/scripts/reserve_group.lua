@@ -49,20 +49,22 @@
 -- ARGV[1]  stale threshold (ms)
 -- ARGV[2]  event stream max length   ARGV[3]  audit stream max length
 -- ARGV[4]  event stream TTL (ms)
--- ARGV[5]  group name (unique per requester, e.g. namespace/podgroup)
--- ARGV[6]  requester cluster id
--- ARGV[7]  label selector (JSON object of required labels) or ""
--- ARGV[8]  owner (free text)   ARGV[9]  priority (integer)
--- ARGV[10] duration (ms, > 0)  ARGV[11] lease (ms; 0: a fixed duration)
--- ARGV[12] min_member: how many members must be placed (1..members)
--- ARGV[13..16] the requester's limits ("": none): live reservations, cpu
---          (millicores), memory (bytes), gpu (count); ARGV[17] its priority ceiling
--- ARGV[18] spread group ("": none)  ARGV[19] topology key ("": none)
--- ARGV[20] max skew  ARGV[21] whenUnsatisfiable (DoNotSchedule | ScheduleAnyway)
--- ARGV[22] max share of the spread group per provider (0: no policy)
--- ARGV[23] the requester's reserve calls per second ("": no limit)  ARGV[24] its burst
--- ARGV[25..] the members, 5 values each: reservation id, cpu (millicores),
---          memory (bytes), gpu (count), ephemeral storage (bytes)
+-- ARGV[5]  the request, one JSON object (store.groupArg), its fields named
+--          as reserve.lua's requests where they overlap: group (unique per
+--          requester, e.g. namespace/podgroup; "": one request with a
+--          spread), requester (cluster id), selector (the label selector as
+--          a JSON object of required labels, or ""), owner (free text),
+--          priority (integer), duration (ms, > 0), lease (ms; "0": a fixed
+--          duration): decimal strings, as the reservation hash keeps them;
+--          min_member (how many members must be placed, 1..members);
+--          limits, the requester's, as reserve.lua's (a field absent: no
+--          limit): n, cpu, mem, gpu, priority (ceiling), rate, burst;
+--          spread (absent: none): group (the spread group), key (the
+--          topology key, "": none), max_skew, when (whenUnsatisfiable:
+--          DoNotSchedule | ScheduleAnyway), max_share (of the spread group
+--          per provider; 0: no policy); members, each {id (reservation id),
+--          cpu (millicores), mem (bytes), gpu (count), sto (ephemeral
+--          storage, bytes)}, the amounts decimal strings
 -- Reply: {outcome, members, rejections_json, now_ms}
 --   outcome     "reserved", "replay", "conflict" (a member id is taken by
 --               another group or for other amounts, or only some members
@@ -79,31 +81,32 @@
 local prefix = KEYS[1]
 local stale_ms = tonumber(ARGV[1])
 local so, audit_max = stream_opts(ARGV[2], ARGV[4]), ARGV[3]
-local group, requester, selector_json, owner = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local priority_str, duration, lease = ARGV[9], ARGV[10], ARGV[11]
-local min_member = tonumber(ARGV[12])
-local spread_group, spread_key = ARGV[18], ARGV[19]
-local max_skew, when, max_share = tonumber(ARGV[20]), ARGV[21], tonumber(ARGV[22])
-local FIRST, WIDTH = 25, 5
+local q = cjson.decode(ARGV[5])
+local group, requester, selector_json, owner = q.group, q.requester, q.selector, q.owner
+local priority_str, duration, lease = q.priority, q.duration, q.lease
+local min_member, lim = q.min_member, q.limits or {}
+local sp = q.spread or {}
+local spread_group, spread_key = sp.group or '', sp.key or ''
+local max_skew, when, max_share = sp.max_skew or 1, sp.when or '', sp.max_share or 0
 
 local now = now_ms()
 local cut = now - stale_ms
 
 local members = {}
-for a = FIRST, #ARGV, WIDTH do
-  local m = {id = ARGV[a], qid = qualify(requester, ARGV[a]),
-    str = {cpu = ARGV[a + 1], mem = ARGV[a + 2], gpu = ARGV[a + 3], sto = ARGV[a + 4]}}
+for i, raw in ipairs(q.members) do
+  local m = {id = raw.id, qid = qualify(requester, raw.id),
+    str = {cpu = raw.cpu, mem = raw.mem, gpu = raw.gpu, sto = raw.sto}}
   for _, res in ipairs(RESOURCES) do m[res] = tonumber(m.str[res]) end
-  members[#members + 1] = m
+  members[i] = m
 end
 
 -- The requester's rate (limits.lua gcra_step), before anything else: a group
 -- call is a reserve call, replays included, as in reserve.lua.
-if ARGV[23] ~= '' then
+if lim.rate then
   local rate_key = prefix .. 'rate:' .. requester
-  local tat, wait = gcra_step(tonumber(redis.call('GET', rate_key) or '0'), now, tonumber(ARGV[23]), tonumber(ARGV[24]))
+  local tat, wait = gcra_step(tonumber(redis.call('GET', rate_key) or '0'), now, lim.rate, lim.burst)
   if wait then
-    return {'limited', {}, cjson.encode({limit = 'rate', max = tonumber(ARGV[23]), retry_after_ms = wait}), now}
+    return {'limited', {}, cjson.encode({limit = 'rate', max = lim.rate, retry_after_ms = wait}), now}
   end
   redis.call('SET', rate_key, num(tat), 'PX', math.max(1, math.ceil(tat - now)))
 end
@@ -127,15 +130,12 @@ if found > 0 then
   return {'conflict', {}, '{}', now}
 end
 
--- Limits, on everything the members would hold together.
-local function opt(v) if v == '' then return nil end return tonumber(v) end
-local lim = {n = opt(ARGV[13]), cpu = opt(ARGV[14]), mem = opt(ARGV[15]), gpu = opt(ARGV[16])}
-local ceiling = opt(ARGV[17])
+-- The priority ceiling clamps the priority.
 local priority = tonumber(priority_str)
 local asked_priority = nil
-if ceiling and priority > ceiling then
+if lim.priority and priority > lim.priority then
   asked_priority = priority_str
-  priority_str = string.format('%d', ceiling)
+  priority_str = string.format('%d', lim.priority)
 end
 
 -- @include group_place

@@ -36,27 +36,12 @@ func (s *Store) ReserveGroup(ctx context.Context, req model.GroupRequest) (model
 	if s.cfg.Policy != nil {
 		req.Limits = s.cfg.Policy.Limits(req.Requester)
 	}
-	selector, err := selectorArg(req.Selector)
+	arg, err := s.encodeGroupArg(req)
 	if err != nil {
 		return model.GroupDecision{}, err
 	}
-	lim := limitArgs(req.Limits)
-	args := make([]any, 0, 24+5*len(req.Members))
-	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
-		s.cfg.EventsTTL.Milliseconds(), req.Group, req.Requester, selector, req.Owner, req.Priority,
-		req.Duration.Milliseconds(), req.Lease.Milliseconds(), req.MinMember)
-	args = append(args, lim[:5]...) // live reservations, cpu, memory, gpu, priority ceiling
-	if sp := req.Spread; sp != nil {
-		args = append(args, sp.Group, sp.TopologyKey, max(sp.MaxSkew, 1), sp.WhenUnsatisfiable, s.cfg.MaxOwnerShare)
-	} else {
-		args = append(args, "", "", 1, "", 0)
-	}
-	args = append(args, lim[5], lim[6]) // reserve calls per second, burst
-	for _, m := range req.Members {
-		r := m.Resources
-		args = append(args, m.ID, r.CPU, r.Memory, r.GPU, r.Storage)
-	}
-	reply, err := s.run(ctx, scripts.ReserveGroup, args...)
+	reply, err := s.run(ctx, scripts.ReserveGroup, s.cfg.StaleThreshold.Milliseconds(), s.cfg.EventsMaxLen,
+		s.cfg.AuditMaxLen, s.cfg.EventsTTL.Milliseconds(), arg)
 	if err != nil {
 		return model.GroupDecision{}, err
 	}
@@ -107,6 +92,64 @@ func (s *Store) ReserveGroup(ctx context.Context, req model.GroupRequest) (model
 		return model.GroupDecision{}, nf
 	}
 	return model.GroupDecision{}, fmt.Errorf("unexpected reserve_group outcome %q", outcome)
+}
+
+// groupArg is a group request as reserve_group.lua reads it, one JSON
+// object (its header documents the fields), named and encoded as
+// reserveArg where they overlap: the amounts, times and the priority
+// travel as decimal strings, as the reservation hash keeps them.
+type groupArg struct {
+	Group     string        `json:"group"`
+	Requester string        `json:"requester"`
+	Selector  string        `json:"selector"`
+	Owner     string        `json:"owner"`
+	Priority  int32         `json:"priority,string"`
+	Duration  int64         `json:"duration,string"`
+	Lease     int64         `json:"lease,string"`
+	MinMember int           `json:"min_member"`
+	Limits    reserveLimits `json:"limits"`
+	Spread    *spreadArg    `json:"spread,omitempty"`
+	Members   []memberArg   `json:"members"`
+}
+
+// spreadArg is a group request's spread in groupArg.
+type spreadArg struct {
+	Group    string  `json:"group"`
+	Key      string  `json:"key"`
+	MaxSkew  int32   `json:"max_skew"`
+	When     string  `json:"when"`
+	MaxShare float64 `json:"max_share"`
+}
+
+// memberArg is one member in groupArg.
+type memberArg struct {
+	ID      string `json:"id"`
+	CPU     int64  `json:"cpu,string"`
+	Memory  int64  `json:"mem,string"`
+	GPU     int64  `json:"gpu,string"`
+	Storage int64  `json:"sto,string"`
+}
+
+func (s *Store) encodeGroupArg(req model.GroupRequest) (string, error) {
+	selector, err := selectorArg(req.Selector)
+	if err != nil {
+		return "", err
+	}
+	arg := groupArg{
+		Group: req.Group, Requester: req.Requester, Selector: selector, Owner: req.Owner, Priority: req.Priority,
+		Duration: req.Duration.Milliseconds(), Lease: req.Lease.Milliseconds(), MinMember: req.MinMember,
+		Limits: limitsArg(req.Limits), Members: make([]memberArg, len(req.Members)),
+	}
+	if sp := req.Spread; sp != nil {
+		arg.Spread = &spreadArg{Group: sp.Group, Key: sp.TopologyKey, MaxSkew: max(sp.MaxSkew, 1),
+			When: sp.WhenUnsatisfiable, MaxShare: s.cfg.MaxOwnerShare}
+	}
+	for i, m := range req.Members {
+		r := m.Resources
+		arg.Members[i] = memberArg{ID: m.ID, CPU: r.CPU, Memory: r.Memory, GPU: r.GPU, Storage: r.Storage}
+	}
+	b, err := json.Marshal(arg)
+	return string(b), err
 }
 
 // reserveSpread decides a single request with a spread

@@ -356,3 +356,85 @@ func TestReindexMovesOlderLayout(t *testing.T) {
 	assert.True(t, res.Released)
 	assertInvariant(t, s)
 }
+
+func TestIdempotentReserveAndRelease(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
+	require.NoError(t, err)
+
+	first, err := s.Reserve(ctx, request("r1", "rome", 3000, 4, 0))
+	require.NoError(t, err)
+	assert.False(t, first.Replayed)
+	again, err := s.Reserve(ctx, request("r1", "rome", 3000, 4, 0))
+	require.NoError(t, err)
+	assert.True(t, again.Replayed)
+	assert.LessOrEqual(t, again.Reservation.Remaining, first.Reservation.Remaining, "measured at each answer")
+	again.Reservation.Remaining = first.Reservation.Remaining
+	assert.Equal(t, first.Reservation, again.Reservation)
+	c, err := s.Cluster(ctx, "paris")
+	require.NoError(t, err)
+	assert.Equal(t, model.Resources{CPU: 3000, Memory: 4 * gi}, c.Reserved, "locked once")
+
+	other, err := s.Reserve(ctx, request("r1", "milan", 1000, 1, 0))
+	require.NoError(t, err, "ids are scoped per requester: milan's r1 is another reservation")
+	assert.False(t, other.Replayed)
+	_, err = s.Reserve(ctx, request("r1", "rome", 3000, 8, 0))
+	assert.ErrorIs(t, err, store.ErrConflict, "same id, other amounts")
+
+	_, err = s.Release(ctx, "rome", "r1", "milan")
+	assert.ErrorIs(t, err, store.ErrForbidden, "milan is no party to rome's r1")
+	_, err = s.Release(ctx, "milan", "r1", "milan")
+	require.NoError(t, err, "its own r1")
+	res, err := s.Release(ctx, "rome", "r1", "rome")
+	require.NoError(t, err)
+	assert.True(t, res.Released)
+	assert.Equal(t, model.PhaseReleased, res.Reservation.Phase)
+	res, err = s.Release(ctx, "rome", "r1", "paris")
+	require.NoError(t, err)
+	assert.False(t, res.Released, "second release changes nothing")
+	c, err = s.Cluster(ctx, "paris")
+	require.NoError(t, err)
+	assert.Equal(t, model.Resources{}, c.Reserved, "both freed once, not below zero")
+	_, err = s.Release(ctx, "rome", "nope", "rome")
+	assert.ErrorIs(t, err, store.ErrNotFound)
+	assertInvariant(t, s)
+}
+
+func TestExpiry(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
+	require.NoError(t, err)
+	short := request("short", "rome", 2000, 2, 0)
+	short.Duration = 150 * time.Millisecond
+	_, err = s.Reserve(ctx, short)
+	require.NoError(t, err)
+	_, err = s.Reserve(ctx, request("long", "rome", 1000, 1, 0))
+	require.NoError(t, err)
+
+	n, _, err := s.Expire(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing is due yet")
+	time.Sleep(200 * time.Millisecond)
+	n, clamped, err := s.Expire(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n)
+	assert.Zero(t, clamped)
+
+	r, err := s.Reservation(ctx, "rome", "short")
+	require.NoError(t, err)
+	assert.Equal(t, model.PhaseExpired, r.Phase)
+	c, err := s.Cluster(ctx, "paris")
+	require.NoError(t, err)
+	assert.Equal(t, model.Resources{CPU: 1000, Memory: gi}, c.Reserved, "the expired capacity came back")
+	// The requester and the provider were both told.
+	for _, who := range []string{"rome", "paris"} {
+		evs, err := s.ReadEvents(ctx, who, "0", 10, 0)
+		require.NoError(t, err)
+		require.Len(t, evs, 3, who)
+		assert.Equal(t, []string{"Reserved", "Reserved", "Expired"}, []string{evs[0].Type, evs[1].Type, evs[2].Type})
+		assert.Equal(t, "short", evs[2].Reservation)
+	}
+	assertInvariant(t, s)
+}

@@ -2,7 +2,13 @@ package store
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
+	"sort"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fluidos-project/resource-broker/broker/model"
 )
@@ -99,4 +105,161 @@ func (s *Store) ClustersPage(ctx context.Context, after string, limit int) ([]mo
 	}
 	out, err := s.readClusters(ctx, ids) // in the order of ids
 	return out, next, err
+}
+
+// Reservation reads reservation id of requester (ids are scoped per requester).
+func (s *Store) Reservation(ctx context.Context, requester, id string) (model.Reservation, error) {
+	rs, err := s.reservations(ctx, []string{model.QualifiedID(requester, id)})
+	if err != nil {
+		return model.Reservation{}, err
+	}
+	if len(rs) == 0 {
+		return model.Reservation{}, ErrNotFound
+	}
+	return rs[0], nil
+}
+
+// LiveReservations returns the live reservations whose target (role "by-target")
+// or requester (role "by-requester") is cluster.
+func (s *Store) LiveReservations(ctx context.Context, role, cluster string) ([]model.Reservation, error) {
+	qids, err := s.rdb.SMembers(ctx, s.Key(role, ":", cluster)).Result()
+	if err != nil {
+		return nil, err
+	}
+	return s.reservations(ctx, qids)
+}
+
+// reservations reads reservations by qualified id, in one pipeline with the
+// Redis clock (TIME) for their remaining time; those gone are left out.
+func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reservation, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.MapStringStringCmd, len(qids))
+	for i, qid := range qids {
+		cmds[i] = pipe.HGetAll(ctx, s.Key("resv:", qid))
+	}
+	now := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	nowMs := now.Val().UnixMilli()
+	out := make([]model.Reservation, 0, len(qids))
+	for i, cmd := range cmds {
+		if len(cmd.Val()) == 0 {
+			continue // ended and gone between the two reads
+		}
+		_, id, ok := model.SplitQualifiedID(qids[i])
+		if !ok {
+			return nil, fmt.Errorf("reservation key %q has no requester", qids[i])
+		}
+		r, err := s.readReservation(id, cmd.Val(), nowMs)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// readReservation reads a reservation hash (reservationFromMap) and opens its grant.
+func (s *Store) readReservation(id string, m map[string]string, nowMs int64) (model.Reservation, error) {
+	r, err := reservationFromMap(id, m, nowMs)
+	if err != nil || len(r.Grant) == 0 {
+		return r, err
+	}
+	grant, err := s.cfg.GrantKeys.open(r.QID(), string(r.Grant))
+	if err != nil {
+		return r, err
+	}
+	r.Grant = grant
+	return r, nil
+}
+
+// Cluster reads one cluster, its nodes included.
+func (s *Store) Cluster(ctx context.Context, id string) (model.Cluster, error) {
+	cs, err := s.readClusters(ctx, []string{id})
+	if err != nil {
+		return model.Cluster{}, err
+	}
+	if len(cs) == 0 {
+		return model.Cluster{}, ErrNotFound
+	}
+	return cs[0], nil
+}
+
+// readClusters reads the keys of clusters (cluster, nodes, node debits and
+// listed reservations) in one pipeline with the Redis clock, which judges
+// Live; a cluster without a hash is left out.
+func (s *Store) readClusters(ctx context.Context, ids []string) ([]model.Cluster, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([][3]*redis.MapStringStringCmd, len(ids))
+	listed := make([]*redis.StringSliceCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = [3]*redis.MapStringStringCmd{
+			pipe.HGetAll(ctx, s.Key("cluster:", id)), pipe.HGetAll(ctx, s.Key("nodes:", id)), pipe.HGetAll(ctx, s.Key("node-resv:", id)),
+		}
+		listed[i] = pipe.SMembers(ctx, s.Key("node-listed:", id))
+	}
+	now := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	edge := now.Val().Add(-s.cfg.StaleThreshold)
+	out := make([]model.Cluster, 0, len(ids))
+	for i, cmd := range cmds {
+		if len(cmd[0].Val()) == 0 {
+			continue
+		}
+		c, err := clusterFromMap(ids[i], cmd[0].Val())
+		if err != nil {
+			return nil, err
+		}
+		c.Live = !c.SeenAt.Before(edge)
+		c = withNodes(c, cmd[1].Val(), cmd[2].Val())
+		if l := listed[i].Val(); len(l) > 0 {
+			c.ReservationsOnNodes = l
+			slices.Sort(c.ReservationsOnNodes)
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// ClusterIDs lists every known cluster, live or stale, in id order.
+func (s *Store) ClusterIDs(ctx context.Context) ([]string, error) {
+	ids, err := s.rdb.ZRange(ctx, s.Key("clusters"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// Clusters reads every known cluster, live or stale, in id order.
+func (s *Store) Clusters(ctx context.Context) ([]model.Cluster, error) {
+	ids, err := s.rdb.ZRange(ctx, s.Key("clusters"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.readClusters(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// CountClusters returns how many clusters are live and stale now (Redis clock).
+func (s *Store) CountClusters(ctx context.Context) (live, stale int64, err error) {
+	t, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	edge := strconv.FormatInt(t.Add(-s.cfg.StaleThreshold).UnixMilli(), 10)
+	pipe := s.rdb.Pipeline()
+	liveCmd := pipe.ZCount(ctx, s.Key("clusters"), edge, "+inf")
+	staleCmd := pipe.ZCount(ctx, s.Key("clusters"), "-inf", "("+edge)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, 0, err
+	}
+	return liveCmd.Val(), staleCmd.Val(), nil
 }

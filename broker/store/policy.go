@@ -1,29 +1,6 @@
 package store
 
-import (
-	"strconv"
-
-	"github.com/fluidos-project/resource-broker/broker/model"
-)
-
-// limitArgs are the limits' values in reserve.lua's ARGV ("": none).
-func limitArgs(l model.Limits) []any {
-	opt := func(v *int64) string {
-		if v == nil {
-			return ""
-		}
-		return strconv.FormatInt(*v, 10)
-	}
-	priority, rate, burst := "", "", ""
-	if l.Priority != nil {
-		priority = strconv.FormatInt(int64(*l.Priority), 10)
-	}
-	if l.Rate > 0 {
-		rate = strconv.FormatFloat(l.Rate, 'g', -1, 64)
-		burst = strconv.Itoa(max(l.Burst, 1))
-	}
-	return []any{opt(l.Reservations), opt(l.CPU), opt(l.Memory), opt(l.GPU), priority, rate, burst}
-}
+import "github.com/fluidos-project/resource-broker/broker/model"
 
 // Policy is the operator's fair-share configuration (broker/policy).
 type Policy interface {

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -154,4 +155,95 @@ func TestWaitingGateSkipsForgotten(t *testing.T) {
 	assert.Equal(t, map[string]int64{"waiting_higher_priority": 1}, nf.Rejected, "deferred behind live")
 	m := waitingMembers(t, s)
 	require.Len(t, m, 2, "the forgotten ones left, live and later wait: %v", m)
+}
+
+// TestPriorityWaitingList: requests nothing fits wait; freed capacity
+// notifies them; while a waiting request of higher priority could be placed,
+// a lower one is deferred even if it asks first; a withdrawn or forgotten
+// waiter stops holding others back.
+func TestPriorityWaitingList(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{WaitTTL: time.Minute})
+	for id, ad := range map[string]model.Advertisement{
+		"rome":  cluster(1, 4, 0, 1, nil),
+		"lyon":  cluster(1, 4, 0, 1, nil),
+		"paris": cluster(4, 64, 0, 1, nil),
+	} {
+		_, err := s.Advertise(ctx, id, ad)
+		require.NoError(t, err)
+	}
+	_, err := s.Reserve(ctx, request("fill", "rome", 4000, 1, 0))
+	require.NoError(t, err)
+
+	low := request("low", "lyon", 2000, 1, 0)
+	high := request("high", "rome", 2000, 1, 0)
+	high.Priority = 100
+	var nf *store.NoFitError
+	_, err = s.Reserve(ctx, low)
+	require.ErrorAs(t, err, &nf)
+	_, err = s.Reserve(ctx, high)
+	require.ErrorAs(t, err, &nf)
+	waiting, err := s.Client().ZRange(ctx, s.Key("waiting"), 0, -1).Result()
+	require.NoError(t, err)
+	require.Len(t, waiting, 2)
+	assert.True(t, strings.HasSuffix(waiting[0], ":rome/high"), "highest priority first: %v", waiting)
+
+	// Capacity frees: both requesters hear of it, the higher priority first.
+	_, err = s.Release(ctx, "rome", "fill", "rome")
+	require.NoError(t, err)
+	assert.Contains(t, eventTypes(t, s, "rome"), "CapacityAvailable:high")
+	assert.Contains(t, eventTypes(t, s, "lyon"), "CapacityAvailable:low")
+
+	// lyon's agent is quicker, but high could be placed: low is deferred.
+	_, err = s.Reserve(ctx, low)
+	require.ErrorAs(t, err, &nf)
+	assert.Equal(t, map[string]int64{"waiting_higher_priority": 1}, nf.Rejected)
+	d, err := s.Reserve(ctx, high)
+	require.NoError(t, err)
+	assert.Equal(t, "paris", d.Reservation.Target)
+	// high left the list, which told low to try again: it fits the rest.
+	assert.Equal(t, "CapacityAvailable:low", eventTypes(t, s, "lyon")[len(eventTypes(t, s, "lyon"))-1])
+	d, err = s.Reserve(ctx, low)
+	require.NoError(t, err)
+	assert.Equal(t, "paris", d.Reservation.Target)
+	n, err := s.Client().ZCard(ctx, s.Key("waiting")).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "nobody waits any more")
+	assertInvariant(t, s)
+
+	// A waiter withdrawn by its requester (DELETE of a request that never got
+	// a reservation) no longer holds a lower priority back.
+	urgent := request("urgent", "rome", 2000, 1, 0)
+	urgent.Priority = 50
+	_, err = s.Reserve(ctx, urgent)
+	require.ErrorAs(t, err, &nf) // paris is full again
+	_, err = s.Release(ctx, "lyon", "low", "lyon")
+	require.NoError(t, err)
+	small := request("small", "lyon", 1000, 1, 0)
+	_, err = s.Reserve(ctx, small)
+	require.ErrorAs(t, err, &nf, "urgent fits now: small waits behind it")
+	_, err = s.Release(ctx, "rome", "urgent", "rome")
+	require.ErrorIs(t, err, store.ErrNotFound, "it never had a reservation")
+	_, err = s.Reserve(ctx, small)
+	require.NoError(t, err, "urgent was withdrawn")
+
+	// A forgotten waiter (its requester stopped retrying) expires.
+	short := newStore(t, store.Config{WaitTTL: 300 * time.Millisecond})
+	for id, ad := range map[string]model.Advertisement{"rome": cluster(1, 4, 0, 1, nil), "paris": cluster(2, 8, 0, 1, nil), "lyon": cluster(1, 4, 0, 1, nil)} {
+		_, err := short.Advertise(ctx, id, ad)
+		require.NoError(t, err)
+	}
+	big := request("big", "rome", 2000, 1, 0)
+	big.Priority = 10
+	_, err = short.Reserve(ctx, request("hold", "lyon", 1000, 1, 0))
+	require.NoError(t, err)
+	_, err = short.Reserve(ctx, big)
+	require.ErrorAs(t, err, &nf)
+	_, err = short.Release(ctx, "lyon", "hold", "lyon")
+	require.NoError(t, err)
+	_, err = short.Reserve(ctx, request("later", "lyon", 1000, 1, 0))
+	require.ErrorAs(t, err, &nf, "big (priority 10) fits now and waits: later (priority 0) is deferred")
+	time.Sleep(400 * time.Millisecond) // rome never retries big
+	_, err = short.Reserve(ctx, request("later", "lyon", 1000, 1, 0))
+	require.NoError(t, err, "the forgotten waiter expired")
 }

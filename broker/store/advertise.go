@@ -1,0 +1,65 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/fluidos-project/resource-broker/broker/model"
+	"github.com/fluidos-project/resource-broker/broker/scripts"
+)
+
+// Advertise stores a cluster's advertisement and marks it live. An
+// advertisement that contradicts itself is refused (ErrInvalid), one outside
+// the operator's bounds too (*BoundError): nothing is stored.
+func (s *Store) Advertise(ctx context.Context, id string, ad model.Advertisement) (model.Ack, error) {
+	if err := ad.Validate(); err != nil {
+		return model.Ack{}, err
+	}
+	if s.cfg.Policy != nil {
+		if err := s.cfg.Policy.CheckAdvertisement(id, ad); err != nil {
+			return model.Ack{}, err
+		}
+	}
+	labels := "{}"
+	if len(ad.Labels) > 0 {
+		b, err := json.Marshal(ad.Labels)
+		if err != nil {
+			return model.Ack{}, err
+		}
+		labels = string(b)
+	}
+	args := make([]any, 0, 40+9*len(ad.Nodes)+len(ad.ReservationsOnNodes))
+	args = append(args, id, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(), len(ad.Nodes))
+	for _, n := range ad.Nodes {
+		a, u := n.Allocatable, n.Allocated
+		args = append(args, n.Name, a.CPU, a.Memory, a.GPU, a.Storage, u.CPU, u.Memory, u.GPU, u.Storage)
+	}
+	args = append(args, len(ad.ReservationsOnNodes))
+	for _, rid := range ad.ReservationsOnNodes {
+		args = append(args, rid)
+	}
+	args = append(args,
+		"name", ad.Name, "endpoint", ad.Endpoint, "labels", labels,
+		"price_cpu", ad.Prices.CPU, "price_mem", ad.Prices.Memory, "price_gpu", ad.Prices.GPU,
+		"currency", ad.Prices.Currency,
+	)
+	args = appendResources(args, "cap_", ad.Capacity)
+	args = appendResources(args, "alloc_", ad.Allocatable)
+	args = appendResources(args, "used_", ad.Allocated)
+	reply, err := s.run(ctx, scripts.Advertise, args...)
+	if err != nil {
+		return model.Ack{}, err
+	}
+	f := toStrings(reply[:5])
+	debits, _ := reply[5].([]any)
+	nodes := withNodes(model.Cluster{}, nil, flatMap(toStrings(debits)))
+	return model.Ack{
+		SeenAt:        msTime(atoi(f[0])),
+		Reserved:      model.Resources{CPU: atoi(f[1]), Memory: atoi(f[2]), GPU: atoi(f[3]), Storage: atoi(f[4])},
+		NodesReserved: nodes.NodesReserved,
+	}, nil
+}
+
+func appendResources(args []any, prefix string, r model.Resources) []any {
+	return append(args, prefix+"cpu", r.CPU, prefix+"mem", r.Memory, prefix+"gpu", r.GPU, prefix+"sto", r.Storage)
+}

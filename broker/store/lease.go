@@ -1,0 +1,154 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/fluidos-project/resource-broker/broker/model"
+	"github.com/fluidos-project/resource-broker/broker/scripts"
+)
+
+// ReleaseResult tells what Release did.
+type ReleaseResult struct {
+	Reservation model.Reservation
+	Released    bool // false: it had already ended, nothing changed
+	Clamped     bool // a counter went below zero and was clamped: an invariant was broken before
+}
+
+// Release ends a live reservation, requester's id, on behalf of caller (its
+// requester or provider).
+func (s *Store) Release(ctx context.Context, requester, id, caller string) (ReleaseResult, error) {
+	reply, err := s.run(ctx, scripts.Release, requester, id, caller, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(),
+		s.cfg.Retention.Milliseconds(), s.cfg.MaxEndedPerMember)
+	if err != nil {
+		return ReleaseResult{}, err
+	}
+	switch reply[0].(string) {
+	case "notfound":
+		return ReleaseResult{}, ErrNotFound
+	case "forbidden":
+		return ReleaseResult{}, ErrForbidden
+	}
+	now, _ := reply[3].(int64)
+	r, err := s.readReservation(id, flatMap(toStrings(reply[1].([]any))), now)
+	return ReleaseResult{Reservation: r, Released: reply[0] == "released", Clamped: reply[2] == int64(1)}, err
+}
+
+// Grant attaches the provider's access grant to a live reservation,
+// requester's id (Active); caller must be its provider. The grant is sealed
+// (Config.GrantKeys) before it reaches Redis.
+func (s *Store) Grant(ctx context.Context, requester, id, caller string, grant json.RawMessage) (model.Reservation, error) {
+	sealed := s.cfg.GrantKeys.seal(model.QualifiedID(requester, id), grant)
+	reply, err := s.run(ctx, scripts.Grant, requester, id, caller, sealed, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds())
+	if err != nil {
+		return model.Reservation{}, err
+	}
+	switch reply[0].(string) {
+	case "notfound":
+		return model.Reservation{}, ErrNotFound
+	case "forbidden":
+		return model.Reservation{}, ErrForbidden
+	}
+	now, _ := reply[2].(int64)
+	r, err := s.readReservation(id, flatMap(toStrings(reply[1].([]any))), now)
+	if err == nil && reply[0] == "ended" {
+		err = fmt.Errorf("reservation %s is %s", id, r.Phase)
+	}
+	return r, err
+}
+
+// Expire ends every reservation past its expiry; it returns how many ended
+// and how many needed a counter clamped. It also sweeps the waiting list of
+// the requests whose wait expired and trims the audit stream to
+// Config.AuditRetention.
+func (s *Store) Expire(ctx context.Context) (expired, clamped int64, err error) {
+	res, err := s.ExpireRun(ctx)
+	return res.Expired, res.Clamped, err
+}
+
+// ExpireResult is what one ExpireRun did.
+type ExpireResult struct {
+	Expired, Clamped int64
+	// Credited counts the due leases given more time for a broker outage
+	// instead of ending (scripts/lib/clock.lua last_outage).
+	Credited int64
+	// Outage is the broker outage this run found (no expire run of any
+	// replica for longer than Config.OutageGap); zero: none.
+	Outage time.Duration
+}
+
+// ExpireRun is Expire with everything the run found.
+func (s *Store) ExpireRun(ctx context.Context) (ExpireResult, error) {
+	var res ExpireResult
+	for {
+		reply, err := s.run(ctx, scripts.Expire, s.cfg.ExpireBatch, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(),
+			s.cfg.Retention.Milliseconds(), s.cfg.AuditRetention.Milliseconds(), s.cfg.OutageGap.Milliseconds(), s.cfg.MaxEndedPerMember)
+		if err != nil {
+			return res, err
+		}
+		n, c, credited := reply[0].(int64), reply[1].(int64), reply[3].(int64)
+		res.Expired += n
+		res.Clamped += c
+		res.Credited += credited
+		if o := reply[4].(int64); o > 0 {
+			res.Outage = time.Duration(o) * time.Millisecond
+		}
+		// A full batch may leave due reservations for the next call; the
+		// waiting members left (at most a batch per call) go at the next run.
+		if n+credited < int64(s.cfg.ExpireBatch) {
+			return res, nil
+		}
+	}
+}
+
+// Renew extends leases of requester (ids as it chose them) in one atomic
+// call on the Redis clock; it returns one Renewal per id, in order. A
+// refused id (not found, ended, not a lease) changed nothing.
+func (s *Store) Renew(ctx context.Context, requester string, ids []string) ([]model.Renewal, error) {
+	return s.renew(ctx, requester, "", ids)
+}
+
+// RenewFor is Renew by provider on requester's behalf: only the
+// reservations of requester placed on provider are renewed, any other id is
+// RenewNotFound. A provider that still hears a requester (scripts/renew.lua)
+// keeps its leases while the requester cannot reach the broker.
+func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []string) ([]model.Renewal, error) {
+	if provider == "" {
+		return nil, errors.New("renew: a provider renewing for a requester must be named")
+	}
+	return s.renew(ctx, requester, provider, ids)
+}
+
+func (s *Store) renew(ctx context.Context, requester, provider string, ids []string) ([]model.Renewal, error) {
+	out := make([]model.Renewal, 0, len(ids))
+	for chunk := range slices.Chunk(ids, renewChunk) {
+		args := make([]any, 0, 2+len(chunk))
+		args = append(args, requester, provider)
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		reply, err := s.run(ctx, scripts.Renew, args...)
+		if err != nil {
+			return nil, err
+		}
+		if len(reply) != 1+2*len(chunk) {
+			return nil, fmt.Errorf("renew: %d reply values for %d ids", len(reply), len(chunk))
+		}
+		for i, id := range chunk {
+			outcome, _ := reply[1+2*i].(string)
+			ms, _ := reply[2+2*i].(int64)
+			out = append(out, model.Renewal{ID: id, Outcome: model.RenewOutcome(outcome), Remaining: time.Duration(ms) * time.Millisecond})
+		}
+	}
+	return out, nil
+}
+
+// renewChunk bounds the ids of one renew script call. Each id is renewed on
+// its own, so a batch needs no single atomic step; and Redis runs one script
+// at a time: 5,000 ids in one call would hold every other member's reserve
+// for milliseconds, 100 ids a call lets them in between.
+const renewChunk = 100

@@ -1,0 +1,189 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/fluidos-project/resource-broker/broker/model"
+)
+
+// Reserve decides a request: it returns the decision, or a *NoFitError, or
+// ErrConflict when the id belongs to another requester, or a *LimitError
+// when its requester's limits refuse it. Concurrent requests are decided in
+// batches (Config.ReserveBatch), each exactly as if alone. With a
+// Config.Policy, the requester's limits are the policy's.
+func (s *Store) Reserve(ctx context.Context, req model.ReserveRequest) (model.Decision, error) {
+	if sp := req.Spread; sp != nil && (sp.TopologyKey != "" || s.cfg.MaxOwnerShare > 0) {
+		if s.cfg.Policy != nil {
+			req.Limits = s.cfg.Policy.Limits(req.Requester)
+		}
+		return s.reserveSpread(ctx, req)
+	}
+	p, err := newPendingReserve(ctx, s.withLimits(req))
+	if err != nil {
+		return model.Decision{}, err
+	}
+	d, err := s.reserve.do(ctx, p)
+	var nf *NoFitError
+	if req.Preempt && errors.As(err, &nf) && nf.Rejected["waiting_higher_priority"] == 0 {
+		return s.preemptFor(ctx, req, nf)
+	}
+	return d, err
+}
+
+// preemptFor runs Preempt for a request reserve.lua refused (nf): the
+// decision, or the refusal, saying why nothing was preempted.
+func (s *Store) preemptFor(ctx context.Context, req model.ReserveRequest, nf *NoFitError) (model.Decision, error) {
+	pd, err := s.Preempt(ctx, req)
+	var pnf *NoFitError
+	switch {
+	case err == nil:
+		return model.Decision{Reservation: pd.Reservation, Replayed: pd.Replayed, Victims: pd.Victims}, nil
+	case errors.Is(err, ErrFitsWithoutPreemption): // capacity came back meanwhile
+		p, err := newPendingReserve(ctx, s.withLimits(req))
+		if err != nil {
+			return model.Decision{}, err
+		}
+		return s.reserve.do(ctx, p)
+	case errors.Is(err, ErrCapacityComing):
+		nf.Rejected["capacity_being_released"] = 1
+		return model.Decision{}, nf
+	case errors.As(err, &pnf):
+		for k, n := range pnf.Rejected {
+			nf.Rejected[k] = n
+		}
+		return model.Decision{}, nf
+	}
+	return model.Decision{}, err
+}
+
+// withLimits sets req's limits from the policy, if any.
+func (s *Store) withLimits(req model.ReserveRequest) model.ReserveRequest {
+	if s.cfg.Policy != nil {
+		req.Limits = s.cfg.Policy.Limits(req.Requester)
+	}
+	return req
+}
+
+func newPendingReserve(ctx context.Context, req model.ReserveRequest) (*pendingReserve, error) {
+	arg, err := encodeReserveArg(req)
+	if err != nil {
+		return nil, err
+	}
+	return &pendingReserve{ctx: ctx, req: req, done: make(chan reserveResult, 1), arg: arg}, nil
+}
+
+// reserveArg is one request as reserve.lua reads it, one JSON object per
+// request (its header documents the fields). The amounts, times and the
+// priority travel as decimal strings: the script stores and compares them
+// as the reservation hash keeps them, with no float formatting between.
+type reserveArg struct {
+	ID        string        `json:"id"`
+	Requester string        `json:"requester"`
+	CPU       int64         `json:"cpu,string"`
+	Memory    int64         `json:"mem,string"`
+	GPU       int64         `json:"gpu,string"`
+	Storage   int64         `json:"sto,string"`
+	Duration  int64         `json:"duration,string"`
+	Lease     int64         `json:"lease,string"`
+	Priority  int32         `json:"priority,string"`
+	Selector  string        `json:"selector"`
+	Owner     string        `json:"owner"`
+	Wait      bool          `json:"wait"`
+	Limits    reserveLimits `json:"limits"`
+}
+
+// reserveLimits are a request's limits in reserveArg and groupArg (absent:
+// no limit).
+type reserveLimits struct {
+	Reservations *int64  `json:"n,omitempty"`
+	CPU          *int64  `json:"cpu,omitempty"`
+	Memory       *int64  `json:"mem,omitempty"`
+	GPU          *int64  `json:"gpu,omitempty"`
+	Priority     *int32  `json:"priority,omitempty"`
+	Rate         float64 `json:"rate,omitempty"`
+	Burst        int     `json:"burst,omitempty"`
+}
+
+// limitsArg encodes l for the scripts.
+func limitsArg(l model.Limits) reserveLimits {
+	lim := reserveLimits{Reservations: l.Reservations, CPU: l.CPU, Memory: l.Memory, GPU: l.GPU, Priority: l.Priority}
+	if l.Rate > 0 {
+		lim.Rate, lim.Burst = l.Rate, max(l.Burst, 1)
+	}
+	return lim
+}
+
+func encodeReserveArg(req model.ReserveRequest) (string, error) {
+	selector, err := selectorArg(req.Selector)
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(reserveArg{
+		ID: req.ID, Requester: req.Requester,
+		CPU: req.Resources.CPU, Memory: req.Resources.Memory, GPU: req.Resources.GPU, Storage: req.Resources.Storage,
+		Duration: req.Duration.Milliseconds(), Lease: req.Lease.Milliseconds(), Priority: req.Priority,
+		Selector: selector, Owner: req.Owner, Wait: !req.NoWait, Limits: limitsArg(req.Limits),
+	})
+	return string(b), err
+}
+
+// sendReserves decides a batch in one reserve.lua call and hands each
+// request its result.
+func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
+	args := make([]any, 0, 8+len(batch))
+	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.WeightResources, s.cfg.WeightCost,
+		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
+		max(s.cfg.WaitTTL.Milliseconds(), 0), s.cfg.EventsTTL.Milliseconds())
+	for _, p := range batch {
+		args = append(args, p.arg)
+	}
+	replies, err := s.run(ctx, s.decide, args...)
+	if err == nil && len(replies) != len(batch) {
+		err = fmt.Errorf("reserve: %d replies for %d requests", len(replies), len(batch))
+	}
+	for i, p := range batch {
+		if err != nil {
+			p.done <- reserveResult{err: err}
+			continue
+		}
+		reply, ok := replies[i].([]any)
+		if !ok || len(reply) != 5 {
+			p.done <- reserveResult{err: fmt.Errorf("unexpected reserve reply %v", replies[i])}
+			continue
+		}
+		d, err := s.parseReserveReply(p.req, reply)
+		p.done <- reserveResult{decision: d, err: err}
+	}
+}
+
+// parseReserveReply reads one request's {outcome, reservation, candidates, rejections, now_ms}.
+func (s *Store) parseReserveReply(req model.ReserveRequest, reply []any) (model.Decision, error) {
+	id := req.ID
+	outcome, _ := reply[0].(string)
+	switch outcome {
+	case "reserved", "replay":
+		flat, _ := reply[1].([]any)
+		now, _ := reply[4].(int64)
+		r, err := s.readReservation(id, flatMap(toStrings(flat)), now)
+		return model.Decision{Reservation: r, Replayed: outcome == "replay"}, err
+	case "conflict":
+		return model.Decision{}, ErrConflict
+	case "limited":
+		msg, _ := reply[3].(string)
+		return model.Decision{}, limitError(req.Requester, msg)
+	case "error":
+		msg, _ := reply[3].(string)
+		return model.Decision{}, fmt.Errorf("reserve %s: %s", id, msg)
+	case "nofit":
+		nf := &NoFitError{}
+		rejected, _ := reply[3].(string)
+		if err := json.Unmarshal([]byte(rejected), &nf.Rejected); err != nil {
+			return model.Decision{}, fmt.Errorf("decode rejections: %w", err)
+		}
+		return model.Decision{}, nf
+	}
+	return model.Decision{}, fmt.Errorf("unexpected reserve outcome %q", outcome)
+}
