@@ -2,13 +2,16 @@ package server_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -205,7 +208,7 @@ func p99(lat []time.Duration) time.Duration { return lat[len(lat)*99/100] }
 // abusers get their rates and no more; nothing is lost or broken.
 // To look into it: RB_ABUSE_ONLY=churn or heavy runs one abuser,
 // RB_ABUSE_PPROF=127.0.0.1:6061 serves the broker's pprof,
-// RB_ABUSE_SLOWLOG=1 logs Redis' scripts slower than 1 ms.
+// RB_ABUSE_SLOWLOG=<µs> sums Redis' commands slower than that, by script.
 func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 	bk := brokertest.Start(t, brokertest.Options{Store: store.Config{StaleThreshold: time.Hour}})
 	for i := range 20 {
@@ -247,33 +250,8 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 		require.Zero(t, failed)
 		*into = append(*into, lat...)
 	}
-	if os.Getenv("RB_ABUSE_SLOWLOG") != "" {
-		bk.RDB.ConfigSet(context.Background(), "slowlog-log-slower-than", "1000")
-		bk.RDB.ConfigSet(context.Background(), "slowlog-max-len", "10000")
-		defer func() {
-			logs, _ := bk.RDB.SlowLogGet(context.Background(), 10000).Result()
-			var total time.Duration
-			for _, l := range logs {
-				total += l.Duration
-			}
-			t.Logf("slowlog: %d entries over 1ms, %s in all", len(logs), total)
-			byFirst, maxBy := map[string]int{}, map[string]time.Duration{}
-			for _, l := range logs {
-				if len(l.Args) > 4 {
-					k := l.Args[4][:min(len(l.Args[4]), 6)]
-					byFirst[k]++
-					maxBy[k] = max(maxBy[k], l.Duration)
-				}
-			}
-			t.Logf("by ARGV[1]: %v, longest %v", byFirst, maxBy)
-			for _, l := range logs[:min(len(logs), 3)] {
-				a := l.Args
-				if len(a) > 6 {
-					a = a[3:6]
-				}
-				t.Logf("  %s %v", l.Duration, a)
-			}
-		}()
+	if us := os.Getenv("RB_ABUSE_SLOWLOG"); us != "" {
+		logSlowScripts(t, bk, us)
 	}
 	for range rounds {
 		measure(&alone)
@@ -311,4 +289,32 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 	assert.LessOrEqual(t, float64(counts.adsAllowed.Load()), churners*(float64(ads.Burst)+ads.PerSecond*abuse))
 	assert.LessOrEqual(t, float64(counts.renewAllowed.Load()*heavyRenewalIDs), float64(ids.Burst)+ids.PerSecond*abuse)
 	require.NoError(t, bk.Store.CheckInvariant(context.Background()))
+}
+
+// logSlowScripts has Redis log its commands slower than us microseconds
+// from now on and, when the test ends, logs their count and time by script
+// (named by its first argument: a cluster id for advertise, a number for
+// reserve's stale threshold, a requester for renew).
+func logSlowScripts(t *testing.T, bk *brokertest.Broker, us string) {
+	ctx := context.Background()
+	require.NoError(t, bk.RDB.ConfigSet(ctx, "slowlog-log-slower-than", us).Err())
+	require.NoError(t, bk.RDB.ConfigSet(ctx, "slowlog-max-len", "200000").Err())
+	require.NoError(t, bk.RDB.SlowLogReset(ctx).Err())
+	t.Cleanup(func() {
+		logs, err := bk.RDB.SlowLogGet(ctx, 200000).Result()
+		require.NoError(t, err)
+		count, took := map[string]int{}, map[string]time.Duration{}
+		for _, l := range logs {
+			k := strings.ToLower(l.Args[0])
+			if k == "evalsha" && len(l.Args) > 4 {
+				k = l.Args[4][:min(len(l.Args[4]), 6)]
+			}
+			count[k]++
+			took[k] += l.Duration
+		}
+		for _, k := range slices.SortedFunc(maps.Keys(count), func(a, b string) int { return cmp.Compare(took[b], took[a]) }) {
+			n := count[k]
+			t.Logf("slowlog %-8s %6d calls, %10s in all, %8s each", k, n, took[k], took[k]/time.Duration(n))
+		}
+	})
 }
