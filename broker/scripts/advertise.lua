@@ -41,9 +41,13 @@ for _, f in ipairs({'price_cpu', 'price_mem', 'price_gpu', 'currency', 'endpoint
   ADVERTISED[f] = true
 end
 
+-- FIXED: the fields of the index's entries other than free capacity
+-- (index.lua index_cluster), labels last.
+local FIXED = {'alloc_cpu', 'alloc_mem', 'alloc_gpu', 'alloc_sto', 'price_cpu', 'price_mem', 'price_gpu', 'labels'}
+
 local prefix, id = KEYS[1], ARGV[1]
 local n_nodes = tonumber(ARGV[4])
-local node_fields = {}
+local node_fields = {} -- the node hash's fields and values
 for i = 5, 4 + 9 * n_nodes, 9 do
   local name = ARGV[i]
   -- Names are DNS subdomains (the API checks); a space would break idx:nrec.
@@ -54,6 +58,19 @@ for i = 5, 4 + 9 * n_nodes, 9 do
   node_fields[#node_fields + 1] = string.format(
     'alloc_cpu=%s alloc_mem=%s alloc_gpu=%s alloc_sto=%s used_cpu=%s used_mem=%s used_gpu=%s used_sto=%s',
     ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8])
+end
+
+-- advertised is the node hash's content as node_list reads it (nodes.lua),
+-- from the arguments rather than read back (only to index the cluster).
+local function advertised()
+  local nodes = {}
+  for i = 5, 4 + 9 * n_nodes, 9 do
+    nodes[#nodes + 1] = {ARGV[i], {
+      alloc_cpu = tonumber(ARGV[i + 1]), alloc_mem = tonumber(ARGV[i + 2]), alloc_gpu = tonumber(ARGV[i + 3]),
+      alloc_sto = tonumber(ARGV[i + 4]), used_cpu = tonumber(ARGV[i + 5]), used_mem = tonumber(ARGV[i + 6]),
+      used_gpu = tonumber(ARGV[i + 7]), used_sto = tonumber(ARGV[i + 8])}}
+  end
+  return nodes
 end
 local at = 5 + 9 * n_nodes
 local listed_ids = {}
@@ -137,8 +154,15 @@ local old_labels = nil -- the labels the candidate index holds for this cluster
 local old_free = nil   -- its free capacity, to tell whether the advertisement adds some
 local old_nodes = nil  -- and its nodes' (name -> node table index), from idx:nrec
 local old_nt = nil
+local fixed_held = false -- the index holds its allocatable, prices and labels as sent
 if in_index and not heartbeat then
-  old_labels = redis.call('HGET', ck, 'labels')
+  local held = redis.call('HMGET', ck, unpack(FIXED))
+  old_labels = held[#FIXED]
+  local sent = to_map(fields)
+  fixed_held = true
+  for i, f in ipairs(FIXED) do
+    if sent[f] ~= nil and sent[f] ~= held[i] then fixed_held = false end
+  end
   old_free = {}
   for _, res in ipairs(RESOURCES) do
     old_free[res] = tonumber(redis.call('ZSCORE', prefix .. 'idx:free:' .. res, id))
@@ -172,7 +196,7 @@ end
 if heartbeat then
   redis.call('ZADD', prefix .. 'idx:live', now, id)
 else
-  index_cluster(prefix, id, now, old_labels)
+  index_cluster(prefix, id, now, old_labels, advertised(), fixed_held)
   -- A cluster back from stale, or with more free capacity than before (in
   -- total or on a node), may take a waiting request: tell the first ones.
   local grew = old_free == nil or old_labels ~= redis.call('HGET', ck, 'labels')

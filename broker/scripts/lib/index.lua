@@ -50,9 +50,10 @@ for _, f in ipairs({'price_cpu', 'price_mem', 'price_gpu', 'labels', 'nodes'}) d
 end
 
 -- record_from_hash builds a cluster's record from its hash and its nodes
--- (nodes.lua node_list, read unless the hash's node count is 0); it returns the record, the node list (nil: none)
--- and the labels JSON.
-local function record_from_hash(prefix, cid)
+-- (nodes.lua node_list, read unless the hash's node count is 0, or given:
+-- advertised); it returns the record, the node list (nil: none) and the
+-- labels JSON.
+local function record_from_hash(prefix, cid, advertised)
   local v = redis.call('HMGET', prefix .. 'cluster:' .. cid, unpack(CLUSTER_FIELDS))
   local rec = {}
   for i, res in ipairs(RESOURCES) do
@@ -62,7 +63,7 @@ local function record_from_hash(prefix, cid)
   end
   rec[REC.price_cpu], rec[REC.price_mem], rec[REC.price_gpu] = tonumber(v[13] or '0'), tonumber(v[14] or '0'), tonumber(v[15] or '0')
   local nodes = nil
-  if v[17] == false or tonumber(v[17]) > 0 then nodes = node_list(prefix, cid) end -- absent: not known
+  if advertised or v[17] == false or tonumber(v[17]) > 0 then nodes = node_list(prefix, cid, advertised) end -- absent: not known
   summarize_nodes(rec, nodes)
   return rec, nodes, v[16]
 end
@@ -84,10 +85,11 @@ end
 
 -- index_free refreshes a cluster's record, node record and free-capacity
 -- entries for some resources (and the cpu+mem mean) after its advertisement,
--- used_*, resv_* or node debits changed. A cluster out of the live index stays out.
-local function index_free(prefix, cid, resources)
+-- used_*, resv_* or node debits changed. A cluster out of the live index
+-- stays out. advertised: as record_from_hash's.
+local function index_free(prefix, cid, resources, advertised)
   if not redis.call('ZSCORE', prefix .. 'idx:live', cid) then return end
-  local rec, nodes, labels = record_from_hash(prefix, cid)
+  local rec, nodes, labels = record_from_hash(prefix, cid, advertised)
   redis.call('HSET', prefix .. 'idx:rec', cid, pack_rec(rec))
   if nodes then
     redis.call('HSET', prefix .. 'idx:nrec', cid, pack_nrec(nodes))
@@ -115,10 +117,14 @@ local function index_record(prefix, cid, rec, taken)
 end
 
 -- index_cluster (re)writes every index entry of a live cluster. old_labels is
--- the labels JSON the index holds for it (nil: none).
-local function index_cluster(prefix, cid, seen, old_labels)
+-- the labels JSON the index holds for it (nil: none). advertised: as
+-- record_from_hash's. fixed_held: the index already holds the cluster's
+-- allocatable, prices and labels as they are now (an advertisement that
+-- changed only what is used), whose entries are then not written again.
+local function index_cluster(prefix, cid, seen, old_labels, advertised, fixed_held)
   redis.call('ZADD', prefix .. 'idx:live', seen, cid)
-  index_free(prefix, cid, RESOURCES)
+  index_free(prefix, cid, RESOURCES, advertised)
+  if fixed_held then return end
   local ck = prefix .. 'cluster:' .. cid
   local v = redis.call('HMGET', ck, 'alloc_cpu', 'alloc_mem', 'alloc_gpu', 'alloc_sto',
     'price_cpu', 'price_mem', 'price_gpu', 'labels')

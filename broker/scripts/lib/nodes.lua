@@ -62,16 +62,22 @@ end
 
 -- node_list reads a cluster's node list from its hashes (free = advertised
 -- allocatable - used - the broker's debit), or nil when it advertises none.
-local function node_list(prefix, cid)
-  local flat = redis.call('HGETALL', prefix .. 'nodes:' .. cid)
-  if #flat == 0 then return nil end
+-- advertised, when given, is the node hash's content already in hand (an
+-- array of {name, amounts}: parse_amounts' tables), so it is not read back.
+local function node_list(prefix, cid, advertised)
+  if not advertised then
+    local flat = redis.call('HGETALL', prefix .. 'nodes:' .. cid)
+    advertised = {}
+    for i = 1, #flat, 2 do advertised[#advertised + 1] = {flat[i], parse_amounts(flat[i + 1])} end
+  end
+  if #advertised == 0 then return nil end
   local debits = {}
   local d = redis.call('HGETALL', prefix .. 'node-resv:' .. cid)
   for i = 1, #d, 2 do debits[d[i]] = parse_amounts(d[i + 1]) end
   local list = {}
-  for i = 1, #flat, 2 do
-    local a, debit = parse_amounts(flat[i + 1]), debits[flat[i]] or {}
-    local e = {name = flat[i]}
+  for _, n in ipairs(advertised) do
+    local a, debit = n[2], debits[n[1]] or {}
+    local e = {name = n[1]}
     for _, res in ipairs(RESOURCES) do
       e[res] = (a['alloc_' .. res] or 0) - (a['used_' .. res] or 0) - (debit[res] or 0)
     end
