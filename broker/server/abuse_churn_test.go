@@ -203,7 +203,7 @@ func p99(lat []time.Duration) time.Duration { return lat[len(lat)*99/100] }
 // TestAbuseChurnAndHeavyRenewals: 50 members churning advertisements and one
 // member looping on heavy renewals, beside honest members, against an
 // rb-broker process as deployed (default flags, no policy file: the
-// members' default rates). The honest reserves' p99 stays within 3x of the
+// members' default rates). The honest reserves' p99 stays within 2x of the
 // same honest load alone on the same federation, measured in this run; the
 // abusers get their rates and no more; nothing is lost or broken.
 // To look into it: RB_ABUSE_ONLY=churn or heavy runs one abuser,
@@ -233,7 +233,7 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 	// to 5 advertisements per churner, 250 in all), past their calls in
 	// flight when they pause.
 	const rate = 40.0 // per honest member: within its default reserve rate
-	const rounds, slice, resumed, paused = 4, 2 * time.Second, 1500 * time.Millisecond, 500 * time.Millisecond
+	const rounds, slice, resumed, paused = 6, 2 * time.Second, 1500 * time.Millisecond, 500 * time.Millisecond
 	abusers := prepareChurnAbuse(t, bk, proc.URL)
 	var seq atomic.Int64
 	honestReserves(t, honest, rate, time.Second, &seq) // warm connections and caches
@@ -245,8 +245,11 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 	time.Sleep(paused)
 	counts := &abusers.counts
 	var alone, abused []time.Duration
-	measure := func(into *[]time.Duration) {
+	var aloneCPU, abusedCPU cpuShares
+	measure := func(into *[]time.Duration, cpu *cpuShares) {
+		before := readCPUs(t, bk, proc)
 		lat, failed := honestReserves(t, honest, rate, slice, &seq)
+		cpu.add(before, readCPUs(t, bk, proc))
 		require.Zero(t, failed)
 		*into = append(*into, lat...)
 	}
@@ -254,10 +257,10 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 		logSlowScripts(t, bk, us)
 	}
 	for range rounds {
-		measure(&alone)
+		measure(&alone, &aloneCPU)
 		abusers.resume()
 		time.Sleep(resumed)
-		measure(&abused)
+		measure(&abused, &abusedCPU)
 		abusers.pause()
 		time.Sleep(paused)
 	}
@@ -273,13 +276,14 @@ func TestAbuseChurnAndHeavyRenewals(t *testing.T) {
 	}
 	t.Logf("alone: %s", q(alone))
 	t.Logf("abused: %s", q(abused))
+	t.Logf("CPU used, alone: %s; beside the abusers: %s", aloneCPU, abusedCPU)
 	t.Logf("in %.1fs, churners: %d advertisements stored, %d refused, %d failed; heavy: %d renewals, %d refused, %d failed",
 		abuse, counts.adsAllowed.Load(), counts.adsRefused.Load(), counts.adsFailed.Load(),
 		counts.renewAllowed.Load(), counts.renewRefused.Load(), counts.renewFailed.Load())
-	// The aim is 2x; on the 2-core CI machine this run measures 1.4-2.2x
-	// (the abusers' clients share its cores with the broker and Redis), so
-	// the test holds the bound it meets every time.
-	assert.LessOrEqual(t, p99(abused), 3*p99(alone), "honest reserve p99 within 3x of the same load alone")
+	// Alone on the machine (make test runs it after the other packages) the
+	// ratio measures 1.4-1.9x; beside a CPU burner, 2.2-3x: the abusers'
+	// clients share the 2 cores with the broker and Redis.
+	assert.LessOrEqual(t, p99(abused), 2*p99(alone), "honest reserve p99 within 2x of the same load alone")
 	assert.Zero(t, counts.adsFailed.Load()+counts.renewFailed.Load(), "abusers are refused (429), not failed")
 	assert.Positive(t, counts.adsRefused.Load())
 	assert.Positive(t, counts.renewRefused.Load())
@@ -317,4 +321,34 @@ func logSlowScripts(t *testing.T, bk *brokertest.Broker, us string) {
 			t.Logf("slowlog %-8s %6d calls, %10s in all, %8s each", k, n, took[k], took[k]/time.Duration(n))
 		}
 	})
+}
+
+// cpuReading is the CPU time used so far by Redis and this test process
+// (its clients: the honest members and the abusers; readCPU) and by the
+// broker process, at a time.
+type cpuReading struct {
+	at     time.Time
+	cpu    cpuTimes
+	broker time.Duration
+}
+
+func readCPUs(t *testing.T, bk *brokertest.Broker, proc *brokertest.Process) cpuReading {
+	broker, err := proc.CPU()
+	require.NoError(t, err)
+	return cpuReading{at: time.Now(), cpu: readCPU(t, bk.RDB), broker: broker}
+}
+
+// cpuShares sums the CPU used between readings, as shares of one core.
+type cpuShares struct{ wall, redis, broker, test float64 }
+
+func (c *cpuShares) add(from, to cpuReading) {
+	c.wall += to.at.Sub(from.at).Seconds()
+	c.redis += to.cpu.redis - from.cpu.redis
+	c.broker += (to.broker - from.broker).Seconds()
+	c.test += to.cpu.self - from.cpu.self
+}
+
+func (c cpuShares) String() string {
+	return fmt.Sprintf("redis %.0f%%, broker %.0f%%, test process %.0f%% of a core",
+		100*c.redis/c.wall, 100*c.broker/c.wall, 100*c.test/c.wall)
 }

@@ -133,7 +133,7 @@ type cpuTimes struct{ self, redis, gc float64 }
 
 var gcCPU = []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
 
-func readCPU(b *testing.B, rdb *redis.Client) cpuTimes {
+func readCPU(b testing.TB, rdb *redis.Client) cpuTimes {
 	var ru syscall.Rusage
 	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
 	t := cpuTimes{self: time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()}
