@@ -44,8 +44,8 @@ type abuseCounts struct {
 // churnAbuse are the two abusers of the advertisement and renewal rates,
 // against the broker at url (prepareChurnAbuse; start runs them until stop):
 //   - 50 members (churn-00..churn-49) each re-advertising in a loop with 1
-//     to 40 nodes, the figures changing at every call (no call is a
-//     heartbeat: each costs the index a rewrite when allowed);
+//     to 40 nodes, their allocatable changing at every call (no call is a
+//     heartbeat: each costs the index a full rewrite when allowed);
 //   - one member (heavy) looping from 4 goroutines on renewals of 5,000 ids
 //     of 200 bytes each (about 1 MB; valid in shape, none of them its own).
 //
@@ -81,16 +81,20 @@ func prepareChurnAbuse(t testing.TB, bk *brokertest.Broker, url string) *churnAb
 		cn := fmt.Sprintf("churn-%02d", c)
 		nodes := 1 + c*(churnMaxNodes-1)/(churners-1)
 		var bodies [][]byte
-		for v := range 4 { // the used cpu moves at every call
+		for v := range 4 {
+			// The allocatable and used cpu move together at every call: the
+			// index is rewritten in full each time (the dearest advertisement),
+			// while the free capacity the broker may have booked stays as it was.
 			ad := api.Advertisement{ClusterName: cn, Endpoint: "https://" + cn + ".example:6443",
 				Prices: &api.Prices{Currency: "EUR", CPU: brokertest.MustQ("0.02"), Memory: brokertest.MustQ("0.004")}}
+			used := 100 * (v + 1)
 			for n := range nodes {
 				ad.Resources.Nodes = append(ad.Resources.Nodes, api.NodeResources{Name: fmt.Sprintf("n%02d", n),
-					Allocatable: brokertest.Quantities("16", "64Gi", ""), Allocated: brokertest.Quantities(fmt.Sprintf("%dm", 100*(v+1)), "1Gi", "")})
+					Allocatable: brokertest.Quantities(fmt.Sprintf("%dm", 16000+used), "64Gi", ""), Allocated: brokertest.Quantities(fmt.Sprintf("%dm", used), "1Gi", "")})
 			}
-			total := brokertest.Quantities(fmt.Sprint(16*nodes), fmt.Sprintf("%dGi", 64*nodes), "")
+			total := brokertest.Quantities(fmt.Sprintf("%dm", (16000+used)*nodes), fmt.Sprintf("%dGi", 64*nodes), "")
 			ad.Resources.Capacity, ad.Resources.Allocatable = total, total
-			ad.Resources.Allocated = brokertest.Quantities(fmt.Sprintf("%dm", 100*(v+1)*nodes), fmt.Sprintf("%dGi", nodes), "")
+			ad.Resources.Allocated = brokertest.Quantities(fmt.Sprintf("%dm", used*nodes), fmt.Sprintf("%dGi", nodes), "")
 			data, err := json.Marshal(ad)
 			require.NoError(t, err)
 			bodies = append(bodies, data)
