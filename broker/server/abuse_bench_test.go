@@ -342,7 +342,7 @@ func tryStreams(b *testing.B, ctx context.Context, bk *brokertest.Broker, url, c
 
 // orphanKeys lists the broker's keys that nothing owns: each key is either
 // the federation's (a cluster, its nodes, the candidate index, the
-// structures every operation keeps: expiry, usage, waiting, audit, by-*,
+// structures every operation keeps: expiry, usage, the expiry clock, waiting, audit, by-*,
 // ended-requesters), a live reservation (in the expiry index), or has a
 // lifetime of its own (PTTL: an ended reservation, a requester's set of
 // them, a waiting request, an event stream, a rate state, the readiness
@@ -360,7 +360,7 @@ func orphanKeys(b *testing.B, admin *redis.Client, s *store.Store) []string {
 		}
 		family, _, _ := strings.Cut(name, ":")
 		switch family {
-		case "cluster", "clusters", "nodes", "node-resv", "node-listed", "idx", "expiry", "usage",
+		case "cluster", "clusters", "nodes", "node-resv", "node-listed", "idx", "expiry", "usage", "clock",
 			"waiting", "wait-due", "audit", "by-target", "by-requester", "ended-requesters":
 			continue
 		case "resv":
