@@ -201,7 +201,15 @@ func TestFaultsProviderLost(t *testing.T) {
 	eventually(t, 60*time.Second, "the broker's and berlin's numbers are what is live", func() (bool, string) {
 		return liveOnProviderExact(t, bc, berlin, onBerlin)
 	})
-	require.NoError(t, bed.Store.CheckInvariant(ctx))
+	// Thawed, paris's node lifecycle controller finds every node's heartbeat
+	// old and marks them NotReady until their kubelets report again: for a
+	// moment paris advertises less than the broker holds there (overbooked
+	// by its own advertisement, not by a decision). The books must be clean
+	// once its nodes count again.
+	eventually(t, 30*time.Second, "the invariants", func() (bool, string) {
+		err := bed.Store.CheckInvariant(ctx)
+		return err == nil, fmt.Sprint(err)
+	})
 	figure(t, "paris frozen -> rb-paris Unknown %s (grace %s); replacements Running on berlin %s (bound %s); thawed -> rb-paris Ready %s, orphaned copies deleted %s",
 		lostAfter.Round(100*time.Millisecond), lostGrace, replacedAfter.Round(100*time.Millisecond), lostReplaceAfter,
 		backAfter.Round(100*time.Millisecond), orphansAfter.Round(100*time.Millisecond))
