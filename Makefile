@@ -39,12 +39,14 @@ demo-broker: build check-redis ## Run the broker-only demo: Redis, one broker, t
 .PHONY: test
 test: envtest-bin node-bin metrics-server-bin coredns-bin liqo-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane, nodes, metrics-server and Liqo on first use).
 	go test $(GO_TEST_FLAGS) -skip '^($(ALONE_TESTS))$$' ./...
-	go test $(GO_TEST_FLAGS) -run '^($(ALONE_TESTS))$$' ./broker/server
+	go test $(GO_TEST_FLAGS) -run '^($(ALONE_TESTS))$$' $(ALONE_PKGS)
 
 # ALONE_TESTS compare latencies measured in the same run (the honest
 # members' p99 beside abusers against alone): `make test` runs them after
-# the others, alone on the machine, as a benchmark is run.
+# the others, alone on the machine, as a benchmark is run. ALONE_PKGS are
+# the packages that hold them.
 ALONE_TESTS := TestAbuseChurnAndHeavyRenewals
+ALONE_PKGS  := ./broker/server
 
 .PHONY: check-node-deps
 check-node-deps:
