@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -23,6 +24,7 @@ import (
 	"github.com/fluidos-project/resource-broker/agent/bridge"
 	"github.com/fluidos-project/resource-broker/agent/collector"
 	"github.com/fluidos-project/resource-broker/agent/follower"
+	"github.com/fluidos-project/resource-broker/agent/home"
 	"github.com/fluidos-project/resource-broker/agent/provider"
 	"github.com/fluidos-project/resource-broker/agent/publisher"
 	"github.com/fluidos-project/resource-broker/agent/reservation"
@@ -72,6 +74,12 @@ type Options struct {
 	Bridge string
 	// BridgeOptions tune the bridge; Setup fills ClusterID and the grant source.
 	BridgeOptions bridge.Options
+	// ReturnHome is the default return-home policy of borrowed pods
+	// (home.PolicyNever when empty; pods and namespaces may say otherwise),
+	// ReturnHomeMinStay the default least stay at a provider and
+	// ReturnHomeCooldown the least time between two moves of one Deployment.
+	ReturnHome                            string
+	ReturnHomeMinStay, ReturnHomeCooldown time.Duration
 	// NoProviderHold turns the provider-side hold off (--provider-hold=false):
 	// no placeholder pods, grants without placement.
 	NoProviderHold bool
@@ -235,7 +243,17 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	renewer := &reservation.Renewer{Client: mgr.GetClient(), Broker: renew, Pods: pods, Enqueue: rec.Enqueue,
 		Interval: o.RenewInterval, Log: mgr.GetLogger().WithName("renewer")}
-	pods.OnEnded, pods.OnBound = rec.EnqueueAll, renewer.Bound
+	coll := collector.New(collector.Options{})
+	homeRec := &home.Reconciler{Client: mgr.GetClient(), Pods: pods, Local: coll, Recorder: mgr.GetEventRecorder("rb-agent"),
+		DefaultPolicy: cmp.Or(o.ReturnHome, home.PolicyNever), MinStay: o.ReturnHomeMinStay, Cooldown: o.ReturnHomeCooldown}
+	if err := homeRec.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("home reconciler: %w", err)
+	}
+	pods.OnEnded = rec.EnqueueAll
+	pods.OnBound = func(keys []types.NamespacedName) {
+		renewer.Bound(keys)
+		homeRec.Enqueue(keys)
+	}
 	if err := mgr.Add(renewer); err != nil {
 		return fmt.Errorf("renewer: %w", err)
 	}
@@ -290,7 +308,6 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}); err != nil {
 		return err
 	}
-	coll := collector.New(collector.Options{})
 	if err := coll.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("collector: %w", err)
 	}

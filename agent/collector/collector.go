@@ -83,6 +83,9 @@ type Collector struct {
 
 	regsMu sync.Mutex
 	regs   []toolscache.ResourceEventHandlerRegistration
+
+	subsMu sync.Mutex
+	subs   []chan struct{} // Subscribe's readers
 }
 
 // New returns a collector; SetupWithManager starts its informers.
@@ -240,6 +243,17 @@ func (c *Collector) Measure() Measurement {
 // number of changes). It is meant for one reader.
 func (c *Collector) Changed() <-chan struct{} { return c.changed }
 
+// Subscribe returns a channel of its own that, as Changed, receives a value
+// after what is measured changed (coalesced), for a reader besides the
+// publisher.
+func (c *Collector) Subscribe() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	c.subsMu.Lock()
+	c.subs = append(c.subs, ch)
+	c.subsMu.Unlock()
+	return ch
+}
+
 // update applies fn to the tally and signals a change of what is measured.
 func (c *Collector) update(fn func(*tally)) {
 	c.mu.Lock()
@@ -249,10 +263,20 @@ func (c *Collector) update(fn func(*tally)) {
 	c.tally.nodesChanged = false
 	c.mu.Unlock()
 	if changed {
-		select {
-		case c.changed <- struct{}{}:
-		default:
+		signal(c.changed)
+		c.subsMu.Lock()
+		for _, ch := range c.subs {
+			signal(ch)
 		}
+		c.subsMu.Unlock()
+	}
+}
+
+// signal puts a value in ch unless one is pending already.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }
 

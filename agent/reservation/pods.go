@@ -30,6 +30,19 @@ type PodState struct {
 	UID      types.UID
 	NodeName string
 	Phase    corev1.PodPhase
+	// Ready: the pod's condition Ready is True.
+	Ready bool
+	// Annotations are the pod's annotations that agent/home reads (its
+	// deletion cost and return-home policy); nil for most pods.
+	Annotations map[string]string
+}
+
+// TrackedAnnotations are the pod annotations PodState keeps.
+var TrackedAnnotations = []string{
+	"controller.kubernetes.io/pod-deletion-cost",
+	"broker.fluidos.eu/deletion-cost",
+	"broker.fluidos.eu/return-home",
+	"broker.fluidos.eu/return-home-after",
 }
 
 // Finished: the pod Succeeded or Failed; its containers will not run again.
@@ -209,10 +222,28 @@ func reducePod(obj any) (any, error) {
 	if !ok {
 		return obj, nil
 	}
+	var kept map[string]string
+	for _, k := range TrackedAnnotations {
+		if v, ok := p.Annotations[k]; ok {
+			if kept == nil {
+				kept = map[string]string{}
+			}
+			kept[k] = v
+		}
+	}
 	return &trackedPod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion},
-		PodState:   PodState{UID: p.UID, NodeName: p.Spec.NodeName, Phase: p.Status.Phase},
+		PodState:   PodState{UID: p.UID, NodeName: p.Spec.NodeName, Phase: p.Status.Phase, Ready: podReady(p), Annotations: kept},
 	}, nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // HasSynced: the tracker has listed the cluster's pods.

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -47,6 +48,7 @@ func (r *Reconciler) mirror(rsv *rbv1.Reservation, at api.Reservation) {
 	rsv.Status.ReservationID = at.ID
 	rsv.Status.Provider = at.Provider
 	rsv.Status.Score = strconv.FormatFloat(at.Score, 'f', 2, 64)
+	rsv.Status.PricePerHour = PricePerHour(at.Price)
 	rsv.Status.Reason, rsv.Status.Message = "", fmt.Sprintf("reserved on %s", at.Provider)
 	// At the precision the API server keeps (seconds), so that a status
 	// read back compares equal to the broker's view of it. (For display
@@ -114,4 +116,19 @@ func (r *Reconciler) untilExpiry(at api.Reservation) ctrl.Result {
 		return ctrl.Result{}
 	}
 	return ctrl.Result{RequeueAfter: time.Duration(at.RemainingMs)*time.Millisecond + 2*time.Second}
+}
+
+// PricePerHour writes a price in micro-units as a decimal string ("0.031").
+func PricePerHour(micros int64) string {
+	return strconv.FormatFloat(float64(micros)/1e6, 'f', -1, 64)
+}
+
+// PriceMicros reads a status.pricePerHour back in micro-units (false: none
+// or not a decimal).
+func PriceMicros(price string) (int64, bool) {
+	q, err := resource.ParseQuantity(price)
+	if err != nil || price == "" {
+		return 0, false
+	}
+	return q.ScaledValue(resource.Micro), true
 }

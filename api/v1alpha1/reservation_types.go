@@ -141,6 +141,14 @@ type ReservationStatus struct {
 	// +optional
 	Score string `json:"score,omitempty"`
 
+	// PricePerHour is what the reserved resources cost per hour at the
+	// provider, at its advertised rates, in its currency, as a decimal
+	// string (the broker's pricePerHourMicros over 10^6). It ranks the
+	// borrowed pods for scale-in: the dearer the provider, the sooner its
+	// pod goes (agent/home).
+	// +optional
+	PricePerHour string `json:"pricePerHour,omitempty"`
+
 	// Reason is a CamelCase word for the last failure (e.g. NoCapacity, BrokerUnavailable).
 	// +optional
 	Reason string `json:"reason,omitempty"`

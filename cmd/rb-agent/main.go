@@ -27,6 +27,7 @@ import (
 	"github.com/fluidos-project/resource-broker/agent"
 	"github.com/fluidos-project/resource-broker/agent/bridge"
 	"github.com/fluidos-project/resource-broker/agent/bridge/virtualkubelet"
+	"github.com/fluidos-project/resource-broker/agent/home"
 	"github.com/fluidos-project/resource-broker/agent/metrics"
 	"github.com/fluidos-project/resource-broker/agent/provider"
 	"github.com/fluidos-project/resource-broker/agent/reservation"
@@ -82,6 +83,9 @@ type options struct {
 	leaseLength        time.Duration
 	holdTime           time.Duration
 	renewInterval      time.Duration
+	returnHome         string
+	returnHomeMinStay  time.Duration
+	returnHomeCooldown time.Duration
 	logging            *logsapi.LoggingConfiguration
 }
 
@@ -174,6 +178,12 @@ func newCommand() *cobra.Command {
 		"how long a reservation opened for a pod is held, once decided, for the pod to be bound (a Reservation's spec.duration overrides it)")
 	f.DurationVar(&o.renewInterval, "lease-renew-interval", reservation.DefaultRenewInterval,
 		"how often the leases of bound, running pods are renewed, in batches (at most a third of --lease-length and of --hold-time)")
+	f.StringVar(&o.returnHome, "return-home", home.PolicyNever,
+		"return-home policy of borrowed pods where neither the pod nor its namespace says (annotation "+home.PolicyAnnotation+"): "+
+			home.PolicyNever+", or "+home.PolicyWhenLocalFits+" (a borrowed pod of a Deployment moves home, replacement first, once a local node can hold it)")
+	f.DurationVar(&o.returnHomeMinStay, "return-home-min-stay", 0,
+		"least time a borrowed pod stays at its provider before it may move home, where neither the pod nor its namespace says (annotation "+home.MinStayAnnotation+")")
+	f.DurationVar(&o.returnHomeCooldown, "return-home-cooldown", home.DefaultCooldown, "least time between two moves home of one Deployment's pods")
 	// Kubernetes components' logging flags (--logging-format, -v, --vmodule),
 	// without klog's legacy ones.
 	logsapi.AddFlags(o.logging, f)
@@ -258,6 +268,12 @@ func (o options) validate() error {
 	if o.holdTimeout <= 0 || o.evictionGrace < 0 {
 		errs = append(errs, errors.New("--hold-timeout must be positive and --eviction-grace not negative"))
 	}
+	if o.returnHome != home.PolicyNever && o.returnHome != home.PolicyWhenLocalFits {
+		errs = append(errs, fmt.Errorf("--return-home %q: want %s or %s", o.returnHome, home.PolicyNever, home.PolicyWhenLocalFits))
+	}
+	if o.returnHomeMinStay < 0 || o.returnHomeCooldown <= 0 {
+		errs = append(errs, errors.New("--return-home-min-stay must not be negative and --return-home-cooldown must be positive"))
+	}
 	if o.reserveWorkers < 1 {
 		errs = append(errs, fmt.Errorf("--reservation-workers %d: want at least 1", o.reserveWorkers))
 	}
@@ -296,6 +312,7 @@ func run(o options) error {
 		// 0 means the default there: a nanosecond is "at once".
 		HoldTimeout: o.holdTimeout, EvictionGrace: max(o.evictionGrace, time.Nanosecond),
 		MassExpiryHold: massExpiryHold(o.massExpiryHold),
+		ReturnHome:     o.returnHome, ReturnHomeMinStay: o.returnHomeMinStay, ReturnHomeCooldown: o.returnHomeCooldown,
 	}
 	if o.bridge != "none" {
 		ao.Bridge = o.bridge

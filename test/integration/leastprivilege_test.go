@@ -31,6 +31,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -53,6 +55,7 @@ import (
 
 	"github.com/fluidos-project/resource-broker/agent"
 	"github.com/fluidos-project/resource-broker/agent/bridge/virtualkubelet"
+	"github.com/fluidos-project/resource-broker/agent/home"
 	"github.com/fluidos-project/resource-broker/agent/provider"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -329,6 +332,21 @@ func TestLeastPrivilegeAgent(t *testing.T) {
 		require.NoError(t, err)
 		_, err = agcs.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
 		require.NoError(t, err, "the client CA its kubelet endpoint trusts")
+		// Return home: a borrowed pod's deletion cost, on any node; a
+		// Deployment's move in its annotations, and its scale by one.
+		require.NoError(t, ag.Patch(ctx, onWorker, client.RawPatch(types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"`+home.DeletionCostAnnotation+`":"-31","`+home.CostSetAnnotation+`":"paris"}}}`))), "a pod's deletion cost")
+		dep := lpDeployment("shop", "web")
+		require.NoError(t, c.admin.Create(ctx, dep))
+		require.NoError(t, ag.Get(ctx, client.ObjectKeyFromObject(dep), dep), "a Deployment")
+		require.NoError(t, ag.Patch(ctx, dep, client.RawPatch(types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"`+home.MoveAnnotation+`":"{}"}}}`))), "a move home in a Deployment's annotations")
+		require.NoError(t, ag.SubResource("scale").Update(ctx, dep, client.WithSubResourceBody(&autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 3}})),
+			"a Deployment scaled out by one")
+		require.NoError(t, ag.SubResource("scale").Update(ctx, dep, client.WithSubResourceBody(&autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 2}})),
+			"and back")
+		assert.True(t, canI(t, agcs, authorizationv1.ResourceAttributes{Group: "apps", Resource: "replicasets", Verb: "get", Namespace: "shop"}),
+			"the ReplicaSet between a pod and its Deployment")
 		// Reads: the collector's, the bridge's, the tenant reconciler's.
 		require.NoError(t, ag.List(ctx, &corev1.NodeList{}))
 		require.NoError(t, ag.List(ctx, &corev1.PodList{}))
@@ -422,6 +440,21 @@ func TestLeastPrivilegeAgent(t *testing.T) {
 		refused(t, ag.Status().Update(ctx, onWorker, client.DryRunAll), "write the status of a pod of a real node", byAgentPolicy)
 		refused(t, ag.SubResource("eviction").Create(ctx, onWorker, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: onWorker.Name}}, client.DryRunAll),
 			"evict a pod outside its tenant namespaces", byAgentPolicy)
+
+		relabel := onWorker.DeepCopy()
+		refused(t, ag.Patch(ctx, relabel, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"other"}}}`)), client.DryRunAll),
+			"relabel a pod of a real node", byAgentPolicy)
+		refused(t, ag.Patch(ctx, relabel, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"other":"x"}}}`)), client.DryRunAll),
+			"annotate a pod of a real node with anything but its deletion cost", byAgentPolicy)
+		dep := lpDeployment("shop", "api")
+		require.NoError(t, c.admin.Create(ctx, dep))
+		refused(t, ag.Patch(ctx, dep, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"template":{"spec":{"containers":[{"name":"app","image":"evil"}]}}}}`)), client.DryRunAll),
+			"change a Deployment's pods", byAgentPolicy)
+		refused(t, ag.Patch(ctx, dep, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"other":"x"}}}`)), client.DryRunAll),
+			"annotate a Deployment with anything but a move home", byAgentPolicy)
+		refused(t, ag.SubResource("scale").Update(ctx, dep, client.WithSubResourceBody(&autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: 9}}), client.DryRunAll),
+			"scale a Deployment by more than one", byAgentPolicy)
+		refused(t, ag.Delete(ctx, dep, client.DryRunAll), "delete a Deployment", byRBAC)
 
 		var worker corev1.Node
 		require.NoError(t, c.admin.Get(ctx, types.NamespacedName{Name: "worker-1"}, &worker))
@@ -821,4 +854,13 @@ func startQuotaController(t *testing.T, c *lpCluster) {
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// lpDeployment is a Deployment of two pods that nothing schedules here.
+func lpDeployment(ns, name string) *appsv1.Deployment {
+	labels := map[string]string{"app": name}
+	return &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: appsv1.DeploymentSpec{
+		Replicas: ptr.To[int32](2), Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "registry.k8s.io/pause:3.10"}}}}}}
 }

@@ -1,0 +1,386 @@
+package home
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/fluidos-project/resource-broker/agent/collector"
+	"github.com/fluidos-project/resource-broker/agent/reservation"
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+)
+
+// A move home, replacement first. Kubernetes has no "move": the pod's
+// Deployment is scaled out by one, so that a replacement is created, which
+// rb-scheduler binds to the local node that now holds it; once the
+// replacement is Ready at home the Deployment is scaled back, and the
+// ReplicaSet controller deletes the pod of lowest deletion cost: a borrowed
+// one (rank). Availability never drops (a PodDisruptionBudget of
+// maxUnavailable 0 holds), nothing is evicted, and the reservation ends with
+// the borrowed pod. The move's state is an annotation on the Deployment, so
+// that a restarted agent finishes or undoes it; one Deployment has one move
+// at a time, and Cooldown between two. Only Deployments are moved: a
+// StatefulSet's pod cannot run twice, a Job's would restart its work.
+//
+// The phases, each a write of the annotation, then of the scale:
+//
+//	up:   annotation {phase: up, replicas: N}, then scale to N+1;
+//	down: once a new pod is Ready on a local node, {phase: down}, then
+//	      scale to N; the annotation goes and returned-at is written.
+//
+// The move is undone (scaled to N, with the cool-down) when the
+// replacement lands on a virtual node (home could not hold it after all) or
+// is not Ready at home within ReplacementTimeout. Anyone else changing the
+// Deployment's replicas meanwhile (a user, an autoscaler) ends it as it is.
+
+// Deployment annotations of a move.
+const (
+	// MoveAnnotation holds a move in progress (JSON, moveState).
+	MoveAnnotation = "broker.fluidos.eu/return-home-move"
+	// ReturnedAtAnnotation is when the last move of the Deployment ended (RFC 3339).
+	ReturnedAtAnnotation = "broker.fluidos.eu/return-home-last"
+)
+
+// Events about moves (on the borrowed pod).
+const (
+	EventMoving   = "ReturningHome"
+	EventMoved    = "ReturnedHome"
+	EventUndone   = "ReturnHomeUndone"
+	EventNotMoved = "NotReturnedHome"
+)
+
+type moveState struct {
+	Pod      string      `json:"pod"`
+	UID      types.UID   `json:"uid"`
+	Phase    string      `json:"phase"`            // up, down
+	Replicas int32       `json:"replicas"`         // before the move
+	Result   string      `json:"result,omitempty"` // once down: moved or undone
+	Started  metav1.Time `json:"started"`
+}
+
+var moves = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "rb_agent_return_home_moves_total",
+	Help: "Moves of borrowed pods home, by result: moved (the replacement Ready at home, the borrowed pod scaled in), undone (the replacement not Ready at home in time, or placed at a provider), abandoned (the Deployment's replicas changed by someone else).",
+}, []string{"result"})
+
+func init() { ctrlmetrics.Registry.MustRegister(moves) }
+
+// policyOf is the pod's return-home policy and minimum stay.
+func (r *Reconciler) policyOf(ctx context.Context, namespace string, pod reservation.PodState) (string, time.Duration) {
+	policy, stay := pod.Annotations[PolicyAnnotation], pod.Annotations[MinStayAnnotation]
+	if policy == "" || stay == "" {
+		var ns corev1.Namespace
+		if err := r.Client.Get(ctx, client.ObjectKey{Name: namespace}, &ns); err == nil {
+			if policy == "" {
+				policy = ns.Annotations[PolicyAnnotation]
+			}
+			if stay == "" {
+				stay = ns.Annotations[MinStayAnnotation]
+			}
+		}
+	}
+	if policy == "" {
+		policy = r.DefaultPolicy
+	}
+	minStay := r.MinStay
+	if d, err := time.ParseDuration(stay); err == nil && d >= 0 {
+		minStay = d
+	}
+	return policy, minStay
+}
+
+// returnHome starts, goes on with or undoes the move of rsv's pod.
+func (r *Reconciler) returnHome(ctx context.Context, rsv *rbv1.Reservation, pod reservation.PodState) (ctrl.Result, error) {
+	policy, minStay := r.policyOf(ctx, rsv.Namespace, pod)
+	if policy != PolicyWhenLocalFits || !pod.Ready {
+		return ctrl.Result{}, nil
+	}
+	dep, err := r.deploymentOf(ctx, rsv.Namespace, rsv.Spec.PodName)
+	if dep == nil || err != nil {
+		return ctrl.Result{}, err
+	}
+	if raw := dep.Annotations[MoveAnnotation]; raw != "" {
+		var m moveState
+		if json.Unmarshal([]byte(raw), &m) != nil || m.UID != pod.UID {
+			return ctrl.Result{}, nil // the Deployment's move is another pod's
+		}
+		return r.goOn(ctx, rsv, dep, m)
+	}
+	now := r.Now()
+	if rsv.Status.ReservedAt != nil {
+		if left := rsv.Status.ReservedAt.Add(minStay).Sub(now); left > 0 {
+			return ctrl.Result{RequeueAfter: left}, nil
+		}
+	}
+	if last, err := time.Parse(time.RFC3339, dep.Annotations[ReturnedAtAnnotation]); err == nil {
+		if left := last.Add(r.cooldown()).Sub(now); left > 0 {
+			return ctrl.Result{RequeueAfter: left}, nil
+		}
+	}
+	if !settled(dep) || !r.localFits(rsv.Spec.Resources) {
+		return ctrl.Result{}, nil // looked at again when the local capacity or the Deployment changes
+	}
+	m := moveState{Pod: rsv.Spec.PodName, UID: pod.UID, Phase: phaseUp, Replicas: *dep.Spec.Replicas, Started: metav1.NewTime(now.Truncate(time.Second))}
+	if err := r.annotate(ctx, dep, &m); err != nil {
+		return ctrl.Result{}, ignoreConflict(err)
+	}
+	log.FromContext(ctx).Info("moving a borrowed pod home: scaling its Deployment out by one first", "pod", m.Pod, "deployment", dep.Name, "provider", rsv.Status.Provider)
+	r.event(rsv, corev1.EventTypeNormal, EventMoving, "a local node can hold the pod: Deployment %s scaled to %d so that a replacement starts at home first", dep.Name, m.Replicas+1)
+	return r.goOn(ctx, rsv, dep, m)
+}
+
+// goOn takes the move m one step further; each step is one write, and the
+// next reads the Deployment again.
+func (r *Reconciler) goOn(ctx context.Context, rsv *rbv1.Reservation, dep *appsv1.Deployment, m moveState) (ctrl.Result, error) {
+	replicas := *dep.Spec.Replicas
+	switch {
+	case m.Phase == phaseUp && replicas == m.Replicas:
+		return requeueSoon, ignoreConflict(r.scale(ctx, dep, m.Replicas+1))
+	case m.Phase == phaseUp && replicas == m.Replicas+1:
+		placed, err := r.replacement(ctx, dep, m)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		timedOut := r.Now().Sub(m.Started.Time) > r.replacementTimeout()
+		if placed == placedNot && !timedOut {
+			return requeueSoon, nil
+		}
+		m.Phase, m.Result = phaseDown, resultMoved
+		if placed != placedHome {
+			m.Result = resultUndone
+		}
+		if err := r.annotate(ctx, dep, &m); err != nil {
+			return ctrl.Result{}, ignoreConflict(err)
+		}
+		switch {
+		case placed == placedHome:
+			r.event(rsv, corev1.EventTypeNormal, EventMoved, "a replacement is Ready at home: Deployment %s scaled back to %d, which scales in the borrowed pod (lowest deletion cost)", dep.Name, m.Replicas)
+		case placed == placedAway:
+			r.event(rsv, corev1.EventTypeWarning, EventUndone, "the replacement was placed at a provider (home could not hold it after all): Deployment %s scaled back to %d", dep.Name, m.Replicas)
+		default:
+			r.event(rsv, corev1.EventTypeWarning, EventUndone, "the replacement was not Ready at home within %s: Deployment %s scaled back to %d", r.replacementTimeout(), dep.Name, m.Replicas)
+		}
+		return r.goOn(ctx, rsv, dep, m)
+	case m.Phase == phaseDown && replicas == m.Replicas+1:
+		return requeueSoon, ignoreConflict(r.scale(ctx, dep, m.Replicas))
+	case m.Phase == phaseDown && replicas == m.Replicas:
+		return ctrl.Result{}, r.end(ctx, dep, m, m.Result)
+	default: // someone else scaled the Deployment: theirs to decide
+		r.event(rsv, corev1.EventTypeWarning, EventNotMoved, "Deployment %s was scaled to %d by someone else during the move: left as it is", dep.Name, replicas)
+		return ctrl.Result{}, r.end(ctx, dep, m, resultAbandoned)
+	}
+}
+
+// Phases and results of a move.
+const (
+	phaseUp, phaseDown                         = "up", "down"
+	resultMoved, resultUndone, resultAbandoned = "moved", "undone", "abandoned"
+)
+
+var requeueSoon = ctrl.Result{RequeueAfter: time.Second}
+
+// end removes the move's annotation and starts the cool-down.
+func (r *Reconciler) end(ctx context.Context, dep *appsv1.Deployment, m moveState, result string) error {
+	patch := map[string]any{"metadata": map[string]any{"resourceVersion": dep.ResourceVersion, "annotations": map[string]any{
+		MoveAnnotation: nil, ReturnedAtAnnotation: r.Now().UTC().Format(time.RFC3339)}}}
+	if err := r.patchDeployment(ctx, dep, patch); err != nil {
+		return ignoreConflict(err)
+	}
+	moves.WithLabelValues(result).Inc()
+	log.FromContext(ctx).Info("move home ended", "pod", m.Pod, "deployment", dep.Name, "result", result)
+	return nil
+}
+
+// placement of a move's replacement.
+type placement int
+
+const (
+	placedNot  placement = iota // none yet, or not Ready
+	placedHome                  // a new pod Ready on a local node
+	placedAway                  // a new pod bound to a virtual node
+)
+
+// replacement finds the pods of dep created since the move started.
+func (r *Reconciler) replacement(ctx context.Context, dep *appsv1.Deployment, m moveState) (placement, error) {
+	sel, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
+	if err != nil {
+		return placedNot, err
+	}
+	var pods corev1.PodList
+	if err := r.APIReader.List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return placedNot, err
+	}
+	var nodes corev1.NodeList
+	virtual := map[string]bool{}
+	if err := r.Client.List(ctx, &nodes, client.HasLabels{rbv1.ProviderLabel}); err == nil {
+		for _, n := range nodes.Items {
+			virtual[n.Name] = true
+		}
+	}
+	out := placedNot
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.UID == m.UID || !p.DeletionTimestamp.IsZero() || p.CreationTimestamp.Before(&m.Started) || p.Spec.NodeName == "" {
+			continue
+		}
+		node := &corev1.Node{}
+		isVirtual := virtual[p.Spec.NodeName]
+		if !isVirtual && r.Client.Get(ctx, client.ObjectKey{Name: p.Spec.NodeName}, node) == nil && collector.IsVirtualNode(node) {
+			isVirtual = true
+		}
+		switch {
+		case isVirtual:
+			return placedAway, nil
+		case podReady(p):
+			out = placedHome
+		}
+	}
+	return out, nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// deploymentOf is the Deployment whose ReplicaSet controls the pod (nil: none).
+func (r *Reconciler) deploymentOf(ctx context.Context, namespace, name string) (*appsv1.Deployment, error) {
+	var pod corev1.Pod
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &pod); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	ref := metav1.GetControllerOf(&pod)
+	if ref == nil || ref.Kind != "ReplicaSet" {
+		return nil, nil
+	}
+	var rs appsv1.ReplicaSet
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, &rs); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	ref = metav1.GetControllerOf(&rs)
+	if ref == nil || ref.Kind != "Deployment" {
+		return nil, nil
+	}
+	var dep appsv1.Deployment
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, &dep); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if dep.Spec.Replicas == nil {
+		return nil, nil
+	}
+	return &dep, nil
+}
+
+// settled: the Deployment is not rolling out, and every replica is available.
+func settled(dep *appsv1.Deployment) bool {
+	n := *dep.Spec.Replicas
+	s := dep.Status
+	return s.ObservedGeneration >= dep.Generation && s.Replicas == n && s.UpdatedReplicas == n && s.AvailableReplicas == n
+}
+
+// localFits: one local node has room for the requests (the scheduler still
+// decides; a replacement it sends away undoes the move).
+func (r *Reconciler) localFits(req corev1.ResourceList) bool {
+	if r.Local == nil {
+		return false
+	}
+	r.mu.Lock()
+	if r.Now().Sub(r.measAt) > remeasure {
+		r.measured, r.measAt = r.Local.Measure(), r.Now()
+	}
+	nodes := r.measured.NodeSummary
+	r.mu.Unlock()
+	for _, n := range nodes {
+		fits := true
+		for res, want := range req {
+			free := n.Allocatable[res].DeepCopy()
+			free.Sub(n.Allocated[res])
+			if free.Cmp(want) < 0 {
+				fits = false
+				break
+			}
+		}
+		if fits {
+			return true
+		}
+	}
+	return false
+}
+
+// annotate writes the move's state on the Deployment (conflict: it changed).
+func (r *Reconciler) annotate(ctx context.Context, dep *appsv1.Deployment, m *moveState) error {
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return r.patchDeployment(ctx, dep, map[string]any{"metadata": map[string]any{
+		"resourceVersion": dep.ResourceVersion, "annotations": map[string]any{MoveAnnotation: string(raw)}}})
+}
+
+func (r *Reconciler) patchDeployment(ctx context.Context, dep *appsv1.Deployment, patch map[string]any) error {
+	raw, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	return r.Client.Patch(ctx, dep, client.RawPatch(types.MergePatchType, raw))
+}
+
+// scale sets the Deployment's replicas through its scale subresource.
+func (r *Reconciler) scale(ctx context.Context, dep *appsv1.Deployment, replicas int32) error {
+	sc := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: replicas}}
+	err := r.Client.SubResource("scale").Update(ctx, dep, client.WithSubResourceBody(sc))
+	if err != nil {
+		return err
+	}
+	dep.Spec.Replicas = &replicas
+	return nil
+}
+
+func (r *Reconciler) event(rsv *rbv1.Reservation, typ, reason, note string, args ...any) {
+	if r.Recorder == nil {
+		return
+	}
+	pod := &corev1.Pod{}
+	pod.Namespace, pod.Name = rsv.Namespace, rsv.Spec.PodName
+	if p, ok := r.Pods.Pod(rsv.Namespace, rsv.Spec.PodName); ok {
+		pod.UID = p.UID
+	}
+	r.Recorder.Eventf(pod, nil, typ, reason, "ReturnHome", note, args...)
+}
+
+func (r *Reconciler) cooldown() time.Duration {
+	if r.Cooldown > 0 {
+		return r.Cooldown
+	}
+	return DefaultCooldown
+}
+
+func (r *Reconciler) replacementTimeout() time.Duration {
+	if r.ReplacementTimeout > 0 {
+		return r.ReplacementTimeout
+	}
+	return DefaultReplacementTimeout
+}
+
+func ignoreConflict(err error) error {
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
