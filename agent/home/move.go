@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -112,11 +113,17 @@ func (r *Reconciler) returnHome(ctx context.Context, rsv *rbv1.Reservation, pod 
 		return ctrl.Result{}, err
 	}
 	if raw := dep.Annotations[MoveAnnotation]; raw != "" {
+		// The move is the Deployment's: whichever of its pods is looked at
+		// takes it further (the moved pod's reservation ends with the move).
 		var m moveState
-		if json.Unmarshal([]byte(raw), &m) != nil || m.UID != pod.UID {
-			return ctrl.Result{}, nil // the Deployment's move is another pod's
+		if err := json.Unmarshal([]byte(raw), &m); err != nil {
+			return ctrl.Result{}, ignoreConflict(r.end(ctx, dep, m, resultAbandoned))
 		}
-		return r.goOn(ctx, rsv, dep, m)
+		res, err := r.goOn(ctx, dep, m)
+		if m.UID != pod.UID && res.IsZero() && err == nil {
+			res = waitForWorkload // this pod's turn comes after the cool-down
+		}
+		return res, err
 	}
 	now := r.Now()
 	if rsv.Status.ReservedAt != nil {
@@ -129,21 +136,24 @@ func (r *Reconciler) returnHome(ctx context.Context, rsv *rbv1.Reservation, pod 
 			return ctrl.Result{RequeueAfter: left}, nil
 		}
 	}
-	if !settled(dep) || !r.localFits(rsv.Spec.Resources) {
-		return ctrl.Result{}, nil // looked at again when the local capacity or the Deployment changes
+	if !settled(dep) {
+		return waitForWorkload, nil // Deployments are not watched: looked at again
+	}
+	if !r.localFits(rsv.Spec.Resources) {
+		return ctrl.Result{}, nil // looked at again when the local capacity changes
 	}
 	m := moveState{Pod: rsv.Spec.PodName, UID: pod.UID, Phase: phaseUp, Replicas: *dep.Spec.Replicas, Started: metav1.NewTime(now.Truncate(time.Second))}
 	if err := r.annotate(ctx, dep, &m); err != nil {
 		return ctrl.Result{}, ignoreConflict(err)
 	}
 	log.FromContext(ctx).Info("moving a borrowed pod home: scaling its Deployment out by one first", "pod", m.Pod, "deployment", dep.Name, "provider", rsv.Status.Provider)
-	r.event(rsv, corev1.EventTypeNormal, EventMoving, "a local node can hold the pod: Deployment %s scaled to %d so that a replacement starts at home first", dep.Name, m.Replicas+1)
-	return r.goOn(ctx, rsv, dep, m)
+	r.event(dep, m, corev1.EventTypeNormal, EventMoving, "a local node can hold the pod: Deployment %s scaled to %d so that a replacement starts at home first", dep.Name, m.Replicas+1)
+	return r.goOn(ctx, dep, m)
 }
 
 // goOn takes the move m one step further; each step is one write, and the
 // next reads the Deployment again.
-func (r *Reconciler) goOn(ctx context.Context, rsv *rbv1.Reservation, dep *appsv1.Deployment, m moveState) (ctrl.Result, error) {
+func (r *Reconciler) goOn(ctx context.Context, dep *appsv1.Deployment, m moveState) (ctrl.Result, error) {
 	replicas := *dep.Spec.Replicas
 	switch {
 	case m.Phase == phaseUp && replicas == m.Replicas:
@@ -166,20 +176,30 @@ func (r *Reconciler) goOn(ctx context.Context, rsv *rbv1.Reservation, dep *appsv
 		}
 		switch {
 		case placed == placedHome:
-			r.event(rsv, corev1.EventTypeNormal, EventMoved, "a replacement is Ready at home: Deployment %s scaled back to %d, which scales in the borrowed pod (lowest deletion cost)", dep.Name, m.Replicas)
+			r.event(dep, m, corev1.EventTypeNormal, EventMoved, "a replacement is Ready at home: Deployment %s scaled back to %d, which scales in the borrowed pod (lowest deletion cost)", dep.Name, m.Replicas)
 		case placed == placedAway:
-			r.event(rsv, corev1.EventTypeWarning, EventUndone, "the replacement was placed at a provider (home could not hold it after all): Deployment %s scaled back to %d", dep.Name, m.Replicas)
+			r.event(dep, m, corev1.EventTypeWarning, EventUndone, "the replacement was placed at a provider (home could not hold it after all): Deployment %s scaled back to %d", dep.Name, m.Replicas)
 		default:
-			r.event(rsv, corev1.EventTypeWarning, EventUndone, "the replacement was not Ready at home within %s: Deployment %s scaled back to %d", r.replacementTimeout(), dep.Name, m.Replicas)
+			r.event(dep, m, corev1.EventTypeWarning, EventUndone, "the replacement was not Ready at home within %s: Deployment %s scaled back to %d", r.replacementTimeout(), dep.Name, m.Replicas)
 		}
-		return r.goOn(ctx, rsv, dep, m)
+		return r.goOn(ctx, dep, m)
 	case m.Phase == phaseDown && replicas == m.Replicas+1:
-		return requeueSoon, ignoreConflict(r.scale(ctx, dep, m.Replicas))
+		// Scaled back, then ended at once: the moved pod goes with the
+		// scale, and its reservation with it, so no later look is due.
+		if err := r.scale(ctx, dep, m.Replicas); err != nil {
+			return ctrl.Result{}, ignoreConflict(err)
+		}
+		return ctrl.Result{}, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
+				return client.IgnoreNotFound(err)
+			}
+			return r.end(ctx, dep, m, m.Result)
+		})
 	case m.Phase == phaseDown && replicas == m.Replicas:
-		return ctrl.Result{}, r.end(ctx, dep, m, m.Result)
+		return ctrl.Result{}, ignoreConflict(r.end(ctx, dep, m, m.Result))
 	default: // someone else scaled the Deployment: theirs to decide
-		r.event(rsv, corev1.EventTypeWarning, EventNotMoved, "Deployment %s was scaled to %d by someone else during the move: left as it is", dep.Name, replicas)
-		return ctrl.Result{}, r.end(ctx, dep, m, resultAbandoned)
+		r.event(dep, m, corev1.EventTypeWarning, EventNotMoved, "Deployment %s was scaled to %d by someone else during the move: left as it is", dep.Name, replicas)
+		return ctrl.Result{}, ignoreConflict(r.end(ctx, dep, m, resultAbandoned))
 	}
 }
 
@@ -189,14 +209,16 @@ const (
 	resultMoved, resultUndone, resultAbandoned = "moved", "undone", "abandoned"
 )
 
-var requeueSoon = ctrl.Result{RequeueAfter: time.Second}
+// requeueSoon looks at a move again after one step; waitForWorkload at a
+// pod whose Deployment is busy (another pod's move, a rollout).
+var requeueSoon, waitForWorkload = ctrl.Result{RequeueAfter: time.Second}, ctrl.Result{RequeueAfter: 3 * time.Second}
 
 // end removes the move's annotation and starts the cool-down.
 func (r *Reconciler) end(ctx context.Context, dep *appsv1.Deployment, m moveState, result string) error {
 	patch := map[string]any{"metadata": map[string]any{"resourceVersion": dep.ResourceVersion, "annotations": map[string]any{
 		MoveAnnotation: nil, ReturnedAtAnnotation: r.Now().UTC().Format(time.RFC3339)}}}
 	if err := r.patchDeployment(ctx, dep, patch); err != nil {
-		return ignoreConflict(err)
+		return err
 	}
 	moves.WithLabelValues(result).Inc()
 	log.FromContext(ctx).Info("move home ended", "pod", m.Pod, "deployment", dep.Name, "result", result)
@@ -352,15 +374,13 @@ func (r *Reconciler) scale(ctx context.Context, dep *appsv1.Deployment, replicas
 	return nil
 }
 
-func (r *Reconciler) event(rsv *rbv1.Reservation, typ, reason, note string, args ...any) {
+// event tells about a move on its pod.
+func (r *Reconciler) event(dep *appsv1.Deployment, m moveState, typ, reason, note string, args ...any) {
 	if r.Recorder == nil {
 		return
 	}
 	pod := &corev1.Pod{}
-	pod.Namespace, pod.Name = rsv.Namespace, rsv.Spec.PodName
-	if p, ok := r.Pods.Pod(rsv.Namespace, rsv.Spec.PodName); ok {
-		pod.UID = p.UID
-	}
+	pod.Namespace, pod.Name, pod.UID = dep.Namespace, m.Pod, m.UID
 	r.Recorder.Eventf(pod, nil, typ, reason, "ReturnHome", note, args...)
 }
 
