@@ -202,6 +202,36 @@ $(COREDNS_STAMP):
 	rm -f "$(COREDNS_DIR)"/.built-coredns-*; \
 	touch "$@"
 
+# Kueue (sigs.k8s.io/kueue) for the test bed's batch queueing
+# (Options.Kueue, internal/testbed kueue.go): its controller-manager, built
+# static (CGO_ENABLED=0, as upstream's image) with `go install` from the Go
+# module proxy, outside this module (not one of our dependencies), and the
+# kustomize bases it is deployed from (config/ of the same module: CRDs,
+# RBAC, webhook configurations), which the bed renders and applies as
+# upstream wrote them. Into bin/kueue, cached by a stamp per version.
+KUEUE_VERSION := v0.17.0
+KUEUE_DIR     := $(CURDIR)/bin/kueue
+KUEUE_STAMP   := $(KUEUE_DIR)/.built-kueue-$(KUEUE_VERSION)
+
+.PHONY: kueue-bin
+kueue-bin: $(KUEUE_STAMP) ## Build Kueue's controller-manager (KUEUE_VERSION) from the Go module proxy into bin/kueue, with its config/ (CRDs, RBAC, webhooks).
+
+$(KUEUE_STAMP):
+	@echo ">> building Kueue $(KUEUE_VERSION) into $(KUEUE_DIR) (first time: about 8 minutes)"
+	@set -euo pipefail; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	mkdir -p "$(KUEUE_DIR)"; \
+	cd "$$tmp"; \
+	export GOWORK=off GOFLAGS=-buildvcs=false; \
+	CGO_ENABLED=0 GOBIN="$(KUEUE_DIR)" go install -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$(KUEUE_VERSION)" \
+		sigs.k8s.io/kueue/cmd/kueue@$(KUEUE_VERSION); \
+	GOFLAGS=-mod=mod go mod download -json sigs.k8s.io/kueue@$(KUEUE_VERSION) > download.json; \
+	dir=$$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p' download.json); \
+	if [ -z "$$dir" ] || [ ! -f "$$dir/config/default/kustomization.yaml" ]; then echo "no config/default in Kueue $(KUEUE_VERSION) ($$dir)" >&2; exit 1; fi; \
+	rm -rf "$(KUEUE_DIR)/config"; cp -r "$$dir/config" "$(KUEUE_DIR)/config"; chmod -R u+w "$(KUEUE_DIR)/config"; \
+	rm -f "$(KUEUE_DIR)"/.built-kueue-*; \
+	touch "$@"
+
 # Liqo's own components for the Liqo test bed (internal/liqobed), at go.mod's
 # Liqo version: liqo-controller-manager, virtual-kubelet, crd-replicator,
 # webhook and liqoctl, built inside a writable copy of Liqo's module (its
