@@ -37,7 +37,7 @@ demo-broker: build check-redis ## Run the broker-only demo: Redis, one broker, t
 	hack/demo-broker.sh
 
 .PHONY: test
-test: envtest-bin node-bin metrics-server-bin coredns-bin liqo-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane, nodes, metrics-server and Liqo on first use).
+test: envtest-bin node-bin metrics-server-bin coredns-bin liqo-bin kueue-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane, nodes, metrics-server, Liqo and Kueue on first use).
 	go test $(GO_TEST_FLAGS) -skip '^($(ALONE_TESTS))$$' ./...
 	go test $(GO_TEST_FLAGS) -run '^($(ALONE_TESTS))$$' $(ALONE_PKGS)
 

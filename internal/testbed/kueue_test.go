@@ -133,3 +133,33 @@ func waitForWorkload(ctx context.Context, t *testing.T, c client.Client, job *ba
 	}, time.Minute, 100*time.Millisecond, "Workload of Job %s with %s=%s", job.Name, cond, status)
 	return found
 }
+
+func TestKueueOptionRefusedWithoutRequester(t *testing.T) {
+	b, err := New(context.Background(), Options{Dir: t.TempDir(), Kueue: true, Clusters: []ClusterSpec{Paris}})
+	require.Nil(t, b)
+	require.ErrorContains(t, err, "Options.Kueue runs Kueue in the requester clusters, and none is")
+}
+
+func TestCheckKueueSaysHowToBuildIt(t *testing.T) {
+	t.Setenv(KueueBinEnv, t.TempDir())
+	require.ErrorContains(t, CheckKueue("/nowhere"), `run "make kueue-bin"`)
+}
+
+func TestPointAtURL(t *testing.T) {
+	wh := &unstructured.Unstructured{Object: map[string]any{"webhooks": []any{map[string]any{
+		"name":         "mjob.kb.io",
+		"clientConfig": map[string]any{"service": map[string]any{"name": "kueue-webhook-service", "namespace": "kueue-system", "path": "/mutate-batch-v1-job"}},
+	}}}}
+	wh.SetKind("MutatingWebhookConfiguration")
+	require.NoError(t, pointAtURL(wh, "https://127.0.0.1:9443", []byte("CA")))
+	cc := wh.Object["webhooks"].([]any)[0].(map[string]any)["clientConfig"]
+	require.Equal(t, map[string]any{"url": "https://127.0.0.1:9443/mutate-batch-v1-job", "caBundle": "Q0E="}, cc)
+
+	crd := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"conversion": map[string]any{
+		"strategy": "Webhook", "webhook": map[string]any{"clientConfig": map[string]any{
+			"service": map[string]any{"name": "kueue-webhook-service", "namespace": "kueue-system", "path": "/convert"}}}}}}}
+	crd.SetKind("CustomResourceDefinition")
+	require.NoError(t, pointAtURL(crd, "https://127.0.0.1:9443", []byte("CA")))
+	cc, _, _ = unstructured.NestedMap(crd.Object, "spec", "conversion", "webhook", "clientConfig")
+	require.Equal(t, map[string]any{"url": "https://127.0.0.1:9443/convert", "caBundle": "Q0E="}, cc)
+}
