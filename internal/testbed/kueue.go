@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -137,7 +138,7 @@ func (c *Cluster) startKueue(ctx context.Context) error {
 	}
 	webhookCerts := filepath.Join(kdir, "webhook-certs")
 	etc := filepath.Join(kdir, "etc")
-	for _, d := range []string{webhookCerts, filepath.Join(etc, kueueMetricsCertDir[len("/etc/"):])} {
+	for _, d := range []string{webhookCerts, filepath.Join(etc, strings.TrimPrefix(kueueMetricsCertDir, "/etc/"))} {
 		if err := certauthority.WriteTLSDir(d, serving, c.CA.CertPEM); err != nil {
 			return err
 		}
