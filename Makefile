@@ -37,7 +37,7 @@ demo-broker: build check-redis ## Run the broker-only demo: Redis, one broker, t
 	hack/demo-broker.sh
 
 .PHONY: test
-test: envtest-bin node-bin metrics-server-bin coredns-bin liqo-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane, nodes, metrics-server and Liqo on first use).
+test: envtest-bin node-bin metrics-server-bin coredns-bin liqo-bin kueue-bin cert-manager-crds check-redis check-node-deps ## Run every test (needs root, redis-server, containerd, runc, CNI plugins; builds the test control plane, nodes, metrics-server, Liqo and Kueue on first use).
 	go test $(GO_TEST_FLAGS) -skip '^($(ALONE_TESTS))$$' ./...
 	go test $(GO_TEST_FLAGS) -run '^($(ALONE_TESTS))$$' $(ALONE_PKGS)
 
@@ -200,6 +200,36 @@ $(COREDNS_STAMP):
 	export GOWORK=off GOFLAGS=-buildvcs=false; \
 	GOBIN="$(COREDNS_DIR)" go install -ldflags "-s -w" github.com/coredns/coredns@$(COREDNS_VERSION); \
 	rm -f "$(COREDNS_DIR)"/.built-coredns-*; \
+	touch "$@"
+
+# Kueue (sigs.k8s.io/kueue) for the test bed's batch queueing
+# (Options.Kueue, internal/testbed kueue.go): its controller-manager, built
+# static (CGO_ENABLED=0, as upstream's image) with `go install` from the Go
+# module proxy, outside this module (not one of our dependencies), and the
+# kustomize bases it is deployed from (config/ of the same module: CRDs,
+# RBAC, webhook configurations), which the bed renders and applies as
+# upstream wrote them. Into bin/kueue, cached by a stamp per version.
+KUEUE_VERSION := v0.17.0
+KUEUE_DIR     := $(CURDIR)/bin/kueue
+KUEUE_STAMP   := $(KUEUE_DIR)/.built-kueue-$(KUEUE_VERSION)
+
+.PHONY: kueue-bin
+kueue-bin: $(KUEUE_STAMP) ## Build Kueue's controller-manager (KUEUE_VERSION) from the Go module proxy into bin/kueue, with its config/ (CRDs, RBAC, webhooks).
+
+$(KUEUE_STAMP):
+	@echo ">> building Kueue $(KUEUE_VERSION) into $(KUEUE_DIR) (first time: about 8 minutes)"
+	@set -euo pipefail; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	mkdir -p "$(KUEUE_DIR)"; \
+	cd "$$tmp"; \
+	export GOWORK=off GOFLAGS=-buildvcs=false; \
+	CGO_ENABLED=0 GOBIN="$(KUEUE_DIR)" go install -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$(KUEUE_VERSION)" \
+		sigs.k8s.io/kueue/cmd/kueue@$(KUEUE_VERSION); \
+	GOFLAGS=-mod=mod go mod download -json sigs.k8s.io/kueue@$(KUEUE_VERSION) > download.json; \
+	dir=$$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p' download.json); \
+	if [ -z "$$dir" ] || [ ! -f "$$dir/config/default/kustomization.yaml" ]; then echo "no config/default in Kueue $(KUEUE_VERSION) ($$dir)" >&2; exit 1; fi; \
+	rm -rf "$(KUEUE_DIR)/config"; cp -r "$$dir/config" "$(KUEUE_DIR)/config"; chmod -R u+w "$(KUEUE_DIR)/config"; \
+	rm -f "$(KUEUE_DIR)"/.built-kueue-*; \
 	touch "$@"
 
 # Liqo's own components for the Liqo test bed (internal/liqobed), at go.mod's

@@ -17,6 +17,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,7 +43,8 @@ import (
 // AgentNamespace is where the agents keep their objects (as in manifests/agent).
 const AgentNamespace = "resource-broker"
 
-// Scheme knows the built-in types, resource-broker's CRDs and APIServices.
+// Scheme knows the built-in types, resource-broker's CRDs, APIServices and
+// CustomResourceDefinitions.
 var Scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
@@ -52,6 +54,9 @@ var Scheme = func() *runtime.Scheme {
 		panic(err)
 	}
 	if err := apiregistrationv1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := apiextensionsv1.AddToScheme(s); err != nil {
 		panic(err)
 	}
 	return s
@@ -137,9 +142,14 @@ type Cluster struct {
 	// KubeScheduler is the cluster's plain kube-scheduler (Options.Deployed only).
 	KubeScheduler     *Process
 	MetricsServerAddr string
-	// CA is the cluster's CA (with Options.RealNodes only): the API
-	// server's client CA, issuer of the kubelets' serving certificates and
-	// kube-controller-manager's CSR signer.
+	// Kueue is Kueue's controller-manager (with Options.Kueue, in requester
+	// clusters only), its webhooks served at KueueWebhookURL (kueue.go).
+	Kueue           *Process
+	KueueWebhookURL string
+	// CA is the cluster's CA (with Options.RealNodes or Kueue): with
+	// RealNodes the API server's client CA, issuer of the kubelets' serving
+	// certificates and kube-controller-manager's CSR signer; the issuer of
+	// Kueue's serving certificate.
 	CA *certauthority.CA
 	// AgentIP is the address of the agent's virtual-kubelet endpoint (with
 	// Options.RealNodes: an address on the host bridge, as a pod IP).

@@ -112,6 +112,11 @@ type Options struct {
 	// enables its Coscheduling plugin in the requesters' resource-broker
 	// profile (gangs.go).
 	Gangs bool
+	// Kueue runs Kueue (bin/kueue, `make kueue-bin`) in every requester
+	// cluster: its CRDs, RBAC and webhooks from upstream's config/default,
+	// its controller-manager as a host process with the batch/v1 Job
+	// integration (kueue.go). Stand-in nodes or real ones.
+	Kueue bool
 }
 
 func (o *Options) defaults() {
@@ -153,6 +158,9 @@ func (o *Options) validate() error {
 	}
 	if (o.Services || o.Deployed) && !o.RealNodes {
 		return errors.New("Options.Services and Deployed need RealNodes: pods run on real nodes only")
+	}
+	if o.Kueue && !slices.ContainsFunc(o.Clusters, func(c ClusterSpec) bool { return c.Requester }) {
+		return errors.New("Options.Kueue runs Kueue in the requester clusters, and none is")
 	}
 	if o.MetricResolution < minMetricResolution {
 		return fmt.Errorf("Options.MetricResolution %s: metrics-server needs at least %s (above its 10s kubelet request timeout)",
@@ -377,6 +385,13 @@ func (b *Bed) start(ctx context.Context) error {
 					}
 					return c.startClusterDNS(gctx)
 				}))
+			}
+		}
+	}
+	if o.Kueue {
+		for _, c := range b.Clusters {
+			if c.Spec.Requester {
+				g.Go(timed("kueue "+c.Name, func() error { return c.startKueue(gctx) }))
 			}
 		}
 	}
@@ -610,7 +625,7 @@ func (b *Bed) Processes() []*Process {
 		ps = append(ps, br.Process)
 	}
 	for _, c := range b.Clusters {
-		for _, p := range []*Process{c.ControllerManager, c.MetricsServer, c.Agent, c.Scheduler} {
+		for _, p := range []*Process{c.ControllerManager, c.MetricsServer, c.Kueue, c.Agent, c.Scheduler} {
 			if p != nil {
 				ps = append(ps, p)
 			}
@@ -638,7 +653,7 @@ func (b *Bed) DumpLogs(logf func(string, ...any), lines int) {
 }
 
 // Close stops everything, in order: schedulers, agents, in-process
-// controllers, kube-controller-manager and metrics-server, the real nodes,
+// controllers, kube-controller-manager, metrics-server and Kueue, the real nodes,
 // brokers, the proxy, Redis, the control planes.
 func (b *Bed) Close() error {
 	var errs []error
@@ -681,7 +696,7 @@ func (b *Bed) Close() error {
 		}
 		var kcms []*Process
 		for _, c := range b.Clusters {
-			kcms = append(kcms, c.ControllerManager, c.MetricsServer)
+			kcms = append(kcms, c.ControllerManager, c.MetricsServer, c.Kueue)
 		}
 		for _, c := range b.Clusters {
 			kcms = append(kcms, c.ClusterDNS, c.KubeScheduler)
