@@ -13,6 +13,7 @@
 // (crash loops, completions, the OOM killer) without a server:
 //
 //	testapp exit CODE   exits with CODE at once
+//	testapp sleep SECS  works (sleeps) SECS seconds, then exits 0 (a Job's task)
 //	testapp alloc MIB   allocates MIB MiB, touching every page, then sleeps until SIGTERM
 //
 // The identity comes from the environment (CLUSTER_NAME, NODE_NAME, POD_NAME,
@@ -56,6 +57,8 @@ func main() {
 			os.Exit(get(os.Args[2], os.Stdout, os.Stderr))
 		case "exit":
 			os.Exit(exitWith(os.Args[2], os.Stderr))
+		case "sleep":
+			os.Exit(sleepFor(os.Args[2], os.Stderr))
 		case "alloc":
 			os.Exit(alloc(os.Args[2], os.Stdout, os.Stderr, func() {
 				ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -111,6 +114,25 @@ func exitWith(arg string, errOut io.Writer) int {
 	}
 	fmt.Fprintf(errOut, "testapp exit: exiting with code %d\n", code)
 	return code
+}
+
+// sleepFor sleeps arg seconds (at most maxBurnSeconds), then returns 0; a
+// SIGTERM ends it early with 143, as a shell's sleep killed by it.
+func sleepFor(arg string, errOut io.Writer) int {
+	secs, err := strconv.ParseFloat(arg, 64)
+	if err != nil || secs < 0 || secs > maxBurnSeconds {
+		fmt.Fprintf(errOut, "testapp sleep: want seconds in [0, %d], got %q\n", maxBurnSeconds, arg)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	select {
+	case <-time.After(time.Duration(secs * float64(time.Second))):
+		fmt.Fprintf(errOut, "testapp sleep: done after %ss\n", arg)
+		return 0
+	case <-ctx.Done():
+		return 143
+	}
 }
 
 // maxAllocMiB bounds testapp alloc.

@@ -195,3 +195,15 @@ func TestAllocCommand(t *testing.T) {
 		assert.Contains(t, errOut.String(), "MiB must be a whole number in [1, 65536]")
 	}
 }
+
+func TestSleepFor(t *testing.T) {
+	var errOut strings.Builder
+	if code := sleepFor("0.05", &errOut); code != 0 {
+		t.Fatalf("sleep 0.05: exit %d, %s", code, errOut.String())
+	}
+	for _, bad := range []string{"-1", "x", "999999"} {
+		if code := sleepFor(bad, &errOut); code != 2 {
+			t.Errorf("sleep %q: exit %d, want 2", bad, code)
+		}
+	}
+}
