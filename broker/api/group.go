@@ -25,6 +25,10 @@ type GroupRequest struct {
 	Priority int32          `json:"priority,omitempty"`
 	// Spread spreads the members with the earlier replicas of its group.
 	Spread *Spread `json:"spread,omitempty"`
+	// Preferences are not taken by groups yet: a group request carrying
+	// any is refused (400). The field exists so that the refusal says so
+	// rather than calling it an unknown field.
+	Preferences []Preference `json:"preferences,omitempty"`
 }
 
 // GroupMember is one member of a group request: a reservation id
@@ -49,6 +53,9 @@ func (g GroupRequest) ToStore(requester string, lim Limits) (model.GroupRequest,
 	out := model.GroupRequest{Group: g.Group, Requester: requester, MinMember: g.MinMember, Owner: g.Owner, Priority: g.Priority}
 	if g.Group == "" {
 		return out, invalid("group: required (names the gang, unique per requester)")
+	}
+	if len(g.Preferences) > 0 {
+		return out, invalid("preferences: groups do not take preferences yet (ask without them, or reserve the members one by one)")
 	}
 	if err := validateText("group", g.Group, 253); err != nil {
 		return out, err

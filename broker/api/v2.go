@@ -311,6 +311,59 @@ type ReservationRequest struct {
 	// PreemptLowerPriority): the fewest, lowest priority first, unless
 	// capacity being released would hold it.
 	Preempt bool `json:"preempt,omitempty"`
+	// Preferences order the providers it is placed on (ordered spillover:
+	// "eu-south first, then eu-west, then anything"): at most
+	// MaxPreferences terms, tried by weight, highest first; the first with
+	// a fitting provider decides among its providers; none fitting, the
+	// decision ignores them. None: the requester's defaults of the broker's
+	// policy, if any.
+	Preferences []Preference `json:"preferences,omitempty"`
+}
+
+// Preference is one term of a request's preferences: the providers that
+// carry MatchLabels (besides the selector's) and, when Clusters is set, are
+// listed there. A term has matchLabels, clusters or both.
+type Preference struct {
+	Weight      int32             `json:"weight"` // 1-100
+	MatchLabels map[string]string `json:"matchLabels,omitempty"`
+	Clusters    []string          `json:"clusters,omitempty"`
+}
+
+// Bounds of a request's preferences.
+const (
+	MaxPreferences        = 8
+	MaxPreferenceClusters = 64
+)
+
+// PreferencesToStore validates preferences (field names the list in
+// errors: "preferences") and converts them.
+func PreferencesToStore(field string, prefs []Preference) ([]model.Preference, error) {
+	if len(prefs) > MaxPreferences {
+		return nil, invalid("%s: %d terms, at most %d", field, len(prefs), MaxPreferences)
+	}
+	var out []model.Preference
+	for i, p := range prefs {
+		at := fmt.Sprintf("%s[%d]", field, i)
+		if p.Weight < 1 || p.Weight > 100 {
+			return nil, invalid("%s.weight: %d, must be 1 to 100", at, p.Weight)
+		}
+		if len(p.MatchLabels) == 0 && len(p.Clusters) == 0 {
+			return nil, invalid("%s: an empty term (give matchLabels, clusters or both)", at)
+		}
+		if err := validateLabels(at+".matchLabels", p.MatchLabels); err != nil {
+			return nil, err
+		}
+		if len(p.Clusters) > MaxPreferenceClusters {
+			return nil, invalid("%s.clusters: %d clusters, at most %d", at, len(p.Clusters), MaxPreferenceClusters)
+		}
+		for j, id := range p.Clusters {
+			if err := model.ValidateClusterID(id); err != nil {
+				return nil, invalid("%s.clusters[%d]: %v", at, j, err)
+			}
+		}
+		out = append(out, model.Preference{Weight: p.Weight, Labels: p.MatchLabels, Clusters: p.Clusters})
+	}
+	return out, nil
 }
 
 // ToStore validates the request of requester and converts it.
@@ -343,6 +396,9 @@ func (r ReservationRequest) ToStore(requester string, lim Limits) (model.Reserve
 		return out, err
 	}
 	out.Preempt = r.Preempt
+	if out.Preferences, err = PreferencesToStore("preferences", r.Preferences); err != nil {
+		return out, err
+	}
 	return out, validateText("owner", r.Owner, 253)
 }
 
@@ -403,11 +459,25 @@ type Reservation struct {
 	// PreemptedBy names, once a reservation of higher priority took its
 	// capacity (it is Released), that reservation (<requester>/<id>).
 	PreemptedBy string `json:"preemptedBy,omitempty"`
+	// Preference says how the request's preferences placed it (absent: it
+	// had none).
+	Preference *PreferenceOutcome `json:"preference,omitempty"`
 	// RemainingMs is how long the reservation still lives unless renewed,
 	// measured on the broker's clock when the answer was made (0 once
 	// ended). Agents act on it, never on ExpiresAt, which is for people:
 	// their clocks need not agree with the broker's.
 	RemainingMs int64 `json:"remainingMs"`
+}
+
+// PreferenceOutcome says which preference term placed a reservation: Term
+// (its index in the request as given, 0-based) and its Weight; or
+// NoneFitting, when no term had a fitting provider and the decision ignored
+// them. Tried lists the terms tried, by index, in the order tried.
+type PreferenceOutcome struct {
+	Term        *int  `json:"term,omitempty"`
+	Weight      int32 `json:"weight,omitempty"`
+	NoneFitting bool  `json:"noneFitting,omitempty"`
+	Tried       []int `json:"tried"`
 }
 
 // ReservationFromStore renders a stored reservation; withGrant shows the
@@ -428,6 +498,13 @@ func ReservationFromStore(r model.Reservation, withGrant bool) Reservation {
 	if !r.EndedAt.IsZero() {
 		t := r.EndedAt
 		out.EndedAt = &t
+	}
+	if p := r.Preference; p != nil {
+		out.Preference = &PreferenceOutcome{Weight: p.Weight, Tried: p.Tried, NoneFitting: p.Term < 0}
+		if p.Term >= 0 {
+			term := p.Term
+			out.Preference.Term = &term
+		}
 	}
 	for _, c := range r.Candidates {
 		out.Candidates = append(out.Candidates, Candidate(c))

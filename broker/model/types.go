@@ -168,6 +168,33 @@ type ReserveRequest struct {
 	// reservations of lower priority (Store.Preempt; its pod's
 	// preemptionPolicy is PreemptLowerPriority).
 	Preempt bool
+	// Preferences order where the request is placed: the terms are tried
+	// by weight, highest first (equal weights in the order given), and the
+	// first with a fitting cluster decides among its clusters; none fitting,
+	// the decision is the one without preferences (docs/architecture.md,
+	// preferences). Store.Reserve sets them from Config.Policy when the
+	// request carries none.
+	Preferences []Preference
+}
+
+// Preference is one term of a request's preferences: the clusters that
+// carry Labels (besides the request's selector) and, when Clusters is set,
+// are among them. A term has labels, clusters or both.
+type Preference struct {
+	Weight   int32 // 1-100
+	Labels   map[string]string
+	Clusters []string
+}
+
+// PreferenceOutcome says how a reservation's preferences were used: the
+// term whose clusters it was placed among (Term, its index in the request
+// as given, and its Weight), or, Term -1, that no term had a fitting
+// cluster and the decision ignored them. Tried lists the terms tried, by
+// index, in the order tried.
+type PreferenceOutcome struct {
+	Term   int   `json:"term"`
+	Weight int32 `json:"weight,omitempty"`
+	Tried  []int `json:"tried"`
 }
 
 // Limits are the operator's fair-share limits of one requester
@@ -278,6 +305,8 @@ type Reservation struct {
 	// PreemptedBy names the reservation that took its capacity
 	// (<requester>/<id>, Preempt); empty unless it was preempted.
 	PreemptedBy string
+	// Preference is how the request's preferences placed it; nil: it had none.
+	Preference *PreferenceOutcome
 }
 
 // QID is the reservation's qualified id (QualifiedID).

@@ -17,7 +17,11 @@
 //	    reservesPerSecond: 20
 //	    reserveBurst: 40
 //	  clusters:
-//	    rome: {maxResources: {cpu: "128"}}
+//	    rome:
+//	      maxResources: {cpu: "128"}
+//	      preferences:   # rome's requests that carry none: eu-south first, then paris
+//	      - {weight: 100, matchLabels: {region: eu-south}}
+//	      - {weight: 50, clusters: [paris]}
 //	providers:
 //	  default:
 //	    maxCapacity: {cpu: "512", memory: 2Ti, gpu: "16", storage: 10Ti}
@@ -48,6 +52,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
+	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
@@ -93,6 +98,11 @@ type RequesterLimits struct {
 	// ReserveBurst calls at once; over it, 429 with Retry-After.
 	ReservesPerSecond *float64 `json:"reservesPerSecond,omitempty"`
 	ReserveBurst      *int32   `json:"reserveBurst,omitempty"`
+	// Preferences are its requests' default preferences (as a request's
+	// preferences field: at most 8 terms of weight, matchLabels,
+	// clusters), used when a request carries none. An override's replace
+	// the default's.
+	Preferences []api.Preference `json:"preferences,omitempty"`
 }
 
 // Amounts are resource quantities as the API writes them.
@@ -149,6 +159,8 @@ type LabelBounds struct {
 type Policy struct {
 	limits        map[string]model.Limits // by cluster, for the overridden ones
 	defaultLimits model.Limits
+	prefs         map[string][]model.Preference // by cluster, for the overridden ones
+	defaultPrefs  []model.Preference
 	bounds        map[string]*bounds
 	defaultBounds *bounds
 	rates         map[string]model.MemberRates // by cluster, for the overridden ones
@@ -207,9 +219,22 @@ func New(f File) (*Policy, error) {
 	if errs := f.validate(); len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
-	p := &Policy{limits: map[string]model.Limits{}, bounds: map[string]*bounds{}, rates: map[string]model.MemberRates{}}
+	p := &Policy{limits: map[string]model.Limits{}, prefs: map[string][]model.Preference{},
+		bounds: map[string]*bounds{}, rates: map[string]model.MemberRates{}}
 	var errs field.ErrorList
 	root := field.NewPath("requesters")
+	// Preferences are checked as the API checks a request's: the error names the term's field.
+	var err error
+	if p.defaultPrefs, err = api.PreferencesToStore(root.Child("default", "preferences").String(), f.Requesters.Default.Preferences); err != nil {
+		return nil, err
+	}
+	for _, id := range sortedKeys(f.Requesters.Clusters) {
+		merged := f.Requesters.Default.merge(f.Requesters.Clusters[id])
+		at := root.Child("clusters").Key(id).Child("preferences").String()
+		if p.prefs[id], err = api.PreferencesToStore(at, merged.Preferences); err != nil {
+			return nil, err
+		}
+	}
 	// A burst needs a rate, the one it sets or the default's.
 	burstWithoutRate := func(set, merged RequesterLimits, at *field.Path) {
 		if set.ReserveBurst != nil && merged.ReservesPerSecond == nil {
@@ -260,6 +285,14 @@ func (p *Policy) Limits(requester string) model.Limits {
 	return p.defaultLimits
 }
 
+// Preferences returns a requester's default preferences (store.Policy).
+func (p *Policy) Preferences(requester string) []model.Preference {
+	if prefs, ok := p.prefs[requester]; ok {
+		return prefs
+	}
+	return p.defaultPrefs
+}
+
 // Clusters lists the clusters that have settings of their own, in order.
 func (p *Policy) Clusters() []string { return p.clusters }
 
@@ -292,6 +325,9 @@ func (d RequesterLimits) merge(o RequesterLimits) RequesterLimits {
 	}
 	if o.ReserveBurst != nil {
 		out.ReserveBurst = o.ReserveBurst
+	}
+	if o.Preferences != nil {
+		out.Preferences = o.Preferences
 	}
 	return out
 }

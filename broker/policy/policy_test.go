@@ -63,6 +63,29 @@ func TestLimits(t *testing.T) {
 	assert.NoError(t, d.CheckAdvertisement("paris", model.Advertisement{Allocatable: model.Resources{CPU: 1 << 40}}), "no bounds")
 }
 
+// TestPreferences: a requester's default preferences are the default's
+// unless its override names its own (an empty list: none).
+func TestPreferences(t *testing.T) {
+	p, err := policy.Parse([]byte(`apiVersion: broker.fluidos.eu/v1alpha1
+kind: BrokerPolicy
+requesters:
+  default:
+    maxReservations: 10
+    preferences: [{weight: 100, matchLabels: {region: eu-south}}, {weight: 50, clusters: [paris]}]
+  clusters:
+    rome: {preferences: [{weight: 7, clusters: [lyon], matchLabels: {tier: gold}}]}
+    oslo: {preferences: []}
+    milan: {maxReservations: 3}
+`))
+	require.NoError(t, err)
+	def := []model.Preference{{Weight: 100, Labels: map[string]string{"region": "eu-south"}}, {Weight: 50, Clusters: []string{"paris"}}}
+	assert.Equal(t, def, p.Preferences("lyon"))
+	assert.Equal(t, def, p.Preferences("milan"), "an override that names no preferences keeps the default's")
+	assert.Equal(t, []model.Preference{{Weight: 7, Labels: map[string]string{"tier": "gold"}, Clusters: []string{"lyon"}}}, p.Preferences("rome"))
+	assert.Empty(t, p.Preferences("oslo"))
+	assert.Empty(t, policy.Default().Preferences("rome"))
+}
+
 func TestCheckAdvertisement(t *testing.T) {
 	p, err := policy.Parse([]byte(sample))
 	require.NoError(t, err)
@@ -135,6 +158,9 @@ func TestParseErrors(t *testing.T) {
 		{"min above max", head + "providers:\n  default: {prices: {cpu: {max: \"0.5\"}}}\n  clusters: {paris: {prices: {cpu: {min: \"1\"}}}}\n",
 			"providers.clusters[paris].prices.cpu: Invalid value: \"min 1 (providers.clusters[paris].prices.cpu.min), max 500m (providers.default.prices.cpu.max)\": the minimum exceeds the maximum"},
 		{"bad label key", head + "providers: {default: {labels: {allowedKeys: [\"no spaces\"]}}}", `providers.default.labels.allowedKeys[0]: Invalid value: "no spaces"`},
+		{"preference weight", head + "requesters: {default: {preferences: [{weight: 0, clusters: [paris]}]}}", "requesters.default.preferences[0].weight: 0, must be 1 to 100"},
+		{"empty preference", head + "requesters: {clusters: {rome: {preferences: [{weight: 5, clusters: [paris]}, {weight: 5}]}}}", "requesters.clusters[rome].preferences[1]: an empty term"},
+		{"preference cluster id", head + "requesters: {clusters: {rome: {preferences: [{weight: 5, clusters: [Paris]}]}}}", `requesters.clusters[rome].preferences[0].clusters[0]: invalid cluster id "Paris"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := policy.Parse([]byte(c.yaml))

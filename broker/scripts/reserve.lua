@@ -96,7 +96,11 @@
 --          alike), and limits, the requester's (a field absent: no limit):
 --          n (live reservations), cpu (millicores), mem (bytes), gpu
 --          (count), priority (ceiling), rate (reserve calls per second, a
---          float), burst (calls, >= 1; with the rate)
+--          float), burst (calls, >= 1; with the rate); prefs (absent: none),
+--          the preference terms in the order to try them (by weight,
+--          highest first), each {i (its index in the request as given), w
+--          (weight), labels (object, absent: none), clusters (array of
+--          cluster ids, absent: any)}
 -- Reply: per request, in order, {outcome, reservation, candidates_json, rejections_json, now_ms}
 --   outcome     "reserved" (new), "replay" (id already decided: the first
 --               answer), "conflict" (the requester decided this id before
@@ -118,10 +122,22 @@
 --               (outcome "error": the error message instead)
 --   now_ms      the Redis clock of the call (for the reservation's remaining time)
 --
+-- Preferences (reserve_prefs.lua). A request with preference terms is
+-- decided first restricted to each term, in order: its labels merged into
+-- the selector (a label the selector sets otherwise: the term matches
+-- nothing), its clusters, when it names some, the only candidates. The
+-- first term with a fitting cluster decides, by the usual score among its
+-- fitting clusters (the price range too is theirs); none fitting, the
+-- decision runs without preferences, as for a request without them, so
+-- preferences never refuse or hold back a request. The reservation (field
+-- preference, JSON {term, weight, tried}; term -1: none fitting) and the
+-- audit (preference, preference_weight, preferences_tried) say which term
+-- won. The gate, the waiting list and the priority gate ignore them.
+--
 -- A decision goes through four stages, one include each: the gate
 -- (reserve_gate.lua: rate, replay, limits, priority), the candidates
--- (reserve_candidates.lua, judging and scoring in reserve_score.lua) and
--- the commit (reserve_commit.lua).
+-- (reserve_candidates.lua, judging and scoring in reserve_score.lua; the
+-- preference terms in reserve_prefs.lua) and the commit (reserve_commit.lua).
 -- @include reservations
 
 local prefix = KEYS[1]
@@ -137,6 +153,7 @@ local now = math.floor(started_us / 1000)
 local cut = now - stale_ms
 
 -- @include reserve_candidates
+-- @include reserve_prefs
 -- @include reserve_commit
 
 -- decide answers the request raw; arrival_us orders it on the waiting list:
@@ -145,8 +162,13 @@ local function decide(raw, arrival_us)
   local q = request_of(raw)
   local answered = gate(q, arrival_us)
   if answered then return answered end
-  local d = new_decision(q)
-  candidates(d)
+  local d
+  if q.prefs then
+    d = decide_preferred(q)
+  else
+    d = new_decision(q)
+    candidates(d)
+  end
   d.rejected.stale = call_counts()
   if #d.top == 0 then return no_fit(d, arrival_us) end
   return commit(d)

@@ -154,7 +154,8 @@ func TestOperatorOpenAPI(t *testing.T) {
 
 	// Reservations: made, replayed, refused, read, listed, granted, renewed, released.
 	r1 := api.ReservationRequest{ID: "r1", Resources: q("1", "1Gi", ""), Duration: "1h", Owner: "shop/web-0", Priority: 10,
-		Selector: &api.LabelSelector{MatchLabels: map[string]string{"region": "eu"}}, Lease: "2m"}
+		Selector: &api.LabelSelector{MatchLabels: map[string]string{"region": "eu"}}, Lease: "2m",
+		Preferences: []api.Preference{{Weight: 80, MatchLabels: map[string]string{"tier": "gold"}}, {Weight: 20, Clusters: []string{"paris"}}}}
 	const rsvs, rsv = "/api/v2/reservations", "/api/v2/reservations/{id}"
 	c.call("rome", http.MethodPost, rsvs, rsvs, r1, http.StatusCreated)
 	c.call("rome", http.MethodPost, rsvs, rsvs, r1, http.StatusOK)
@@ -184,6 +185,8 @@ func TestOperatorOpenAPI(t *testing.T) {
 	c.call("rome", http.MethodPost, groups, groups, api.GroupRequest{Group: "huge", MinMember: 2,
 		Members: []api.GroupMember{member("h0", "100"), member("h1", "100")}}, http.StatusConflict)
 	c.call("rome", http.MethodPost, groups, groups, map[string]any{"group": "empty"}, http.StatusBadRequest)
+	c.call("rome", http.MethodPost, groups, groups, api.GroupRequest{Group: "preferring", MinMember: 1, Members: []api.GroupMember{member("p0", "1")},
+		Preferences: []api.Preference{{Weight: 1, Clusters: []string{"paris"}}}}, http.StatusBadRequest)
 	c.call("rome", http.MethodPut, protections, protections, api.ProtectRequest{IDs: []string{"g0"}}, http.StatusOK)
 	c.call("rome", http.MethodPut, protections, protections, map[string]any{"ids": "g0"}, http.StatusBadRequest)
 	for _, id := range []string{"g0", "g1"} {

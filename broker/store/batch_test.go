@@ -42,6 +42,7 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 	seqRdb, batRdb := seq.Client(), bat.Client()
 
 	decided, nofit, replays, conflicts, onNodes := 0, 0, 0, 0, 0
+	prefs := map[string]int{}
 	for round, n := range []int{12, 60, 300} {
 		for _, s := range []*store.Store{seq, bat} {
 			require.NoError(t, admin(t, s).FlushAll(ctx).Err())
@@ -63,6 +64,9 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 			for i := range reqs {
 				reqs[i] = randomRequest(rng, fmt.Sprintf("r%d-%d-%d", round, b, i), ids[rng.IntN(n)])
 				reqs[i].Priority = int32(rng.IntN(3))
+				if rng.IntN(3) == 0 {
+					reqs[i].Preferences = randomPreferences(rng, ids)
+				}
 				switch {
 				case i > 0 && rng.IntN(12) == 0: // the same request again: a replay
 					reqs[i] = reqs[rng.IntN(i)]
@@ -92,6 +96,10 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 					require.Equal(t, want.Reservation.Score, got[i].Reservation.Score, where)
 					require.Equal(t, want.Reservation.Candidates, got[i].Reservation.Candidates, where)
 					require.Equal(t, want.Reservation.Node, got[i].Reservation.Node, where)
+					require.Equal(t, want.Reservation.Preference, got[i].Reservation.Preference, where)
+					if want.Reservation.Preference != nil && !want.Replayed {
+						prefs[preferenceOutcome(want.Reservation)]++
+					}
 					if want.Reservation.Node != "" && !want.Replayed {
 						onNodes++
 					}
@@ -145,7 +153,10 @@ func testBatchMatchesSequential(t *testing.T, seq, bat *store.Store) {
 		require.Equal(t, seqRdb.ZCard(ctx, seq.Key("expiry")).Val(), batRdb.ZCard(ctx, bat.Key("expiry")).Val(), "round %d", round)
 		require.Equal(t, seqRdb.ZCard(ctx, seq.Key("waiting")).Val(), batRdb.ZCard(ctx, bat.Key("waiting")).Val(), "round %d", round)
 	}
-	t.Logf("batched requests compared: %d placed (%d on a node), %d nofit, %d replays, %d conflicts", decided, onNodes, nofit, replays, conflicts)
+	t.Logf("batched requests compared: %d placed (%d on a node), %d nofit, %d replays, %d conflicts; preferences %v",
+		decided, onNodes, nofit, replays, conflicts, prefs)
+	require.Greater(t, prefs["first term"]+prefs["later term"], 10, "placements by preference terms must be exercised in batches")
+	require.Greater(t, prefs["none fitting"], 2, "preferences none of which fits must be exercised in batches")
 	require.Greater(t, decided, 150)
 	require.Greater(t, onNodes, 50)
 	require.Greater(t, nofit, 20)

@@ -430,3 +430,54 @@ func BenchmarkReserveReplicated(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkReservePreferences measures what preferences cost a decision:
+// none (the path of every request without them), a first term that fits
+// (by label: a fifth of the clusters, region eu-south; by name: eight
+// clusters), and a first term that fits nothing (eight clusters named, all
+// full: each is judged, then the decision runs again without preferences,
+// the cost of the fallback). docs/benchmarks.md, "Preferences", has figures.
+func BenchmarkReservePreferences(b *testing.B) {
+	st, _ := benchStore(b)
+	ctx := context.Background()
+	for _, n := range []int{100, 10000} {
+		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
+			require.NoError(b, admin(b, st).FlushAll(ctx).Err())
+			require.NoError(b, st.LoadScripts(ctx))
+			advertiseMany(b, st, n)
+			var named, full []string
+			for i := range 8 {
+				named = append(named, benchClusterID(10+i))
+				id := fmt.Sprintf("full%d", i)
+				ad := benchCluster(rand.New(rand.NewPCG(uint64(i), 7)), id)
+				ad.Allocated = ad.Allocatable
+				_, err := st.Advertise(ctx, id, ad)
+				require.NoError(b, err)
+				full = append(full, id)
+			}
+			requesters := 8 // c00000-c00007: never candidates, nor among the named
+			for _, v := range []struct {
+				name  string
+				prefs []model.Preference
+			}{
+				{"none", nil},
+				{"first-fits-label", []model.Preference{{Weight: 100, Labels: map[string]string{"region": "eu-south"}}}},
+				{"first-fits-named", []model.Preference{{Weight: 100, Clusters: named}}},
+				{"first-fits-nothing", []model.Preference{{Weight: 100, Clusters: full}, {Weight: 50, Labels: map[string]string{"region": "mars"}}}},
+			} {
+				b.Run("prefs="+v.name, func(b *testing.B) {
+					runSerialAndParallel(b, st.Client().(*redis.Client), "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {
+						_, err := st.Reserve(ctx, model.ReserveRequest{
+							ID:          "p" + strconv.FormatInt(seq, 36),
+							Requester:   benchClusterID(int(seq) % requesters),
+							Resources:   benchRequests[seq%int64(len(benchRequests))],
+							Duration:    time.Hour,
+							Preferences: v.prefs,
+						})
+						return err
+					})
+				})
+			}
+		})
+	}
+}

@@ -109,6 +109,50 @@ func randomRequest(rng *rand.Rand, id, requester string) model.ReserveRequest {
 	return req
 }
 
+// randomPreferences draws 1-3 preference terms over the clusters ids: weights
+// that tie, labels of the random advertisements (some no cluster carries,
+// some conflicting with randomRequest's selectors), clusters named (some
+// stale, or the requester), or both.
+func randomPreferences(rng *rand.Rand, ids []string) []model.Preference {
+	prefs := make([]model.Preference, 1+rng.IntN(3))
+	for i := range prefs {
+		p := model.Preference{Weight: []int32{10, 50, 50, 100}[rng.IntN(4)]}
+		kind := rng.IntN(3) // 0: labels, 1: clusters, 2: both
+		if kind != 1 {
+			switch rng.IntN(4) {
+			case 0:
+				p.Labels = map[string]string{"region": "eu"}
+			case 1:
+				p.Labels = map[string]string{"region": "us", "tier": "edge"}
+			case 2:
+				p.Labels = map[string]string{"region": "ap"}
+			case 3:
+				p.Labels = map[string]string{"tier": "edge"}
+			}
+		}
+		if kind != 0 {
+			for range 1 + rng.IntN(6) {
+				p.Clusters = append(p.Clusters, ids[rng.IntN(len(ids))])
+			}
+		}
+		prefs[i] = p
+	}
+	return prefs
+}
+
+// preferenceOutcome names how a decision used its preferences, for the tallies of the property tests.
+func preferenceOutcome(r model.Reservation) string {
+	switch {
+	case r.Preference == nil:
+		return "none asked"
+	case r.Preference.Term < 0:
+		return "none fitting"
+	case r.Preference.Term == r.Preference.Tried[0]:
+		return "first term"
+	}
+	return "later term"
+}
+
 // TestIndexMatchesFullScan is the property test of the candidate index: on
 // random states (sizes on both sides of the direct-evaluation limit, stale
 // clusters, re-advertisements, releases), every decision through the index
@@ -124,7 +168,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 	scan := store.NewFullScan(rdb, store.Config{StaleThreshold: stale})
 	require.NoError(t, indexed.LoadScripts(ctx))
 
-	methods := map[string]int{}
+	methods, prefs := map[string]int{}, map[string]int{}
 	decided, nofit, onNodes, nodeNofit := 0, 0, 0, 0
 	for round, n := range []int{12, 60, 300, 700} {
 		require.NoError(t, admin(t, indexed).FlushAll(ctx).Err())
@@ -173,6 +217,9 @@ func TestIndexMatchesFullScan(t *testing.T) {
 			}
 			requester := ids[rng.IntN(n)]
 			req := randomRequest(rng, fmt.Sprintf("r%d-%d", round, i), requester)
+			if rng.IntN(3) == 0 {
+				req.Preferences = randomPreferences(rng, ids)
+			}
 			ref := req
 			ref.ID += "-scan"
 			want, wantErr := scan.Reserve(ctx, ref)
@@ -197,6 +244,8 @@ func TestIndexMatchesFullScan(t *testing.T) {
 			require.Equal(t, want.Reservation.Score, got.Reservation.Score, "round %d request %d", round, i)
 			require.Equal(t, want.Reservation.Candidates, got.Reservation.Candidates, "round %d request %d", round, i)
 			require.Equal(t, want.Reservation.Node, got.Reservation.Node, "round %d request %d", round, i)
+			require.Equal(t, want.Reservation.Preference, got.Reservation.Preference, "round %d request %d", round, i)
+			prefs[preferenceOutcome(got.Reservation)]++
 			decided++
 			methods[lastAuditMethod(t, indexed)]++
 			if got.Reservation.Node != "" {
@@ -226,8 +275,11 @@ func TestIndexMatchesFullScan(t *testing.T) {
 		// flag the clusters whose local pods overrun allocatable on purpose.)
 		require.NoError(t, indexed.CheckIndex(ctx), "round %d", round)
 	}
-	t.Logf("decisions compared: %d placed (%d on a node), %d nofit (%d with clusters no node of which holds it); index methods %v",
-		decided, onNodes, nofit, nodeNofit, methods)
+	t.Logf("decisions compared: %d placed (%d on a node), %d nofit (%d with clusters no node of which holds it); index methods %v; preferences %v",
+		decided, onNodes, nofit, nodeNofit, methods, prefs)
+	require.Greater(t, prefs["first term"], 20, "placements by a first preference term must be exercised")
+	require.Greater(t, prefs["later term"], 5, "placements by a later term must be exercised")
+	require.Greater(t, prefs["none fitting"], 5, "preferences none of which fits must be exercised")
 	require.Greater(t, decided, 300)
 	require.Greater(t, nofit, 20)
 	require.Greater(t, onNodes, 100, "per-node fit must be exercised")

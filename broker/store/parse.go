@@ -96,6 +96,12 @@ func reservationFromMap(id string, m map[string]string, nowMs int64) (model.Rese
 			return r, fmt.Errorf("reservation %s: candidates: %w", id, err)
 		}
 	}
+	if p := m["preference"]; p != "" {
+		r.Preference = &model.PreferenceOutcome{}
+		if err := json.Unmarshal([]byte(p), r.Preference); err != nil {
+			return r, fmt.Errorf("reservation %s: preference: %w", id, err)
+		}
+	}
 	if g := m["grant"]; g != "" {
 		r.Grant = json.RawMessage(g)
 	}

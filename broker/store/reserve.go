@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 
 	"github.com/fluidos-project/resource-broker/broker/model"
 )
@@ -59,10 +60,14 @@ func (s *Store) preemptFor(ctx context.Context, req model.ReserveRequest, nf *No
 	return model.Decision{}, err
 }
 
-// withLimits sets req's limits from the policy, if any.
+// withLimits sets req's limits from the policy, if any, and its
+// preferences from the requester's defaults there when it carries none.
 func (s *Store) withLimits(req model.ReserveRequest) model.ReserveRequest {
 	if s.cfg.Policy != nil {
 		req.Limits = s.cfg.Policy.Limits(req.Requester)
+		if len(req.Preferences) == 0 {
+			req.Preferences = s.cfg.Policy.Preferences(req.Requester)
+		}
 	}
 	return req
 }
@@ -93,6 +98,37 @@ type reserveArg struct {
 	Owner     string        `json:"owner"`
 	Wait      bool          `json:"wait"`
 	Limits    reserveLimits `json:"limits"`
+	Prefs     []prefArg     `json:"prefs,omitempty"`
+}
+
+// prefArg is one preference term as reserve.lua tries it: the terms travel
+// in the order tried (prefsArg), each with its index in the request as given.
+type prefArg struct {
+	Index    int               `json:"i"`
+	Weight   int32             `json:"w"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Clusters []string          `json:"clusters,omitempty"`
+}
+
+// prefsArg orders the terms by weight, highest first, equal weights in the
+// order given, and lists each term's clusters once.
+func prefsArg(prefs []model.Preference) []prefArg {
+	if len(prefs) == 0 {
+		return nil
+	}
+	out := make([]prefArg, len(prefs))
+	for i, p := range prefs {
+		out[i] = prefArg{Index: i, Weight: p.Weight, Labels: p.Labels}
+		seen := make(map[string]bool, len(p.Clusters))
+		for _, c := range p.Clusters {
+			if !seen[c] {
+				seen[c] = true
+				out[i].Clusters = append(out[i].Clusters, c)
+			}
+		}
+	}
+	sort.SliceStable(out, func(a, b int) bool { return out[a].Weight > out[b].Weight })
+	return out
 }
 
 // reserveLimits are a request's limits in reserveArg and groupArg (absent:
@@ -126,6 +162,7 @@ func encodeReserveArg(req model.ReserveRequest) (string, error) {
 		CPU: req.Resources.CPU, Memory: req.Resources.Memory, GPU: req.Resources.GPU, Storage: req.Resources.Storage,
 		Duration: req.Duration.Milliseconds(), Lease: req.Lease.Milliseconds(), Priority: req.Priority,
 		Selector: selector, Owner: req.Owner, Wait: !req.NoWait, Limits: limitsArg(req.Limits),
+		Prefs: prefsArg(req.Preferences),
 	})
 	return string(b), err
 }

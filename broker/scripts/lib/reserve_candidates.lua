@@ -3,7 +3,9 @@
 -- "direct" when one requested resource (or the selector) leaves few
 -- candidates, else "threshold", a walk of the index's sorted sets that stops
 -- once the top candidates score above the best any unread cluster could
--- reach. The test-only reference (scripts/reference) replaces this include
+-- reach. A preference term's request (reserve_prefs.lua) names its
+-- clusters (q.only, evaluated directly) or adds labels to the selector.
+-- The test-only reference (scripts/reference) replaces this include
 -- with a full scan of the same contract: candidates(d) fills d.top,
 -- d.rejected, d.method and d.considered.
 -- Expects reserve.lua's prefix, w_res, w_cost and top_n above its directive.
@@ -237,18 +239,25 @@ local function candidates(d)
   for k, want in pairs(d.q.labels or {}) do
     d.label_keys[#d.label_keys + 1] = prefix .. 'idx:label:' .. k .. '=' .. tostring(want)
   end
-  local smallest, list, nofit = smallest_set(d)
-  if nofit then
+  if d.q.only then -- a preference term's clusters (reserve_prefs.lua): a few, evaluated directly
     d.method = 'direct'
-  elseif smallest <= DIRECT_MAX then
-    d.method = 'direct'
-    decide_among(d, list())
+    decide_among(d, d.q.only)
   else
-    d.method = 'threshold'
-    threshold(d)
+    local smallest, list, nofit = smallest_set(d)
+    if nofit then
+      d.method = 'direct'
+    elseif smallest <= DIRECT_MAX then
+      d.method = 'direct'
+      decide_among(d, list())
+    else
+      d.method = 'threshold'
+      threshold(d)
+    end
   end
   count_rejections(d)
-  if #d.top == 0 then
+  -- A preference term nothing fits is followed by another decision: its
+  -- rejections are nobody's, not worth the recount.
+  if #d.top == 0 and not d.q.term then
     flush()
     index_rejections(d)
   end

@@ -6,16 +6,33 @@
 -- @include reserve_score
 
 -- audit appends decision d's entry to the audit stream.
+-- With preferences (d.pref, reserve_prefs.lua) it says which term won
+-- (preference: its index, or "none"; preference_weight) and which were tried.
 local function audit(d, outcome, winner, score, candidates_json, node)
   local q = d.q
-  redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*',
-    'reservation', q.id, 'requester', q.requester, 'outcome', outcome,
+  local fields = {'reservation', q.id, 'requester', q.requester, 'outcome', outcome,
     'winner', winner, 'node', node, 'score', score,
     'request', cjson.encode({cpu = q.cpu, mem = q.mem, gpu = q.gpu, sto = q.sto,
-      selector = q.selector, priority = q.priority, priority_asked = q.priority_asked, owner = q.owner}),
+      selector = q.selector, priority = q.priority, priority_asked = q.priority_asked, owner = q.owner,
+      prefs = q.prefs}),
     'weights', weights,
     'considered', d.considered, 'examined', d.examined, 'method', d.method,
-    'candidates', candidates_json, 'rejected', cjson.encode(d.rejected), 'ts_ms', now)
+    'candidates', candidates_json, 'rejected', cjson.encode(d.rejected), 'ts_ms', now}
+  local pref = d.pref
+  if pref then
+    if pref.term >= 0 then
+      fields[#fields + 1] = 'preference'
+      fields[#fields + 1] = tostring(pref.term)
+      fields[#fields + 1] = 'preference_weight'
+      fields[#fields + 1] = tostring(pref.weight)
+    else
+      fields[#fields + 1] = 'preference'
+      fields[#fields + 1] = 'none'
+    end
+    fields[#fields + 1] = 'preferences_tried'
+    fields[#fields + 1] = table.concat(pref.tried, ',')
+  end
+  redis.call('XADD', prefix .. 'audit', 'MAXLEN', '~', audit_max, '*', unpack(fields))
 end
 
 -- no_fit answers a request nothing can take: it waits (reserve_gate.lua).
@@ -64,7 +81,7 @@ local function commit(d)
   local hash, r = new_reservation({requester = q.requester, target = win.cluster,
     cpu = q.cpu, mem = q.mem, gpu = q.gpu, sto = q.sto, duration = q.duration, lease = q.lease,
     score = score, price = win.price, owner = q.owner, priority = q.priority, selector = q.selector,
-    candidates = candidates_json, node = node}, now)
+    candidates = candidates_json, node = node, extra = d.pref and {'preference', cjson.encode(d.pref)}}, now)
   redis.call('HSET', q.rk, unpack(hash))
   expiry_add[#expiry_add + 1] = r.expires_ms
   expiry_add[#expiry_add + 1] = q.qid

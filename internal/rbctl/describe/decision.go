@@ -52,6 +52,9 @@ func printDecision(out io.Writer, r api.Reservation, currency map[string]string,
 		field("Lease", r.Lease+" (renewed by its requester while its pod is bound)")
 	}
 	field("Provider", r.Provider)
+	if r.Preference != nil {
+		field("Preference", describePreference(*r.Preference))
+	}
 	field("Score", output.Score(r.Score)+" of 100")
 	field("Price", output.Money(r.Price, currency[r.Provider])+" per hour for the request")
 	if err := w.Flush(); err != nil {
@@ -80,6 +83,20 @@ func printDecision(out io.Writer, r api.Reservation, currency map[string]string,
 	return w.Flush()
 }
 
+// describePreference says in one line which preference term placed a
+// reservation, or that none fitted.
+func describePreference(p api.PreferenceOutcome) string {
+	tried := make([]string, len(p.Tried))
+	for i, t := range p.Tried {
+		tried[i] = strconv.Itoa(t)
+	}
+	if p.Term == nil {
+		return "none fitting (terms tried: " + strings.Join(tried, ", ") + "): placed as without preferences"
+	}
+	return fmt.Sprintf("term %d (weight %d) had a fitting provider; placed among its providers (terms tried: %s)",
+		*p.Term, p.Weight, strings.Join(tried, ", "))
+}
+
 // reasons explains the decision in sentences.
 func reasons(r api.Reservation, currency map[string]string) []string {
 	cands := r.Candidates
@@ -87,6 +104,9 @@ func reasons(r api.Reservation, currency map[string]string) []string {
 		return []string{"The broker recorded no candidates for this decision."}
 	}
 	var out []string
+	if p := r.Preference; p != nil && p.Term != nil {
+		out = append(out, fmt.Sprintf("Preference term %d had a fitting provider: the candidates below are its providers only.", *p.Term))
+	}
 	if len(cands) == 1 {
 		out = append(out, fmt.Sprintf("%s was the only candidate: the only live cluster, other than the requester"+
 			" and matching its selector, with enough free capacity.", cands[0].Cluster))

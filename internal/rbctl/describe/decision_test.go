@@ -31,3 +31,11 @@ func TestReasons(t *testing.T) {
 	none := reasons(api.Reservation{Provider: "paris"}, eur)
 	assert.Equal(t, []string{"The broker recorded no candidates for this decision."}, none)
 }
+
+func TestDescribePreference(t *testing.T) {
+	term := 1
+	assert.Equal(t, "term 1 (weight 50) had a fitting provider; placed among its providers (terms tried: 0, 1)",
+		describePreference(api.PreferenceOutcome{Term: &term, Weight: 50, Tried: []int{0, 1}}))
+	assert.Equal(t, "none fitting (terms tried: 2, 0, 1): placed as without preferences",
+		describePreference(api.PreferenceOutcome{NoneFitting: true, Tried: []int{2, 0, 1}}))
+}
