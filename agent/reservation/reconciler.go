@@ -489,6 +489,9 @@ func (r *Reconciler) requestFor(rsv *rbv1.Reservation) (api.ReservationRequest, 
 	if len(rsv.Spec.ProviderSelector) > 0 {
 		req.Selector = &api.LabelSelector{MatchLabels: rsv.Spec.ProviderSelector}
 	}
+	for _, p := range rsv.Spec.ProviderPreferences {
+		req.Preferences = append(req.Preferences, api.Preference{Weight: p.Weight, MatchLabels: p.MatchLabels, Clusters: p.Clusters})
+	}
 	req.Preempt = rsv.Spec.PreemptionPolicy != nil && *rsv.Spec.PreemptionPolicy == corev1.PreemptLowerPriority
 	if sp := rsv.Spec.Spread; sp != nil {
 		req.Spread = &api.Spread{Group: sp.Group, TopologyKey: sp.TopologyKey, MaxSkew: sp.MaxSkew, WhenUnsatisfiable: sp.WhenUnsatisfiable}

@@ -55,6 +55,18 @@ type ReservationSpec struct {
 	// +kubebuilder:validation:MaxProperties=16
 	ProviderSelector map[string]string `json:"providerSelector,omitempty"`
 
+	// ProviderPreferences order the providers (ordered spillover: "region
+	// eu-south first, then paris, then anything"): tried by weight, highest
+	// first, the first term with a fitting provider decides among its
+	// providers by the usual score; none fitting, any provider. Set by the
+	// scheduler plugin from the pod's preferred node affinity over the
+	// provider labels and broker.fluidos.eu/provider. Empty: the broker
+	// policy's defaults for this cluster, if any.
+	// +optional
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=atomic
+	ProviderPreferences []ProviderPreference `json:"providerPreferences,omitempty"`
+
 	// Priority orders waiting reservations: higher first.
 	// +optional
 	Priority int32 `json:"priority,omitempty"`
@@ -84,6 +96,28 @@ type ReservationSpec struct {
 	// +optional
 	// +kubebuilder:validation:Enum=PreemptLowerPriority;Never
 	PreemptionPolicy *corev1.PreemptionPolicy `json:"preemptionPolicy,omitempty"`
+}
+
+// ProviderPreference is one term of a reservation's provider preferences:
+// the providers that advertise MatchLabels and, when Clusters is set, are
+// among them.
+// +kubebuilder:validation:XValidation:rule="has(self.matchLabels) || has(self.clusters)",message="a preference names matchLabels, clusters or both"
+type ProviderPreference struct {
+	// Weight orders the terms: higher first.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	Weight int32 `json:"weight"`
+	// MatchLabels the provider advertises.
+	// +optional
+	// +kubebuilder:validation:MinProperties=1
+	// +kubebuilder:validation:MaxProperties=16
+	MatchLabels map[string]string `json:"matchLabels,omitempty"`
+	// Clusters are provider cluster ids.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	Clusters []string `json:"clusters,omitempty"`
 }
 
 // ReservationSpread is a topology spread constraint over provider labels.

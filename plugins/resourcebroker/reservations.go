@@ -388,10 +388,11 @@ func newReservation(pod *v1.Pod, args *config.ResourceBrokerArgs, selector map[s
 			}},
 		},
 		Spec: brokerv1alpha1.ReservationSpec{
-			Resources:        ReservationResources(PodRequests(pod)),
-			ProviderSelector: selector,
-			Priority:         priority,
-			PodName:          pod.Name,
+			Resources:           ReservationResources(PodRequests(pod)),
+			ProviderSelector:    selector,
+			ProviderPreferences: providerPreferences(pod),
+			Priority:            priority,
+			PodName:             pod.Name,
 			// A pod that may preempt here may preempt at the broker (its priority above 0).
 			PreemptionPolicy: preemptionPolicy(pod),
 		},

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fluidos-project/resource-broker/agent/home"
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
 )
 
@@ -38,6 +39,7 @@ func TestHome(t *testing.T) {
 	runScenarios(t, bed, []scenario{
 		{"scale-in", testHomeScaleIn},
 		{"return", testHomeReturn},
+		{"preference", testHomePreference},
 	})
 }
 
@@ -244,4 +246,47 @@ func (rc *readyCount) stop() (int, int) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	return rc.least, rc.most
+}
+
+// testHomePreference: a pod of 1500m (never at home) that prefers berlin
+// (broker.fluidos.eu/provider In [berlin], its preferred node affinity)
+// while paris, cheaper, fits too: berlin wins, and the broker's audit says
+// it was the pod's first preference term.
+func testHomePreference(t *testing.T, bed *testbed.Bed) {
+	ctx := context.Background()
+	rome := bed.Cluster("rome")
+	base := baseline(t, bed)
+	const ns = "home-pref"
+	newNamespace(t, rome, ns)
+	dep := appDeployment(ns, "pref", 1, "1500m", "128Mi")
+	dep.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{Weight: 50, Preference: corev1.NodeSelectorTerm{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: rbv1.ProviderLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"berlin"}}}}}}}}
+	require.NoError(t, rome.Client.Create(ctx, dep))
+	var borrowed []corev1.Pod
+	eventually(t, 120*time.Second, "the pod Ready on a virtual node", func() (bool, string) {
+		var all int
+		_, borrowed, all = placedPods(t, rome, ns, "pref")
+		return len(borrowed) == 1, fmt.Sprintf("%d pods", all)
+	})
+	assert.Equal(t, "rb-berlin", borrowed[0].Spec.NodeName, "the preferred provider, though paris is cheaper and fits")
+
+	rsvs := reservations(t, rome, ns)
+	require.Len(t, rsvs, 1)
+	require.Len(t, rsvs[0].Spec.ProviderPreferences, 1, "the pod's preferred node affinity carried to the reservation")
+	entries, err := bed.Audit(ctx)
+	require.NoError(t, err)
+	found := false
+	for _, e := range entries {
+		if e.Fields["reservation"] == rsvs[0].Status.ReservationID && e.Fields["outcome"] == "reserved" {
+			found = true
+			assert.Equal(t, "0", e.Fields["preference"], "placed among the first term's providers: %v", e.Fields)
+			assert.Equal(t, "berlin", e.Fields["winner"], "%v", e.Fields)
+		}
+	}
+	assert.True(t, found, "the decision in the audit")
+
+	require.NoError(t, rome.Client.Delete(ctx, dep))
+	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
+	backToBaseline(t, bed, base, 60*time.Second)
 }
