@@ -98,6 +98,10 @@ type Reconciler struct {
 	mu       sync.Mutex
 	measured collector.Measurement
 	measAt   time.Time
+	// moving maps the Reservation of a pod being moved to its Deployment:
+	// when the pod (and so its Reservation) goes first, its reconcile still
+	// takes the move further.
+	moving map[types.NamespacedName]types.NamespacedName
 }
 
 // Defaults of the return-home timings.
@@ -185,14 +189,17 @@ func borrowedPodOf(rsv *rbv1.Reservation) bool {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var rsv rbv1.Reservation
 	if err := r.Client.Get(ctx, req.NamespacedName, &rsv); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		if apierrors.IsNotFound(err) {
+			return r.orphanedMove(ctx, req.NamespacedName)
+		}
+		return ctrl.Result{}, err
 	}
 	if !borrowedPodOf(&rsv) {
-		return ctrl.Result{}, nil
+		return r.orphanedMove(ctx, req.NamespacedName)
 	}
 	pod, ok := r.Pods.Pod(rsv.Namespace, rsv.Spec.PodName)
 	if !ok || pod.NodeName != rsv.Status.VirtualNode || pod.Finished() {
-		return ctrl.Result{}, nil
+		return r.orphanedMove(ctx, req.NamespacedName)
 	}
 	if err := r.rank(ctx, &rsv, pod); err != nil {
 		return ctrl.Result{}, err

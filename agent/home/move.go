@@ -119,6 +119,9 @@ func (r *Reconciler) returnHome(ctx context.Context, rsv *rbv1.Reservation, pod 
 		if err := json.Unmarshal([]byte(raw), &m); err != nil {
 			return ctrl.Result{}, ignoreConflict(r.end(ctx, dep, m, resultAbandoned))
 		}
+		if m.UID == pod.UID {
+			r.track(client.ObjectKeyFromObject(rsv), client.ObjectKeyFromObject(dep))
+		}
 		res, err := r.goOn(ctx, dep, m)
 		if m.UID != pod.UID && res.IsZero() && err == nil {
 			res = waitForWorkload // this pod's turn comes after the cool-down
@@ -146,9 +149,48 @@ func (r *Reconciler) returnHome(ctx context.Context, rsv *rbv1.Reservation, pod 
 	if err := r.annotate(ctx, dep, &m); err != nil {
 		return ctrl.Result{}, ignoreConflict(err)
 	}
+	r.track(client.ObjectKeyFromObject(rsv), client.ObjectKeyFromObject(dep))
 	log.FromContext(ctx).Info("moving a borrowed pod home: scaling its Deployment out by one first", "pod", m.Pod, "deployment", dep.Name, "provider", rsv.Status.Provider)
 	r.event(dep, m, corev1.EventTypeNormal, EventMoving, "a local node can hold the pod: Deployment %s scaled to %d so that a replacement starts at home first", dep.Name, m.Replicas+1)
 	return r.goOn(ctx, dep, m)
+}
+
+// track remembers that the pod of Reservation rsv is being moved, with dep.
+func (r *Reconciler) track(rsv, dep types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.moving == nil {
+		r.moving = map[types.NamespacedName]types.NamespacedName{}
+	}
+	r.moving[rsv] = dep
+}
+
+// orphanedMove takes further the move of a pod that went, or ended, before
+// its move did (it was deleted, or its provider lost it): the Deployment
+// is scaled back all the same. A move whose pod and agent both went (a
+// restart) is taken further by the next look at another pod of the
+// Deployment.
+func (r *Reconciler) orphanedMove(ctx context.Context, rsv types.NamespacedName) (ctrl.Result, error) {
+	r.mu.Lock()
+	key, ok := r.moving[rsv]
+	r.mu.Unlock()
+	if !ok {
+		return ctrl.Result{}, nil
+	}
+	var dep appsv1.Deployment
+	err := r.APIReader.Get(ctx, key, &dep)
+	raw := dep.Annotations[MoveAnnotation]
+	var m moveState
+	if apierrors.IsNotFound(err) || (err == nil && (raw == "" || json.Unmarshal([]byte(raw), &m) != nil || dep.Spec.Replicas == nil)) {
+		r.mu.Lock()
+		delete(r.moving, rsv)
+		r.mu.Unlock()
+		return ctrl.Result{}, nil
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	return r.goOn(ctx, &dep, m)
 }
 
 // goOn takes the move m one step further; each step is one write, and the

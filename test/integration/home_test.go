@@ -137,7 +137,9 @@ func testHomeReturn(t *testing.T, bed *testbed.Bed) {
 	const ns = "home-return"
 	require.NoError(t, rome.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
 		Annotations: map[string]string{home.PolicyAnnotation: home.PolicyWhenLocalFits}}}))
-	t.Cleanup(func() { _ = rome.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}) })
+	t.Cleanup(func() {
+		_ = rome.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	})
 
 	blocker := appDeployment(ns, "blocker", 1, "700m", "128Mi")
 	require.NoError(t, rome.Client.Create(ctx, blocker))
