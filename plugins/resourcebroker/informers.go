@@ -28,6 +28,14 @@ func (pl *ResourceBroker) buildReservation(namespace, name string, uid types.UID
 		return nil // changed since PostFilter (e.g. annotated not to be offloaded)
 	}
 	rsv := newReservation(pod, pl.args, v.selector)
+	if len(rsv.Spec.ProviderPreferences) == 0 {
+		prefs, err := pl.namespacePreferences(pod.Namespace)
+		if err != nil {
+			pl.handle.EventRecorder().Eventf(pod, nil, v1.EventTypeWarning, "ProviderPreferencesIgnored", "Create",
+				"The namespace's provider preferences are ignored: %v", err)
+		}
+		rsv.Spec.ProviderPreferences = prefs
+	}
 	if rsv.Spec.Group, err = pl.podGroup(pod); err != nil {
 		// The pod is tried again when its PodGroup appears (Coscheduling's queueing hint).
 		pl.handle.EventRecorder().Eventf(pod, nil, v1.EventTypeWarning, "BrokerReservationFailed", "Create",

@@ -2,6 +2,8 @@ package resourcebroker
 
 import (
 	"cmp"
+	"encoding/json"
+	"fmt"
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
@@ -12,6 +14,52 @@ import (
 // MaxProviderPreferences is how many preference terms a reservation carries
 // (the broker's bound).
 const MaxProviderPreferences = 8
+
+// PreferencesAnnotation on a namespace holds the provider preferences of its
+// pods that have none of their own (no preferred node affinity the broker
+// can match): a JSON list of terms as in spec.providerPreferences, e.g.
+// [{"weight":80,"matchLabels":{"topology.kubernetes.io/region":"eu-south"}},{"weight":20,"clusters":["paris"]}].
+const PreferencesAnnotation = "broker.fluidos.eu/provider-preferences"
+
+// namespacePreferences reads the namespace's provider preferences (none:
+// nil); a malformed annotation is an error, and no preferences.
+func (pl *ResourceBroker) namespacePreferences(namespace string) ([]brokerv1alpha1.ProviderPreference, error) {
+	if pl.nsLister == nil {
+		return nil, nil
+	}
+	ns, err := pl.nsLister.Get(namespace)
+	if err != nil {
+		return nil, nil // not in the cache yet: as if none
+	}
+	return parsePreferences(ns.Annotations[PreferencesAnnotation])
+}
+
+// parsePreferences decodes and checks a PreferencesAnnotation value, by the
+// bounds of spec.providerPreferences, and orders the terms as the pod's.
+func parsePreferences(raw string) ([]brokerv1alpha1.ProviderPreference, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	var terms []brokerv1alpha1.ProviderPreference
+	if err := json.Unmarshal([]byte(raw), &terms); err != nil {
+		return nil, fmt.Errorf("annotation %s: %w", PreferencesAnnotation, err)
+	}
+	if len(terms) > MaxProviderPreferences {
+		return nil, fmt.Errorf("annotation %s: %d terms, at most %d", PreferencesAnnotation, len(terms), MaxProviderPreferences)
+	}
+	for i, t := range terms {
+		switch {
+		case t.Weight < 1 || t.Weight > 100:
+			return nil, fmt.Errorf("annotation %s: term %d: weight %d, want 1 to 100", PreferencesAnnotation, i, t.Weight)
+		case len(t.MatchLabels) == 0 && len(t.Clusters) == 0:
+			return nil, fmt.Errorf("annotation %s: term %d names neither matchLabels nor clusters", PreferencesAnnotation, i)
+		case len(t.MatchLabels) > 16 || len(t.Clusters) > 64:
+			return nil, fmt.Errorf("annotation %s: term %d: at most 16 matchLabels and 64 clusters", PreferencesAnnotation, i)
+		}
+	}
+	slices.SortStableFunc(terms, func(a, b brokerv1alpha1.ProviderPreference) int { return cmp.Compare(b.Weight, a.Weight) })
+	return terms, nil
+}
 
 // providerPreferences reads the pod's preferred node affinity as the
 // broker's provider preferences (ordered spillover: a pod that prefers

@@ -55,3 +55,24 @@ func TestProviderPreferences(t *testing.T) {
 	assert.Equal(t, int32(10), got[0].Weight)
 	assert.Equal(t, int32(3), got[len(got)-1].Weight, "the lowest weights left out")
 }
+
+func TestParsePreferences(t *testing.T) {
+	got, err := parsePreferences(`[{"weight":20,"clusters":["paris"]},{"weight":80,"matchLabels":{"topology.kubernetes.io/region":"eu-south"}}]`)
+	assert.NoError(t, err)
+	assert.Equal(t, []brokerv1alpha1.ProviderPreference{
+		{Weight: 80, MatchLabels: map[string]string{v1.LabelTopologyRegion: "eu-south"}},
+		{Weight: 20, Clusters: []string{"paris"}},
+	}, got)
+	got, err = parsePreferences("")
+	assert.NoError(t, err)
+	assert.Nil(t, got)
+	for raw, want := range map[string]string{
+		`{"weight":1}`:                    "cannot unmarshal",
+		`[{"weight":0,"clusters":["a"]}]`: "term 0: weight 0, want 1 to 100",
+		`[{"weight":5}]`:                  "term 0 names neither matchLabels nor clusters",
+		`[{"weight":5,"clusters":["a"]},{"weight":5,"clusters":["a"]},{"weight":5,"clusters":["a"]},{"weight":5,"clusters":["a"]},{"weight":5,"clusters":["a"]},{"weight":5,"clusters":["a"]},{"weight":5,"clusters":["a"]},{"weight":5,"clusters":["a"]},{"weight":5,"clusters":["a"]}]`: "9 terms, at most 8",
+	} {
+		_, err := parsePreferences(raw)
+		assert.ErrorContains(t, err, want, raw)
+	}
+}

@@ -83,7 +83,8 @@ type ResourceBroker struct {
 	nodes     *nodeTracker
 	worker    *worker
 	podLister corelisters.PodLister
-	dyn       dynamic.Interface // reads PodGroups (gang.go)
+	nsLister  corelisters.NamespaceLister // the namespace's provider preferences
+	dyn       dynamic.Interface           // reads PodGroups (gang.go)
 
 	// hintsOnly turns off the retries by the plugin's own informers (a pod
 	// moved to the active queue when its reservation or its virtual node
@@ -145,6 +146,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		worker:              newWorker(client),
 		dyn:                 client,
 		podLister:           h.SharedInformerFactory().Core().V1().Pods().Lister(),
+		nsLister:            h.SharedInformerFactory().Core().V1().Namespaces().Lister(),
 		claims:              map[types.UID]claim{},
 		blocked:             map[string]sets.Set[types.UID]{},
 		told:                map[types.UID]string{},

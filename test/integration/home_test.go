@@ -23,6 +23,7 @@ import (
 
 	"github.com/fluidos-project/resource-broker/agent/home"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
+	"github.com/fluidos-project/resource-broker/plugins/resourcebroker"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
 )
 
@@ -289,6 +290,25 @@ func testHomePreference(t *testing.T, bed *testbed.Bed) {
 	assert.True(t, found, "the decision in the audit")
 
 	require.NoError(t, rome.Client.Delete(ctx, dep))
+	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
+
+	// The namespace's preferences, for pods that state none.
+	var nsObj corev1.Namespace
+	require.NoError(t, rome.Client.Get(ctx, client.ObjectKey{Name: ns}, &nsObj))
+	nsObj.Annotations = map[string]string{resourcebroker.PreferencesAnnotation: `[{"weight":10,"clusters":["berlin"]}]`}
+	require.NoError(t, rome.Client.Update(ctx, &nsObj))
+	plain := appDeployment(ns, "plain", 1, "1500m", "128Mi")
+	require.NoError(t, rome.Client.Create(ctx, plain))
+	eventually(t, 120*time.Second, "the plain pod Ready on a virtual node", func() (bool, string) {
+		var all int
+		_, borrowed, all = placedPods(t, rome, ns, "plain")
+		return len(borrowed) == 1, fmt.Sprintf("%d pods", all)
+	})
+	assert.Equal(t, "rb-berlin", borrowed[0].Spec.NodeName, "the namespace's preferred provider")
+	rsvs = reservations(t, rome, ns)
+	require.Len(t, rsvs, 1)
+	assert.Equal(t, []rbv1.ProviderPreference{{Weight: 10, Clusters: []string{"berlin"}}}, rsvs[0].Spec.ProviderPreferences)
+	require.NoError(t, rome.Client.Delete(ctx, plain))
 	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
 	backToBaseline(t, bed, base, 60*time.Second)
 }
