@@ -122,11 +122,7 @@ func (r *Reconciler) returnHome(ctx context.Context, rsv *rbv1.Reservation, pod 
 		if m.UID == pod.UID {
 			r.track(client.ObjectKeyFromObject(rsv), client.ObjectKeyFromObject(dep))
 		}
-		res, err := r.goOn(ctx, dep, m)
-		if m.UID != pod.UID && res.IsZero() && err == nil {
-			res = waitForWorkload // this pod's turn comes after the cool-down
-		}
-		return res, err
+		return r.goOn(ctx, dep, m)
 	}
 	now := r.Now()
 	if rsv.Status.ReservedAt != nil {
@@ -231,17 +227,20 @@ func (r *Reconciler) goOn(ctx context.Context, dep *appsv1.Deployment, m moveSta
 		if err := r.scale(ctx, dep, m.Replicas); err != nil {
 			return ctrl.Result{}, ignoreConflict(err)
 		}
-		return ctrl.Result{}, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		// The ReplicaSet removes a borrowed pod of lowest cost, which need
+		// not be the one the move was for: the pod looked at is looked at
+		// again after the cool-down.
+		return r.afterCooldown(), retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
 				return client.IgnoreNotFound(err)
 			}
 			return r.end(ctx, dep, m, m.Result)
 		})
 	case m.Phase == phaseDown && replicas == m.Replicas:
-		return ctrl.Result{}, ignoreConflict(r.end(ctx, dep, m, m.Result))
+		return r.afterCooldown(), ignoreConflict(r.end(ctx, dep, m, m.Result))
 	default: // someone else scaled the Deployment: theirs to decide
 		r.event(dep, m, corev1.EventTypeWarning, EventNotMoved, "Deployment %s was scaled to %d by someone else during the move: left as it is", dep.Name, replicas)
-		return ctrl.Result{}, ignoreConflict(r.end(ctx, dep, m, resultAbandoned))
+		return r.afterCooldown(), ignoreConflict(r.end(ctx, dep, m, resultAbandoned))
 	}
 }
 
@@ -424,6 +423,11 @@ func (r *Reconciler) event(dep *appsv1.Deployment, m moveState, typ, reason, not
 	pod := &corev1.Pod{}
 	pod.Namespace, pod.Name, pod.UID = dep.Namespace, m.Pod, m.UID
 	r.Recorder.Eventf(pod, nil, typ, reason, "ReturnHome", note, args...)
+}
+
+// afterCooldown looks at a pod again once the Deployment's cool-down passed.
+func (r *Reconciler) afterCooldown() ctrl.Result {
+	return ctrl.Result{RequeueAfter: r.cooldown() + time.Second}
 }
 
 func (r *Reconciler) cooldown() time.Duration {
