@@ -249,7 +249,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := homeRec.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("home reconciler: %w", err)
 	}
-	pods.OnEnded = rec.EnqueueAll
+	pods.OnEnded, pods.OnChanged = rec.EnqueueAll, homeRec.Enqueue
 	pods.OnBound = func(keys []types.NamespacedName) {
 		renewer.Bound(keys)
 		homeRec.Enqueue(keys)

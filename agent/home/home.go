@@ -227,7 +227,7 @@ func (r *Reconciler) rank(ctx context.Context, rsv *rbv1.Reservation, pod reserv
 		return nil
 	}
 	if err == nil {
-		log.FromContext(ctx).V(1).Info("ranked a borrowed pod for scale-in", "pod", rsv.Spec.PodName, "deletionCost", want, "provider", rsv.Status.Provider)
+		log.FromContext(ctx).Info("ranked a borrowed pod for scale-in", "pod", rsv.Spec.PodName, "deletionCost", want, "provider", rsv.Status.Provider)
 	}
 	return err
 }

@@ -3,6 +3,7 @@ package reservation
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"time"
 
@@ -153,8 +154,10 @@ type PodTracker struct {
 	client   client.Reader // the manager's cache, for the Reservations of a pod
 
 	// OnEnded is told the Reservations of a pod that ended (deleted,
-	// Succeeded or Failed); OnBound those of a pod just bound to a node.
-	OnEnded, OnBound func(keys []types.NamespacedName)
+	// Succeeded or Failed); OnBound those of a pod just bound to a node;
+	// OnChanged those of a bound pod whose readiness or tracked annotations
+	// changed.
+	OnEnded, OnBound, OnChanged func(keys []types.NamespacedName)
 }
 
 // trackedPod is a pod as the tracker's cache keeps it.
@@ -268,6 +271,8 @@ func (t *PodTracker) changed(old, p *trackedPod) {
 		t.notify(p, t.OnEnded)
 	case p.NodeName != "" && (old == nil || old.NodeName == ""):
 		t.notify(p, t.OnBound)
+	case p.NodeName != "" && old != nil && (old.Ready != p.Ready || !maps.Equal(old.PodState.Annotations, p.PodState.Annotations)):
+		t.notify(p, t.OnChanged)
 	}
 }
 

@@ -94,12 +94,12 @@ func testHomeScaleIn(t *testing.T, bed *testbed.Bed) {
 		var all int
 		local, borrowed, all = placedPods(t, rome, ns, "web")
 		ok := len(local) == 2 && len(borrowed) == 2
-		if ok {
-			for _, p := range borrowed {
-				ok = ok && p.Annotations[home.DeletionCostAnnotation] != ""
-			}
+		var costs []string
+		for _, p := range borrowed {
+			ok = ok && p.Annotations[home.DeletionCostAnnotation] != ""
+			costs = append(costs, fmt.Sprintf("%s: %q", p.Name, p.Annotations[home.DeletionCostAnnotation]))
 		}
-		return ok, fmt.Sprintf("%d pods: local %v, borrowed %v", all, podNames(local), podNames(borrowed))
+		return ok, fmt.Sprintf("%d pods: local %v, borrowed %v, deletion costs %v", all, podNames(local), podNames(borrowed), costs)
 	})
 	for _, p := range borrowed {
 		cost, err := strconv.Atoi(p.Annotations[home.DeletionCostAnnotation])

@@ -127,7 +127,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 	// these informers are never started.
 	idle := informers.NewSharedInformerFactory(b.local, 0)
 	pc, err := node.NewPodController(node.PodControllerConfig{
-		PodClient:                 b.local.CoreV1(),
+		PodClient:                 statusClient{CoreV1Interface: b.local.CoreV1(), pods: n.localPods},
 		PodInformer:               podInformer,
 		EventRecorder:             podControllerRecorder{b.recorder},
 		Provider:                  n.pods,
