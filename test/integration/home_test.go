@@ -177,15 +177,18 @@ func testHomeReturn(t *testing.T, bed *testbed.Bed) {
 		assert.Empty(t, d.Annotations[home.MoveAnnotation], "no move left on %s", d.Name)
 		assert.Equal(t, int32(2), *d.Spec.Replicas, "%s back at its replicas", d.Name)
 	}
-	var events corev1.EventList
-	require.NoError(t, rome.Client.List(ctx, &events, client.InNamespace(ns)))
-	moved := 0
-	for _, e := range events.Items {
-		if e.Reason == home.EventMoved {
-			moved++
+	// Events are recorded asynchronously: the second may trail its move.
+	eventually(t, 15*time.Second, "one "+home.EventMoved+" event per pod", func() (bool, string) {
+		var events corev1.EventList
+		require.NoError(t, rome.Client.List(ctx, &events, client.InNamespace(ns)))
+		var moved []string
+		for _, e := range events.Items {
+			if e.Reason == home.EventMoved {
+				moved = append(moved, e.InvolvedObject.Name)
+			}
 		}
-	}
-	assert.Equal(t, 2, moved, "one %s event per pod", home.EventMoved)
+		return len(moved) == 2, fmt.Sprintf("%s on %v", home.EventMoved, moved)
+	})
 	figure(t, "blocker deleted -> both borrowed pods home %s, Ready pods between %d and %d", took.Round(time.Millisecond), least, most)
 
 	waitNoLive(t, bed, 60*time.Second)
