@@ -306,20 +306,11 @@ func (r *Reconciler) replacement(ctx context.Context, dep *appsv1.Deployment, m 
 		switch {
 		case isVirtual:
 			return placedAway, nil
-		case podReady(p):
+		case reservation.PodReady(p):
 			out = placedHome
 		}
 	}
 	return out, nil
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // deploymentOf is the Deployment whose ReplicaSet controls the pod (nil: none).

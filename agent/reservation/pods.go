@@ -236,11 +236,12 @@ func reducePod(obj any) (any, error) {
 	}
 	return &trackedPod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion},
-		PodState:   PodState{UID: p.UID, NodeName: p.Spec.NodeName, Phase: p.Status.Phase, Ready: podReady(p), Annotations: kept},
+		PodState:   PodState{UID: p.UID, NodeName: p.Spec.NodeName, Phase: p.Status.Phase, Ready: PodReady(p), Annotations: kept},
 	}, nil
 }
 
-func podReady(p *corev1.Pod) bool {
+// PodReady: the pod's condition Ready is True.
+func PodReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			return c.Status == corev1.ConditionTrue
