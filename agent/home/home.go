@@ -156,6 +156,9 @@ func (r *Reconciler) followLocal(ctx context.Context) error {
 			return nil
 		case <-changed:
 		}
+		r.mu.Lock()
+		r.measAt = time.Time{} // measured again at the next look
+		r.mu.Unlock()
 		var list rbv1.ReservationList
 		if err := r.Client.List(ctx, &list); err == nil {
 			var keys []types.NamespacedName

@@ -139,7 +139,9 @@ func (r *Reconciler) returnHome(ctx context.Context, rsv *rbv1.Reservation, pod 
 		return waitForWorkload, nil // Deployments are not watched: looked at again
 	}
 	if !r.localFits(rsv.Spec.Resources) {
-		return ctrl.Result{}, nil // looked at again when the local capacity changes
+		// Looked at again when the local capacity changes, and now and
+		// then all the same: a level, not an edge.
+		return ctrl.Result{RequeueAfter: recheck}, nil
 	}
 	m := moveState{Pod: rsv.Spec.PodName, UID: pod.UID, Phase: phaseUp, Replicas: *dep.Spec.Replicas, Started: metav1.NewTime(now.Truncate(time.Second))}
 	if err := r.annotate(ctx, dep, &m); err != nil {
@@ -253,6 +255,10 @@ const (
 // requeueSoon looks at a move again after one step; waitForWorkload at a
 // pod whose Deployment is busy (another pod's move, a rollout).
 var requeueSoon, waitForWorkload = ctrl.Result{RequeueAfter: time.Second}, ctrl.Result{RequeueAfter: 3 * time.Second}
+
+// recheck is how often a borrowed pod that may move home is looked at
+// while no local node can hold it, besides the collector's changes.
+const recheck = 30 * time.Second
 
 // end removes the move's annotation and starts the cool-down.
 func (r *Reconciler) end(ctx context.Context, dep *appsv1.Deployment, m moveState, result string) error {
