@@ -219,18 +219,29 @@ func (r *Reconciler) rank(ctx context.Context, rsv *rbv1.Reservation, pod reserv
 	}
 	want := strconv.Itoa(int(DeletionCost(price)))
 	have, set := pod.Annotations[DeletionCostAnnotation]
-	if have == want || (set && pod.Annotations[CostSetAnnotation] == "") {
-		return nil
+	marker := pod.Annotations[CostSetAnnotation]
+	if have == want || (set && marker == "") || marker == movingMarker {
+		return nil // ranked; someone else's; or the pod goes (a move home)
 	}
-	patch := []byte(`{"metadata":{"annotations":{"` + DeletionCostAnnotation + `":"` + want + `","` + CostSetAnnotation + `":"` + rsv.Status.Provider + `"}}}`)
+	err := r.setCost(ctx, rsv.Namespace, rsv.Spec.PodName, pod.UID, want, rsv.Status.Provider)
+	if err == nil {
+		log.FromContext(ctx).Info("ranked a borrowed pod for scale-in", "pod", rsv.Spec.PodName, "deletionCost", want, "provider", rsv.Status.Provider)
+	}
+	return err
+}
+
+// movingMarker, as CostSetAnnotation, marks the pod a move home scales in:
+// its cost is the lowest there is, and rank leaves it so.
+const movingMarker = "moving-home"
+
+// setCost writes a pod's deletion cost and the agent's marker.
+func (r *Reconciler) setCost(ctx context.Context, namespace, name string, uid types.UID, cost, marker string) error {
+	patch := []byte(`{"metadata":{"annotations":{"` + DeletionCostAnnotation + `":"` + cost + `","` + CostSetAnnotation + `":"` + marker + `"}}}`)
 	obj := &corev1.Pod{}
-	obj.Namespace, obj.Name, obj.UID = rsv.Namespace, rsv.Spec.PodName, pod.UID
+	obj.Namespace, obj.Name, obj.UID = namespace, name, uid
 	err := r.Client.Patch(ctx, obj, client.RawPatch(types.MergePatchType, patch))
 	if apierrors.IsNotFound(err) {
 		return nil
-	}
-	if err == nil {
-		log.FromContext(ctx).Info("ranked a borrowed pod for scale-in", "pod", rsv.Spec.PodName, "deletionCost", want, "provider", rsv.Status.Provider)
 	}
 	return err
 }

@@ -3,6 +3,8 @@ package home
 import (
 	"context"
 	"encoding/json"
+	"math"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,9 +28,9 @@ import (
 // A move home, replacement first. Kubernetes has no "move": the pod's
 // Deployment is scaled out by one, so that a replacement is created, which
 // rb-scheduler binds to the local node that now holds it; once the
-// replacement is Ready at home the Deployment is scaled back, and the
-// ReplicaSet controller deletes the pod of lowest deletion cost: a borrowed
-// one (rank). Availability never drops (a PodDisruptionBudget of
+// replacement is Ready at home the moved pod gets the lowest deletion cost
+// there is and the Deployment is scaled back: the ReplicaSet controller
+// deletes that pod. Availability never drops (a PodDisruptionBudget of
 // maxUnavailable 0 holds), nothing is evicted, and the reservation ends with
 // the borrowed pod. The move's state is an annotation on the Deployment, so
 // that a restarted agent finishes or undoes it; one Deployment has one move
@@ -216,7 +218,7 @@ func (r *Reconciler) goOn(ctx context.Context, dep *appsv1.Deployment, m moveSta
 		}
 		switch {
 		case placed == placedHome:
-			r.event(dep, m, corev1.EventTypeNormal, EventMoved, "a replacement is Ready at home: Deployment %s scaled back to %d, which scales in the borrowed pod (lowest deletion cost)", dep.Name, m.Replicas)
+			r.event(dep, m, corev1.EventTypeNormal, EventMoved, "a replacement is Ready at home: Deployment %s scaled back to %d, which scales in this pod (given the lowest deletion cost)", dep.Name, m.Replicas)
 		case placed == placedAway:
 			r.event(dep, m, corev1.EventTypeWarning, EventUndone, "the replacement was placed at a provider (home could not hold it after all): Deployment %s scaled back to %d", dep.Name, m.Replicas)
 		default:
@@ -224,14 +226,20 @@ func (r *Reconciler) goOn(ctx context.Context, dep *appsv1.Deployment, m moveSta
 		}
 		return r.goOn(ctx, dep, m)
 	case m.Phase == phaseDown && replicas == m.Replicas+1:
+		// The moved pod is the one the ReplicaSet scales in: the lowest
+		// cost there is (another borrowed pod would go otherwise; undone,
+		// the replacement, not Ready or borrowed, goes before it anyway).
+		if m.Result == resultMoved {
+			if err := r.setCost(ctx, dep.Namespace, m.Pod, m.UID, strconv.Itoa(math.MinInt32), movingMarker); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
 		// Scaled back, then ended at once: the moved pod goes with the
 		// scale, and its reservation with it, so no later look is due.
 		if err := r.scale(ctx, dep, m.Replicas); err != nil {
 			return ctrl.Result{}, ignoreConflict(err)
 		}
-		// The ReplicaSet removes a borrowed pod of lowest cost, which need
-		// not be the one the move was for: the pod looked at is looked at
-		// again after the cool-down.
+		// Another pod of the Deployment is looked at after the cool-down.
 		return r.afterCooldown(), retry.RetryOnConflict(retry.DefaultRetry, func() error {
 			if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
 				return client.IgnoreNotFound(err)

@@ -187,7 +187,7 @@ func testHomeReturn(t *testing.T, bed *testbed.Bed) {
 				moved = append(moved, e.InvolvedObject.Name)
 			}
 		}
-		return len(moved) == 2, fmt.Sprintf("%s on %v", home.EventMoved, moved)
+		return len(moved) == 2 && moved[0] != moved[1], fmt.Sprintf("%s on %v", home.EventMoved, moved)
 	})
 	figure(t, "blocker deleted -> both borrowed pods home %s, Ready pods between %d and %d", took.Round(time.Millisecond), least, most)
 
