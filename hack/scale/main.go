@@ -54,7 +54,7 @@ type options struct {
 	replicas                          int
 	out                               string
 	fillInFlight, maxInFlight         int
-	slowlog                           bool
+	slowlogUsec                       int
 	seed                              uint64
 }
 
@@ -79,9 +79,10 @@ func main() {
 	f.DurationVar(&o.duration, "duration", time.Minute, "the steady window measured")
 	f.IntVar(&o.replicas, "replicas", 2, "rb-broker processes; member i talks to replica i mod replicas")
 	f.StringVar(&o.out, "out", "", "write the report as JSON to this file")
-	f.IntVar(&o.fillInFlight, "fill-in-flight", 64, "reservations in flight while filling")
+	f.IntVar(&o.fillInFlight, "fill-in-flight", 128, "reservations in flight while filling")
 	f.IntVar(&o.maxInFlight, "max-in-flight", 2048, "most calls of the open loop in flight; a decision due beyond it is dropped and counted")
-	f.BoolVar(&o.slowlog, "slowlog", true, "attribute Redis' time to scripts through SLOWLOG (every command logged during the window: costs Redis a little)")
+	f.IntVar(&o.slowlogUsec, "slowlog-usec", 50, "attribute Redis' time to scripts through SLOWLOG, logging the commands of the window that take at least this many µs "+
+		"(0 logs every command, those the scripts call too, which slows Redis at scale); negative: off")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated clusters and requests")
 	klog.InitFlags(nil)
 	if err := cmd.Execute(); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
@@ -108,9 +109,13 @@ type ScriptStats struct {
 	Share float64 `json:"share"`
 }
 
-// slowlogSampler has Redis log every command (slowlog-log-slower-than 0)
-// and drains the log every interval, before its ring overwrites entries,
-// adding up the time per script (EVALSHA by its SHA) or command.
+// slowlogSampler has Redis log the commands that take at least a
+// threshold (slowlog-log-slower-than) and drains the log often, before its
+// ring overwrites entries, adding up the time per script (EVALSHA by its
+// SHA) or command. Logging every command (threshold 0) also logs every
+// command the scripts call, hundreds per decision at 1,000 clusters: that
+// floods the ring and slows Redis, hence a threshold; the script calls under
+// it are counted together from INFO commandstats.
 type slowlogSampler struct {
 	rdb   *redis.Client
 	names map[string]string
@@ -123,9 +128,9 @@ type slowlogSampler struct {
 
 const slowlogLen = 100_000
 
-func startSlowlog(ctx context.Context, rdb *redis.Client) (*slowlogSampler, error) {
+func startSlowlog(ctx context.Context, rdb *redis.Client, thresholdUsec int) (*slowlogSampler, error) {
 	s := &slowlogSampler{rdb: rdb, names: scriptNames(), calls: map[string]int64{}, usec: map[string]int64{}}
-	for k, v := range map[string]string{"slowlog-log-slower-than": "0", "slowlog-max-len": strconv.Itoa(slowlogLen)} {
+	for k, v := range map[string]string{"slowlog-log-slower-than": strconv.Itoa(thresholdUsec), "slowlog-max-len": strconv.Itoa(slowlogLen)} {
 		if err := rdb.ConfigSet(ctx, k, v).Err(); err != nil {
 			return nil, err
 		}
@@ -169,19 +174,36 @@ func (s *slowlogSampler) stop(ctx context.Context) error {
 	return s.rdb.ConfigSet(ctx, "slowlog-log-slower-than", "10000").Err()
 }
 
-// stats returns the time by script or command, the most first.
-func (s *slowlogSampler) stats() []ScriptStats {
+// stats returns the time by script or command, the most first, with the
+// script calls under the threshold (evalsha's commandstats less the scripts
+// logged) as one more line.
+func (s *slowlogSampler) stats(commands []CommandStats) []ScriptStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	calls, usec := maps.Clone(s.calls), maps.Clone(s.usec)
+	for _, c := range commands {
+		if c.Command != "evalsha" {
+			continue
+		}
+		var n, us int64
+		for k := range calls {
+			if strings.HasSuffix(k, ".lua") {
+				n, us = n+calls[k], us+usec[k]
+			}
+		}
+		if c.Calls > n {
+			calls["scripts under the threshold"], usec["scripts under the threshold"] = c.Calls-n, max(c.Usec-us, 0)
+		}
+	}
 	var total int64
-	for _, us := range s.usec {
+	for _, us := range usec {
 		total += us
 	}
-	out := make([]ScriptStats, 0, len(s.calls))
-	for k, n := range s.calls {
-		st := ScriptStats{Script: k, Calls: n, Usec: s.usec[k], UsecPerCall: float64(s.usec[k]) / float64(n)}
+	out := make([]ScriptStats, 0, len(calls))
+	for k, n := range calls {
+		st := ScriptStats{Script: k, Calls: n, Usec: usec[k], UsecPerCall: float64(usec[k]) / float64(n)}
 		if total > 0 {
-			st.Share = float64(s.usec[k]) / float64(total)
+			st.Share = float64(usec[k]) / float64(total)
 		}
 		out = append(out, st)
 	}

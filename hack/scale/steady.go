@@ -69,9 +69,9 @@ func (s *sim) steady(ctx context.Context, rep *Report) error {
 		return err
 	}
 	var slow *slowlogSampler
-	if s.o.slowlog {
+	if s.o.slowlogUsec >= 0 {
 		var err error
-		if slow, err = startSlowlog(ctx, rdb); err != nil {
+		if slow, err = startSlowlog(ctx, rdb, s.o.slowlogUsec); err != nil {
 			return err
 		}
 	}
@@ -146,7 +146,7 @@ func (s *sim) steady(ctx context.Context, rep *Report) error {
 	})
 	if slow != nil {
 		loops.Go(func() {
-			t := time.NewTicker(2 * time.Second)
+			t := time.NewTicker(time.Second)
 			defer t.Stop()
 			for {
 				select {
@@ -186,7 +186,7 @@ func (s *sim) steady(ctx context.Context, rep *Report) error {
 	redisCPU := cpu1.redis - cpu0.redis
 	rep.Redis = RedisStats{CPUShare: share(redisCPU, window), Commands: commandStats(stats)}
 	if slow != nil {
-		rep.Redis.Scripts = slow.stats()
+		rep.Redis.Scripts = slow.stats(rep.Redis.Commands)
 		rep.Redis.SlowlogOverflowed = slow.lost
 	}
 	for i, p := range s.procs {
@@ -294,7 +294,7 @@ func (s *sim) check(ctx context.Context) Checks {
 		mu.Unlock()
 	})
 	c.InvariantLive = errString(s.b.Store.CheckInvariant(ctx))
-	s.forEachMember(ctx, 32, func(ctx context.Context, m *member) {
+	s.forEachMember(ctx, 128, func(ctx context.Context, m *member) {
 		for _, id := range m.liveIDs() {
 			s.release(ctx, m, id)
 		}
