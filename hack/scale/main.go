@@ -356,6 +356,20 @@ func (s *sim) holdTime() time.Duration {
 // fill reserves --leases leases, round-robin over the members so that each
 // member's leases are renewed from its first.
 func (s *sim) fill(ctx context.Context) {
+	done := make(chan struct{})
+	defer close(done)
+	go func() { // progress: a fill of 100,000 takes minutes
+		t := time.NewTicker(15 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fmt.Fprintf(os.Stderr, "scale: %d of %d leases live\n", s.live.Load(), s.o.leases)
+			}
+		}
+	}()
 	var g errgroup.Group
 	g.SetLimit(s.o.fillInFlight)
 	for i := 0; i < s.o.leases && ctx.Err() == nil; i++ {
