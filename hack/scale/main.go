@@ -274,7 +274,11 @@ func (s *sim) renew(ctx context.Context, m *member) {
 		for _, r := range resp.Refused {
 			if m.drop(r.ID) {
 				s.live.Add(-1)
-				s.recorder().count("lost", "renewal refused: "+r.Reason)
+				if m.released(r.ID) {
+					s.recorder().count("renew", "refused, released by a call whose answer was lost: "+r.Reason)
+				} else {
+					s.recorder().count("lost", "renewal refused: "+r.Reason)
+				}
 			}
 		}
 	}
@@ -337,9 +341,15 @@ func (s *sim) release(ctx context.Context, m *member, id string) {
 	start := time.Now()
 	_, err := m.client.Release(ctx, id)
 	s.recorder().observe("release", time.Since(start), err)
+	var ae *brokerclient.APIError
 	if err != nil {
 		m.hold(id)
 		s.live.Add(1)
+		if !errors.As(err, &ae) { // lost in transit: the broker may have released it
+			m.mu.Lock()
+			m.releasing[id] = struct{}{}
+			m.mu.Unlock()
+		}
 	}
 }
 

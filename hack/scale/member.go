@@ -26,6 +26,9 @@ type member struct {
 	next      int                 // the next reservation's number
 	live      map[string]struct{} // leases the broker granted and the member holds
 	uncertain map[string]struct{} // reserve calls that failed in transit: the broker may hold them
+	// releasing are release calls that failed in transit and are tried
+	// again at the end: the broker may have ended them already.
+	releasing map[string]struct{}
 }
 
 // node is one advertised node: its size and what its own pods use (base),
@@ -42,7 +45,8 @@ var nodeShapes = []struct{ cpu, memGi, gpus int64 }{
 }
 
 func newMember(id string, nodes int, seed uint64) *member {
-	m := &member{id: id, rng: rand.New(rand.NewPCG(seed, 0x5ca1e)), live: map[string]struct{}{}, uncertain: map[string]struct{}{}}
+	m := &member{id: id, rng: rand.New(rand.NewPCG(seed, 0x5ca1e)), live: map[string]struct{}{}, uncertain: map[string]struct{}{},
+		releasing: map[string]struct{}{}}
 	m.labels = map[string]string{"topology.kubernetes.io/region": []string{"eu-west", "eu-south", "eu-central"}[m.rng.IntN(3)]}
 	m.price = fmt.Sprintf("0.0%d", 1+m.rng.IntN(5))
 	shape := m.rng.IntN(len(nodeShapes)) // one shape per cluster, GPUs on some
@@ -117,6 +121,16 @@ func (m *member) drop(id string) bool {
 	defer m.mu.Unlock()
 	_, ok := m.live[id]
 	delete(m.live, id)
+	return ok
+}
+
+// released says whether a release of id failed in transit (the broker
+// may have done it), and forgets it.
+func (m *member) released(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.releasing[id]
+	delete(m.releasing, id)
 	return ok
 }
 

@@ -77,14 +77,17 @@ type BrokerStats struct {
 
 // Checks are the end of the run's findings.
 type Checks struct {
-	Held              int    `json:"listedLeases"`
-	Lost              int    `json:"lost"`        // held by a member, not listed by the broker
-	Unexpected        int    `json:"unexpected"`  // listed, never granted to the member
-	ListedTwice       int    `json:"listedTwice"` // one id listed twice
-	ListErrors        int    `json:"listErrors"`
-	InvariantLive     string `json:"invariantWithLeases,omitempty"`
-	InvariantReleased string `json:"invariantAfterRelease,omitempty"`
-	LiveAfterRelease  int64  `json:"liveAfterRelease"`
+	Held int `json:"listedLeases"`
+	Lost int `json:"lost"` // held by a member, not listed by the broker
+	// ReleasedUnanswered were released by calls whose answer was lost
+	// (a client timeout): the broker ended them, the member did not know.
+	ReleasedUnanswered int    `json:"releasedUnanswered"`
+	Unexpected         int    `json:"unexpected"`  // listed, never granted to the member
+	ListedTwice        int    `json:"listedTwice"` // one id listed twice
+	ListErrors         int    `json:"listErrors"`
+	InvariantLive      string `json:"invariantWithLeases,omitempty"`
+	InvariantReleased  string `json:"invariantAfterRelease,omitempty"`
+	LiveAfterRelease   int64  `json:"liveAfterRelease"`
 }
 
 // OK says whether nothing was lost, doubled or left and the invariant held.
@@ -123,8 +126,8 @@ func (r *Report) Table() string {
 		tw.Flush()
 	}
 	c := r.Checks
-	fmt.Fprintf(&b, "\nchecks: %d leases listed, %d lost, %d unexpected, %d listed twice, %d list errors, invariant with leases: %s, after release: %s, live after release %d\n",
-		c.Held, c.Lost, c.Unexpected, c.ListedTwice, c.ListErrors, orOK(c.InvariantLive), orOK(c.InvariantReleased), c.LiveAfterRelease)
+	fmt.Fprintf(&b, "\nchecks: %d leases listed, %d lost, %d released by calls whose answer was lost, %d unexpected, %d listed twice, %d list errors, invariant with leases: %s, after release: %s, live after release %d\n",
+		c.Held, c.Lost, c.ReleasedUnanswered, c.Unexpected, c.ListedTwice, c.ListErrors, orOK(c.InvariantLive), orOK(c.InvariantReleased), c.LiveAfterRelease)
 	return b.String()
 }
 

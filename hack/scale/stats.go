@@ -24,6 +24,7 @@ type recorder struct {
 type activity struct {
 	latencies []time.Duration // every answered or failed call
 	errors    map[string]int
+	examples  map[string]string // the first error of each kind
 }
 
 func newRecorder() *recorder { return &recorder{acts: map[string]*activity{}} }
@@ -33,12 +34,16 @@ func (r *recorder) observe(name string, took time.Duration, err error) {
 	defer r.mu.Unlock()
 	a := r.acts[name]
 	if a == nil {
-		a = &activity{errors: map[string]int{}}
+		a = &activity{errors: map[string]int{}, examples: map[string]string{}}
 		r.acts[name] = a
 	}
 	a.latencies = append(a.latencies, took)
 	if err != nil {
-		a.errors[errorKind(err)]++
+		k := errorKind(err)
+		a.errors[k]++
+		if _, ok := a.examples[k]; !ok {
+			a.examples[k] = err.Error()
+		}
 	}
 }
 
@@ -48,7 +53,7 @@ func (r *recorder) count(name, kind string) {
 	defer r.mu.Unlock()
 	a := r.acts[name]
 	if a == nil {
-		a = &activity{errors: map[string]int{}}
+		a = &activity{errors: map[string]int{}, examples: map[string]string{}}
 		r.acts[name] = a
 	}
 	a.errors[kind]++
@@ -63,6 +68,8 @@ type ActivityStats struct {
 	P99Ms  float64        `json:"p99Ms"`
 	MaxMs  float64        `json:"maxMs"`
 	Errors map[string]int `json:"errors,omitempty"`
+	// Examples are the first error message of each kind.
+	Examples map[string]string `json:"examples,omitempty"`
 }
 
 // summary returns the activities in a fixed order (order first, then the
@@ -91,7 +98,7 @@ func (r *recorder) summary(window time.Duration, order []string) []ActivityStats
 		a := r.acts[n]
 		lat := slices.Clone(a.latencies)
 		slices.Sort(lat)
-		s := ActivityStats{Name: n, Count: len(lat), P50Ms: ms(percentile(lat, 50)), P99Ms: ms(percentile(lat, 99)), Errors: a.errors}
+		s := ActivityStats{Name: n, Count: len(lat), P50Ms: ms(percentile(lat, 50)), P99Ms: ms(percentile(lat, 99)), Errors: a.errors, Examples: a.examples}
 		if len(lat) > 0 {
 			s.MaxMs = ms(lat[len(lat)-1])
 		}
@@ -100,6 +107,9 @@ func (r *recorder) summary(window time.Duration, order []string) []ActivityStats
 		}
 		if len(s.Errors) == 0 {
 			s.Errors = nil
+		}
+		if len(s.Examples) == 0 {
+			s.Examples = nil
 		}
 		out = append(out, s)
 	}

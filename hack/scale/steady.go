@@ -273,10 +273,14 @@ func (s *sim) check(ctx context.Context) Checks {
 				}
 			}
 		}
-		var lost, twice int
+		var lost, releasedUnanswered, twice int
 		for id := range m.live {
 			if seen[id] == 0 {
-				lost++
+				if _, ok := m.releasing[id]; ok {
+					releasedUnanswered++
+				} else {
+					lost++
+				}
 				delete(m.live, id)
 			}
 		}
@@ -289,6 +293,7 @@ func (s *sim) check(ctx context.Context) Checks {
 		mu.Lock()
 		c.Held += len(listed)
 		c.Lost += lost
+		c.ReleasedUnanswered += releasedUnanswered
 		c.ListedTwice += twice
 		c.Unexpected += len(extra)
 		mu.Unlock()
