@@ -120,10 +120,11 @@ type slowlogSampler struct {
 	rdb   *redis.Client
 	names map[string]string
 
-	mu    sync.Mutex
-	calls map[string]int64
-	usec  map[string]int64
-	lost  bool // the ring was full between two drains
+	mu     sync.Mutex
+	calls  map[string]int64
+	usec   map[string]int64
+	lost   bool  // the ring went round between two drains
+	lastID int64 // the newest entry counted
 }
 
 const slowlogLen = 100_000
@@ -132,7 +133,7 @@ const slowlogLen = 100_000
 const unlogged = "evalsha not in SLOWLOG"
 
 func startSlowlog(ctx context.Context, rdb *redis.Client, thresholdUsec int) (*slowlogSampler, error) {
-	s := &slowlogSampler{rdb: rdb, names: scriptNames(), calls: map[string]int64{}, usec: map[string]int64{}}
+	s := &slowlogSampler{rdb: rdb, names: scriptNames(), calls: map[string]int64{}, usec: map[string]int64{}, lastID: -1}
 	for k, v := range map[string]string{"slowlog-log-slower-than": strconv.Itoa(thresholdUsec), "slowlog-max-len": strconv.Itoa(slowlogLen)} {
 		if err := rdb.ConfigSet(ctx, k, v).Err(); err != nil {
 			return nil, err
@@ -141,22 +142,25 @@ func startSlowlog(ctx context.Context, rdb *redis.Client, thresholdUsec int) (*s
 	return s, rdb.SlowLogReset(ctx).Err()
 }
 
-// drain reads and resets the log; the few commands run between the read
-// and the reset are not counted.
+// drain reads the entries logged since the last drain (by their ids: a
+// SLOWLOG RESET after the read would lose what Redis logged between the two,
+// much of it when Redis is busy).
 func (s *slowlogSampler) drain(ctx context.Context) error {
 	logs, err := s.rdb.SlowLogGet(ctx, slowlogLen).Result()
 	if err != nil {
 		return err
 	}
-	if err := s.rdb.SlowLogReset(ctx).Err(); err != nil {
-		return err
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(logs) >= slowlogLen {
-		s.lost = true
+	if n := len(logs); n >= slowlogLen && logs[n-1].ID > s.lastID+1 {
+		s.lost = true // the ring went round since the last drain
 	}
-	for _, l := range logs {
+	last := s.lastID
+	for _, l := range logs { // newest first
+		if l.ID <= s.lastID {
+			break
+		}
+		last = max(last, l.ID)
 		if len(l.Args) == 0 || l.ClientAddr == "?:0" {
 			continue // a command a script called ("?:0", the Lua client): in its script's time
 		}
@@ -169,6 +173,7 @@ func (s *slowlogSampler) drain(ctx context.Context) error {
 		s.calls[k]++
 		s.usec[k] += l.Duration.Microseconds()
 	}
+	s.lastID = last
 	return nil
 }
 
