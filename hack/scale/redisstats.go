@@ -127,7 +127,12 @@ type slowlogSampler struct {
 	lastID int64 // the newest entry counted
 }
 
-const slowlogLen = 100_000
+// The ring holds slowlogLen entries; a drain reads the newest slowlogRead
+// (SLOWLOG GET costs Redis for every entry it returns, read or not before).
+const (
+	slowlogLen  = 100_000
+	slowlogRead = 10_000
+)
 
 // unlogged names the script calls INFO commandstats counted and SLOWLOG did not.
 const unlogged = "evalsha not in SLOWLOG"
@@ -146,14 +151,14 @@ func startSlowlog(ctx context.Context, rdb *redis.Client, thresholdUsec int) (*s
 // SLOWLOG RESET after the read would lose what Redis logged between the two,
 // much of it when Redis is busy).
 func (s *slowlogSampler) drain(ctx context.Context) error {
-	logs, err := s.rdb.SlowLogGet(ctx, slowlogLen).Result()
+	logs, err := s.rdb.SlowLogGet(ctx, slowlogRead).Result()
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if n := len(logs); n >= slowlogLen && logs[n-1].ID > s.lastID+1 {
-		s.lost = true // the ring went round since the last drain
+	if n := len(logs); n >= slowlogRead && logs[n-1].ID > s.lastID+1 {
+		s.lost = true // more were logged since the last drain than one read returns
 	}
 	last := s.lastID
 	for _, l := range logs { // newest first
