@@ -20,6 +20,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -84,7 +85,9 @@ func main() {
 	f.IntVar(&o.slowlogUsec, "slowlog-usec", 50, "attribute Redis' time to scripts through SLOWLOG, logging the commands of the window that take at least this many µs "+
 		"(0 logs every command, those the scripts call too, which slows Redis at scale); negative: off")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated clusters and requests")
-	klog.InitFlags(nil)
+	var klogFlags flag.FlagSet
+	klog.InitFlags(&klogFlags)
+	f.AddGoFlag(klogFlags.Lookup("v")) // -v=4 shows the brokers' set-up logs
 	if err := cmd.Execute(); err != nil {
 		os.Exit(1)
 	}
@@ -186,9 +189,9 @@ func run(ctx context.Context, o options, command string) (err error) {
 	}
 	rep.Memory.Steady, _ = usedMemory(ctx, s.b.RDB)
 
-	s.rec.Store(newRecorder())
-	stopLoops()
+	stopLoops() // the calls it cuts count in the window's recorder, already summed up
 	loops.Wait()
+	s.rec.Store(newRecorder())
 	step("checking: listing every member's leases, the invariant, releasing everything")
 	rep.Checks = s.check(context.WithoutCancel(ctx))
 	rep.End = s.recorder().summary(0, activityOrder)
