@@ -9,6 +9,7 @@ VERSION_PKG  := k8s.io/component-base/version
 K8S_LDFLAGS  := -s -w -X $(VERSION_PKG).gitVersion=$(K8S_VERSION) -X $(VERSION_PKG).gitMajor=1 -X $(VERSION_PKG).gitMinor=$(K8S_MINOR)
 GO_TEST_FLAGS ?= -count=1 -timeout 30m
 BENCH_FLAGS  ?=
+SCALE_FLAGS  ?=
 BINARIES     := rb-broker rb-agent rb-scheduler rbctl
 GOLANGCI_LINT_VERSION ?= v2.15.0
 CONTROLLER_GEN_VERSION ?= v0.20.1
@@ -61,6 +62,10 @@ check-redis:
 .PHONY: bench
 bench: envtest-bin check-redis ## Every benchmark with its baseline, ratio and target; writes docs/benchmarks/ (BENCH_FLAGS="--only broker,http", see docs/benchmarks.md).
 	go run ./hack/benchreport $(BENCH_FLAGS)
+
+.PHONY: scale
+scale: check-redis ## Simulate a federation against real brokers and Redis: per-call latency, Redis and broker CPU, memory per lease (SCALE_FLAGS="--clusters 1000 --leases 100000 --out scale.json", see docs/benchmarks.md).
+	go run ./hack/scale $(SCALE_FLAGS)
 
 .PHONY: bench-e2e
 bench-e2e: envtest-bin check-redis ## End-to-end latency on the whole test bed (100 pods, p50/p90/p99); see docs/benchmarks.md.

@@ -1,0 +1,409 @@
+// Command scale simulates a large federation against one broker and
+// measures what the broker and its Redis carry (make scale; docs/benchmarks.md,
+// "Scale: one broker, a whole federation").
+//
+// It starts a real redis-server and --replicas real rb-broker processes
+// built from this tree (internal/brokertest, over real mutual TLS), then
+// --clusters simulated members, each with its own client certificate and
+// its own broker/client: every member advertises its --nodes-per-cluster
+// nodes every 30 s and renews its leases every 30 s (in batches of at most
+// 5,000 ids), as rb-agent does, while an open loop reserves leases at
+// --decisions-per-second for random members and releases each after a
+// random hold, as pods end. The live leases (--leases) are filled in bulk
+// first. After the --duration steady window it stops, releases everything
+// and checks the broker's invariant, then prints the report (and writes it
+// as JSON with --out).
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/klog/v2"
+
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+	"github.com/fluidos-project/resource-broker/internal/brokertest"
+)
+
+// The agents' schedules (agent/publisher, agent/reservation/renewer.go).
+const (
+	advertisePeriod = 30 * time.Second
+	renewPeriod     = 30 * time.Second
+	renewBatch      = 5000
+)
+
+type options struct {
+	clusters, nodesPerCluster, leases int
+	decisionsPerSecond                float64
+	duration                          time.Duration
+	replicas                          int
+	out                               string
+	fillInFlight, maxInFlight         int
+	slowlogUsec                       int
+	seed                              uint64
+}
+
+func main() {
+	o := options{}
+	cmd := &cobra.Command{
+		Use:   "scale",
+		Short: "Simulate a federation against real brokers and Redis and report what they carry",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return run(ctx, o, strings.Join(os.Args, " "))
+		},
+		SilenceUsage: true,
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.clusters, "clusters", 1000, "simulated member clusters, each a provider and a requester with its own identity")
+	f.IntVar(&o.nodesPerCluster, "nodes-per-cluster", 50, "nodes each member advertises (at most 100)")
+	f.IntVar(&o.leases, "leases", 100_000, "live leases: filled in bulk before the window, then kept at about this many")
+	f.Float64Var(&o.decisionsPerSecond, "decisions-per-second", 500, "reservations offered per second in the window (an open loop), each released after a random hold")
+	f.DurationVar(&o.duration, "duration", time.Minute, "the steady window measured")
+	f.IntVar(&o.replicas, "replicas", 2, "rb-broker processes; member i talks to replica i mod replicas")
+	f.StringVar(&o.out, "out", "", "write the report as JSON to this file")
+	f.IntVar(&o.fillInFlight, "fill-in-flight", 128, "reservations in flight while filling")
+	f.IntVar(&o.maxInFlight, "max-in-flight", 2048, "most calls of the open loop in flight; a decision due beyond it is dropped and counted")
+	f.IntVar(&o.slowlogUsec, "slowlog-usec", 50, "attribute Redis' time to scripts through SLOWLOG, logging the commands of the window that take at least this many µs "+
+		"(0 logs every command, those the scripts call too, which slows Redis at scale); negative: off")
+	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated clusters and requests")
+	var klogFlags flag.FlagSet
+	klog.InitFlags(&klogFlags)
+	f.AddGoFlag(klogFlags.Lookup("v")) // -v=4 shows the brokers' set-up logs
+	if err := cmd.Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+// sim is one run: the brokers, the members and what they measured.
+type sim struct {
+	o       options
+	b       *brokertest.Broker
+	procs   []*brokertest.Process
+	members []*member
+	leases  *leaseQueue
+
+	rec        atomic.Pointer[recorder] // the current phase's
+	live       atomic.Int64             // leases the members hold
+	renewedIDs atomic.Int64
+	rngMu      sync.Mutex
+	rng        *rand.Rand
+}
+
+func (s *sim) recorder() *recorder { return s.rec.Load() }
+
+func run(ctx context.Context, o options, command string) (err error) {
+	if o.clusters < 2 || o.nodesPerCluster < 1 || o.nodesPerCluster > 100 || o.replicas < 1 || o.decisionsPerSecond <= 0 || o.leases < 0 {
+		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second > 0, --leases >= 0")
+	}
+	tb := &programTB{}
+	defer tb.runCleanups()
+	defer func() {
+		if r := recover(); r != nil {
+			f, ok := r.(errFatal)
+			if !ok {
+				panic(r)
+			}
+			err = errors.New(f.msg)
+		}
+	}()
+	rep := &Report{Command: command, Commit: gitCommit(), CPUs: runtime.NumCPU(), LoadAverageStart: loadAverage(), Options: o,
+		Config: Config{Clusters: o.clusters, NodesPerCluster: o.nodesPerCluster, Leases: o.leases, DecisionsPerSecond: o.decisionsPerSecond,
+			DurationSeconds: o.duration.Seconds(), Replicas: o.replicas}}
+	s := &sim{o: o, leases: &leaseQueue{}, rng: rand.New(rand.NewPCG(o.seed, 7))}
+
+	step := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "scale: "+format+"\n", args...) }
+	step("building rb-broker and starting redis-server and %d replicas", o.replicas)
+	bin := brokertest.BuildBroker(tb, tb.TempDir())
+	// brokertest.Start also serves an in-process broker, which the members
+	// never call; its expiry loop is slowed to an hour so that the rb-broker
+	// processes do all the work.
+	s.b = brokertest.Start(tb, brokertest.Options{ExpiryInterval: time.Hour})
+	for range o.replicas {
+		s.procs = append(s.procs, s.b.StartProcess(bin, nil))
+	}
+
+	step("issuing %d client certificates", o.clusters)
+	if err := s.makeMembers(); err != nil {
+		return err
+	}
+	mem0, err := usedMemory(ctx, s.b.RDB)
+	if err != nil {
+		return err
+	}
+
+	fill := newRecorder()
+	s.rec.Store(fill)
+	step("advertising %d clusters of %d nodes", o.clusters, o.nodesPerCluster)
+	s.forEachMember(ctx, 32, func(ctx context.Context, m *member) { s.advertise(ctx, m, true) })
+	mem1, err := usedMemory(ctx, s.b.RDB)
+	if err != nil {
+		return err
+	}
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	defer stopLoops()
+	loops := s.startMemberLoops(loopCtx)
+
+	step("filling %d leases, %d in flight", o.leases, o.fillInFlight)
+	start := time.Now()
+	s.fill(ctx)
+	rep.Fill = FillStats{Leases: s.live.Load(), Seconds: time.Since(start).Seconds(), Activities: fill.summary(time.Since(start), activityOrder)}
+	rep.Fill.PerSecond = float64(rep.Fill.Leases) / rep.Fill.Seconds
+	mem2, err := usedMemory(ctx, s.b.RDB)
+	if err != nil {
+		return err
+	}
+	rep.Memory = MemoryStats{Empty: mem0, Advertised: mem1, Filled: mem2, BytesPerCluster: float64(mem1-mem0) / float64(o.clusters)}
+	if n := s.live.Load(); n > 0 {
+		rep.Memory.BytesPerLease = float64(mem2-mem1) / float64(n)
+	}
+	if ctx.Err() != nil {
+		stopLoops()
+		loops.Wait()
+		return ctx.Err()
+	}
+
+	step("steady window: %s at %g decisions/s", o.duration, o.decisionsPerSecond)
+	if err := s.steady(ctx, rep); err != nil {
+		stopLoops()
+		loops.Wait()
+		return err
+	}
+	rep.Memory.Steady, _ = usedMemory(ctx, s.b.RDB)
+
+	stopLoops() // the calls it cuts count in the window's recorder, already summed up
+	loops.Wait()
+	s.rec.Store(newRecorder())
+	step("checking: listing every member's leases, the invariant, releasing everything")
+	rep.Checks = s.check(context.WithoutCancel(ctx))
+	rep.End = s.recorder().summary(0, activityOrder)
+	rep.LoadAverageEnd = loadAverage()
+
+	fmt.Print(rep.Table())
+	if o.out != "" {
+		data, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.WriteFile(o.out, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if tb.Failed() {
+		return errors.New("the brokers or Redis reported failures (see above)")
+	}
+	if !rep.Checks.OK() {
+		return errors.New("the checks failed (see the report)")
+	}
+	return nil
+}
+
+// makeMembers issues a certificate per member (CN = its cluster id) and
+// gives it a client of replica i mod replicas, as a load balancer in front
+// of the replicas would keep its connections on one.
+func (s *sim) makeMembers() error {
+	s.members = make([]*member, s.o.clusters)
+	var g errgroup.Group
+	g.SetLimit(runtime.NumCPU())
+	for i := range s.members {
+		g.Go(func() error {
+			id := fmt.Sprintf("c%05d", i)
+			pair, err := s.b.CA.IssueClient(id)
+			if err != nil {
+				return err
+			}
+			cert, err := pair.TLSCertificate()
+			if err != nil {
+				return err
+			}
+			// No retries: each call's latency and error are the broker's answer to it.
+			c, err := brokerclient.NewWithTLS(s.procs[i%len(s.procs)].URL,
+				&tls.Config{RootCAs: s.b.CA.Pool(), Certificates: []tls.Certificate{cert}},
+				brokerclient.WithRetries(0, 0), brokerclient.WithUserAgent("rb-scale"))
+			if err != nil {
+				return err
+			}
+			m := newMember(id, s.o.nodesPerCluster, s.o.seed*1_000_003+uint64(i))
+			m.client = c
+			s.members[i] = m
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// forEachMember calls f for every member, n at once.
+func (s *sim) forEachMember(ctx context.Context, n int, f func(context.Context, *member)) {
+	var g errgroup.Group
+	g.SetLimit(n)
+	for _, m := range s.members {
+		if ctx.Err() != nil {
+			break
+		}
+		g.Go(func() error { f(ctx, m); return nil })
+	}
+	_ = g.Wait()
+}
+
+func (s *sim) advertise(ctx context.Context, m *member, churn bool) {
+	start := time.Now()
+	_, err := m.client.Advertise(ctx, m.id, m.advertisement(churn))
+	s.recorder().observe("advertise", time.Since(start), err)
+}
+
+// renew renews every lease the member holds, in batches, as the renewer
+// does; a lease the broker refuses is lost.
+func (s *sim) renew(ctx context.Context, m *member) {
+	for _, ids := range batches(m.liveIDs(), renewBatch) {
+		start := time.Now()
+		resp, err := m.client.Renew(ctx, ids)
+		s.recorder().observe("renew", time.Since(start), err)
+		s.renewedIDs.Add(int64(len(resp.Renewed)))
+		for _, r := range resp.Refused {
+			if m.drop(r.ID) {
+				s.live.Add(-1)
+				if m.released(r.ID) {
+					s.recorder().count("renew", "refused, released by a call whose answer was lost: "+r.Reason)
+				} else {
+					s.recorder().count("lost", "renewal refused: "+r.Reason)
+				}
+			}
+		}
+	}
+}
+
+// startMemberLoops runs each member's agent schedule: advertise every 30 s
+// and renew every 30 s, the members' phases spread over the period.
+func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for i, m := range s.members {
+		wg.Go(func() {
+			adv := time.NewTimer(phase(i, len(s.members), advertisePeriod))
+			ren := time.NewTimer(phase((i+len(s.members)/2)%len(s.members), len(s.members), renewPeriod))
+			defer adv.Stop()
+			defer ren.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-adv.C:
+					s.advertise(ctx, m, true)
+					adv.Reset(advertisePeriod)
+				case <-ren.C:
+					s.renew(ctx, m)
+					ren.Reset(renewPeriod)
+				}
+			}
+		})
+	}
+	return &wg
+}
+
+// reserve asks for one lease for m and, granted, holds it until its hold
+// time (queued for release, when queue is set).
+func (s *sim) reserve(ctx context.Context, m *member, queue bool) {
+	req := m.request()
+	start := time.Now()
+	_, err := m.client.Reserve(ctx, req)
+	s.recorder().observe("reserve", time.Since(start), err)
+	var ae *brokerclient.APIError
+	switch {
+	case err == nil:
+		m.hold(req.ID)
+		s.live.Add(1)
+		if queue {
+			s.leases.push(time.Now().Add(s.holdTime()), m, req.ID)
+		}
+	case !errors.As(err, &ae): // lost in transit: the broker may have granted it
+		m.markUncertain(req.ID)
+	}
+}
+
+// release ends a lease as its pod ends; a failed release keeps it held (it
+// is released at the end).
+func (s *sim) release(ctx context.Context, m *member, id string) {
+	if !m.drop(id) {
+		return
+	}
+	s.live.Add(-1)
+	start := time.Now()
+	_, err := m.client.Release(ctx, id)
+	s.recorder().observe("release", time.Since(start), err)
+	var ae *brokerclient.APIError
+	if err != nil {
+		m.hold(id)
+		s.live.Add(1)
+		if !errors.As(err, &ae) { // lost in transit: the broker may have released it
+			m.mu.Lock()
+			m.releasing[id] = struct{}{}
+			m.mu.Unlock()
+		}
+	}
+}
+
+// holdTime is a lease's random hold: exponential, with the mean that keeps
+// --leases live at --decisions-per-second (Little's law). Memoryless, so
+// the leases filled at the start end at the same rate as later ones.
+func (s *sim) holdTime() time.Duration {
+	s.rngMu.Lock()
+	defer s.rngMu.Unlock()
+	mean := float64(s.o.leases) / s.o.decisionsPerSecond
+	return time.Duration(s.rng.ExpFloat64() * mean * float64(time.Second))
+}
+
+// fill reserves --leases leases, round-robin over the members so that each
+// member's leases are renewed from its first.
+func (s *sim) fill(ctx context.Context) {
+	done := make(chan struct{})
+	defer close(done)
+	go func() { // progress: a fill of 100,000 takes minutes
+		t := time.NewTicker(15 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fmt.Fprintf(os.Stderr, "scale: %d of %d leases live\n", s.live.Load(), s.o.leases)
+			}
+		}
+	}()
+	var g errgroup.Group
+	g.SetLimit(s.o.fillInFlight)
+	for i := 0; i < s.o.leases && ctx.Err() == nil; i++ {
+		m := s.members[i%len(s.members)]
+		g.Go(func() error { s.reserve(ctx, m, false); return nil })
+	}
+	_ = g.Wait()
+}
+
+func gitCommit() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	return strings.Join(strings.Fields(string(data))[:3], " ")
+}

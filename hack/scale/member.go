@@ -1,0 +1,164 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
+)
+
+// member is one simulated cluster: a provider that advertises its nodes and
+// a requester that holds leases, with its own client certificate (CN = id)
+// and its own client, used by it alone.
+type member struct {
+	id     string
+	client *brokerclient.Client
+	nodes  []node
+	labels map[string]string
+	price  string // EUR per core-hour
+
+	mu        sync.Mutex
+	rng       *rand.Rand
+	next      int                 // the next reservation's number
+	live      map[string]struct{} // leases the broker granted and the member holds
+	uncertain map[string]struct{} // reserve calls that failed in transit: the broker may hold them
+	// releasing are release calls that failed in transit and are tried
+	// again at the end: the broker may have ended them already.
+	releasing map[string]struct{}
+}
+
+// node is one advertised node: its size and what its own pods use (base),
+// to which each advertisement adds a little.
+type node struct {
+	name                   string
+	cpuMilli, memory, gpus int64
+	baseCPU, baseMem       int64
+}
+
+// nodeShapes are the node sizes of the simulated clusters.
+var nodeShapes = []struct{ cpu, memGi, gpus int64 }{
+	{16, 64, 0}, {32, 128, 0}, {64, 256, 0}, {32, 256, 0}, {48, 192, 4},
+}
+
+func newMember(id string, nodes int, seed uint64) *member {
+	m := &member{id: id, rng: rand.New(rand.NewPCG(seed, 0x5ca1e)), live: map[string]struct{}{}, uncertain: map[string]struct{}{},
+		releasing: map[string]struct{}{}}
+	m.labels = map[string]string{"topology.kubernetes.io/region": []string{"eu-west", "eu-south", "eu-central"}[m.rng.IntN(3)]}
+	m.price = fmt.Sprintf("0.0%d", 1+m.rng.IntN(5))
+	shape := m.rng.IntN(len(nodeShapes)) // one shape per cluster, GPUs on some
+	for i := range nodes {
+		s := nodeShapes[shape]
+		cpu, mem := s.cpu*1000, s.memGi<<30
+		// Its own pods use 20 to 50 %.
+		used := 0.2 + 0.3*m.rng.Float64()
+		m.nodes = append(m.nodes, node{name: fmt.Sprintf("%s-n%02d", id, i), cpuMilli: cpu, memory: mem, gpus: s.gpus,
+			baseCPU: int64(float64(cpu) * used), baseMem: int64(float64(mem) * used)})
+	}
+	return m
+}
+
+// advertisement is what the member's agent would publish now. With churn,
+// each node's own pods use up to 3 % of the node more than their base, as
+// a real cluster's figures move; without, exactly the base: the most free
+// any advertisement offered, so that the broker's debits, each made against
+// a free no larger, cannot exceed it (CheckInvariant's overbooking test).
+func (m *member) advertisement(churn bool) api.Advertisement {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var capCPU, capMem, capGPU, usedCPU, usedMem int64
+	nodes := make([]api.NodeResources, len(m.nodes))
+	for i, n := range m.nodes {
+		cpu, mem := n.baseCPU, n.baseMem
+		if churn {
+			cpu += int64(m.rng.Float64() * 0.03 * float64(n.cpuMilli))
+			mem += int64(m.rng.Float64() * 0.03 * float64(n.memory))
+		}
+		nodes[i] = api.NodeResources{Name: n.name, Allocatable: quantities(n.cpuMilli, n.memory, n.gpus), Allocated: quantities(cpu, mem, 0)}
+		capCPU, capMem, capGPU = capCPU+n.cpuMilli, capMem+n.memory, capGPU+n.gpus
+		usedCPU, usedMem = usedCPU+cpu, usedMem+mem
+	}
+	total := quantities(capCPU, capMem, capGPU)
+	return api.Advertisement{
+		ClusterName: m.id, Endpoint: "https://" + m.id + ".example:6443", Labels: m.labels,
+		Resources: api.ClusterResources{Capacity: total, Allocatable: total, Allocated: quantities(usedCPU, usedMem, 0), Nodes: nodes},
+		Prices:    &api.Prices{Currency: "EUR", CPU: mustQ(m.price), Memory: mustQ("0.004"), GPU: mustQ("1.2")},
+	}
+}
+
+// Request sizes: a pod's requests, small ones the most common.
+var (
+	requestCPU    = []string{"100m", "100m", "250m", "250m", "500m", "500m", "1", "1", "2", "4"}
+	requestMemory = []string{"128Mi", "256Mi", "512Mi", "512Mi", "1Gi", "1Gi", "2Gi", "4Gi", "8Gi"}
+)
+
+// request is the member's next lease request: lease 2m, hold 2m, as the
+// agent asks for a pod's reservation; 2 % of them ask for 1 or 2 GPUs.
+func (m *member) request() api.ReservationRequest {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.next++
+	id := fmt.Sprintf("%s-r%d", m.id, m.next)
+	q := api.Quantities{CPU: mustQ(requestCPU[m.rng.IntN(len(requestCPU))]), Memory: mustQ(requestMemory[m.rng.IntN(len(requestMemory))])}
+	if m.rng.IntN(50) == 0 {
+		q.GPU = resource.NewQuantity(int64(1+m.rng.IntN(2)), resource.DecimalSI)
+	}
+	return api.ReservationRequest{ID: id, Resources: q, Duration: "2m", Lease: "2m", Owner: "default/pod-" + id}
+}
+
+func (m *member) hold(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.live[id] = struct{}{}
+}
+
+// drop forgets a lease and says whether the member held it.
+func (m *member) drop(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.live[id]
+	delete(m.live, id)
+	return ok
+}
+
+// released says whether a release of id failed in transit (the broker
+// may have done it), and forgets it.
+func (m *member) released(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.releasing[id]
+	delete(m.releasing, id)
+	return ok
+}
+
+func (m *member) markUncertain(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.uncertain[id] = struct{}{}
+}
+
+func (m *member) liveIDs() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ids := make([]string, 0, len(m.live))
+	for id := range m.live {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func quantities(cpuMilli, memory, gpus int64) api.Quantities {
+	q := api.Quantities{CPU: resource.NewMilliQuantity(cpuMilli, resource.DecimalSI), Memory: resource.NewQuantity(memory, resource.BinarySI)}
+	if gpus > 0 {
+		q.GPU = resource.NewQuantity(gpus, resource.DecimalSI)
+	}
+	return q
+}
+
+func mustQ(s string) *resource.Quantity {
+	q := resource.MustParse(s)
+	return &q
+}

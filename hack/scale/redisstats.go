@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"maps"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fluidos-project/resource-broker/broker/scripts"
+)
+
+// infoField reads one "name:value" line of an INFO section.
+func infoField(info, name string) (string, bool) {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// redisCPU is Redis' CPU time so far (INFO cpu: used_cpu_sys + used_cpu_user).
+func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total float64
+	for _, f := range []string{"used_cpu_sys", "used_cpu_user"} {
+		v, _ := infoField(info, f)
+		s, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, err
+		}
+		total += s
+	}
+	return time.Duration(total * float64(time.Second)), nil
+}
+
+// usedMemory is INFO memory's used_memory, in bytes.
+func usedMemory(ctx context.Context, rdb *redis.Client) (int64, error) {
+	info, err := rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, err
+	}
+	v, _ := infoField(info, "used_memory")
+	return strconv.ParseInt(v, 10, 64)
+}
+
+// CommandStats is one command's line of INFO commandstats.
+type CommandStats struct {
+	Command     string  `json:"command"`
+	Calls       int64   `json:"calls"`
+	Usec        int64   `json:"usec"`
+	UsecPerCall float64 `json:"usecPerCall"`
+}
+
+// commandStats parses INFO commandstats, the most Redis time first.
+func commandStats(info string) []CommandStats {
+	var out []CommandStats
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		cmd, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd {
+			continue
+		}
+		s := CommandStats{Command: cmd}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				s.Calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				s.Usec, _ = strconv.ParseInt(v, 10, 64)
+			case "usec_per_call":
+				s.UsecPerCall, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Usec > out[j].Usec })
+	return out
+}
+
+// scriptNames maps each broker script's SHA1 (what EVALSHA names) to its name.
+func scriptNames() map[string]string {
+	out := map[string]string{}
+	for name, s := range scripts.All {
+		out[s.Hash()] = name
+	}
+	return out
+}
+
+// ScriptStats is Redis' own time in one script (or one other command).
+type ScriptStats struct {
+	Script      string  `json:"script"`
+	Calls       int64   `json:"calls"`
+	Usec        int64   `json:"usec"`
+	UsecPerCall float64 `json:"usecPerCall"`
+	// Share is Usec over the time of every command logged: Redis' time
+	// attributed to this script. The times are wall-clock times inside
+	// Redis, which on a loaded machine include its waits for a core, so
+	// their sum may exceed Redis' CPU time; the shares still divide it.
+	Share float64 `json:"share"`
+}
+
+// slowlogSampler has Redis log the commands that take at least a
+// threshold (slowlog-log-slower-than) and drains the log often, before its
+// ring overwrites entries, adding up the time per script (EVALSHA by its
+// SHA) or command. Logging every command (threshold 0) also logs every
+// command the scripts call, hundreds per decision at 1,000 clusters: that
+// floods the ring and slows Redis, hence a threshold; the script calls under
+// it are counted together from INFO commandstats.
+type slowlogSampler struct {
+	rdb   *redis.Client
+	names map[string]string
+
+	mu     sync.Mutex
+	calls  map[string]int64
+	usec   map[string]int64
+	lost   bool  // the ring went round between two drains
+	lastID int64 // the newest entry counted
+}
+
+// The ring holds slowlogLen entries; a drain reads the newest slowlogRead
+// (SLOWLOG GET costs Redis for every entry it returns, read or not before).
+const (
+	slowlogLen  = 100_000
+	slowlogRead = 10_000
+)
+
+// unlogged names the script calls INFO commandstats counted and SLOWLOG did not.
+const unlogged = "evalsha not in SLOWLOG"
+
+func startSlowlog(ctx context.Context, rdb *redis.Client, thresholdUsec int) (*slowlogSampler, error) {
+	s := &slowlogSampler{rdb: rdb, names: scriptNames(), calls: map[string]int64{}, usec: map[string]int64{}, lastID: -1}
+	for k, v := range map[string]string{"slowlog-log-slower-than": strconv.Itoa(thresholdUsec), "slowlog-max-len": strconv.Itoa(slowlogLen)} {
+		if err := rdb.ConfigSet(ctx, k, v).Err(); err != nil {
+			return nil, err
+		}
+	}
+	return s, rdb.SlowLogReset(ctx).Err()
+}
+
+// drain reads the entries logged since the last drain (by their ids: a
+// SLOWLOG RESET after the read would lose what Redis logged between the two,
+// much of it when Redis is busy).
+func (s *slowlogSampler) drain(ctx context.Context) error {
+	logs, err := s.rdb.SlowLogGet(ctx, slowlogRead).Result()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(logs); n >= slowlogRead && logs[n-1].ID > s.lastID+1 {
+		s.lost = true // more were logged since the last drain than one read returns
+	}
+	last := s.lastID
+	for _, l := range logs { // newest first
+		if l.ID <= s.lastID {
+			break
+		}
+		last = max(last, l.ID)
+		if len(l.Args) == 0 || l.ClientAddr == "?:0" {
+			continue // a command a script called ("?:0", the Lua client): in its script's time
+		}
+		k := strings.ToLower(l.Args[0])
+		if (k == "evalsha" || k == "evalsha_ro") && len(l.Args) > 1 {
+			if name, ok := s.names[strings.ToLower(l.Args[1])]; ok {
+				k = name + ".lua"
+			}
+		}
+		s.calls[k]++
+		s.usec[k] += l.Duration.Microseconds()
+	}
+	s.lastID = last
+	return nil
+}
+
+// stop turns the logging of every command off.
+func (s *slowlogSampler) stop(ctx context.Context) error {
+	return s.rdb.ConfigSet(ctx, "slowlog-log-slower-than", "10000").Err()
+}
+
+// stats returns the time by script or command, the most first, with the
+// script calls the log missed (evalsha's commandstats less the scripts
+// logged: those under the threshold, and more on a loaded machine, where
+// the log has been seen to miss calls well above it) as one more line.
+func (s *slowlogSampler) stats(commands []CommandStats) []ScriptStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	calls, usec := maps.Clone(s.calls), maps.Clone(s.usec)
+	for _, c := range commands {
+		if c.Command != "evalsha" {
+			continue
+		}
+		var n, us int64
+		for k := range calls {
+			if strings.HasSuffix(k, ".lua") {
+				n, us = n+calls[k], us+usec[k]
+			}
+		}
+		if c.Calls > n {
+			calls[unlogged], usec[unlogged] = c.Calls-n, max(c.Usec-us, 0)
+		}
+	}
+	var total int64
+	for _, us := range usec {
+		total += us
+	}
+	out := make([]ScriptStats, 0, len(calls))
+	for k, n := range calls {
+		st := ScriptStats{Script: k, Calls: n, Usec: usec[k], UsecPerCall: float64(usec[k]) / float64(n)}
+		if total > 0 {
+			st.Share = float64(usec[k]) / float64(total)
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Usec > out[j].Usec })
+	return out
+}

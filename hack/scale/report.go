@@ -1,0 +1,155 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// activityOrder is the report's order of the activities.
+var activityOrder = []string{"advertise", "reserve", "renew", "release", "list", "lost"}
+
+// Report is what a run measured; Table prints it, --out writes it as JSON.
+type Report struct {
+	Command          string  `json:"command"`
+	Commit           string  `json:"commit"`
+	CPUs             int     `json:"cpus"`
+	LoadAverageStart string  `json:"loadAverageStart"`
+	LoadAverageEnd   string  `json:"loadAverageEnd"`
+	Options          options `json:"-"`
+	Config           Config  `json:"config"`
+
+	Fill          FillStats       `json:"fill"`
+	WindowSeconds float64         `json:"windowSeconds"`
+	Activities    []ActivityStats `json:"activities"`
+	LiveAtEnd     int64           `json:"liveLeasesAtEnd"`
+	RenewedIDs    int64           `json:"renewedIds"`
+	Redis         RedisStats      `json:"redis"`
+	Memory        MemoryStats     `json:"memory"`
+	Brokers       []BrokerStats   `json:"brokers"`
+	// SimulatorCPUShare is this process's CPU: the members' clients (and
+	// the idle in-process broker of brokertest).
+	SimulatorCPUShare float64         `json:"simulatorCpuShare"`
+	End               []ActivityStats `json:"endActivities"`
+	Checks            Checks          `json:"checks"`
+}
+
+// Config is the run's size.
+type Config struct {
+	Clusters           int     `json:"clusters"`
+	NodesPerCluster    int     `json:"nodesPerCluster"`
+	Leases             int     `json:"leases"`
+	DecisionsPerSecond float64 `json:"decisionsPerSecond"`
+	DurationSeconds    float64 `json:"durationSeconds"`
+	Replicas           int     `json:"replicas"`
+}
+
+// FillStats is the bulk fill before the window.
+type FillStats struct {
+	Leases     int64           `json:"leases"`
+	Seconds    float64         `json:"seconds"`
+	PerSecond  float64         `json:"perSecond"`
+	Activities []ActivityStats `json:"activities"`
+}
+
+// RedisStats are Redis' figures over the window.
+type RedisStats struct {
+	CPUShare          float64        `json:"cpuShare"` // of one core
+	Scripts           []ScriptStats  `json:"scripts,omitempty"`
+	SlowlogOverflowed bool           `json:"slowlogOverflowed,omitempty"`
+	Commands          []CommandStats `json:"commandstats"`
+}
+
+// MemoryStats is Redis' used_memory at each step.
+type MemoryStats struct {
+	Empty, Advertised, Filled, Steady int64
+	BytesPerCluster                   float64 `json:"bytesPerCluster"`
+	BytesPerLease                     float64 `json:"bytesPerLease"`
+}
+
+// BrokerStats is one rb-broker replica's CPU over the window.
+type BrokerStats struct {
+	Replica  int     `json:"replica"`
+	Pid      int     `json:"pid"`
+	CPUShare float64 `json:"cpuShare"`
+}
+
+// Checks are the end of the run's findings.
+type Checks struct {
+	Held int `json:"listedLeases"`
+	Lost int `json:"lost"` // held by a member, not listed by the broker
+	// ReleasedUnanswered were released by calls whose answer was lost
+	// (a client timeout): the broker ended them, the member did not know.
+	ReleasedUnanswered int    `json:"releasedUnanswered"`
+	Unexpected         int    `json:"unexpected"`  // listed, never granted to the member
+	ListedTwice        int    `json:"listedTwice"` // one id listed twice
+	ListErrors         int    `json:"listErrors"`
+	InvariantLive      string `json:"invariantWithLeases,omitempty"`
+	InvariantReleased  string `json:"invariantAfterRelease,omitempty"`
+	LiveAfterRelease   int64  `json:"liveAfterRelease"`
+}
+
+// OK says whether nothing was lost, doubled or left and the invariant held.
+func (c Checks) OK() bool {
+	return c.Lost == 0 && c.Unexpected == 0 && c.ListedTwice == 0 && c.ListErrors == 0 &&
+		c.InvariantLive == "" && c.InvariantReleased == "" && c.LiveAfterRelease == 0
+}
+
+// Table is the report as text.
+func (r *Report) Table() string {
+	var b strings.Builder
+	o := r.Options
+	fmt.Fprintf(&b, "\n%d clusters x %d nodes, %d leases, %g decisions/s offered, %d replicas; commit %s, %d CPUs, load %s -> %s\n",
+		o.clusters, o.nodesPerCluster, o.leases, o.decisionsPerSecond, o.replicas, r.Commit, r.CPUs, r.LoadAverageStart, r.LoadAverageEnd)
+	fmt.Fprintf(&b, "fill: %d leases in %.1f s (%.0f/s)\n", r.Fill.Leases, r.Fill.Seconds, r.Fill.PerSecond)
+	fmt.Fprintf(&b, "steady window %.1f s, %d live leases at its end, %d lease renewals (ids)\n\n", r.WindowSeconds, r.LiveAtEnd, r.RenewedIDs)
+	writeActivities(&b, r.Activities)
+	fmt.Fprintf(&b, "\nCPU over the window (share of one core): redis-server %.2f", r.Redis.CPUShare)
+	for _, br := range r.Brokers {
+		fmt.Fprintf(&b, ", rb-broker %d %.2f", br.Replica, br.CPUShare)
+	}
+	fmt.Fprintf(&b, ", simulator %.2f\n", r.SimulatorCPUShare)
+	m := r.Memory
+	fmt.Fprintf(&b, "Redis used_memory: empty %s, advertised %s (%.0f B per cluster), filled %s (%.0f B per lease), end of window %s\n",
+		mib(m.Empty), mib(m.Advertised), m.BytesPerCluster, mib(m.Filled), m.BytesPerLease, mib(m.Steady))
+	if len(r.Redis.Scripts) > 0 {
+		b.WriteString("\nRedis' own time by script or command over the window (SLOWLOG; wall time inside Redis; est. CPU = share x Redis CPU):\n")
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "script\tcalls\tµs per call\tseconds\tshare\test. CPU, core\t")
+		for i, s := range r.Redis.Scripts {
+			if i == 10 {
+				break
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.0f %%\t%.3f\t\n", s.Script, s.Calls, s.UsecPerCall, float64(s.Usec)/1e6, 100*s.Share, s.Share*r.Redis.CPUShare)
+		}
+		tw.Flush()
+	}
+	c := r.Checks
+	fmt.Fprintf(&b, "\nchecks: %d leases listed, %d lost, %d released by calls whose answer was lost, %d unexpected, %d listed twice, %d list errors, invariant with leases: %s, after release: %s, live after release %d\n",
+		c.Held, c.Lost, c.ReleasedUnanswered, c.Unexpected, c.ListedTwice, c.ListErrors, orOK(c.InvariantLive), orOK(c.InvariantReleased), c.LiveAfterRelease)
+	return b.String()
+}
+
+func writeActivities(b *strings.Builder, acts []ActivityStats) {
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "activity\tcalls\tper s\tp50 ms\tp99 ms\tmax ms\terrors")
+	for _, a := range acts {
+		kinds := make([]string, 0, len(a.Errors))
+		for k, n := range a.Errors {
+			kinds = append(kinds, fmt.Sprintf("%s: %d", k, n))
+		}
+		sort.Strings(kinds)
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%.2f\t%.2f\t%s\n", a.Name, a.Count, a.PerSec, a.P50Ms, a.P99Ms, a.MaxMs, strings.Join(kinds, ", "))
+	}
+	tw.Flush()
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+func orOK(s string) string {
+	if s == "" {
+		return "ok"
+	}
+	return s
+}
