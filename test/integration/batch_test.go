@@ -52,7 +52,7 @@ func batchJob(ns, name string, pods int32, cpu string, args ...string) *batchv1.
 					TerminationGracePeriodSeconds: ptr.To[int64](5),
 					Containers: []corev1.Container{{
 						Name: "work", Image: testimages.TestApp, ImagePullPolicy: corev1.PullIfNotPresent,
-						Command: append([]string{"/testapp"}, args...),
+						Command:   append([]string{"/testapp"}, args...),
 						Resources: corev1.ResourceRequirements{Requests: requests(cpu, "64Mi"), Limits: requests(cpu, "64Mi")},
 					}},
 				},

@@ -23,8 +23,8 @@ import (
 
 	"github.com/fluidos-project/resource-broker/agent/home"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
-	"github.com/fluidos-project/resource-broker/plugins/resourcebroker"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
+	"github.com/fluidos-project/resource-broker/plugins/resourcebroker"
 )
 
 // TestHome: borrowing is bursting, paid for only while home is full. On one
