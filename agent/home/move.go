@@ -14,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -240,12 +239,7 @@ func (r *Reconciler) goOn(ctx context.Context, dep *appsv1.Deployment, m moveSta
 			return ctrl.Result{}, ignoreConflict(err)
 		}
 		// Another pod of the Deployment is looked at after the cool-down.
-		return r.afterCooldown(), retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
-				return client.IgnoreNotFound(err)
-			}
-			return r.end(ctx, dep, m, m.Result)
-		})
+		return r.afterCooldown(), client.IgnoreNotFound(r.end(ctx, dep, m, m.Result))
 	case m.Phase == phaseDown && replicas == m.Replicas:
 		return r.afterCooldown(), ignoreConflict(r.end(ctx, dep, m, m.Result))
 	default: // someone else scaled the Deployment: theirs to decide
@@ -268,9 +262,12 @@ var requeueSoon, waitForWorkload = ctrl.Result{RequeueAfter: time.Second}, ctrl.
 // while no local node can hold it, besides the collector's changes.
 const recheck = 30 * time.Second
 
-// end removes the move's annotation and starts the cool-down.
+// end removes the move's annotation and starts the cool-down. Without a
+// precondition: the Deployment controller writes the status of a
+// Deployment just scaled many times a second, and nobody else writes a
+// move (one leader, one worker).
 func (r *Reconciler) end(ctx context.Context, dep *appsv1.Deployment, m moveState, result string) error {
-	patch := map[string]any{"metadata": map[string]any{"resourceVersion": dep.ResourceVersion, "annotations": map[string]any{
+	patch := map[string]any{"metadata": map[string]any{"annotations": map[string]any{
 		MoveAnnotation: nil, ReturnedAtAnnotation: r.Now().UTC().Format(time.RFC3339)}}}
 	if err := r.patchDeployment(ctx, dep, patch); err != nil {
 		return err
