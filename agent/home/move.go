@@ -296,26 +296,15 @@ func (r *Reconciler) replacement(ctx context.Context, dep *appsv1.Deployment, m 
 	if err := r.APIReader.List(ctx, &pods, client.InNamespace(dep.Namespace), client.MatchingLabelsSelector{Selector: sel}); err != nil {
 		return placedNot, err
 	}
-	var nodes corev1.NodeList
-	virtual := map[string]bool{}
-	if err := r.Client.List(ctx, &nodes, client.HasLabels{rbv1.ProviderLabel}); err == nil {
-		for _, n := range nodes.Items {
-			virtual[n.Name] = true
-		}
-	}
 	out := placedNot
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if p.UID == m.UID || !p.DeletionTimestamp.IsZero() || p.CreationTimestamp.Before(&m.Started) || p.Spec.NodeName == "" {
 			continue
 		}
-		node := &corev1.Node{}
-		isVirtual := virtual[p.Spec.NodeName]
-		if !isVirtual && r.Client.Get(ctx, client.ObjectKey{Name: p.Spec.NodeName}, node) == nil && collector.IsVirtualNode(node) {
-			isVirtual = true
-		}
+		var node corev1.Node // from the manager's cache
 		switch {
-		case isVirtual:
+		case r.Client.Get(ctx, client.ObjectKey{Name: p.Spec.NodeName}, &node) == nil && collector.IsVirtualNode(&node):
 			return placedAway, nil
 		case reservation.PodReady(p):
 			out = placedHome

@@ -57,7 +57,7 @@ func parsePreferences(raw string) ([]brokerv1alpha1.ProviderPreference, error) {
 			return nil, fmt.Errorf("annotation %s: term %d: at most 16 matchLabels and 64 clusters", PreferencesAnnotation, i)
 		}
 	}
-	slices.SortStableFunc(terms, func(a, b brokerv1alpha1.ProviderPreference) int { return cmp.Compare(b.Weight, a.Weight) })
+	byWeight(terms)
 	return terms, nil
 }
 
@@ -82,8 +82,7 @@ func providerPreferences(pod *v1.Pod) []brokerv1alpha1.ProviderPreference {
 			out = append(out, p)
 		}
 	}
-	// Stable: equal weights keep the pod's order, which the broker keeps too.
-	slices.SortStableFunc(out, func(a, b brokerv1alpha1.ProviderPreference) int { return cmp.Compare(b.Weight, a.Weight) })
+	byWeight(out)
 	if len(out) > MaxProviderPreferences {
 		out = out[:MaxProviderPreferences]
 	}
@@ -118,4 +117,10 @@ func preferenceOf(t v1.PreferredSchedulingTerm) (brokerv1alpha1.ProviderPreferen
 		}
 	}
 	return p, true
+}
+
+// byWeight orders terms by weight, highest first; stable: equal weights
+// keep the order given, which the broker keeps too.
+func byWeight(terms []brokerv1alpha1.ProviderPreference) {
+	slices.SortStableFunc(terms, func(a, b brokerv1alpha1.ProviderPreference) int { return cmp.Compare(b.Weight, a.Weight) })
 }
