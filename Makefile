@@ -139,19 +139,20 @@ $(ENVTEST_STAMP):
 	@rm -f $(ENVTEST_DIR)/.built-*
 	@touch $@
 
-# The real nodes of the test bed (internal/realnode): kubelet and
+# The real nodes of the test bed (internal/realnode): kubelet, kube-proxy and
 # kube-controller-manager at go.mod's Kubernetes version, beside the control
 # plane. containerd, runc and the CNI plugins come from Debian packages
 # (`make node-deps`).
-NODE_STAMP := $(ENVTEST_DIR)/.node-k8s-$(K8S_VERSION)-kcm-scheduler
+NODE_STAMP := $(ENVTEST_DIR)/.node-k8s-$(K8S_VERSION)-kcm-scheduler-proxy
 
 .PHONY: node-bin
-node-bin: $(NODE_STAMP) ## Build kubelet, kube-controller-manager and kube-scheduler from go.mod's version into bin/k8s (real nodes of the test bed).
+node-bin: $(NODE_STAMP) ## Build kubelet, kube-proxy, kube-controller-manager and kube-scheduler from go.mod's version into bin/k8s (real nodes of the test bed).
 
 $(NODE_STAMP):
 	@mkdir -p $(ENVTEST_DIR)
-	@echo ">> building kubelet, kube-controller-manager and kube-scheduler $(K8S_VERSION)"
+	@echo ">> building kubelet, kube-proxy, kube-controller-manager and kube-scheduler $(K8S_VERSION)"
 	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kubelet k8s.io/kubernetes/cmd/kubelet
+	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kube-proxy k8s.io/kubernetes/cmd/kube-proxy
 	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 	go build -ldflags "$(K8S_LDFLAGS)" -o $(ENVTEST_DIR)/kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 	@rm -f $(ENVTEST_DIR)/.node-*

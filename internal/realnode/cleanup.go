@@ -169,14 +169,23 @@ func anyAlive(pids []int) bool {
 	return false
 }
 
-// nodeBridges lists the CNI bridges of the nodes (rbn<index>).
+// nodeBridges lists the CNI bridges of the nodes (rbn<index>) in the host's
+// network namespace.
 func nodeBridges() []string {
-	ifaces, _ := net.Interfaces()
 	var out []string
-	for _, i := range ifaces {
-		if strings.HasPrefix(i.Name, bridgePrefix) && i.Name != HostBridge {
-			out = append(out, i.Name)
+	for _, l := range hostLinks() {
+		if strings.HasPrefix(l, bridgePrefix) && l != HostBridge {
+			out = append(out, l)
 		}
+	}
+	return out
+}
+
+func hostLinks() []string {
+	ifaces, _ := net.Interfaces()
+	out := make([]string, 0, len(ifaces))
+	for _, i := range ifaces {
+		out = append(out, i.Name)
 	}
 	return out
 }
@@ -228,6 +237,17 @@ func removeLeftovers() []string {
 		if err := killCgroups(dirs); err != nil {
 			found = append(found, err.Error())
 		}
+	}
+	namespaces, veths := nodeNetworks()
+	for _, ns := range namespaces {
+		found = append(found, "network namespace "+ns)
+		if err := ip("netns", "del", ns); err != nil {
+			found = append(found, err.Error())
+		}
+	}
+	for _, v := range veths {
+		found = append(found, "veth "+v)
+		_ = ip("link", "del", v) // gone with its namespace, usually
 	}
 	for _, br := range nodeBridges() {
 		found = append(found, "bridge "+br)

@@ -162,13 +162,15 @@ func (h *Host) setupNetwork() error {
 	for _, args := range [][]string{
 		{"link", "add", HostBridge, "type", "bridge"},
 		{"link", "set", HostBridge, "up"},
+		{"addr", "add", Gateway + "/32", "dev", HostBridge},
 		{"route", "add", "blackhole", Range},
 	} {
 		if err := ip(args...); err != nil {
 			return err
 		}
 	}
-	return nil
+	// The host routes between nodes with networks of their own.
+	return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644)
 }
 
 // AddAddress puts addr (a /32 of Range) on the host bridge, for a node's

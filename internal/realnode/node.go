@@ -63,6 +63,16 @@ type Config struct {
 	ClusterDNS string
 	// Verbosity of the kubelet (-v).
 	Verbosity int
+
+	// OwnNetwork puts the node in a network namespace of its own, as a
+	// machine of its own: IP on its eth0, a veth whose other end is on the
+	// host bridge; the host routes PodCIDR to IP and is the node's default
+	// route (Gateway), so every node's pods reach every other's. kube-proxy
+	// needs it: its rules hold for a whole network namespace.
+	OwnNetwork bool
+	// KubeProxyPath (with OwnNetwork) runs kube-proxy on the node, in
+	// iptables mode, with the credentials of KubeProxyKubeconfig.
+	KubeProxyPath, KubeProxyKubeconfig string
 }
 
 var nodeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$`)
@@ -100,6 +110,16 @@ func (c Config) validate() error {
 	}
 	if c.LogDir == "" {
 		errs = append(errs, errors.New("no log directory"))
+	}
+	if c.KubeProxyPath != "" && !c.OwnNetwork {
+		errs = append(errs, errors.New("kube-proxy needs a network of the node's own (OwnNetwork)"))
+	}
+	if c.KubeProxyPath != "" {
+		for name, path := range map[string]string{"kube-proxy": c.KubeProxyPath, "kube-proxy kubeconfig": c.KubeProxyKubeconfig} {
+			if _, err := os.Stat(path); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			}
+		}
 	}
 	if c.ClusterDNS != "" && net.ParseIP(c.ClusterDNS) == nil {
 		errs = append(errs, fmt.Errorf("cluster DNS %q: not an IP address", c.ClusterDNS))
@@ -147,14 +167,20 @@ func (n *Node) start(ctx context.Context) error {
 	if err := n.prepare(); err != nil {
 		return fmt.Errorf("step \"prepare\": %w", err)
 	}
-	if err := n.host.AddAddress(n.IP); err != nil {
+	args := []string{"unshare", "--mount", "--propagation", "private", "--", "bash", filepath.Join(n.dir, "node.sh"), n.dir}
+	if n.OwnNetwork {
+		if err := n.setupNetwork(); err != nil {
+			return fmt.Errorf("step \"network\": %w", err)
+		}
+		args = append([]string{"nsenter", "--net=" + n.netnsPath()}, args...)
+	} else if err := n.host.AddAddress(n.IP); err != nil {
 		return fmt.Errorf("step \"address\": %w", err)
 	}
 	var err error
 	if n.logf, err = os.OpenFile(filepath.Join(n.LogDir, "node.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
 		return err
 	}
-	n.cmd = exec.Command("setsid", "unshare", "--mount", "--propagation", "private", "--", "bash", filepath.Join(n.dir, "node.sh"), n.dir)
+	n.cmd = exec.Command("setsid", args...)
 	n.cmd.Stdout, n.cmd.Stderr = n.logf, n.logf
 	// The node outlives a crashed test process (its processes are in other
 	// sessions anyway); the next Acquire removes it.
@@ -257,6 +283,9 @@ func (n *Node) prepare() error {
 		"kubelet.yaml":                        []byte(n.kubeletConfig()),
 		"resolv.conf":                         []byte("# no cluster DNS in the test bed\noptions ndots:1\n"),
 	}
+	if n.KubeProxyPath != "" {
+		files["kube-proxy.yaml"] = []byte(n.kubeProxyConfig())
+	}
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(n.dir, name), data, 0o644); err != nil {
 			return err
@@ -299,6 +328,7 @@ func (n *Node) env() string {
 		{"KUBELET", n.KubeletPath}, {"KUBECONFIG_FILE", n.Kubeconfig}, {"NODE_LABELS", strings.Join(labels, ",")},
 		{"VERBOSITY", strconv.Itoa(n.Verbosity)}, {"IMAGES", strings.Join(n.Images, " ")},
 		{"CPU_ENTRIES", strings.Join(cpuEntries(n.CPU, runtime.NumCPU()), " ")},
+		{"KUBE_PROXY", n.KubeProxyPath},
 	}
 	var b strings.Builder
 	for _, kv := range vars {
@@ -386,6 +416,7 @@ func (n *Node) cniConfig() string {
       "bridge": %q,
       "isGateway": true,
       "ipMasq": false,
+      "hairpinMode": true,
       "ipam": {
         "type": "host-local",
         "ranges": [[{"subnet": %q}]],
@@ -554,11 +585,15 @@ func (n *Node) Stop() error {
 	if n.logf != nil {
 		n.logf.Close()
 	}
-	if _, err := net.InterfaceByName(n.BridgeName()); err == nil {
-		errs = append(errs, ip("link", "del", n.BridgeName()))
-	}
-	if n.IP != "" {
-		_ = ip("addr", "del", n.IP+"/32", "dev", HostBridge)
+	if n.OwnNetwork {
+		errs = append(errs, n.teardownNetwork())
+	} else {
+		if _, err := net.InterfaceByName(n.BridgeName()); err == nil {
+			errs = append(errs, ip("link", "del", n.BridgeName()))
+		}
+		if n.IP != "" {
+			_ = ip("addr", "del", n.IP+"/32", "dev", HostBridge)
+		}
 	}
 	if err := os.RemoveAll(n.dir); err != nil {
 		errs = append(errs, err)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One real worker node: run by realnode.Start as
-#   setsid unshare --mount --propagation private -- bash node.sh <node dir>
+#   setsid [nsenter --net=<node's netns>] unshare --mount --propagation private -- bash node.sh <node dir>
 # so every mount below exists only in this node's own mount namespace. It
-# starts the node's containerd, imports the images, starts the kubelet and
-# waits for both. <node dir>/node.env holds the parameters (see node.go).
+# starts the node's containerd, imports the images, starts kube-proxy (if
+# KUBE_PROXY is set) and the kubelet, and waits for them. <node dir>/node.env holds the parameters (see node.go).
 # Each step is logged; a failure names the step, and realnode.Start reports
 # it with this log's path.
 set -euo pipefail
@@ -51,6 +51,12 @@ step "images"
 for image in $IMAGES; do
 	ctr --address "$SOCK" -n k8s.io images import "$image" >/dev/null
 done
+
+if [ -n "$KUBE_PROXY" ]; then
+	step "kube-proxy"
+	"$KUBE_PROXY" --config "$DIR/kube-proxy.yaml" --v="$VERBOSITY" >>"$LOG_DIR/kube-proxy.log" 2>&1 &
+	echo $! >"$DIR/kube-proxy.pid"
+fi
 
 step "kubelet"
 trap - ERR

@@ -158,7 +158,6 @@ type Cluster struct {
 	// Service kubernetes), DNSAddr CoreDNS's, ClusterDNS the CoreDNS process.
 	APIServerIP, DNSAddr string
 	ClusterDNS           *Process
-	serviceProxy         *serviceProxy
 
 	bed        *Bed
 	index      int

@@ -37,8 +37,8 @@ import (
 //
 // Addresses (all of realnode.Range, see REAL-NODES.md): node and agent
 // addresses 198.18.0.10 and up on the host bridge, pod CIDRs 198.19.<n>.0/24
-// (one per node), service CIDRs 198.18.<100+i>.0/24 (one per cluster; no
-// kube-proxy runs, so ClusterIPs answer nothing).
+// (one per node), service CIDRs 198.18.<100+i>.0/24 (one per cluster;
+// ClusterIPs answer only with Options.Services, whose nodes run kube-proxy).
 
 // RealNodesKubeletAPIUser is the API server's identity towards kubelets.
 const RealNodesKubeletAPIUser = "kube-apiserver-kubelet-client"
@@ -94,9 +94,9 @@ func nodeBinary(name string) (string, error) {
 }
 
 // CheckNodeBinaries tells whether the real nodes' binaries (kubelet,
-// kube-controller-manager) are built.
+// kube-proxy, kube-controller-manager) are built.
 func CheckNodeBinaries() error {
-	for _, bin := range []string{"kubelet", "kube-controller-manager"} {
+	for _, bin := range []string{"kubelet", "kube-proxy", "kube-controller-manager"} {
 		if _, err := nodeBinary(bin); err != nil {
 			return err
 		}
@@ -332,6 +332,17 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 	if err != nil {
 		return err
 	}
+	var kubeProxy, kubeProxyKC string
+	if c.bed.opts.Services {
+		if kubeProxy, err = nodeBinary("kube-proxy"); err != nil {
+			return err
+		}
+		// User system:kube-proxy has its role (system:node-proxier) by
+		// the API server's bootstrap policy.
+		if kubeProxyKC, err = c.kubeconfigFor(envtest.User{Name: "system:kube-proxy"}, "kube-proxy-"+name+".kubeconfig"); err != nil {
+			return err
+		}
+	}
 	node, err := r.host.StartNode(ctx, realnode.Config{
 		Name: name, IP: ip, PodCIDR: podCIDR, BridgeIndex: index,
 		CPU: int(size.Cpu().Value()), Memory: size.Memory().Value(),
@@ -341,6 +352,7 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 		Images: c.bed.imagePaths(), PauseImage: testimages.Pause,
 		LogDir: filepath.Join(c.bed.LogDir, "nodes", name), Verbosity: max(c.bed.opts.Verbosity, 1),
 		ClusterDNS: c.DNSAddr,
+		OwnNetwork: c.bed.opts.Services, KubeProxyPath: kubeProxy, KubeProxyKubeconfig: kubeProxyKC,
 	})
 	if err != nil {
 		return err
@@ -362,6 +374,11 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 	})
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, node.LogDir)
+	}
+	if c.bed.opts.Services {
+		if err := c.routeServices(ip); err != nil {
+			return err
+		}
 	}
 	if gpus, ok := size[rbv1.ResourceGPU]; ok {
 		patch, _ := json.Marshal(map[string]any{"status": map[string]any{"capacity": map[string]any{string(rbv1.ResourceGPU): gpus.String()}}})

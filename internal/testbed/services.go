@@ -8,13 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -26,27 +22,23 @@ import (
 )
 
 // With Options.Services the pods of a real-node bed reach Services and
-// resolve their names as in a cluster with kube-proxy and CoreDNS:
+// resolve their names as in any cluster:
 //
+//   - every node has a network namespace of its own (realnode.Config.
+//     OwnNetwork) and runs a real kube-proxy (bin/k8s/kube-proxy, `make
+//     node-bin`, go.mod's Kubernetes version) in iptables mode;
 //   - CoreDNS (bin/coredns, `make coredns-bin`, built from the Go module
 //     proxy) runs per cluster as a host process on an address of its own,
 //     serving cluster.local from the cluster's API server; every kubelet
 //     has it as clusterDNS.
-//   - kube-proxy cannot: every cluster of the bed shares the host's network
-//     namespace, and kube-proxy owns host-wide chains (iptables) or a table
-//     of fixed name (nftables), so a second cluster's kube-proxy would erase
-//     the first's rules. serviceProxy stands in for it: per cluster, one
-//     iptables chain of its own (RB-SVC-<cluster>) that DNATs each Service's
-//     ClusterIP, load-balancer addresses and external IPs to its ready
-//     endpoints (EndpointSlices, picked at random as kube-proxy's iptables
-//     mode does), and masquerades that traffic so that replies from a pod on
-//     the same bridge come back through the host. It also plays the
-//     cloud's load-balancer controller: a LoadBalancer Service gets an
-//     address of the cluster's pool (LoadBalancerCIDR) in its status.
 //
-// The service CIDRs and pools of all clusters are distinct and routed on
-// the host, so a pod reaches another cluster's Services too (as over a
-// flat network; the deploy test uses it for the broker's load balancer).
+// The host routes every node's pod CIDR to the node, so pods of all
+// clusters reach each other (a flat network), and each cluster's service
+// CIDR and load-balancer pool to one of its nodes, whose kube-proxy takes
+// them further: the host's own connections (rbctl, the tests) and other
+// clusters' pods reach a cluster's Services too. loadBalancers plays the
+// cloud's load-balancer controller: a LoadBalancer Service gets an address
+// of the cluster's pool (loadBalancerCIDR) in its status.
 
 // CoreDNSBinEnv names the directory holding coredns (default <module root>/bin/coredns).
 const CoreDNSBinEnv = "RB_COREDNS_BIN"
@@ -121,237 +113,78 @@ func (c *Cluster) startClusterDNS(ctx context.Context) error {
 	})
 }
 
-// serviceProxy is the stand-in for one cluster's kube-proxy (see above).
-type serviceProxy struct {
+// loadBalancers gives the cluster's LoadBalancer Services their addresses.
+type loadBalancers struct {
 	c       *Cluster
-	chain   string
-	lbPool  *net.IPNet
+	pool    *net.IPNet
 	kick    chan struct{}
 	factory informers.SharedInformerFactory
-	last    string // the rules last written
 }
 
-// startServiceProxy installs the cluster's chain and keeps it in step with
-// its Services and EndpointSlices until the bed's context ends.
-func (c *Cluster) startServiceProxy(ctx context.Context) error {
+// startLoadBalancers assigns load-balancer addresses until the bed's
+// context ends.
+func (c *Cluster) startLoadBalancers(ctx context.Context) error {
 	_, pool, _ := net.ParseCIDR(loadBalancerCIDR(c.index))
-	p := &serviceProxy{c: c, chain: "RB-SVC-" + c.Name, lbPool: pool, kick: make(chan struct{}, 1),
-		factory: informers.NewSharedInformerFactory(c.Clientset, 0)}
-	if len(p.chain) > 28 {
-		return fmt.Errorf("cluster name %q too long for an iptables chain", c.Name)
-	}
-	p.teardown() // leftovers of a killed run
-	if err := p.setup(); err != nil {
-		return err
-	}
-	c.serviceProxy = p
+	p := &loadBalancers{c: c, pool: pool, kick: make(chan struct{}, 1), factory: informers.NewSharedInformerFactory(c.Clientset, 0)}
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { p.trigger() },
 		UpdateFunc: func(any, any) { p.trigger() },
-		DeleteFunc: func(any) { p.trigger() },
 	}
 	if _, err := p.factory.Core().V1().Services().Informer().AddEventHandler(handler); err != nil {
-		return err
-	}
-	if _, err := p.factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(handler); err != nil {
 		return err
 	}
 	runCtx := c.bed.ctx
 	p.factory.Start(runCtx.Done())
 	for typ, ok := range p.factory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
-			return fmt.Errorf("%s: service proxy: %v informer did not sync", c.Name, typ)
+			return fmt.Errorf("%s: load balancers: %v informer did not sync", c.Name, typ)
 		}
-	}
-	if err := p.sync(ctx); err != nil {
-		return err
 	}
 	go p.run(runCtx)
 	return nil
 }
 
-func (p *serviceProxy) trigger() {
+func (p *loadBalancers) trigger() {
 	select {
 	case p.kick <- struct{}{}:
 	default:
 	}
 }
 
-func (p *serviceProxy) run(ctx context.Context) {
-	log := klog.FromContext(ctx).WithValues("cluster", p.c.Name, "component", "service-proxy")
+func (p *loadBalancers) run(ctx context.Context) {
+	log := klog.FromContext(ctx).WithValues("cluster", p.c.Name, "component", "load-balancers")
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-p.kick:
 		}
-		if err := p.sync(ctx); err != nil && ctx.Err() == nil {
-			log.Error(err, "Syncing Service rules")
+		services, err := p.factory.Core().V1().Services().Lister().List(labels.Everything())
+		if err == nil {
+			err = p.assign(ctx, services)
+		}
+		if err != nil && ctx.Err() == nil {
+			log.Error(err, "Assigning load-balancer addresses")
 			time.AfterFunc(time.Second, p.trigger)
 		}
 	}
 }
 
-// postrouting is the rule that masquerades the traffic p's chain DNATed.
-func (p *serviceProxy) postrouting(cidr string) []string {
-	return []string{"-t", "nat", "POSTROUTING", "-m", "conntrack", "--ctstate", "DNAT", "--ctorigdst", cidr,
-		"-m", "comment", "--comment", p.chain, "-j", "MASQUERADE"}
-}
-
-func (p *serviceProxy) jumps() [][]string {
-	return [][]string{
-		{"-t", "nat", "PREROUTING", "-j", p.chain},
-		{"-t", "nat", "OUTPUT", "-j", p.chain},
-		p.postrouting(serviceCIDR(p.c.index)),
-		p.postrouting(loadBalancerCIDR(p.c.index)),
-	}
-}
-
-// routedCIDRs are the cluster's virtual addresses. A route through the host
-// bridge lets the host's own connections to them (rbctl, the API server)
-// get past the range's blackhole route to the OUTPUT chain, which DNATs
-// them; pods' packets are DNATed before routing anyway.
-func (p *serviceProxy) routedCIDRs() []string {
-	return []string{serviceCIDR(p.c.index), loadBalancerCIDR(p.c.index)}
-}
-
-func (p *serviceProxy) setup() error {
-	for _, cidr := range p.routedCIDRs() {
-		if out, err := exec.Command("ip", "route", "replace", cidr, "dev", realnode.HostBridge).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip route replace %s: %w: %s", cidr, err, bytes.TrimSpace(out))
-		}
-	}
-	if err := iptables("-t", "nat", "-N", p.chain); err != nil {
-		return err
-	}
-	for _, rule := range p.jumps() {
-		if err := iptables(append([]string{rule[0], rule[1], "-I"}, rule[2:]...)...); err != nil {
-			return err
+// routeServices routes the cluster's service CIDR and load-balancer pool
+// from the host to node (the node last added: any node's kube-proxy serves
+// them all).
+func (c *Cluster) routeServices(nodeIP string) error {
+	for _, cidr := range []string{serviceCIDR(c.index), loadBalancerCIDR(c.index)} {
+		if out, err := exec.Command("ip", "route", "replace", cidr, "via", nodeIP, "dev", realnode.HostBridge).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip route replace %s via %s: %w: %s", cidr, nodeIP, err, bytes.TrimSpace(out))
 		}
 	}
 	return nil
 }
 
-// teardown removes the chain and every rule that jumps to it (errors
-// ignored: parts may be gone already).
-func (p *serviceProxy) teardown() {
-	for _, rule := range p.jumps() {
-		for iptables(append([]string{rule[0], rule[1], "-D"}, rule[2:]...)...) == nil {
-		}
-	}
-	_ = iptables("-t", "nat", "-F", p.chain)
-	_ = iptables("-t", "nat", "-X", p.chain)
-	for _, cidr := range p.routedCIDRs() {
-		_ = exec.Command("ip", "route", "del", cidr, "dev", realnode.HostBridge).Run()
-	}
-}
-
-func iptables(args ...string) error {
-	out, err := exec.Command("iptables", append([]string{"-w"}, args...)...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("iptables %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
-	}
-	return nil
-}
-
-// sync assigns load-balancer addresses and rewrites the chain (only when
-// its rules change).
-func (p *serviceProxy) sync(ctx context.Context) error {
-	services, err := p.factory.Core().V1().Services().Lister().List(labels.Everything())
-	if err != nil {
-		return err
-	}
-	slices, err := p.factory.Discovery().V1().EndpointSlices().Lister().List(labels.Everything())
-	if err != nil {
-		return err
-	}
-	if err := p.assignLoadBalancers(ctx, services); err != nil {
-		return err
-	}
-	rules := p.rules(services, slices)
-	if rules == p.last {
-		return nil
-	}
-	cmd := exec.Command("iptables-restore", "-w", "--noflush")
-	cmd.Stdin = strings.NewReader(rules)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("iptables-restore: %w: %s\n%s", err, bytes.TrimSpace(out), rules)
-	}
-	p.last = rules
-	return nil
-}
-
-// rules renders the chain: for each port of each Service, one DNAT rule per
-// ready endpoint, the i-th of n taken with probability 1/(n-i).
-func (p *serviceProxy) rules(services []*corev1.Service, slices []*discoveryv1.EndpointSlice) string {
-	bySvc := map[string][]*discoveryv1.EndpointSlice{}
-	for _, s := range slices {
-		key := s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
-		bySvc[key] = append(bySvc[key], s)
-	}
-	sort.Slice(services, func(i, j int) bool {
-		return services[i].Namespace+"/"+services[i].Name < services[j].Namespace+"/"+services[j].Name
-	})
-	var b strings.Builder
-	fmt.Fprintf(&b, "*nat\n:%s - [0:0]\n", p.chain)
-	for _, svc := range services {
-		var vips []string
-		if ip := svc.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
-			vips = append(vips, ip)
-		}
-		for _, in := range svc.Status.LoadBalancer.Ingress {
-			if in.IP != "" {
-				vips = append(vips, in.IP)
-			}
-		}
-		vips = append(vips, svc.Spec.ExternalIPs...)
-		for _, port := range svc.Spec.Ports {
-			eps := readyEndpoints(bySvc[svc.Namespace+"/"+svc.Name], port)
-			proto := strings.ToLower(string(port.Protocol))
-			for _, vip := range vips {
-				for i, ep := range eps {
-					fmt.Fprintf(&b, "-A %s -d %s/32 -p %s -m %s --dport %d -m comment --comment %q", p.chain, vip, proto, proto, port.Port,
-						svc.Namespace+"/"+svc.Name+":"+port.Name)
-					if n := len(eps) - i; n > 1 {
-						fmt.Fprintf(&b, " -m statistic --mode random --probability %.5f", 1/float64(n))
-					}
-					fmt.Fprintf(&b, " -j DNAT --to-destination %s\n", ep)
-				}
-			}
-		}
-	}
-	b.WriteString("COMMIT\n")
-	return b.String()
-}
-
-// readyEndpoints are the ip:port of the ready endpoints serving port.
-func readyEndpoints(slices []*discoveryv1.EndpointSlice, port corev1.ServicePort) []string {
-	var out []string
-	for _, s := range slices {
-		if s.AddressType != discoveryv1.AddressTypeIPv4 {
-			continue
-		}
-		for _, sp := range s.Ports {
-			if sp.Port == nil || ptr.Deref(sp.Name, "") != port.Name || (sp.Protocol != nil && *sp.Protocol != port.Protocol) {
-				continue
-			}
-			for _, ep := range s.Endpoints {
-				if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
-					continue
-				}
-				for _, a := range ep.Addresses {
-					out = append(out, net.JoinHostPort(a, strconv.Itoa(int(*sp.Port))))
-				}
-			}
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
-// assignLoadBalancers gives every LoadBalancer Service without an address
-// the next free one of the pool, as a cloud's controller would.
-func (p *serviceProxy) assignLoadBalancers(ctx context.Context, services []*corev1.Service) error {
+// assign gives every LoadBalancer Service without an address the next free
+// one of the pool, as a cloud's controller would.
+func (p *loadBalancers) assign(ctx context.Context, services []*corev1.Service) error {
 	used := map[string]bool{}
 	for _, svc := range services {
 		for _, in := range svc.Status.LoadBalancer.Ingress {
@@ -365,14 +198,14 @@ func (p *serviceProxy) assignLoadBalancers(ctx context.Context, services []*core
 		}
 		ip := ""
 		for ; next < 250 && ip == ""; next++ {
-			cand := p.lbPool.IP.To4()
+			cand := p.pool.IP.To4()
 			candidate := net.IPv4(cand[0], cand[1], cand[2], byte(next)).String()
 			if !used[candidate] {
 				ip = candidate
 			}
 		}
 		if ip == "" {
-			return fmt.Errorf("%s: load-balancer pool %s exhausted", p.c.Name, p.lbPool)
+			return fmt.Errorf("%s: load-balancer pool %s exhausted", p.c.Name, p.pool)
 		}
 		used[ip] = true
 		upd := svc.DeepCopy()

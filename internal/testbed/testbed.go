@@ -380,7 +380,7 @@ func (b *Bed) start(ctx context.Context) error {
 			}
 			if o.Services {
 				g.Go(timed("services "+c.Name, func() error {
-					if err := c.startServiceProxy(gctx); err != nil {
+					if err := c.startLoadBalancers(gctx); err != nil {
 						return err
 					}
 					return c.startClusterDNS(gctx)
@@ -702,11 +702,6 @@ func (b *Bed) Close() error {
 			kcms = append(kcms, c.ClusterDNS, c.KubeScheduler)
 		}
 		stopAll(kcms) // before the host goes: metrics-server listens on a host bridge address
-		for _, c := range b.Clusters {
-			if c.serviceProxy != nil {
-				c.serviceProxy.teardown()
-			}
-		}
 		stopControlPlanes := func() {
 			var wg sync.WaitGroup
 			var mu sync.Mutex

@@ -4,12 +4,15 @@
 //
 //	GET  /                          {"cluster","node","pod","namespace","hostname","hostIP","podIP"}
 //	GET  /healthz                   200 "ok"
+//	GET  /readyz                    200 "ready", or 503 once made unready (a readiness probe)
+//	POST /ready?ready=false         200; /readyz answers 503 from now on (true: 200 again)
 //	POST /burn?cpu=1.5&seconds=30   202; burns 1.5 cores for 30 s
 //	POST /exit?code=3               200; then the process exits with code 3
 //
 // The image has no shell, so `testapp get URL` is its client, for `kubectl
 // exec` and pod-to-pod checks: it prints the body of a GET and exits 0, or
-// prints the error and exits 1. Two more commands give a container a fate
+// prints the error and exits 1; `testapp post URL` does the same with an
+// empty POST. Two more commands give a container a fate
 // (crash loops, completions, the OOM killer) without a server:
 //
 //	testapp exit CODE   exits with CODE at once
@@ -35,6 +38,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -53,8 +57,8 @@ const (
 func main() {
 	if len(os.Args) == 3 {
 		switch os.Args[1] {
-		case "get":
-			os.Exit(get(os.Args[2], os.Stdout, os.Stderr))
+		case "get", "post":
+			os.Exit(request(os.Args[1], os.Args[2], os.Stdout, os.Stderr))
 		case "exit":
 			os.Exit(exitWith(os.Args[2], os.Stderr))
 		case "sleep":
@@ -85,21 +89,28 @@ func main() {
 	}
 }
 
-// get prints the body of GET url to out; 0 on a 2xx answer, else 1.
-func get(url string, out, errOut io.Writer) int {
+// request prints the body of a GET or an empty POST (verb "get" or
+// "post") of url to out; 0 on a 2xx answer, else 1.
+func request(verb, url string, out, errOut io.Writer) int {
 	cl := &http.Client{Timeout: 10 * time.Second}
-	resp, err := cl.Get(url)
+	var resp *http.Response
+	var err error
+	if verb == "post" {
+		resp, err = cl.Post(url, "text/plain", nil)
+	} else {
+		resp, err = cl.Get(url)
+	}
 	if err != nil {
-		fmt.Fprintf(errOut, "testapp get: %v\n", err)
+		fmt.Fprintf(errOut, "testapp %s: %v\n", verb, err)
 		return 1
 	}
 	defer resp.Body.Close()
 	if _, err := io.Copy(out, resp.Body); err != nil {
-		fmt.Fprintf(errOut, "testapp get: %v\n", err)
+		fmt.Fprintf(errOut, "testapp %s: %v\n", verb, err)
 		return 1
 	}
 	if resp.StatusCode/100 != 2 {
-		fmt.Fprintf(errOut, "testapp get: %s\n", resp.Status)
+		fmt.Fprintf(errOut, "testapp %s: %s\n", verb, resp.Status)
 		return 1
 	}
 	return 0
@@ -224,6 +235,26 @@ func newHandler(env func(string) string, exit func(int)) http.Handler {
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok")
+	})
+
+	var unready atomic.Bool
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if unready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready")
+	})
+
+	mux.HandleFunc("POST /ready", func(w http.ResponseWriter, r *http.Request) {
+		ready, err := strconv.ParseBool(r.URL.Query().Get("ready"))
+		if err != nil {
+			http.Error(w, fmt.Sprintf("ready must be true or false, got %q", r.URL.Query().Get("ready")), http.StatusBadRequest)
+			return
+		}
+		unready.Store(!ready)
+		log.Printf("ready=%t", ready)
+		fmt.Fprintf(w, "ready=%t\n", ready)
 	})
 
 	mux.HandleFunc("POST /burn", func(w http.ResponseWriter, r *http.Request) {

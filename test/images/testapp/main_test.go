@@ -159,15 +159,41 @@ func TestGetPrintsTheBody(t *testing.T) {
 	}))
 	defer srv.Close()
 	var out, errOut strings.Builder
-	if code := get(srv.URL+"/", &out, &errOut); code != 0 || out.String() != "hello" {
+	if code := request("get", srv.URL+"/", &out, &errOut); code != 0 || out.String() != "hello" {
 		t.Fatalf("get: code %d, out %q, err %q", code, out.String(), errOut.String())
 	}
 	out.Reset()
-	if code := get(srv.URL+"/missing", &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "404") {
+	if code := request("get", srv.URL+"/missing", &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "404") {
 		t.Fatalf("get of a 404: code %d, err %q", code, errOut.String())
 	}
-	if code := get("http://127.0.0.1:1/", &out, &errOut); code != 1 {
+	if code := request("get", "http://127.0.0.1:1/", &out, &errOut); code != 1 {
 		t.Fatalf("get of a closed port: code %d", code)
+	}
+}
+
+func TestPostAndReadiness(t *testing.T) {
+	srv := httptest.NewServer(newHandler(func(string) string { return "" }, func(int) {}))
+	defer srv.Close()
+	var out, errOut strings.Builder
+	if code := request("get", srv.URL+"/readyz", &out, &errOut); code != 0 || out.String() != "ready" {
+		t.Fatalf("readyz at start: code %d, out %q, err %q", code, out.String(), errOut.String())
+	}
+	if code := request("post", srv.URL+"/ready?ready=false", &out, &errOut); code != 0 {
+		t.Fatalf("post ready=false: code %d, err %q", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := request("get", srv.URL+"/readyz", &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "503") {
+		t.Fatalf("readyz once unready: code %d, err %q", code, errOut.String())
+	}
+	if code := request("post", srv.URL+"/ready?ready=maybe", &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "400") {
+		t.Fatalf("post ready=maybe: code %d, err %q", code, errOut.String())
+	}
+	if code := request("post", srv.URL+"/ready?ready=true", &out, &errOut); code != 0 {
+		t.Fatalf("post ready=true: code %d", code)
+	}
+	out.Reset()
+	if code := request("get", srv.URL+"/readyz", &out, &errOut); code != 0 || out.String() != "ready" {
+		t.Fatalf("readyz once ready again: code %d, out %q", code, out.String())
 	}
 }
 

@@ -1,0 +1,164 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/fluidos-project/resource-broker/internal/testbed"
+	"github.com/fluidos-project/resource-broker/internal/testimages"
+)
+
+// TestNetworking: borrowed pods as members of their home cluster's network.
+// One real-node bed whose nodes each have a network namespace of their own
+// and run the real kube-proxy, with CoreDNS per cluster, and a flat pod
+// network across the clusters (testbed.Options.Services).
+func TestNetworking(t *testing.T) {
+	bed := testbed.Start(t, testbed.Options{RealNodes: true, Services: true,
+		Clusters: []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin}})
+	t.Logf("networking bed up in %s", bed.Timings["total"].Round(time.Millisecond))
+	runScenarios(t, bed, []scenario{
+		{"inbound", testNetworkingInbound},
+	})
+}
+
+// testNetworkingInbound: a Deployment web of 3 pods in rome's namespace shop,
+// of which rome's node holds 2, and a Service web. From a pod on rome's
+// node, web, web.shop and web.shop.svc.cluster.local resolve (CoreDNS) and
+// reach all three pods through rome's kube-proxy, the borrowed one at paris
+// included. The borrowed pod made unready leaves the Service's endpoints
+// (paris's kubelet probes it, the virtual node reports it, rome's
+// EndpointSlice controller drops it) and gets no traffic; ready again, it
+// gets traffic again.
+func testNetworkingInbound(t *testing.T, bed *testbed.Bed) {
+	ctx := context.Background()
+	rome := bed.Cluster("rome")
+	base := baseline(t, bed)
+	const ns = "shop"
+	newNamespace(t, rome, ns)
+	web := appDeployment(ns, "web", 3, "400m", "64Mi")
+	web.Spec.Template.Spec.Containers[0].ReadinessProbe.HTTPGet.Path = "/readyz"
+	require.NoError(t, rome.Client.Create(ctx, web))
+	require.NoError(t, rome.Client.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http")}}}}))
+
+	var local, borrowed []corev1.Pod
+	eventually(t, 120*time.Second, "web: 2 pods Ready at home, 1 borrowed", func() (bool, string) {
+		var all int
+		local, borrowed, all = placedPods(t, rome, ns, "web")
+		return len(local) == 2 && len(borrowed) == 1, fmt.Sprintf("%d pods: local %v, borrowed %v", all, podNames(local), podNames(borrowed))
+	})
+	away := borrowed[0]
+	client := clientPod(t, rome, ns, local[0].Spec.NodeName)
+
+	all := append(podNames(local), away.Name)
+	sort.Strings(all)
+	for _, name := range []string{"web", "web.shop", "web.shop.svc." + testbed.ClusterDomain} {
+		eventually(t, 30*time.Second, "every web pod answers through Service "+name, func() (bool, string) {
+			seen := answeredBy(t, rome, ns, client, "http://"+name+"/", 12)
+			return fmt.Sprint(seen) == fmt.Sprint(all), fmt.Sprintf("answered by %v, want %v", seen, all)
+		})
+	}
+
+	// The borrowed pod turns unready at paris.
+	execIn(t, rome, ns, client, "post", "http://"+away.Status.PodIP+":8080/ready?ready=false")
+	eventually(t, 30*time.Second, "the borrowed pod out of rome's ready endpoints", func() (bool, string) {
+		ready := readyEndpoints(t, rome, ns, "web")
+		return !ready[away.Status.PodIP] && len(ready) == 2, fmt.Sprintf("ready endpoints %v", ready)
+	})
+	homeOnly := podNames(local)
+	seen := answeredBy(t, rome, ns, client, "http://web/", 12)
+	assert.Equal(t, homeOnly, seen, "only the ready pods answer")
+
+	execIn(t, rome, ns, client, "post", "http://"+away.Status.PodIP+":8080/ready?ready=true")
+	eventually(t, 30*time.Second, "the borrowed pod answers through the Service again", func() (bool, string) {
+		seen := answeredBy(t, rome, ns, client, "http://web/", 12)
+		return fmt.Sprint(seen) == fmt.Sprint(all), fmt.Sprintf("answered by %v", seen)
+	})
+
+	require.NoError(t, rome.Client.Delete(ctx, web))
+	require.NoError(t, rome.Client.Delete(ctx, client))
+	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
+	backToBaseline(t, bed, base, 60*time.Second)
+}
+
+// clientPod runs a testapp pod on node (bound there, no scheduler) to make
+// requests from, and waits until it runs.
+func clientPod(t *testing.T, c *testbed.Cluster, ns, node string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "client"},
+		Spec: corev1.PodSpec{NodeName: node, TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers: []corev1.Container{{Name: "app", Image: testimages.TestApp, ImagePullPolicy: corev1.PullIfNotPresent,
+				Resources: corev1.ResourceRequirements{Requests: requests("10m", "16Mi"), Limits: requests("10m", "16Mi")}}}}}
+	require.NoError(t, c.Client.Create(context.Background(), pod))
+	eventually(t, 60*time.Second, "client pod running on "+node, func() (bool, string) {
+		var p corev1.Pod
+		if err := c.Client.Get(context.Background(), client.ObjectKeyFromObject(pod), &p); err != nil {
+			return false, err.Error()
+		}
+		return p.Status.Phase == corev1.PodRunning && podReady(&p), podCondition(&p)
+	})
+	return pod
+}
+
+// execIn runs `testapp <verb> <url>` in pod and returns its output.
+func execIn(t *testing.T, c *testbed.Cluster, ns string, pod *corev1.Pod, verb, url string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := kubectl(ctx, t, c, "exec", "-n", ns, pod.Name, "--", "/testapp", verb, url).CombinedOutput()
+	require.NoError(t, err, "testapp %s %s in %s: %s", verb, url, pod.Name, out)
+	return string(out)
+}
+
+// answeredBy makes n GETs of url from pod and returns the pods that
+// answered, sorted, each once; a failed request fails the test.
+func answeredBy(t *testing.T, c *testbed.Cluster, ns string, pod *corev1.Pod, url string, n int) []string {
+	t.Helper()
+	seen := map[string]bool{}
+	for range n {
+		var id appAnswer
+		out := execIn(t, c, ns, pod, "get", url)
+		require.NoError(t, json.Unmarshal([]byte(out), &id), "answer of %s: %s", url, out)
+		seen[id["pod"]] = true
+	}
+	var names []string
+	for name := range seen {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// readyEndpoints are the addresses of Service svc's ready endpoints, from
+// its EndpointSlices.
+func readyEndpoints(t *testing.T, c *testbed.Cluster, ns, svc string) map[string]bool {
+	t.Helper()
+	var slices discoveryv1.EndpointSliceList
+	require.NoError(t, c.Client.List(context.Background(), &slices, client.InNamespace(ns),
+		client.MatchingLabels{discoveryv1.LabelServiceName: svc}))
+	ready := map[string]bool{}
+	for _, s := range slices.Items {
+		for _, ep := range s.Endpoints {
+			if ep.Conditions.Ready == nil || *ep.Conditions.Ready {
+				for _, a := range ep.Addresses {
+					ready[a] = true
+				}
+			}
+		}
+	}
+	return ready
+}
