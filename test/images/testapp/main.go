@@ -12,7 +12,8 @@
 // The image has no shell, so `testapp get URL` is its client, for `kubectl
 // exec` and pod-to-pod checks: it prints the body of a GET and exits 0, or
 // prints the error and exits 1; `testapp post URL` does the same with an
-// empty POST. Two more commands give a container a fate
+// empty POST. `testapp api PATH` GETs PATH of the API server with the pod's
+// service account, as client-go's in-cluster config would. Two more commands give a container a fate
 // (crash loops, completions, the OOM killer) without a server:
 //
 //	testapp exit CODE   exits with CODE at once
@@ -26,6 +27,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -33,11 +36,14 @@ import (
 	"io"
 	"log"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -59,6 +65,8 @@ func main() {
 		switch os.Args[1] {
 		case "get", "post":
 			os.Exit(request(os.Args[1], os.Args[2], os.Stdout, os.Stderr))
+		case "api":
+			os.Exit(apiGet(os.Args[2], os.Getenv, serviceAccountDir, os.Stdout, os.Stderr))
 		case "exit":
 			os.Exit(exitWith(os.Args[2], os.Stderr))
 		case "sleep":
@@ -112,6 +120,56 @@ func request(verb, url string, out, errOut io.Writer) int {
 	if resp.StatusCode/100 != 2 {
 		fmt.Fprintf(errOut, "testapp %s: %s\n", verb, resp.Status)
 		return 1
+	}
+	return 0
+}
+
+// serviceAccountDir is where a pod's service account token, CA and
+// namespace are mounted.
+const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// apiGet GETs path of the cluster's API server as client-go's in-cluster
+// config does: the address from KUBERNETES_SERVICE_HOST and _PORT, the
+// server verified with saDir/ca.crt, the token of saDir/token read afresh
+// for the request (the kubelet rotates it). It prints the body; 0 on a 2xx
+// answer, else 1 (with the status, e.g. 403 Forbidden).
+func apiGet(path string, env func(string) string, saDir string, out, errOut io.Writer) int {
+	fail := func(err error) int {
+		fmt.Fprintf(errOut, "testapp api: %v\n", err)
+		return 1
+	}
+	host, port := env("KUBERNETES_SERVICE_HOST"), env("KUBERNETES_SERVICE_PORT")
+	if host == "" || port == "" {
+		return fail(errors.New("KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT must be set (not in a pod?)"))
+	}
+	token, err := os.ReadFile(filepath.Join(saDir, "token"))
+	if err != nil {
+		return fail(err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(saDir, "ca.crt"))
+	if err != nil {
+		return fail(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return fail(errors.New("ca.crt holds no certificate"))
+	}
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
+	req, err := http.NewRequest(http.MethodGet, "https://"+net.JoinHostPort(host, port)+path, nil)
+	if err != nil {
+		return fail(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	resp, err := cl.Do(req)
+	if err != nil {
+		return fail(err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(out, resp.Body); err != nil {
+		return fail(err)
+	}
+	if resp.StatusCode/100 != 2 {
+		return fail(errors.New(resp.Status))
 	}
 	return 0
 }

@@ -2,10 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"encoding/pem"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -231,5 +234,44 @@ func TestSleepFor(t *testing.T) {
 		if code := sleepFor(bad, &errOut); code != 2 {
 			t.Errorf("sleep %q: exit %d, want 2", bad, code)
 		}
+	}
+}
+
+func TestAPIGetAsInClusterConfig(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer tok-1" {
+			http.Error(w, "wrong token "+r.Header.Get("Authorization"), http.StatusUnauthorized)
+			return
+		}
+		if r.URL.Path != "/api/v1/namespaces/shop/configmaps" {
+			http.Error(w, "forbidden", http.StatusForbidden)
+			return
+		}
+		_, _ = io.WriteString(w, `{"kind":"ConfigMapList"}`)
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), caPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("tok-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	env := func(k string) string {
+		return map[string]string{"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}[k]
+	}
+	var out, errOut strings.Builder
+	if code := apiGet("/api/v1/namespaces/shop/configmaps", env, dir, &out, &errOut); code != 0 || !strings.Contains(out.String(), "ConfigMapList") {
+		t.Fatalf("allowed path: code %d, out %q, err %q", code, out.String(), errOut.String())
+	}
+	errOut.Reset()
+	if code := apiGet("/api/v1/namespaces/other/configmaps", env, dir, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "403") {
+		t.Fatalf("forbidden path: code %d, err %q", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := apiGet("/", func(string) string { return "" }, dir, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "KUBERNETES_SERVICE_HOST") {
+		t.Fatalf("outside a pod: code %d, err %q", code, errOut.String())
 	}
 }
