@@ -27,7 +27,7 @@ help: ## Show this help.
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
 .PHONY: demo
-demo: envtest-bin node-bin metrics-server-bin build ## Run the three-cluster demo on real nodes where the machine allows it (Redis, brokers, rome/paris/berlin, a workload, a live timeline; Ctrl-C tears down; DEMO_FLAGS=--exit-after=30s, --nodes=stand-in).
+demo: envtest-bin node-bin metrics-server-bin coredns-bin build ## Run the three-cluster demo on real nodes where the machine allows it (Redis, brokers, rome/paris/berlin, a workload, a live timeline; Ctrl-C tears down; DEMO_FLAGS=--exit-after=30s, --nodes=stand-in).
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		$(MAKE) --no-print-directory node-deps || echo "demo: containerd, runc or the CNI plugins could not be installed: the demo falls back to stand-in nodes"; fi
 	go build -o bin/demo ./hack/demo
@@ -195,7 +195,7 @@ COREDNS_DIR     := $(CURDIR)/bin/coredns
 COREDNS_STAMP   := $(COREDNS_DIR)/.built-coredns-$(COREDNS_VERSION)
 
 .PHONY: coredns-bin
-coredns-bin: $(COREDNS_STAMP) ## Build CoreDNS (COREDNS_VERSION) from the Go module proxy into bin/coredns (deploy test: cluster DNS).
+coredns-bin: $(COREDNS_STAMP) ## Build CoreDNS (COREDNS_VERSION) from the Go module proxy into bin/coredns (cluster DNS of real-node beds and the demo).
 
 $(COREDNS_STAMP):
 	@echo ">> building CoreDNS $(COREDNS_VERSION) into $(COREDNS_DIR) (first time: about 2 minutes)"

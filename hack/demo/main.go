@@ -75,6 +75,12 @@ func realNodes(mode string) (bool, error) {
 	if err == nil {
 		err = testbed.CheckNodeBinaries()
 	}
+	if err == nil {
+		var root string
+		if root, err = testenv.ModuleRoot(); err == nil {
+			err = testbed.CheckCoreDNS(root) // the clusters' DNS
+		}
+	}
 	if err != nil && mode == "real" {
 		return false, err
 	}

@@ -191,6 +191,16 @@ func inRange(addr string) error {
 	return nil
 }
 
+// StopNodes stops every node and removes all of it, and keeps the host
+// network (and the addresses on the host bridge) until Close.
+func (h *Host) StopNodes() error {
+	h.mu.Lock()
+	nodes := h.nodes
+	h.nodes = nil
+	h.mu.Unlock()
+	return stopNodes(nodes)
+}
+
 // Close stops every node and removes all of it, restores ip_forward and
 // releases the host.
 func (h *Host) Close() error {
@@ -202,6 +212,20 @@ func (h *Host) Close() error {
 	h.closed = true
 	nodes := h.nodes
 	h.mu.Unlock()
+	errs := []error{stopNodes(nodes)}
+	errs = append(errs, teardownNetwork())
+	// What Stop and teardownNetwork missed is a bug of ours: remove it, and say so.
+	if left := removeLeftovers(); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("left behind and removed now: %s", strings.Join(left, "; ")))
+	}
+	if h.lock != nil {
+		_ = syscall.Flock(int(h.lock.Fd()), syscall.LOCK_UN)
+		h.lock.Close()
+	}
+	return errors.Join(errs...)
+}
+
+func stopNodes(nodes []*Node) error {
 	var errs []error
 	var wg sync.WaitGroup
 	var emu sync.Mutex
@@ -217,15 +241,6 @@ func (h *Host) Close() error {
 		}()
 	}
 	wg.Wait()
-	errs = append(errs, teardownNetwork())
-	// What Stop and teardownNetwork missed is a bug of ours: remove it, and say so.
-	if left := removeLeftovers(); len(left) > 0 {
-		errs = append(errs, fmt.Errorf("left behind and removed now: %s", strings.Join(left, "; ")))
-	}
-	if h.lock != nil {
-		_ = syscall.Flock(int(h.lock.Fd()), syscall.LOCK_UN)
-		h.lock.Close()
-	}
 	return errors.Join(errs...)
 }
 

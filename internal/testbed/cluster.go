@@ -154,7 +154,7 @@ type Cluster struct {
 	// AgentIP is the address of the agent's virtual-kubelet endpoint (with
 	// Options.RealNodes: an address on the host bridge, as a pod IP).
 	AgentIP string
-	// With Options.Services: APIServerIP is the API server's address (behind
+	// With Options.RealNodes: APIServerIP is the API server's address (behind
 	// Service kubernetes), DNSAddr CoreDNS's, ClusterDNS the CoreDNS process.
 	APIServerIP, DNSAddr string
 	ClusterDNS           *Process

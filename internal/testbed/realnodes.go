@@ -38,7 +38,7 @@ import (
 // Addresses (all of realnode.Range, see REAL-NODES.md): node and agent
 // addresses 198.18.0.10 and up on the host bridge, pod CIDRs 198.19.<n>.0/24
 // (one per node), service CIDRs 198.18.<100+i>.0/24 (one per cluster;
-// ClusterIPs answer only with Options.Services, whose nodes run kube-proxy).
+// every node runs kube-proxy, services.go).
 
 // RealNodesKubeletAPIUser is the API server's identity towards kubelets.
 const RealNodesKubeletAPIUser = "kube-apiserver-kubelet-client"
@@ -181,7 +181,7 @@ func (c *Cluster) controlPlaneOptions(ctx context.Context) ([]testenv.Option, er
 		testenv.WithAPIServerArg("kubelet-certificate-authority", c.caFile),
 		testenv.WithAPIServerArg("kubelet-preferred-address-types", "InternalIP"),
 	}
-	if c.bed.opts.Services {
+	if c.bed.opts.RealNodes {
 		serving, err := c.servicesAddresses(ctx)
 		if err != nil {
 			return nil, err
@@ -191,7 +191,7 @@ func (c *Cluster) controlPlaneOptions(ctx context.Context) ([]testenv.Option, er
 	return opts, nil
 }
 
-// servicesAddresses (Options.Services) waits for the host, takes the
+// servicesAddresses waits for the host, takes the
 // addresses of the API server and of CoreDNS on the host bridge, and
 // returns the API server's listening address and serving certificate: pods
 // reach it through Service kubernetes (its ClusterIP is a name of the
@@ -333,7 +333,7 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 		return err
 	}
 	var kubeProxy, kubeProxyKC string
-	if c.bed.opts.Services {
+	if c.bed.opts.RealNodes {
 		if kubeProxy, err = nodeBinary("kube-proxy"); err != nil {
 			return err
 		}
@@ -352,7 +352,7 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 		Images: c.bed.imagePaths(), PauseImage: testimages.Pause,
 		LogDir: filepath.Join(c.bed.LogDir, "nodes", name), Verbosity: max(c.bed.opts.Verbosity, 1),
 		ClusterDNS: c.DNSAddr,
-		OwnNetwork: c.bed.opts.Services, KubeProxyPath: kubeProxy, KubeProxyKubeconfig: kubeProxyKC,
+		OwnNetwork: true, KubeProxyPath: kubeProxy, KubeProxyKubeconfig: kubeProxyKC,
 	})
 	if err != nil {
 		return err
@@ -375,7 +375,7 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 	if err != nil {
 		return fmt.Errorf("%w (logs in %s)", err, node.LogDir)
 	}
-	if c.bed.opts.Services {
+	if c.bed.opts.RealNodes {
 		if err := c.routeServices(ip); err != nil {
 			return err
 		}

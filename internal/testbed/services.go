@@ -21,7 +21,7 @@ import (
 	"github.com/fluidos-project/resource-broker/internal/realnode"
 )
 
-// With Options.Services the pods of a real-node bed reach Services and
+// The pods of a real-node bed (Options.RealNodes) reach Services and
 // resolve their names as in any cluster:
 //
 //   - every node has a network namespace of its own (realnode.Config.

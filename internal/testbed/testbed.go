@@ -97,11 +97,6 @@ type Options struct {
 	MetricsServer bool
 	// MetricResolution of metrics-server with MetricsServer (default 15s).
 	MetricResolution time.Duration
-	// Services makes Services and cluster DNS work for pods (RealNodes
-	// only; services.go): CoreDNS per cluster, a stand-in for kube-proxy, a
-	// load-balancer address pool, and the API server listening on a host
-	// bridge address behind Service kubernetes.
-	Services bool
 	// Deployed: the bed starts no Redis, broker, agent or scheduler; the
 	// test deploys them into the clusters from the manifests (RealNodes).
 	Deployed bool
@@ -156,8 +151,8 @@ func (o *Options) validate() error {
 	if o.MetricsServer && !o.RealNodes {
 		return errors.New("Options.MetricsServer needs RealNodes: metrics-server scrapes kubelets, and stand-in nodes have none")
 	}
-	if (o.Services || o.Deployed) && !o.RealNodes {
-		return errors.New("Options.Services and Deployed need RealNodes: pods run on real nodes only")
+	if o.Deployed && !o.RealNodes {
+		return errors.New("Options.Deployed needs RealNodes: pods run on real nodes only")
 	}
 	if o.Kueue && !slices.ContainsFunc(o.Clusters, func(c ClusterSpec) bool { return c.Requester }) {
 		return errors.New("Options.Kueue runs Kueue in the requester clusters, and none is")
@@ -378,7 +373,7 @@ func (b *Bed) start(ctx context.Context) error {
 			if o.Deployed {
 				g.Go(timed("kube-scheduler "+c.Name, func() error { return c.startKubeScheduler(gctx) }))
 			}
-			if o.Services {
+			if o.RealNodes {
 				g.Go(timed("services "+c.Name, func() error {
 					if err := c.startLoadBalancers(gctx); err != nil {
 						return err
@@ -712,7 +707,7 @@ func (b *Bed) Close() error {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					if err := c.env.Stop(); err != nil && !(b.opts.Services && isStopTimeout(err)) {
+					if err := c.env.Stop(); err != nil && !(b.opts.RealNodes && isStopTimeout(err)) {
 						mu.Lock()
 						errs = append(errs, fmt.Errorf("%s: stop control plane: %w", c.Name, err))
 						mu.Unlock()
@@ -722,9 +717,16 @@ func (b *Bed) Close() error {
 			}
 			wg.Wait()
 		}
-		if b.opts.Services {
+		if b.opts.RealNodes {
 			// The API servers listen on host bridge addresses, which go with
 			// the host: stopped after them, they never finish shutting down.
+			// The nodes go first, so that no kubelet or kube-proxy holds a
+			// request open while the API servers shut down.
+			if b.real != nil {
+				if err := b.real.host.StopNodes(); err != nil {
+					errs = append(errs, fmt.Errorf("real nodes: %w", err))
+				}
+			}
 			stopControlPlanes()
 		}
 		if b.real != nil {
@@ -797,8 +799,8 @@ func (b *Bed) CutFromBroker(p *Process) (mend func()) {
 }
 
 // isStopTimeout tells envtest's error for an API server it had to kill.
-// With Options.Services (the API server on a host bridge address, pods as
-// its clients) the API server's graceful shutdown stops its listener and
+// With real nodes (the API server on a host bridge address, pods as its
+// clients) the API server's graceful shutdown stops its listener and
 // controllers at once and then does not exit within envtest's 20 s; why is
 // not found yet (no connection from a pod is left open by then). It is
 // killed then, which is all a test bed's teardown needs.

@@ -46,7 +46,7 @@ var (
 // deploy them: images built by `make images` and imported into the nodes'
 // containerd, Redis and the broker behind a LoadBalancer Service, an agent
 // per cluster, rb-scheduler in rome, certificates from rbctl. The bed
-// gives the pods Services and DNS (testbed Options.Services). Then a pod
+// gives the pods Services and DNS (real kube-proxy and CoreDNS). Then a pod
 // that does not fit in rome runs in paris, the deployment is upgraded with
 // that pod running, and uninstalled.
 func TestDeployFromInstallGuide(t *testing.T) { deployFromGuide(t, false) }
@@ -108,7 +108,7 @@ func deployFromGuide(t *testing.T, helmAgents bool) {
 	run("0. Your settings")
 	run("1. Images")
 	images := releaseImages(t, imagesOut, "v0.1.0")
-	bed := testbed.Start(t, testbed.Options{RealNodes: true, Services: true, Deployed: true,
+	bed := testbed.Start(t, testbed.Options{RealNodes: true, Deployed: true,
 		Clusters: []testbed.ClusterSpec{deployRome, deployParis},
 		Images:   append(images, redisImage.Path), Logf: t.Logf})
 	rome, paris := bed.Cluster("rome"), bed.Cluster("paris")

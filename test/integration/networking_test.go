@@ -24,9 +24,9 @@ import (
 // TestNetworking: borrowed pods as members of their home cluster's network.
 // One real-node bed whose nodes each have a network namespace of their own
 // and run the real kube-proxy, with CoreDNS per cluster, and a flat pod
-// network across the clusters (testbed.Options.Services).
+// network across the clusters, as every real-node bed has.
 func TestNetworking(t *testing.T) {
-	bed := testbed.Start(t, testbed.Options{RealNodes: true, Services: true,
+	bed := testbed.Start(t, testbed.Options{RealNodes: true,
 		Clusters: []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin}})
 	t.Logf("networking bed up in %s", bed.Timings["total"].Round(time.Millisecond))
 	runScenarios(t, bed, []scenario{
