@@ -7,9 +7,12 @@
 // host can hold a 2-CPU and a 4-CPU node.
 //
 // Addresses come only from 198.18.0.0/15 (RFC 2544's benchmark range): node
-// addresses are /32s on one empty host bridge, pod CIDRs are /24s on one
-// bridge per node, and a blackhole route for the whole range keeps anything
-// addressed to it on this machine. The facts behind every setting are in
+// addresses are /32s, pod CIDRs are /24s on one bridge per node, and a
+// blackhole route for the whole range keeps anything addressed to it on
+// this machine. A node with Config.OwnNetwork is a network namespace of its
+// own, wired to one host bridge by a veth and routed by the host
+// (network.go), and may run kube-proxy; otherwise its address is on the
+// host bridge and its bridge in the host's namespace. The facts behind every setting are in
 // ../shared/design/REAL-NODES.md.
 //
 // Everything a node starts is removed again: processes by pid (and, for
