@@ -312,8 +312,13 @@ type podWatch struct {
 }
 
 func watchPods(b *testing.B, c *testbed.Cluster, bench string) *podWatch {
+	return watchPodsIn(b, c, bench, "")
+}
+
+// watchPodsIn is watchPods of namespace ns only ("": all).
+func watchPodsIn(b *testing.B, c *testbed.Cluster, bench, ns string) *podWatch {
 	w := &podWatch{seen: map[string]time.Time{}, running: map[string]time.Time{}}
-	w.stop = inform(b, c, &corev1.Pod{}, labels.SelectorFromSet(labels.Set{"bench": bench}), "", func(obj any) {
+	w.stop = inform(b, c, &corev1.Pod{}, labels.SelectorFromSet(labels.Set{"bench": bench}), ns, func(obj any) {
 		now := time.Now()
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
