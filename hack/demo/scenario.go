@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -75,6 +78,12 @@ func demo(ctx context.Context, bed *testbed.Bed, timeout time.Duration, real boo
 	dep, story := workload(real)
 	fmt.Println()
 	say("%s", bold(story))
+	if real {
+		if err := wc.Create(ctx, service()); err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			return 1
+		}
+	}
 	if err := wc.Create(ctx, dep); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		return 1
@@ -97,6 +106,7 @@ func demo(ctx context.Context, bed *testbed.Bed, timeout time.Duration, real boo
 				say("%s", bold(fmt.Sprintf("all %d pods Running: %s", replicas, tl.summary())))
 				if real {
 					askTheContainer(ctx, bed)
+					askTheService(ctx, bed)
 				}
 				return 0
 			}
@@ -168,6 +178,44 @@ func askTheContainer(ctx context.Context, bed *testbed.Bed) {
 		say("  GET http://%s:8080/ (%s, on %s in rome) -> container on %s: %s", p.Status.PodIP, p.Name, p.Spec.NodeName,
 			bold(nodeOf[a["hostIP"]]), strings.TrimSpace(string(body)))
 	}
+}
+
+// service is Service web in front of the workload's pods, in rome.
+func service() *corev1.Service {
+	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: deployment},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": deployment},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http")}}}}
+}
+
+// askTheService asks rome's Service a few times, at its ClusterIP: the host
+// routes rome's service CIDR to a rome node, whose kube-proxy takes each
+// request to one of the endpoints, the borrowed pods at the provider.
+func askTheService(ctx context.Context, bed *testbed.Bed) {
+	var svc corev1.Service
+	if err := bed.Cluster("rome").Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: deployment}, &svc); err != nil {
+		say("reading Service %s: %v", deployment, err)
+		return
+	}
+	cl := &http.Client{Timeout: 3 * time.Second}
+	answered := map[string]int{}
+	for range 6 * replicas {
+		resp, err := cl.Get("http://" + svc.Spec.ClusterIP + "/")
+		if err != nil {
+			say("  GET http://%s/: %v", svc.Spec.ClusterIP, err)
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var a map[string]string
+		_ = json.Unmarshal(body, &a)
+		answered[a["pod"]]++
+	}
+	var parts []string
+	for _, pod := range slices.Sorted(maps.Keys(answered)) {
+		parts = append(parts, fmt.Sprintf("%s %d", pod, answered[pod]))
+	}
+	say("  %d GETs of Service %s/%s (ClusterIP %s, through rome's kube-proxy) answered by: %s", 6*replicas, namespace, deployment,
+		svc.Spec.ClusterIP, bold(strings.Join(parts, ", ")))
 }
 
 // showTop prints what `kubectl top pod` says in rome about the borrowed pods,
