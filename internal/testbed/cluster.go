@@ -155,7 +155,8 @@ type Cluster struct {
 	// Options.RealNodes: an address on the host bridge, as a pod IP).
 	AgentIP string
 	// With Options.RealNodes: APIServerIP is the API server's address (behind
-	// Service kubernetes), DNSAddr CoreDNS's, ClusterDNS the CoreDNS process.
+	// Service kubernetes), DNSAddr CoreDNS's (behind Service kube-system/kube-dns,
+	// DNSServiceIP), ClusterDNS the CoreDNS process.
 	APIServerIP, DNSAddr string
 	ClusterDNS           *Process
 

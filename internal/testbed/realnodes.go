@@ -351,7 +351,7 @@ func (c *Cluster) addRealNode(ctx context.Context, name string, size corev1.Reso
 		ServingCertFile: filepath.Join(certDir, certauthority.TLSCertFile), ServingKeyFile: filepath.Join(certDir, certauthority.TLSKeyFile),
 		Images: c.bed.imagePaths(), PauseImage: testimages.Pause,
 		LogDir: filepath.Join(c.bed.LogDir, "nodes", name), Verbosity: max(c.bed.opts.Verbosity, 1),
-		ClusterDNS: c.DNSAddr,
+		ClusterDNS: DNSServiceIP(c.index),
 		OwnNetwork: true, KubeProxyPath: kubeProxy, KubeProxyKubeconfig: kubeProxyKC,
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -29,8 +30,8 @@ import (
 //     node-bin`, go.mod's Kubernetes version) in iptables mode;
 //   - CoreDNS (bin/coredns, `make coredns-bin`, built from the Go module
 //     proxy) runs per cluster as a host process on an address of its own,
-//     serving cluster.local from the cluster's API server; every kubelet
-//     has it as clusterDNS.
+//     serving cluster.local from the cluster's API server, behind Service
+//     kube-system/kube-dns, whose ClusterIP every kubelet has as clusterDNS.
 //
 // The host routes every node's pod CIDR to the node, so pods of all
 // clusters reach each other (a flat network), and each cluster's service
@@ -52,6 +53,10 @@ func loadBalancerCIDR(i int) string { return fmt.Sprintf("198.18.%d.0/24", 150+i
 // kubernetesServiceIP is the first address of the service CIDR, which the API
 // server gives to Service default/kubernetes.
 func kubernetesServiceIP(i int) string { return fmt.Sprintf("198.18.%d.1", 100+i) }
+
+// DNSServiceIP is the ClusterIP of the i-th cluster's Service
+// kube-system/kube-dns, every kubelet's cluster DNS (as kubeadm's .10).
+func DNSServiceIP(i int) string { return fmt.Sprintf("198.18.%d.10", 100+i) }
 
 // CoreDNSDir is where coredns is: $RB_COREDNS_BIN, else <module root>/bin/coredns.
 func CoreDNSDir(moduleRoot string) string {
@@ -105,12 +110,41 @@ func (c *Cluster) startClusterDNS(ctx context.Context) error {
 		return d.DialContext(ctx, network, net.JoinHostPort(c.DNSAddr, "53"))
 	}}
 	want := kubernetesServiceIP(c.index)
-	return c.bed.poll(ctx, c.ClusterDNS, 60*time.Second, "CoreDNS of "+c.Name+" resolving kubernetes.default", func() (bool, error) {
+	err := c.bed.poll(ctx, c.ClusterDNS, 60*time.Second, "CoreDNS of "+c.Name+" resolving kubernetes.default", func() (bool, error) {
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		addrs, err := resolver.LookupHost(qctx, "kubernetes.default.svc."+ClusterDomain)
 		return err == nil && len(addrs) == 1 && addrs[0] == want, nil
 	})
+	if err != nil {
+		return err
+	}
+	return c.createDNSService(ctx)
+}
+
+// createDNSService puts CoreDNS behind Service kube-system/kube-dns, as in
+// any cluster: ClusterIP DNSServiceIP, which the kubelets give pods as their
+// nameserver and kube-proxy takes to CoreDNS (an EndpointSlice of its own,
+// CoreDNS being a host process, not a pod).
+func (c *Cluster) createDNSService(ctx context.Context) error {
+	ports := []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}, {Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP}}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: "kube-dns",
+		Labels: map[string]string{"k8s-app": "kube-dns"}},
+		Spec: corev1.ServiceSpec{ClusterIP: DNSServiceIP(c.index), Ports: ports}}
+	if _, err := c.Clientset.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("%s: Service kube-dns: %w", c.Name, err)
+	}
+	slice := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: svc.Namespace, Name: "kube-dns-coredns",
+		Labels: map[string]string{discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: "testbed"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{c.DNSAddr}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}}}
+	for _, p := range ports {
+		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: ptr.To(p.Name), Port: ptr.To(p.Port), Protocol: ptr.To(p.Protocol)})
+	}
+	if _, err := c.Clientset.DiscoveryV1().EndpointSlices(svc.Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("%s: kube-dns's EndpointSlice: %w", c.Name, err)
+	}
+	return nil
 }
 
 // loadBalancers gives the cluster's LoadBalancer Services their addresses.
