@@ -4,17 +4,22 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/component-base/logs"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
@@ -86,6 +91,9 @@ type options struct {
 	returnHome         string
 	returnHomeMinStay  time.Duration
 	returnHomeCooldown time.Duration
+	podNetwork         string
+	homeDNS            string
+	clusterDomain      string
 	logging            *logsapi.LoggingConfiguration
 }
 
@@ -184,6 +192,10 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.returnHomeMinStay, "return-home-min-stay", 0,
 		"least time a borrowed pod stays at its provider before it may move home, where neither the pod nor its namespace says (annotation "+home.MinStayAnnotation+")")
 	f.DurationVar(&o.returnHomeCooldown, "return-home-cooldown", home.DefaultCooldown, "least time between two moves home of one Deployment's pods")
+	f.StringVar(&o.podNetwork, "borrowed-pod-network", networkProvider,
+		"the network view of borrowed pods (virtual-kubelet bridge): provider (its DNS and Services) or home (this cluster's DNS, with the home namespace's search path, and Service environment variables; needs this cluster's service CIDR routed from the providers' pods)")
+	f.StringVar(&o.homeDNS, "home-dns", "", "with --borrowed-pod-network=home: this cluster's DNS server address (default: the ClusterIP of kube-system/kube-dns)")
+	f.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "this cluster's DNS domain (--borrowed-pod-network=home)")
 	// Kubernetes components' logging flags (--logging-format, -v, --vmodule),
 	// without klog's legacy ones.
 	logsapi.AddFlags(o.logging, f)
@@ -271,6 +283,12 @@ func (o options) validate() error {
 	if o.returnHome != home.PolicyNever && o.returnHome != home.PolicyWhenLocalFits {
 		errs = append(errs, fmt.Errorf("--return-home %q: want %s or %s", o.returnHome, home.PolicyNever, home.PolicyWhenLocalFits))
 	}
+	if o.podNetwork != networkProvider && o.podNetwork != networkHome {
+		errs = append(errs, fmt.Errorf("--borrowed-pod-network %q: want %s or %s", o.podNetwork, networkProvider, networkHome))
+	}
+	if o.homeDNS != "" && net.ParseIP(o.homeDNS) == nil {
+		errs = append(errs, fmt.Errorf("--home-dns %q: not an IP address", o.homeDNS))
+	}
 	if o.returnHomeMinStay < 0 || o.returnHomeCooldown <= 0 {
 		errs = append(errs, errors.New("--return-home-min-stay must not be negative and --return-home-cooldown must be positive"))
 	}
@@ -323,6 +341,11 @@ func run(o options) error {
 		if o.kubeletClientCA != "" {
 			if ao.BridgeOptions.VirtualKubelet.KubeletClientCA, err = os.ReadFile(o.kubeletClientCA); err != nil {
 				return fmt.Errorf("--kubelet-client-ca: %w", err)
+			}
+		}
+		if o.podNetwork == networkHome {
+			if ao.BridgeOptions.VirtualKubelet.HomeNetwork, err = homeNetwork(context.Background(), cfg, o.homeDNS, o.clusterDomain); err != nil {
+				return err
 			}
 		}
 	}
@@ -382,4 +405,27 @@ func massExpiryHold(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// The views of the network a borrowed pod may have (--borrowed-pod-network).
+const (
+	networkProvider = "provider"
+	networkHome     = "home"
+)
+
+// homeNetwork is the home network view: dns, or the ClusterIP of
+// kube-system/kube-dns.
+func homeNetwork(ctx context.Context, cfg *rest.Config, dns, domain string) (*virtualkubelet.HomeNetwork, error) {
+	if dns == "" {
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		svc, err := cs.CoreV1().Services(metav1.NamespaceSystem).Get(ctx, "kube-dns", metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("--borrowed-pod-network=home: this cluster's DNS (Service kube-system/kube-dns): %w; name it with --home-dns", err)
+		}
+		dns = svc.Spec.ClusterIP
+	}
+	return &virtualkubelet.HomeNetwork{DNS: dns, ClusterDomain: domain}, nil
 }

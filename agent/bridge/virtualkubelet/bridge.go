@@ -103,6 +103,10 @@ type Config struct {
 	// PodsPerReservation is the pod capacity each active reservation adds to its
 	// virtual node (default 110, the kubelet's default).
 	PodsPerReservation int64
+	// HomeNetwork keeps borrowed pods in this cluster's network view (its
+	// DNS and Service environment variables; homenetwork.go); nil: the
+	// provider's.
+	HomeNetwork *HomeNetwork
 	// PodSyncWorkers per virtual node (default 10).
 	PodSyncWorkers int
 	// CreateTimeout bounds the retries of a pod's creation at the provider
@@ -155,6 +159,7 @@ type Bridge struct {
 	objectsMu sync.Mutex
 	objects   map[string]*namespaceObjects // by namespace (objects.go)
 	whoami    string                       // this agent's user name, once known (mirroraccess.go)
+	masterSvc masterService                // Service default/kubernetes, with HomeNetwork
 
 	mu    sync.Mutex
 	nodes map[string]*providerNode // by provider

@@ -56,6 +56,9 @@ type mirrorParams struct {
 	// mirrored into the Reservation's status.placement; nil: it holds
 	// nothing): the copy runs at its PriorityClass, pinned to its node.
 	placement *rbv1.ReservationPlacement
+	// home is the home network the copy keeps (nil: the provider's;
+	// homenetwork.go).
+	home *homeView
 }
 
 // objectRefs are the ConfigMaps and Secrets (local names) a pod uses.
@@ -183,6 +186,9 @@ func remotePod(local *corev1.Pod, p mirrorParams) (*corev1.Pod, error) {
 	}
 	dropNodeSelection(spec, p.node)
 	applyPlacement(spec, p.placement, p.reservation)
+	if p.home != nil {
+		applyHomeNetwork(spec, ns, p.home)
+	}
 
 	// Drop the token volume and its mounts.
 	dropped := map[string]bool{}

@@ -71,9 +71,14 @@ func (b *Bridge) ensureMirrorAccess(ctx context.Context, namespace string) error
 }
 
 // canReadObjects asks the API server whether the agent may list and watch
-// the ConfigMaps and Secrets of namespace.
+// the ConfigMaps and Secrets of namespace (and its Services, with
+// HomeNetwork).
 func (b *Bridge) canReadObjects(ctx context.Context, namespace string) (bool, error) {
-	for _, resource := range []string{"configmaps", "secrets"} {
+	resources := []string{"configmaps", "secrets"}
+	if b.cfg.HomeNetwork != nil {
+		resources = append(resources, "services")
+	}
+	for _, resource := range resources {
 		for _, verb := range []string{"list", "watch"} {
 			r, err := b.local.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
 				Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{

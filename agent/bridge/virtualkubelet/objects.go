@@ -24,7 +24,10 @@ import (
 type localObjects struct {
 	configMaps corev1listers.ConfigMapNamespaceLister
 	secrets    corev1listers.SecretNamespaceLister
-	synced     []cache.InformerSynced
+	// services, with Config.HomeNetwork only (nil otherwise): the Service
+	// environment variables of the namespace's pods.
+	services corev1listers.ServiceNamespaceLister
+	synced   []cache.InformerSynced
 }
 
 // namespaceObjects is the localObjects of a namespace once started.
@@ -67,6 +70,11 @@ func (b *Bridge) localObjects(ctx context.Context, namespace string) (*localObje
 	_, _ = secrets.Informer().AddEventHandler(changed("Secret"))
 	nso.objs = &localObjects{configMaps: cms.Lister().ConfigMaps(namespace), secrets: secrets.Lister().Secrets(namespace),
 		synced: []cache.InformerSynced{cms.Informer().HasSynced, secrets.Informer().HasSynced}}
+	if b.cfg.HomeNetwork != nil {
+		svcs := factory.Core().V1().Services()
+		nso.objs.services = svcs.Lister().Services(namespace)
+		nso.objs.synced = append(nso.objs.synced, svcs.Informer().HasSynced)
+	}
 	factory.Start(b.ctx.Done())
 	return nso.objs, nil
 }

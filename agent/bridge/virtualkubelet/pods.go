@@ -82,6 +82,11 @@ func (h *podHandler) create(ctx context.Context, pod *corev1.Pod) error {
 	if r := h.n.reservationOf(ctx, pod); r != nil {
 		params.reservation, params.placement = string(r.UID), r.Status.Placement
 	}
+	home, err := h.n.b.homeView(ctx, pod)
+	if err != nil {
+		return err
+	}
+	params.home = home
 	desired, err := remotePod(pod, params)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@
 //
 //	GET  /                          {"cluster","node","pod","namespace","hostname","hostIP","podIP"}
 //	GET  /healthz                   200 "ok"
+//	GET  /env                       the process's environment, as a JSON object
 //	GET  /readyz                    200 "ready", or 503 once made unready (a readiness probe)
 //	POST /ready?ready=false         200; /readyz answers 503 from now on (true: 200 again)
 //	POST /burn?cpu=1.5&seconds=30   202; burns 1.5 cores for 30 s
@@ -293,6 +294,17 @@ func newHandler(env func(string) string, exit func(int)) http.Handler {
 
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok")
+	})
+
+	mux.HandleFunc("GET /env", func(w http.ResponseWriter, _ *http.Request) {
+		env := map[string]string{}
+		for _, kv := range os.Environ() {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				env[k] = v
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(env)
 	})
 
 	var unready atomic.Bool

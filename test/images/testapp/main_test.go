@@ -200,6 +200,16 @@ func TestPostAndReadiness(t *testing.T) {
 	}
 }
 
+func TestEnv(t *testing.T) {
+	t.Setenv("BACKEND_SERVICE_HOST", "198.18.100.23")
+	srv, _ := newTest(t, nil)
+	code, body := do(t, http.MethodGet, srv.URL+"/env")
+	require.Equal(t, http.StatusOK, code)
+	var env map[string]string
+	require.NoError(t, json.Unmarshal([]byte(body), &env))
+	assert.Equal(t, "198.18.100.23", env["BACKEND_SERVICE_HOST"])
+}
+
 func TestExitCommand(t *testing.T) {
 	var errOut strings.Builder
 	assert.Equal(t, 3, exitWith("3", &errOut))
