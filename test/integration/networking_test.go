@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"regexp"
 	"sort"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,18 +28,28 @@ import (
 // One real-node bed whose nodes each have a network namespace of their own
 // and run the real kube-proxy, with CoreDNS per cluster, and a flat pod
 // network across the clusters, as every real-node bed has.
+// rome's agent keeps its borrowed pods in rome's network view
+// (--borrowed-pod-network=home): the host routes every cluster's service
+// CIDR to one of its nodes, as BGP-advertised Service addresses would.
 func TestNetworking(t *testing.T) {
 	bed := testbed.Start(t, testbed.Options{RealNodes: true,
-		Clusters: []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin}})
+		Clusters: []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin},
+		AgentArgs: func(cluster string) []string {
+			if cluster == "rome" {
+				return []string{"--borrowed-pod-network=home"}
+			}
+			return nil
+		}})
 	t.Logf("networking bed up in %s", bed.Timings["total"].Round(time.Millisecond))
 	runScenarios(t, bed, []scenario{
 		{"inbound", testNetworkingInbound},
+		{"outbound", testNetworkingOutbound},
 	})
 }
 
-// testNetworkingInbound: a Deployment web of 3 pods in rome's namespace shop,
+// testNetworkingInbound: a Deployment web of 3 pods in rome's namespace front,
 // of which rome's node holds 2, and a Service web. From a pod on rome's
-// node, web, web.shop and web.shop.svc.cluster.local resolve (CoreDNS) and
+// node, web, web.front and web.front.svc.cluster.local resolve (CoreDNS) and
 // reach all three pods through rome's kube-proxy, the borrowed one at paris
 // included. The borrowed pod made unready leaves the Service's endpoints
 // (paris's kubelet probes it, the virtual node reports it, rome's
@@ -46,14 +59,12 @@ func testNetworkingInbound(t *testing.T, bed *testbed.Bed) {
 	ctx := context.Background()
 	rome := bed.Cluster("rome")
 	base := baseline(t, bed)
-	const ns = "shop"
+	const ns = "front"
 	newNamespace(t, rome, ns)
 	web := appDeployment(ns, "web", 3, "400m", "64Mi")
 	web.Spec.Template.Spec.Containers[0].ReadinessProbe.HTTPGet.Path = "/readyz"
 	require.NoError(t, rome.Client.Create(ctx, web))
-	require.NoError(t, rome.Client.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web"},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"},
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http")}}}}))
+	require.NoError(t, rome.Client.Create(ctx, appService(ns, "web")))
 
 	var local, borrowed []corev1.Pod
 	eventually(t, 120*time.Second, "web: 2 pods Ready at home, 1 borrowed", func() (bool, string) {
@@ -66,7 +77,7 @@ func testNetworkingInbound(t *testing.T, bed *testbed.Bed) {
 
 	all := append(podNames(local), away.Name)
 	sort.Strings(all)
-	for _, name := range []string{"web", "web.shop", "web.shop.svc." + testbed.ClusterDomain} {
+	for _, name := range []string{"web", "web." + ns, "web." + ns + ".svc." + testbed.ClusterDomain} {
 		eventually(t, 30*time.Second, "every web pod answers through Service "+name, func() (bool, string) {
 			seen := answeredBy(t, rome, ns, client, "http://"+name+"/", 12)
 			return fmt.Sprint(seen) == fmt.Sprint(all), fmt.Sprintf("answered by %v, want %v", seen, all)
@@ -93,6 +104,87 @@ func testNetworkingInbound(t *testing.T, bed *testbed.Bed) {
 	require.NoError(t, rome.Client.Delete(ctx, client))
 	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
 	backToBaseline(t, bed, base, 60*time.Second)
+}
+
+// testNetworkingOutbound: rome's namespaces shop and books each run a
+// backend pod at home behind a Service backend, and a caller pod that fits
+// nowhere in rome and is borrowed by paris. Each caller reaches its own
+// namespace's backend as backend, backend.<ns> and
+// backend.<ns>.svc.cluster.local: rome's DNS answers with rome's
+// ClusterIP, which rome's kube-proxy takes to the pod. Its Service
+// environment variables are those of a local pod of its namespace.
+func testNetworkingOutbound(t *testing.T, bed *testbed.Bed) {
+	ctx := context.Background()
+	rome := bed.Cluster("rome")
+	base := baseline(t, bed)
+	namespaces := []string{"shop", "books"}
+	for _, ns := range namespaces {
+		newNamespace(t, rome, ns)
+		require.NoError(t, rome.Client.Create(ctx, appService(ns, "backend")))
+		require.NoError(t, rome.Client.Create(ctx, appDeployment(ns, "backend", 1, "100m", "32Mi")))
+		require.NoError(t, rome.Client.Create(ctx, appDeployment(ns, "caller", 1, "1500m", "64Mi")))
+	}
+	backends, callers := map[string]corev1.Pod{}, map[string]corev1.Pod{}
+	for _, ns := range namespaces {
+		eventually(t, 120*time.Second, ns+": backend Ready at home, caller borrowed", func() (bool, string) {
+			local, _, _ := placedPods(t, rome, ns, "backend")
+			_, borrowed, _ := placedPods(t, rome, ns, "caller")
+			if len(local) == 1 && len(borrowed) == 1 {
+				backends[ns], callers[ns] = local[0], borrowed[0]
+				return true, ""
+			}
+			return false, fmt.Sprintf("backend at home %v, caller borrowed %v", podNames(local), podNames(borrowed))
+		})
+	}
+	for _, ns := range namespaces {
+		caller := callers[ns]
+		for _, name := range []string{"backend", "backend." + ns, "backend." + ns + ".svc." + testbed.ClusterDomain} {
+			var id appAnswer
+			out := execIn(t, rome, ns, &caller, "get", "http://"+name+"/")
+			require.NoError(t, json.Unmarshal([]byte(out), &id), "answer of %s: %s", name, out)
+			assert.Equal(t, backends[ns].Name, id["pod"], "%s's caller (on %s) asking %s", ns, caller.Spec.NodeName, name)
+			assert.Equal(t, ns, id["namespace"])
+		}
+		local, borrowed := serviceVars(t, backends[ns]), serviceVars(t, caller)
+		assert.NotEmpty(t, local["BACKEND_SERVICE_HOST"])
+		assert.Equal(t, local, borrowed, "%s: the borrowed pod's Service variables are a local pod's", ns)
+	}
+
+	for _, ns := range namespaces {
+		require.NoError(t, rome.Client.DeleteAllOf(ctx, &appsv1.Deployment{}, client.InNamespace(ns)))
+		waitNoPodOrReservation(t, rome, ns, 60*time.Second)
+	}
+	backToBaseline(t, bed, base, 60*time.Second)
+}
+
+// appService is Service name in front of appDeployment name's pods.
+func appService(ns, name string) *corev1.Service {
+	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http")}}}}
+}
+
+// serviceVar names a Service environment variable (FOO_SERVICE_HOST,
+// FOO_PORT_80_TCP_ADDR, ...).
+var serviceVar = regexp.MustCompile(`^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_[0-9]+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)?)$`)
+
+// serviceVars are the Service environment variables of pod's container,
+// as its process sees them (testapp's GET /env at the pod's IP).
+func serviceVars(t *testing.T, pod corev1.Pod) map[string]string {
+	t.Helper()
+	cl := &http.Client{Timeout: 5 * time.Second}
+	resp, err := cl.Get("http://" + pod.Status.PodIP + ":8080/env")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var env map[string]string
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&env))
+	out := map[string]string{}
+	for k, v := range env {
+		if serviceVar.MatchString(k) {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // clientPod runs a testapp pod on node (bound there, no scheduler) to make
