@@ -309,6 +309,14 @@ func TestLeastPrivilegeAgent(t *testing.T) {
 		}, 10*time.Second, 20*time.Millisecond, "reading a Secret of shop")
 		_, err = agcs.CoreV1().ConfigMaps("shop").List(ctx, metav1.ListOptions{})
 		require.NoError(t, err)
+		// With --borrowed-pod-network=home: that namespace's Services, and
+		// Services default/kubernetes and kube-system/kube-dns by name.
+		_, err = agcs.CoreV1().Services("shop").List(ctx, metav1.ListOptions{})
+		require.NoError(t, err, "the Services of a namespace it mirrors")
+		assert.True(t, canI(t, agcs, authorizationv1.ResourceAttributes{Namespace: metav1.NamespaceDefault, Resource: "services", Verb: "get", Name: "kubernetes"}))
+		assert.True(t, canI(t, agcs, authorizationv1.ResourceAttributes{Namespace: metav1.NamespaceSystem, Resource: "services", Verb: "get", Name: "kube-dns"}))
+		assert.False(t, canI(t, agcs, authorizationv1.ResourceAttributes{Namespace: metav1.NamespaceSystem, Resource: "services", Verb: "get", Name: "metrics-server"}),
+			"another Service of kube-system")
 		// Reservations in any namespace.
 		rsv := reservation("shop", "web-0", "100m", "64Mi")
 		require.NoError(t, c.admin.Create(ctx, rsv))
