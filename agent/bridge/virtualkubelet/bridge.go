@@ -172,7 +172,7 @@ type Bridge struct {
 	advertisedMu sync.Mutex
 	advertised   *homeAPIServer // else the API server's advertised address, as last read
 	advertisedAt time.Time
-	whoami    string                       // this agent's user name, once known (mirroraccess.go)
+	whoami       string // this agent's user name, once known (mirroraccess.go)
 
 	mu    sync.Mutex
 	nodes map[string]*providerNode // by provider

@@ -407,7 +407,7 @@ func (t *homeTokens) issue(ctx context.Context, pod *corev1.Pod, name string) (*
 				homeTokenRefreshAnnotation: refresh.UTC().Format(time.RFC3339),
 			},
 		},
-		Type:       corev1.SecretTypeOpaque,
+		Type: corev1.SecretTypeOpaque,
 		Data: map[string][]byte{
 			"token":     []byte(tr.Status.Token),
 			"ca.crt":    []byte(ca.Data["ca.crt"]),

@@ -123,7 +123,7 @@ func (m *objectMirror) OnUpdate(_, obj any) {
 	p := obj.(*corev1.Pod)
 	m.track(p)
 	if finished(p) {
-		m.n.tokens.track(p) // its token goes
+		m.n.tokens.track(p)         // its token goes
 		m.n.b.enqueue(m.n.provider) // the node may be removable
 	}
 }
