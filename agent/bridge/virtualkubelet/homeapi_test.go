@@ -119,4 +119,6 @@ func TestHomeAPIConfig(t *testing.T) {
 
 type noGrants struct{}
 
-func (noGrants) Reservation(context.Context, string) (api.Reservation, error) { return api.Reservation{}, nil }
+func (noGrants) Reservation(context.Context, string) (api.Reservation, error) {
+	return api.Reservation{}, nil
+}
