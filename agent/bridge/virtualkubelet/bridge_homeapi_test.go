@@ -20,8 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/fluidos-project/resource-broker/agent/bridge/virtualkubelet"
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 )
 
 // homeTokenRefresh is how often TestVirtualKubelet's bridge replaces the
@@ -114,6 +116,19 @@ func (vk *vkLifecycle) homeAPIToken(t *testing.T) {
 	who, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, "system:serviceaccount:shop:web-sa", who.Status.UserInfo.Username)
+
+	// paris admits no token of its own in a tenant namespace (policy
+	// rb-tenant-pods): the copy's is the only one. (Not in rb-rome, whose
+	// audit log the tenantToken step reads.)
+	require.NoError(t, paris.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "rb-oslo",
+		Labels: map[string]string{rbv1.TenantLabel: "oslo"}}}))
+	own := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "rb-oslo", Name: "own-token"}, Spec: corev1.PodSpec{
+		ServiceAccountName: "default", Containers: []corev1.Container{{Name: "c", Image: "nginx"}},
+		Volumes: []corev1.Volume{{Name: "t", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}}}}}
+	err = paris.Client.Create(ctx, own, client.DryRunAll)
+	assert.True(t, apierrors.IsForbidden(err), "%v", err)
+	assert.ErrorContains(t, err, "no token of this cluster's ServiceAccounts")
 
 	// Replaced before it expires (here every homeTokenRefresh), still bound to web-0.
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
