@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 
@@ -376,9 +377,12 @@ func (t *homeTokens) issue(ctx context.Context, pod *corev1.Pod, name string) (*
 	if err != nil {
 		return nil, time.Time{}, err
 	}
+	if !cache.WaitForCacheSync(ctx.Done(), objs.synced...) {
+		return nil, time.Time{}, ctx.Err()
+	}
 	ca, err := objs.configMaps.Get(rootCAConfigMap)
 	if err != nil {
-		// Not synced yet, or not published yet: transient.
+		// Not published yet (kube-controller-manager does): transient.
 		return nil, time.Time{}, fmt.Errorf("the root CA of namespace %s (ConfigMap %s): %w", pod.Namespace, rootCAConfigMap, err)
 	}
 	requested := time.Now()
