@@ -205,7 +205,7 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 		t.Fatalf("no base creates Namespace %s", namespace)
 	}
 	// Every cluster has these (a few RBAC objects live there).
-	created[metav1.NamespaceSystem], created[corev1.NamespaceNodeLease] = true, true
+	created[metav1.NamespaceSystem], created[corev1.NamespaceNodeLease], created[metav1.NamespaceDefault] = true, true, true
 
 	var accepted int
 	for _, b := range bases {
@@ -766,6 +766,8 @@ func TestTenantPolicyIsTheAgents(t *testing.T) {
 			assert.Equal(t, "kube-node-lease", u.GetNamespace(), id(u))
 		case "RoleBinding/rb-agent-auth-reader":
 			assert.Equal(t, "kube-system", u.GetNamespace(), id(u))
+		case "Role/rb-agent-home-api", "RoleBinding/rb-agent-home-api":
+			assert.Equal(t, "default", u.GetNamespace(), id(u))
 		}
 	}
 }

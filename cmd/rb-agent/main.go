@@ -69,6 +69,8 @@ type options struct {
 	kubeletClientCA    string
 	nodeLease          time.Duration
 	unschedulableAfter time.Duration
+	homeAPIServer      string
+	homeTokenTTL       time.Duration
 	probePeriod        time.Duration
 	lostGrace          time.Duration
 	lostReplaceAfter   time.Duration
@@ -159,6 +161,11 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.unschedulableAfter, "provider-unschedulable-after", 30*time.Second,
 		"how long a provider's scheduler may leave a pod's copy unplaced before the pod and its reservation say so")
 	f.DurationVar(&o.nodeStatusPeriod, "virtual-node-status-period", time.Minute, "how often an unchanged virtual node status is rewritten")
+	f.StringVar(&o.homeAPIServer, "home-api-server", "",
+		"this cluster's API server as the providers' pods reach it, https://host:port: where borrowed pods' in-cluster config points "+
+			"(default: the address and port of EndpointSlice default/kubernetes, which the API server advertises)")
+	f.DurationVar(&o.homeTokenTTL, "home-api-token-ttl", virtualkubelet.DefaultHomeTokenTTL,
+		"lifetime of the ServiceAccount tokens borrowed pods get to call this cluster's API, renewed at 80 % of it (at least 10m)")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "address of /metrics (0: off)")
 	f.BoolVar(&o.metricsSecure, "metrics-secure", true,
 		"serve /metrics over https to callers the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get on the non-resource URL /metrics), "+
@@ -264,6 +271,9 @@ func (o options) validate() error {
 	if o.kubeletCertWait <= 0 {
 		errs = append(errs, errors.New("--kubelet-serving-cert-timeout must be positive"))
 	}
+	if o.homeTokenTTL < virtualkubelet.MinHomeTokenTTL {
+		errs = append(errs, fmt.Errorf("--home-api-token-ttl %s: at least %s", o.homeTokenTTL, virtualkubelet.MinHomeTokenTTL))
+	}
 	if o.kubeletPorts < 1 {
 		errs = append(errs, fmt.Errorf("--kubelet-ports %d: want at least 1", o.kubeletPorts))
 	}
@@ -337,7 +347,8 @@ func run(o options) error {
 		ao.BridgeOptions = bridge.Options{VirtualKubelet: virtualkubelet.Config{LeaseDuration: o.nodeLease, ProbePeriod: o.probePeriod, UnschedulableAfter: o.unschedulableAfter,
 			HeartbeatPeriod: o.renewInterval, HeartbeatLease: o.leaseLength,
 			ProviderLostGrace: o.lostGrace, ProviderLostReplaceAfter: o.lostReplaceAfter, StatusSyncPeriod: o.nodeStatusPeriod,
-			KubeletAddress: o.kubeletAddress, KubeletPorts: o.kubeletPorts, MetricsPeriod: o.metricsPeriod, NodeIP: o.nodeIP, KubeletServingCert: o.kubeletCert, KubeletServingCertTimeout: o.kubeletCertWait}}
+			KubeletAddress: o.kubeletAddress, KubeletPorts: o.kubeletPorts, MetricsPeriod: o.metricsPeriod, NodeIP: o.nodeIP, KubeletServingCert: o.kubeletCert, KubeletServingCertTimeout: o.kubeletCertWait,
+			HomeAPIServer: o.homeAPIServer, HomeTokenTTL: o.homeTokenTTL}}
 		if o.kubeletClientCA != "" {
 			if ao.BridgeOptions.VirtualKubelet.KubeletClientCA, err = os.ReadFile(o.kubeletClientCA); err != nil {
 				return fmt.Errorf("--kubelet-client-ca: %w", err)

@@ -54,6 +54,7 @@ current-context: c
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--kubelet-serving-cert=acme"}, `--kubelet-serving-cert "acme": want csr or self-signed`},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--kubelet-serving-cert-timeout=0s"}, "--kubelet-serving-cert-timeout must be positive"},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--kubelet-ports=0"}, "--kubelet-ports 0: want at least 1"},
+		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--home-api-token-ttl=5m"}, "--home-api-token-ttl 5m0s: at least 10m0s"},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--provider-metrics-period=500ms"}, "--provider-metrics-period 500ms: want at least 1s"},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--lease-renew-interval=0s"}, "must be positive"},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--lease-renew-interval=1m"}, "want at most a third of --lease-length 2m0s"},

@@ -317,6 +317,16 @@ func TestLeastPrivilegeAgent(t *testing.T) {
 		assert.True(t, canI(t, agcs, authorizationv1.ResourceAttributes{Namespace: metav1.NamespaceSystem, Resource: "services", Verb: "get", Name: "kube-dns"}))
 		assert.False(t, canI(t, agcs, authorizationv1.ResourceAttributes{Namespace: metav1.NamespaceSystem, Resource: "services", Verb: "get", Name: "metrics-server"}),
 			"another Service of kube-system")
+		// A token of a mirrored pod's ServiceAccount, bound to the pod, for
+		// its copy to call this cluster's API; where that API server is.
+		require.NoError(t, c.admin.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"}}))
+		withSA := simplePod("shop", "web-1")
+		withSA.Spec.ServiceAccountName = "web"
+		require.NoError(t, c.admin.Create(ctx, withSA))
+		_, err = agcs.CoreV1().ServiceAccounts("shop").CreateToken(ctx, "web", boundToken(withSA), metav1.CreateOptions{})
+		require.NoError(t, err, "a token bound to a mirrored pod")
+		_, err = agcs.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
+		require.NoError(t, err, "the API server's advertised address")
 		// Reservations in any namespace.
 		rsv := reservation("shop", "web-0", "100m", "64Mi")
 		require.NoError(t, c.admin.Create(ctx, rsv))
@@ -415,6 +425,14 @@ func TestLeastPrivilegeAgent(t *testing.T) {
 		refused(t, err, "a token of an rb-tenant outside its tenant namespaces", byAgentPolicy)
 		_, err = agcs.CoreV1().ServiceAccounts(ns.Name).CreateToken(ctx, "default", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 		refused(t, err, "a token of another ServiceAccount of its tenant namespace", byAgentPolicy)
+		require.NoError(t, c.admin.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "vault", Name: "web"}}))
+		inVault := simplePod("vault", "web-0")
+		inVault.Spec.ServiceAccountName = "web"
+		require.NoError(t, c.admin.Create(ctx, inVault))
+		_, err = agcs.CoreV1().ServiceAccounts("vault").CreateToken(ctx, "web", boundToken(inVault), metav1.CreateOptions{})
+		refused(t, err, "a token bound to a pod of a namespace that opted out", byAgentPolicy)
+		_, err = agcs.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+		refused(t, err, "list EndpointSlices", byRBAC)
 		refused(t, ag.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "admin"}}, client.DryRunAll),
 			"another ServiceAccount in a tenant namespace", byAgentPolicy)
 
@@ -502,6 +520,12 @@ type unstructuredVAP struct{ name string }
 
 func (u *unstructuredVAP) delete(ctx context.Context, cs kubernetes.Interface) error {
 	return cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, u.name, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+}
+
+// boundToken is the TokenRequest of the bridge for a mirrored pod's copy.
+func boundToken(pod *corev1.Pod) *authenticationv1.TokenRequest {
+	return &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(600)),
+		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}}}
 }
 
 func mirrorBinding(ns, saNamespace, sa string) *rbacv1.RoleBinding {
@@ -652,6 +676,10 @@ func TestLeastPrivilegeTenant(t *testing.T) {
 				Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{"paris-node-1"}}}}}}}}
 		cp.Spec.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 		cp.Spec.Containers[0].Resources.Requests = requests("500m", "512Mi")
+		// Its home cluster's token, in the Secret the bridge writes.
+		cp.Spec.Volumes = []corev1.Volume{{Name: "kube-api-access-x7k2p", VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: "shop.web-0.kube-api-access", DefaultMode: ptr.To(int32(0o644))}}}}
+		cp.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "kube-api-access-x7k2p", MountPath: virtualkubelet.ServiceAccountMountPath, ReadOnly: true}}
 		require.NoError(t, tenant.Create(ctx, cp), "the bridge's copy")
 		// A container without requests gets the scheduler's defaults.
 		bare := pod("shop.bare")
@@ -776,6 +804,11 @@ var podRules = []struct {
 	{"toleration of the control plane", false, func(p *corev1.Pod) {
 		p.Spec.Tolerations = []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists}}
 	}, "not the control plane's"},
+	{"a token of this cluster's ServiceAccount", false, func(p *corev1.Pod) {
+		p.Spec.ServiceAccountName = "default"
+		p.Spec.Volumes = []corev1.Volume{{Name: "t", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}}}
+	}, "no token of this cluster's ServiceAccounts"},
 }
 
 func headless(ns, name string) *corev1.Service {

@@ -140,6 +140,19 @@ type Config struct {
 	// before the agent warns (log and Event) that it serves a self-signed
 	// certificate (default 1m; it goes on waiting).
 	KubeletServingCertTimeout time.Duration
+
+	// HomeAPIServer is this cluster's API server as the provider's pods
+	// reach it, https://host[:port] (default: the address and port of
+	// EndpointSlice default/kubernetes, which the API server advertises):
+	// where the copies' KUBERNETES_SERVICE_* variables point (homeapi.go).
+	HomeAPIServer string
+	// HomeTokenTTL is the lifetime of the ServiceAccount tokens the copies
+	// get (default DefaultHomeTokenTTL, at least MinHomeTokenTTL); each is
+	// replaced at 80 % of it.
+	HomeTokenTTL time.Duration
+	// HomeTokenRefresh, when set and shorter, replaces the tokens that
+	// often instead (tests).
+	HomeTokenRefresh time.Duration
 }
 
 // Bridge runs the virtual nodes of this cluster.
@@ -158,8 +171,13 @@ type Bridge struct {
 
 	objectsMu sync.Mutex
 	objects   map[string]*namespaceObjects // by namespace (objects.go)
-	whoami    string                       // this agent's user name, once known (mirroraccess.go)
-	masterSvc masterService                // Service default/kubernetes, with HomeNetwork
+
+	homeAPI      *homeAPIServer // Config.HomeAPIServer, if set (homeapi.go)
+	advertisedMu sync.Mutex
+	advertised   *homeAPIServer // else the API server's advertised address, as last read
+	advertisedAt time.Time
+	whoami       string // this agent's user name, once known (mirroraccess.go)
+	masterSvc    masterService  // Service default/kubernetes, with HomeNetwork
 
 	mu    sync.Mutex
 	nodes map[string]*providerNode // by provider
@@ -248,8 +266,24 @@ func New(cfg Config) (*Bridge, error) {
 	if cfg.UnschedulableAfter < 0 {
 		return nil, fmt.Errorf("unschedulable-after %s: must be positive", cfg.UnschedulableAfter)
 	}
+	if cfg.HomeTokenTTL == 0 {
+		cfg.HomeTokenTTL = DefaultHomeTokenTTL
+	}
+	if cfg.HomeTokenTTL < MinHomeTokenTTL {
+		return nil, fmt.Errorf("home API token lifetime %s: at least %s (the API server's minimum)", cfg.HomeTokenTTL, MinHomeTokenTTL)
+	}
+	if cfg.HomeTokenRefresh < 0 {
+		return nil, fmt.Errorf("home API token refresh %s: must be positive", cfg.HomeTokenRefresh)
+	}
+	var home *homeAPIServer
+	if cfg.HomeAPIServer != "" {
+		var err error
+		if home, err = parseHomeAPIServer(cfg.HomeAPIServer); err != nil {
+			return nil, err
+		}
+	}
 	return &Bridge{cfg: cfg, nodes: map[string]*providerNode{}, events: make(chan event.GenericEvent, 256),
-		toName: make(chan event.GenericEvent, 256)}, nil
+		toName: make(chan event.GenericEvent, 256), homeAPI: home}, nil
 }
 
 // SetupWithManager registers the controller and the runnable that serves the

@@ -58,12 +58,10 @@ func (vk *vkLifecycle) podRunsAtProvider(t *testing.T) {
 		ev.Seen.Sub(t0).Round(time.Millisecond), ev.Running.Sub(ev.Seen).Round(time.Millisecond), t3.Sub(ev.Running).Round(time.Millisecond), t3.Sub(t0).Round(time.Millisecond))
 
 	require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-0"}, &remote))
-	// The copy: no token, none of rome's placement, marked with its origin.
+	// The copy: no token of paris (its token of rome: homeAPIToken), none
+	// of rome's placement, marked with its origin.
 	for _, v := range remote.Spec.Volumes {
 		assert.Nil(t, v.Projected, "no service account token volume: %s", v.Name)
-	}
-	for _, m := range remote.Spec.Containers[0].VolumeMounts {
-		assert.NotEqual(t, "/var/run/secrets/kubernetes.io/serviceaccount", m.MountPath)
 	}
 	assert.Equal(t, ptr.To(false), remote.Spec.AutomountServiceAccountToken)
 	assert.NotEqual(t, "web-sa", remote.Spec.ServiceAccountName)
@@ -175,6 +173,7 @@ func (vk *vkLifecycle) unreservedPod(t *testing.T) {
 	cpu, pods := node.Status.Capacity.Cpu().MilliValue(), node.Status.Capacity.Pods().Value()
 	// Restart policy Never: a kubelet's rejection would fail it; the bridge keeps it Pending.
 	pinned := boundPod("shop", "pinned", corev1.RestartPolicyNever)
+	pinned.Annotations[virtualkubelet.HomeAPIAnnotation] = "false" // its copy: no token at all
 	bare := boundPod("shop", "bare", corev1.RestartPolicyAlways)
 	bare.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
 	require.NoError(t, rome.Client.Create(ctx, pinned))
@@ -247,6 +246,7 @@ func (vk *vkLifecycle) unreservedPod(t *testing.T) {
 		assert.Equal(c, corev1.ConditionTrue, cond.Status)
 	}, 15*time.Second, 20*time.Millisecond, "admitted once a reservation names it")
 	require.NoError(t, paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.pinned"}, &corev1.Pod{}))
+	noHomeToken(t, paris, "pinned")
 	var admittedEvents corev1.EventList
 	require.NoError(t, rome.Client.List(ctx, &admittedEvents, client.InNamespace("shop"), client.MatchingFields{"involvedObject.kind": "Pod", "involvedObject.name": "pinned", "reason": virtualkubelet.ReasonReserved}))
 	assert.Len(t, admittedEvents.Items, 1, "a Normal Event says it is admitted now")
@@ -283,6 +283,10 @@ func (vk *vkLifecycle) podDeleted(t *testing.T) {
 		err2 := paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-creds"}, &corev1.Secret{})
 		return apierrors.IsNotFound(err1) && apierrors.IsNotFound(err2)
 	}, 10*time.Second, 20*time.Millisecond, "copies no pod uses are deleted")
+	require.Eventually(t, func() bool {
+		err := paris.Client.Get(ctx, types.NamespacedName{Namespace: "rb-rome", Name: "shop.web-0.kube-api-access"}, &corev1.Secret{})
+		return apierrors.IsNotFound(err)
+	}, 10*time.Second, 20*time.Millisecond, "its home API token goes with it")
 }
 
 func (vk *vkLifecycle) copyDeletedAtProvider(t *testing.T) {

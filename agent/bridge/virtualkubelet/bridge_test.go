@@ -222,8 +222,9 @@ func TestVirtualKubelet(t *testing.T) {
 		// Lost after a short grace; never replaced here (test/integration's
 		// TestFaultsProviderLost covers that on real nodes).
 		ProviderLostGrace: lostGrace, ProviderLostReplaceAfter: time.Hour,
+		HomeTokenRefresh: homeTokenRefresh,
 	}})
-	require.NoError(t, rome.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}))
+	homeNamespace(t, rome, "shop")
 	vk := &vkLifecycle{ctx: ctx, rome: rome, paris: paris, kubelet: kubelet, signingCA: signingCA}
 
 	// Each step starts from what the steps before it left.
@@ -233,6 +234,7 @@ func TestVirtualKubelet(t *testing.T) {
 	}{
 		{"reserved: virtual node rb-paris with the reservation's capacity and our taint", (*vkLifecycle).virtualNodeForReservations},
 		{"a pod bound to rb-paris runs in paris's tenant namespace, its status reflected", (*vkLifecycle).podRunsAtProvider},
+		{"its copy calls rome's API with a token of its ServiceAccount in rome, bound to it, renewed before it expires", (*vkLifecycle).homeAPIToken},
 		{"the kubelet endpoint serves the certificate rome's kubelet-serving signer issued", (*vkLifecycle).kubeletServingCertificate},
 		{"kubectl logs on rome's pod reads paris's pods/log", (*vkLifecycle).logs},
 		{"exec, attach and port-forward reach the copy through paris's API with the tenant token", (*vkLifecycle).streams},

@@ -52,7 +52,7 @@ func TestRemotePodKeepsTheHomeNetwork(t *testing.T) {
 	local.Spec.Containers[0].Env = append(local.Spec.Containers[0].Env, corev1.EnvVar{Name: "BACKEND_SERVICE_HOST", Value: "mine"})
 	home := &homeView{network: HomeNetwork{DNS: "198.18.100.10"},
 		env: []corev1.EnvVar{{Name: "BACKEND_SERVICE_HOST", Value: "198.18.100.23"}, {Name: "KUBERNETES_SERVICE_HOST", Value: "198.18.100.1"}}}
-	remote, err := remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", home: home})
+	remote, err := remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", network: home})
 	require.NoError(t, err)
 
 	assert.Equal(t, corev1.DNSNone, remote.Spec.DNSPolicy)
@@ -74,14 +74,14 @@ func TestRemotePodKeepsTheHomeNetwork(t *testing.T) {
 	// A pod that chose its own DNS keeps it; its own dnsConfig follows the home one's.
 	local = testPod()
 	local.Spec.DNSPolicy = corev1.DNSDefault
-	remote, err = remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", home: home})
+	remote, err = remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", network: home})
 	require.NoError(t, err)
 	assert.Equal(t, corev1.DNSDefault, remote.Spec.DNSPolicy)
 	assert.Nil(t, remote.Spec.DNSConfig)
 
 	local = testPod()
 	local.Spec.DNSConfig = &corev1.PodDNSConfig{Searches: []string{"corp.example"}}
-	remote, err = remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", home: home})
+	remote, err = remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", network: home})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"shop.svc.cluster.local", "svc.cluster.local", "cluster.local", "corp.example"}, remote.Spec.DNSConfig.Searches)
 

@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
@@ -64,7 +63,7 @@ func TestVirtualNodeUsage(t *testing.T) {
 	rome.startAgent(&bridge.Options{Log: bridgetest.Logger(t, 1), VirtualKubelet: virtualkubelet.Config{
 		LeaseDuration: leaseDuration, ProbePeriod: time.Second, StatusSyncPeriod: 5 * time.Second,
 		KubeletAddress: fmt.Sprintf("127.0.0.1:%d", first), KubeletPorts: 10, NodeIP: "127.0.0.1", MetricsPeriod: time.Second}})
-	require.NoError(t, rome.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}))
+	homeNamespace(t, rome, "shop")
 	pods := map[string]string{"paris": "web-0", "berlin": "api-0"}
 	for id, pod := range pods {
 		rsv := podReservation("shop", pod, "2", "1Gi") // names the pod: the bridge admits it

@@ -56,9 +56,12 @@ type mirrorParams struct {
 	// mirrored into the Reservation's status.placement; nil: it holds
 	// nothing): the copy runs at its PriorityClass, pinned to its node.
 	placement *rbv1.ReservationPlacement
-	// home is the home network the copy keeps (nil: the provider's;
+	// network is the home network the copy keeps (nil: the provider's;
 	// homenetwork.go).
-	home *homeView
+	network *homeView
+	// home, when set, gives the copy a token of its ServiceAccount here
+	// and this cluster's API server in place of the provider's (homeapi.go).
+	home *homeAPI
 }
 
 // objectRefs are the ConfigMaps and Secrets (local names) a pod uses.
@@ -155,6 +158,9 @@ func (e errUnsupported) Error() string { return e.msg }
 // remotePod is the pod to create in the tenant namespace for local:
 //   - name mapped by RemoteName, labels and annotations carried with the marks of origin;
 //   - the service account token and its mounts dropped, no token automounted;
+//     with p.home, the volume at ServiceAccountMountPath carries instead a
+//     token of the pod's ServiceAccount here, and the containers' environment
+//     points at this cluster's API server (applyHomeAPI);
 //   - node-specific fields dropped: node name, scheduler, priority class,
 //     overhead, the virtual node's selectors, affinity terms and tolerations,
 //     topology spread constraints (a spread over this cluster's nodes, which
@@ -186,14 +192,18 @@ func remotePod(local *corev1.Pod, p mirrorParams) (*corev1.Pod, error) {
 	}
 	dropNodeSelection(spec, p.node)
 	applyPlacement(spec, p.placement, p.reservation)
-	if p.home != nil {
-		applyHomeNetwork(spec, ns, p.home)
+	if p.network != nil {
+		applyHomeNetwork(spec, ns, p.network) // its KUBERNETES_* go before applyHomeAPI's
 	}
 
-	// Drop the token volume and its mounts.
+	// Drop the token volumes and their mounts (but the home token's).
+	var home map[string]bool
+	if p.home != nil {
+		home = homeAPIVolumes(local)
+	}
 	dropped := map[string]bool{}
 	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v corev1.Volume) bool {
-		if isServiceAccountVolume(v) {
+		if isServiceAccountVolume(v) && !home[v.Name] {
 			dropped[v.Name] = true
 			return true
 		}
@@ -264,6 +274,9 @@ func remotePod(local *corev1.Pod, p mirrorParams) (*corev1.Pod, error) {
 		}
 	}
 	eachContainer(spec, fixEnv)
+	if p.home != nil {
+		applyHomeAPI(spec, home, p.home)
+	}
 
 	return &corev1.Pod{
 		ObjectMeta: mirrorMeta(local.ObjectMeta, p, map[string]string{OriginNodeAnnotation: local.Spec.NodeName}),

@@ -17,8 +17,10 @@ import (
 )
 
 // The agent reads a namespace's ConfigMaps and Secrets (to copy those its
-// mirrored pods use) only in the namespaces whose pods go to a provider: it
-// holds no cluster-wide right to them (manifests/agent/rbac.yaml). The first
+// mirrored pods use), and requests tokens of its pods' ServiceAccounts (for
+// their copies to call this cluster's API, homeapi.go), only in the
+// namespaces whose pods go to a provider: it holds no cluster-wide right to
+// read them (manifests/agent/rbac.yaml). The first
 // time it mirrors a pod of a namespace it cannot read, it binds the
 // ClusterRole MirrorRole to its own ServiceAccount there (RoleBinding
 // MirrorRole), which the admission policy rb-agent allows except in
@@ -26,7 +28,8 @@ import (
 // namespaces and namespaces labelled broker.fluidos.eu/offload=false.
 
 // MirrorRole names the ClusterRole, and the RoleBindings of it the agent
-// makes, that let it read one namespace's ConfigMaps and Secrets.
+// makes, that let it read one namespace's ConfigMaps and Secrets and request
+// tokens of its ServiceAccounts.
 const MirrorRole = "rb-agent-mirror"
 
 // mirrorAccessWait bounds how long a new RoleBinding may take to reach the
@@ -34,9 +37,10 @@ const MirrorRole = "rb-agent-mirror"
 const mirrorAccessWait = 10 * time.Second
 
 // ensureMirrorAccess makes sure the agent may list and watch the ConfigMaps
-// and Secrets of namespace, binding MirrorRole to itself there if needed.
+// and Secrets of namespace, and request tokens there, binding MirrorRole to
+// itself there if needed.
 func (b *Bridge) ensureMirrorAccess(ctx context.Context, namespace string) error {
-	if ok, err := b.canReadObjects(ctx, namespace); err != nil || ok {
+	if ok, err := b.canMirror(ctx, namespace); err != nil || ok {
 		return err
 	}
 	user, err := b.whoAmI(ctx)
@@ -61,7 +65,7 @@ func (b *Bridge) ensureMirrorAccess(ctx context.Context, namespace string) error
 	// The authorizer sees the binding a moment later.
 	var last error
 	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, mirrorAccessWait, true, func(ctx context.Context) (bool, error) {
-		ok, err := b.canReadObjects(ctx, namespace)
+		ok, err := b.canMirror(ctx, namespace)
 		last = err
 		return ok, nil
 	}); err != nil {
@@ -70,26 +74,34 @@ func (b *Bridge) ensureMirrorAccess(ctx context.Context, namespace string) error
 	return nil
 }
 
-// canReadObjects asks the API server whether the agent may list and watch
-// the ConfigMaps and Secrets of namespace (and its Services, with
-// HomeNetwork).
-func (b *Bridge) canReadObjects(ctx context.Context, namespace string) (bool, error) {
-	resources := []string{"configmaps", "secrets"}
-	if b.cfg.HomeNetwork != nil {
-		resources = append(resources, "services")
+// mirrorRights are what MirrorRole grants in a namespace that the bridge
+// needs: with HomeNetwork, the namespace's Services too.
+func (b *Bridge) mirrorRights() []authorizationv1.ResourceAttributes {
+	rights := []authorizationv1.ResourceAttributes{
+		{Verb: "list", Resource: "configmaps"}, {Verb: "watch", Resource: "configmaps"},
+		{Verb: "list", Resource: "secrets"}, {Verb: "watch", Resource: "secrets"},
+		{Verb: "create", Resource: "serviceaccounts", Subresource: "token"},
 	}
-	for _, resource := range resources {
-		for _, verb := range []string{"list", "watch"} {
-			r, err := b.local.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
-				Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Namespace: namespace, Verb: verb, Resource: resource}},
-			}, metav1.CreateOptions{})
-			if err != nil {
-				return false, err
-			}
-			if !r.Status.Allowed {
-				return false, nil
-			}
+	if b.cfg.HomeNetwork != nil {
+		rights = append(rights, authorizationv1.ResourceAttributes{Verb: "list", Resource: "services"},
+			authorizationv1.ResourceAttributes{Verb: "watch", Resource: "services"})
+	}
+	return rights
+}
+
+// canMirror asks the API server whether the agent holds mirrorRights in
+// namespace.
+func (b *Bridge) canMirror(ctx context.Context, namespace string) (bool, error) {
+	for _, ra := range b.mirrorRights() {
+		ra.Namespace = namespace
+		r, err := b.local.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &ra},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return false, err
+		}
+		if !r.Status.Allowed {
+			return false, nil
 		}
 	}
 	return true, nil

@@ -88,6 +88,31 @@ func TestMirrorAccess(t *testing.T) {
 	require.NoError(t, err)
 	assert.Same(t, objects, again, "one set of informers per namespace")
 
+	// A token of a mirrored pod's ServiceAccount, bound to the pod, for its
+	// copy; the API server's advertised address.
+	for _, ns := range []string{"shop", "vault"} {
+		_, err = admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "web"}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+	}
+	web, err := admin.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-0"},
+		Spec: corev1.PodSpec{ServiceAccountName: "web", Containers: []corev1.Container{{Name: "c", Image: "nginx"}}}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	bound := func(pod *corev1.Pod) *authenticationv1.TokenRequest {
+		return &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(600)),
+			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}}}
+	}
+	_, err = agent.CoreV1().ServiceAccounts("shop").CreateToken(ctx, "web", bound(web), metav1.CreateOptions{})
+	require.NoError(t, err, "a token bound to a mirrored pod")
+	_, err = agent.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
+	require.NoError(t, err, "the API server's advertised address")
+	_, err = agent.CoreV1().ServiceAccounts("shop").CreateToken(ctx, "web", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	assert.True(t, apierrors.IsForbidden(err), "a token bound to nothing: %v", err)
+	assert.ErrorContains(t, err, "ValidatingAdmissionPolicy 'rb-agent'")
+	_, err = agent.CoreV1().ServiceAccounts("vault").CreateToken(ctx, "web", bound(web), metav1.CreateOptions{})
+	assert.True(t, apierrors.IsForbidden(err), "a token where it may not mirror: %v", err)
+	_, err = agent.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+	assert.True(t, apierrors.IsForbidden(err), "the other EndpointSlices: %v", err)
+
 	// Refused where the policy says so.
 	err = b.ensureMirrorAccess(ctx, "vault")
 	require.Error(t, err, "a namespace that opted out")

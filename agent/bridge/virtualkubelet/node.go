@@ -60,6 +60,7 @@ type providerNode struct {
 	localSynced cache.InformerSynced
 	pods        *podHandler
 	objects     *objectMirror
+	tokens      *homeTokens   // its copies' home API tokens
 	endpoint    *nodeEndpoint // its kubelet endpoint; nil when off
 	usage       nodeUsage     // its pods' resource usage at the provider
 	started     time.Time
@@ -104,6 +105,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 	n.resumeReadiness(ctx)
 	n.pods = &podHandler{n: n, deleting: map[string]bool{}, unscheduled: map[types.UID]bool{}}
 	n.objects = newObjectMirror(n)
+	n.tokens = newHomeTokens(n)
 
 	factory := informers.NewSharedInformerFactoryWithOptions(b.local, 0,
 		informers.WithTransform(stripManagedFields),
@@ -156,6 +158,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 		n.goRun(func() { n.endpoint.serve(ctx) })
 	}
 	n.goRun(func() { n.usageLoop(ctx) })
+	n.goRun(func() { n.tokens.run(ctx) })
 	n.goRun(func() {
 		if err := pc.Run(vkctx, b.cfg.PodSyncWorkers); err != nil && ctx.Err() == nil {
 			n.log.Error(err, "pod controller stopped")

@@ -119,12 +119,19 @@ func newObjectMirror(n *providerNode) *objectMirror {
 
 func objectKey(kind, namespace, name string) string { return kind + "/" + namespace + "/" + name }
 
-func (m *objectMirror) OnAdd(obj any, _ bool) { m.track(obj.(*corev1.Pod)) }
+// OnAdd also looks at the pod's home API token: at start-up, the tokens of
+// the copies made by an earlier run are renewed when due.
+func (m *objectMirror) OnAdd(obj any, _ bool) {
+	p := obj.(*corev1.Pod)
+	m.track(p)
+	m.n.tokens.track(p)
+}
 
 func (m *objectMirror) OnUpdate(_, obj any) {
 	p := obj.(*corev1.Pod)
 	m.track(p)
 	if finished(p) {
+		m.n.tokens.track(p)         // its token goes
 		m.n.b.enqueue(m.n.provider) // the node may be removable
 	}
 }
@@ -140,6 +147,7 @@ func (m *objectMirror) OnDelete(obj any) {
 	m.mu.Lock()
 	unused := m.setLocked(p.Namespace, p.Name, objectRefs{})
 	m.mu.Unlock()
+	m.n.tokens.track(p) // its token goes
 	if !unused.empty() {
 		go m.deleteCopies(p.Namespace, unused)
 	}

@@ -82,11 +82,22 @@ func (h *podHandler) create(ctx context.Context, pod *corev1.Pod) error {
 	if r := h.n.reservationOf(ctx, pod); r != nil {
 		params.reservation, params.placement = string(r.UID), r.Status.Placement
 	}
-	home, err := h.n.b.homeView(ctx, pod)
+	network, err := h.n.b.homeView(ctx, pod)
 	if err != nil {
 		return err
 	}
-	params.home = home
+	params.network = network
+	wantsToken, err := h.n.b.wantsHomeToken(ctx, pod)
+	if err != nil {
+		return err
+	}
+	if wantsToken {
+		server, err := h.n.b.homeAPIServerFor(ctx)
+		if err != nil {
+			return err
+		}
+		params.home = &homeAPI{server: server, secret: homeTokenSecretName(pod.Namespace, pod.Name)}
+	}
 	desired, err := remotePod(pod, params)
 	if err != nil {
 		return err
@@ -94,8 +105,20 @@ func (h *podHandler) create(ctx context.Context, pod *corev1.Pod) error {
 	if err := h.n.objects.ensure(ctx, rc, pod); err != nil {
 		return err
 	}
+	if wantsToken {
+		// Before the copy: its kubelet finds the Secret at once.
+		if err := h.n.tokens.ensure(ctx, rc, pod, nil); err != nil {
+			return err
+		}
+	}
 	pods := rc.client.CoreV1().Pods(rc.namespace)
-	_, err = pods.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
+	made, err := pods.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
+	if err == nil && wantsToken {
+		// The copy owns its token: the provider deletes both together.
+		if err := h.n.tokens.ensure(ctx, rc, pod, made); err != nil {
+			h.n.log.Info("the home API token's owner is not set yet", "pod", pod.Namespace+"/"+pod.Name, "error", err.Error())
+		}
+	}
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		// A full tenant quota refuses before the name is checked: after
 		// an agent restart the copy may be there already.
