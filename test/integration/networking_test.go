@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"regexp"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -36,7 +38,8 @@ func TestNetworking(t *testing.T) {
 		Clusters: []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin},
 		AgentArgs: func(cluster string) []string {
 			if cluster == "rome" {
-				return []string{"--borrowed-pod-network=home"}
+				// Home API tokens renewed every 20 s: the api scenario sees one renewed.
+				return []string{"--borrowed-pod-network=home", "--home-api-token-refresh=20s"}
 			}
 			return nil
 		}})
@@ -44,6 +47,7 @@ func TestNetworking(t *testing.T) {
 	runScenarios(t, bed, []scenario{
 		{"inbound", testNetworkingInbound},
 		{"outbound", testNetworkingOutbound},
+		{"api", testNetworkingAPI},
 	})
 }
 
@@ -155,6 +159,74 @@ func testNetworkingOutbound(t *testing.T, bed *testbed.Bed) {
 		waitNoPodOrReservation(t, rome, ns, 60*time.Second)
 	}
 	backToBaseline(t, bed, base, 60*time.Second)
+}
+
+// testNetworkingAPI: a borrowed pod whose ServiceAccount reader may list
+// the ConfigMaps of its namespace at home (a Role) lists them as client-go's
+// in-cluster config would (testapp api: KUBERNETES_SERVICE_HOST and _PORT,
+// the token and ca.crt at the standard path): its copy at paris carries a
+// token of reader bound to the pod, and rome's CA. It is refused another
+// namespace's, as at home, and keeps working with the token the agent
+// renews (every 20 s here), once paris's kubelet has put it in the volume.
+func testNetworkingAPI(t *testing.T, bed *testbed.Bed) {
+	ctx := context.Background()
+	rome := bed.Cluster("rome")
+	base := baseline(t, bed)
+	const ns = "reports"
+	newNamespace(t, rome, ns)
+	require.NoError(t, rome.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "reader"}}))
+	require.NoError(t, rome.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "configmap-reader"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"list"}}}}))
+	require.NoError(t, rome.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "reader"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "configmap-reader"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "reader"}}}))
+	job := appDeployment(ns, "job", 1, "1500m", "64Mi")
+	job.Spec.Template.Spec.ServiceAccountName = "reader"
+	require.NoError(t, rome.Client.Create(ctx, job))
+	var pod corev1.Pod
+	eventually(t, 120*time.Second, "job's pod borrowed", func() (bool, string) {
+		_, borrowed, all := placedPods(t, rome, ns, "job")
+		if len(borrowed) == 1 {
+			pod = borrowed[0]
+			return true, ""
+		}
+		return false, fmt.Sprintf("%d pods, none borrowed and Ready", all)
+	})
+
+	list := "/api/v1/namespaces/" + ns + "/configmaps"
+	out, token, err := callAPI(t, rome, &pod, list)
+	require.NoError(t, err, "listing its namespace's ConfigMaps from %s: %s", pod.Spec.NodeName, token)
+	assert.Contains(t, out, `"kind":"ConfigMapList"`)
+	assert.Contains(t, out, "kube-root-ca.crt", "rome's ConfigMaps, not paris's")
+	_, said, err := callAPI(t, rome, &pod, "/api/v1/namespaces/default/configmaps")
+	require.Error(t, err, "another namespace's ConfigMaps")
+	assert.Contains(t, said, "403", "refused as at home")
+
+	eventually(t, 3*time.Minute, "a renewed token in the pod, and the call still answered", func() (bool, string) {
+		out, now, err := callAPI(t, rome, &pod, list)
+		return err == nil && now != token && strings.Contains(out, "ConfigMapList"), fmt.Sprintf("token %s (first %s), err %v", now, token, err)
+	})
+
+	require.NoError(t, rome.Client.Delete(ctx, job))
+	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
+	backToBaseline(t, bed, base, 60*time.Second)
+}
+
+// callAPI runs `testapp api path` in pod: its output, the token it used
+// (testapp names its digest) or, on failure, what it said, and its error.
+func callAPI(t *testing.T, c *testbed.Cluster, pod *corev1.Pod, path string) (out, token string, err error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var stdout, stderr strings.Builder
+	cmd := kubectl(ctx, t, c, "exec", "-n", pod.Namespace, pod.Name, "--", "/testapp", "api", path)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	said := stderr.String()
+	if i := strings.Index(said, "token sha256:"); i >= 0 && err == nil {
+		said = strings.Fields(said[i+len("token "):])[0]
+	}
+	return stdout.String(), said, err
 }
 
 // appService is Service name in front of appDeployment name's pods.

@@ -28,6 +28,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -133,7 +134,8 @@ const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 // config does: the address from KUBERNETES_SERVICE_HOST and _PORT, the
 // server verified with saDir/ca.crt, the token of saDir/token read afresh
 // for the request (the kubelet rotates it). It prints the body; 0 on a 2xx
-// answer, else 1 (with the status, e.g. 403 Forbidden).
+// answer, else 1 (with the status, e.g. 403 Forbidden). It names the
+// token's SHA-256 on errOut.
 func apiGet(path string, env func(string) string, saDir string, out, errOut io.Writer) int {
 	fail := func(err error) int {
 		fmt.Fprintf(errOut, "testapp api: %v\n", err)
@@ -161,6 +163,8 @@ func apiGet(path string, env func(string) string, saDir string, out, errOut io.W
 		return fail(err)
 	}
 	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	// Which token it was, for a caller that watches them being renewed.
+	fmt.Fprintf(errOut, "testapp api: token sha256:%x\n", sha256.Sum256(token))
 	resp, err := cl.Do(req)
 	if err != nil {
 		return fail(err)
