@@ -176,8 +176,8 @@ type Bridge struct {
 	advertisedMu sync.Mutex
 	advertised   *homeAPIServer // else the API server's advertised address, as last read
 	advertisedAt time.Time
-	whoami       string // this agent's user name, once known (mirroraccess.go)
-	masterSvc    masterService  // Service default/kubernetes, with HomeNetwork
+	whoami       string        // this agent's user name, once known (mirroraccess.go)
+	masterSvc    masterService // Service default/kubernetes, with HomeNetwork
 
 	mu    sync.Mutex
 	nodes map[string]*providerNode // by provider
