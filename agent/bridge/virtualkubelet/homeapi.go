@@ -209,33 +209,15 @@ func applyHomeAPI(spec *corev1.PodSpec, volumes map[string]bool, h *homeAPI) {
 		}
 	}
 	env := h.server.env()
-	withEnv := func(own []corev1.EnvVar) []corev1.EnvVar {
-		out := make([]corev1.EnvVar, 0, len(env)+len(own))
-		for _, e := range env {
-			if !containsEnv(own, e.Name) {
-				out = append(out, e)
-			}
-		}
-		return append(out, own...)
-	}
 	for i := range spec.InitContainers {
-		spec.InitContainers[i].Env = withEnv(spec.InitContainers[i].Env)
+		spec.InitContainers[i].Env = prependUnset(env, spec.InitContainers[i].Env)
 	}
 	for i := range spec.Containers {
-		spec.Containers[i].Env = withEnv(spec.Containers[i].Env)
+		spec.Containers[i].Env = prependUnset(env, spec.Containers[i].Env)
 	}
 	for i := range spec.EphemeralContainers {
-		spec.EphemeralContainers[i].Env = withEnv(spec.EphemeralContainers[i].Env)
+		spec.EphemeralContainers[i].Env = prependUnset(env, spec.EphemeralContainers[i].Env)
 	}
-}
-
-func containsEnv(env []corev1.EnvVar, name string) bool {
-	for _, e := range env {
-		if e.Name == name {
-			return true
-		}
-	}
-	return false
 }
 
 // homeTokens keeps the home tokens of one virtual node's copies: written
