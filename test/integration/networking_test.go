@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
 	"github.com/fluidos-project/resource-broker/internal/testimages"
 )
@@ -47,6 +48,7 @@ func TestNetworking(t *testing.T) {
 	runScenarios(t, bed, []scenario{
 		{"inbound", testNetworkingInbound},
 		{"outbound", testNetworkingOutbound},
+		{"mixed", testNetworkingMixed},
 		{"api", testNetworkingAPI},
 	})
 }
@@ -158,6 +160,64 @@ func testNetworkingOutbound(t *testing.T, bed *testbed.Bed) {
 		require.NoError(t, rome.Client.DeleteAllOf(ctx, &appsv1.Deployment{}, client.InNamespace(ns)))
 		waitNoPodOrReservation(t, rome, ns, 60*time.Second)
 	}
+	backToBaseline(t, bed, base, 60*time.Second)
+}
+
+// testNetworkingMixed: one Service, mixed, in front of a pod at home, a pod
+// borrowed by paris and one borrowed by berlin (its preferred provider):
+// from rome's node and from the borrowed pods at paris and at berlin, the
+// Service's name reaches all three pods.
+func testNetworkingMixed(t *testing.T, bed *testbed.Bed) {
+	ctx := context.Background()
+	rome := bed.Cluster("rome")
+	base := baseline(t, bed)
+	const ns = "mixed"
+	newNamespace(t, rome, ns)
+	svc := appService(ns, "mixed")
+	svc.Spec.Selector = map[string]string{"tier": "mixed"}
+	require.NoError(t, rome.Client.Create(ctx, svc))
+	for _, d := range []struct {
+		name, cpu, prefer string
+	}{{"home", "100m", ""}, {"paris", "1500m", ""}, {"berlin", "1500m", "berlin"}} {
+		dep := appDeployment(ns, d.name, 1, d.cpu, "64Mi")
+		dep.Spec.Template.Labels["tier"] = "mixed"
+		if d.prefer != "" {
+			dep.Spec.Template.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+				PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{Weight: 50, Preference: corev1.NodeSelectorTerm{
+					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: rbv1.ProviderLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{d.prefer}}}}}}}}
+		}
+		require.NoError(t, rome.Client.Create(ctx, dep))
+	}
+	pods := map[string]corev1.Pod{}
+	eventually(t, 120*time.Second, "a mixed pod at home, at paris and at berlin", func() (bool, string) {
+		var placed []string
+		for _, app := range []string{"home", "paris", "berlin"} {
+			local, borrowed, _ := placedPods(t, rome, ns, app)
+			for _, p := range append(local, borrowed...) {
+				pods[app] = p
+				placed = append(placed, app+"@"+p.Spec.NodeName)
+			}
+		}
+		return len(placed) == 3 && pods["home"].Spec.NodeName == rome.RealNodes()[0].Name &&
+			pods["paris"].Spec.NodeName == "rb-paris" && pods["berlin"].Spec.NodeName == "rb-berlin", fmt.Sprint(placed)
+	})
+	all := []string{pods["berlin"].Name, pods["home"].Name, pods["paris"].Name}
+	sort.Strings(all)
+	from := map[string]*corev1.Pod{"rome": clientPod(t, rome, ns, pods["home"].Spec.NodeName)}
+	for _, at := range []string{"paris", "berlin"} {
+		p := pods[at]
+		from[at] = &p
+	}
+	for side, pod := range from {
+		eventually(t, 30*time.Second, "every mixed pod answers a caller at "+side, func() (bool, string) {
+			seen := answeredBy(t, rome, ns, pod, "http://mixed/", 12)
+			return fmt.Sprint(seen) == fmt.Sprint(all), fmt.Sprintf("answered by %v, want %v", seen, all)
+		})
+	}
+
+	require.NoError(t, rome.Client.DeleteAllOf(ctx, &appsv1.Deployment{}, client.InNamespace(ns)))
+	require.NoError(t, rome.Client.Delete(ctx, from["rome"]))
+	waitNoPodOrReservation(t, rome, ns, 60*time.Second)
 	backToBaseline(t, bed, base, 60*time.Second)
 }
 
