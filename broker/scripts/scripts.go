@@ -90,6 +90,8 @@ var (
 	Protect = load("protect")
 	// Throttle counts a member's call against its rates (throttle.lua).
 	Throttle = load("throttle")
+	// Score scores requests as reserve would, deciding nothing (score.lua).
+	Score = load("score")
 )
 
 // All lists every script, for loading at start-up and readiness checks.
@@ -106,4 +108,5 @@ var All = map[string]*redis.Script{
 	"protect":       Protect,
 	"forget":        Forget,
 	"throttle":      Throttle,
+	"score":         Score,
 }

@@ -83,9 +83,15 @@ type Users struct {
 // WriteUsers writes an ACL file and the broker's password file in dir, with
 // fresh random passwords.
 func WriteUsers(dir string) (*Users, error) {
+	return writeUsers(dir, redismanifest.UsersACL)
+}
+
+// writeUsers is WriteUsers with the broker's ACL from brokerACL (given the
+// broker's password).
+func writeUsers(dir string, brokerACL func(password string) string) (*Users, error) {
 	u := &Users{ACLFile: filepath.Join(dir, "users.acl"), BrokerPasswordFile: filepath.Join(dir, "broker-password"),
 		BrokerPassword: randomPassword(), AdminPassword: randomPassword(), GrantKeyFile: filepath.Join(dir, "grant.key")}
-	acl := redismanifest.UsersACL(u.BrokerPassword) + "user " + AdminUser + " on >" + u.AdminPassword + " ~* &* +@all\n"
+	acl := brokerACL(u.BrokerPassword) + "user " + AdminUser + " on >" + u.AdminPassword + " ~* &* +@all\n"
 	if err := os.WriteFile(u.ACLFile, []byte(acl), 0o600); err != nil {
 		return nil, err
 	}

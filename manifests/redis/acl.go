@@ -39,3 +39,27 @@ func UsersACL(brokerPassword string) string {
 	}
 	return b.String()
 }
+
+// CellsACL is UsersACL for a broker whose state is split into cells on a
+// Redis Cluster (store.Cells, docs/redis.md "Cells"): the broker's user may
+// also touch the keys of each cell, rb:{<cell>}:*, and read the cluster's
+// slot map (CLUSTER SLOTS) and the command table (COMMAND), which a cluster
+// client (go-redis) needs to send each command to the primary that holds
+// its key. Nothing else changes.
+func CellsACL(brokerPassword string, cells []string) string {
+	keys := "~rb:{b}:*"
+	for _, c := range cells {
+		if c != "b" {
+			keys += " ~rb:{" + c + "}:*"
+		}
+	}
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(UsersACL(brokerPassword), "\n") {
+		if strings.HasPrefix(line, "user "+BrokerUser+" ") {
+			// After -@all, which would drop it again.
+			line = strings.Replace(strings.TrimSuffix(line, "\n"), "~rb:{b}:* ", keys+" ", 1) + " +cluster|slots +command\n"
+		}
+		b.WriteString(line)
+	}
+	return b.String()
+}

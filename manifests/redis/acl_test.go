@@ -114,3 +114,10 @@ func TestRestartKeepsScriptWrites(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, string(data), "AOF-loading-client")
 }
+
+func TestCellsACL(t *testing.T) {
+	acl := redismanifest.CellsACL("hunter2", []string{"b", "eu"})
+	assert.Contains(t, acl, " ~rb:{b}:* ~rb:{eu}:* ", "each cell's keys, b once")
+	assert.True(t, strings.HasSuffix(acl, " +cluster|slots +command\n"), "after -@all: %q", acl)
+	assert.Equal(t, strings.Count(redismanifest.UsersACL("hunter2"), "\n"), strings.Count(acl, "\n"))
+}
