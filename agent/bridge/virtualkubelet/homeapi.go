@@ -96,21 +96,16 @@ func serviceAccountOf(pod *corev1.Pod) string {
 	return "default"
 }
 
-// wantsHomeToken: the pod's token would be mounted here (its
-// automountServiceAccountToken, else its ServiceAccount's, else true; and it
-// has the token's volume) and it did not opt out.
-func (b *Bridge) wantsHomeToken(ctx context.Context, pod *corev1.Pod) (bool, error) {
+// wantsHomeToken: the pod has its token's volume and did not opt out. The
+// ServiceAccount admission plugin adds the volume only where the token is
+// automounted (the pod's automountServiceAccountToken, else its
+// ServiceAccount's, else true), so the volume says it: no read of the
+// ServiceAccount on the way of every copy.
+func (b *Bridge) wantsHomeToken(_ context.Context, pod *corev1.Pod) (bool, error) {
 	if pod.Annotations[HomeAPIAnnotation] == "false" || len(homeAPIVolumes(pod)) == 0 {
 		return false, nil
 	}
-	if a := pod.Spec.AutomountServiceAccountToken; a != nil {
-		return *a, nil
-	}
-	sa, err := b.local.CoreV1().ServiceAccounts(pod.Namespace).Get(ctx, serviceAccountOf(pod), metav1.GetOptions{})
-	if err != nil {
-		return false, fmt.Errorf("ServiceAccount %s/%s of the pod: %w", pod.Namespace, serviceAccountOf(pod), err)
-	}
-	return sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken, nil
+	return pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken, nil
 }
 
 // homeAPIServer is this cluster's API server as the provider's pods reach it.
