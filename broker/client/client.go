@@ -566,8 +566,8 @@ func (c *Client) once(ctx context.Context, method, path, target string, payload 
 // retryAfter is the wait d of the back-off, or the server's Retry-After
 // when it asked for longer (at most twice maxBackoff).
 func retryAfter(d time.Duration, lastErr error) time.Duration {
-	if ae, ok := asAPIError(lastErr); ok && ae.RetryAfter > d {
-		d = min(ae.RetryAfter, 2*maxBackoff)
+	if ra, ok := RetryAfter(lastErr); ok && ra > d {
+		d = min(ra, 2*maxBackoff)
 	}
 	return d
 }

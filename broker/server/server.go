@@ -63,7 +63,8 @@ const DefaultMaxStreamsPerCluster = 8
 // (an agent's next one is seconds away); decisions should not. One at a
 // time: a reserve waits behind one advertisement at most (against 2:
 // p99 2.4-2.8x of the honest load alone, against 2.9-3.2x, in
-// TestAbuseChurnAndHeavyRenewals beside a CPU burner).
+// TestAbuseChurnAndHeavyRenewals beside a CPU burner). The others wait, the
+// newest first, at most advertWait (advertGate).
 const maxConcurrentAdvertisements = 1
 
 // hubBlock bounds one read of the event hub (eventHub.block).
@@ -84,8 +85,8 @@ type Server struct {
 	// refusals holds the refused calls of members looping past their rates.
 	refusals *heldRefusals
 	// advertising bounds the advertisements in progress on this replica
-	// (maxConcurrentAdvertisements).
-	advertising chan struct{}
+	// (maxConcurrentAdvertisements) and sheds those that wait too long.
+	advertising *advertGate
 	certs       *Certs // set by Run; nil: the TLS configuration is fixed
 	dashboard   Dashboard
 	// draining is set when shutdown begins: /readyz fails from then on.
@@ -116,10 +117,11 @@ func New(cfg Config) *Server {
 		cfg.MaxListsPerCluster = 0
 	}
 	memory := &redisMemory{store: cfg.Store, log: cfg.Log.WithName("redis-memory")}
-	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store, memory), memory: memory, keepAlive: cfg.EventKeepAlive,
+	advertising := newAdvertGate(maxConcurrentAdvertisements)
+	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store, memory, advertising), memory: memory, keepAlive: cfg.EventKeepAlive,
 		hub:   newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
 		lists: newListGate(cfg.MaxListsPerCluster), rateRefused: newRateRefusals(), refusals: newHeldRefusals(),
-		advertising: make(chan struct{}, maxConcurrentAdvertisements),
+		advertising: advertising,
 		streamsEnd:  make(chan struct{}), dashboard: cfg.Dashboard}
 }
 
