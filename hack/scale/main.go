@@ -46,6 +46,9 @@ const (
 	advertisePeriod = 30 * time.Second
 	renewPeriod     = 30 * time.Second
 	renewBatch      = 5000
+	// staleThreshold is rb-broker's default --stale-threshold: a cluster
+	// not advertised for this long is no candidate.
+	staleThreshold = time.Minute
 )
 
 type options struct {
@@ -260,10 +263,14 @@ func (s *sim) forEachMember(ctx context.Context, n int, f func(context.Context, 
 	_ = g.Wait()
 }
 
-func (s *sim) advertise(ctx context.Context, m *member, churn bool) {
+func (s *sim) advertise(ctx context.Context, m *member, churn bool) error {
 	start := time.Now()
 	_, err := m.client.Advertise(ctx, m.id, m.advertisement(churn))
 	s.recorder().observe("advertise", time.Since(start), err)
+	if err == nil {
+		m.advertised.Store(time.Now().UnixNano())
+	}
+	return err
 }
 
 // renew renews every lease the member holds, in batches, as the renewer
@@ -288,12 +295,16 @@ func (s *sim) renew(ctx context.Context, m *member) {
 }
 
 // startMemberLoops runs each member's agent schedule: advertise every 30 s
-// and renew every 30 s, the members' phases spread over the period.
+// and renew every 30 s, the members' phases spread over the period. An
+// advertisement the broker shed is sent again after its Retry-After, as
+// agent/publisher does, if that comes before the next one.
 func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for i, m := range s.members {
 		wg.Go(func() {
-			adv := time.NewTimer(phase(i, len(s.members), advertisePeriod))
+			first := phase(i, len(s.members), advertisePeriod)
+			nextTick := time.Now().Add(first)
+			adv := time.NewTimer(first)
 			ren := time.NewTimer(phase((i+len(s.members)/2)%len(s.members), len(s.members), renewPeriod))
 			defer adv.Stop()
 			defer ren.Stop()
@@ -302,8 +313,15 @@ func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
 				case <-ctx.Done():
 					return
 				case <-adv.C:
-					s.advertise(ctx, m, true)
-					adv.Reset(advertisePeriod)
+					if !time.Now().Before(nextTick) {
+						nextTick = nextTick.Add(advertisePeriod)
+					}
+					err := s.advertise(ctx, m, true)
+					wait := time.Until(nextTick)
+					if ra, ok := brokerclient.RetryAfter(err); ok && brokerclient.IsBusy(err) && ra < wait {
+						wait = ra
+					}
+					adv.Reset(wait)
 				case <-ren.C:
 					s.renew(ctx, m)
 					ren.Reset(renewPeriod)
