@@ -79,7 +79,7 @@ func main() {
 	f.IntVar(&o.clusters, "clusters", 1000, "simulated member clusters, each a provider and a requester with its own identity")
 	f.IntVar(&o.nodesPerCluster, "nodes-per-cluster", 50, "nodes each member advertises (at most 100)")
 	f.IntVar(&o.leases, "leases", 100_000, "live leases: filled in bulk before the window, then kept at about this many")
-	f.Float64Var(&o.decisionsPerSecond, "decisions-per-second", 500, "reservations offered per second in the window (an open loop), each released after a random hold")
+	f.Float64Var(&o.decisionsPerSecond, "decisions-per-second", 500, "reservations offered per second in the window (an open loop), each released after a random hold; 0: none, the leases are held through the window")
 	f.DurationVar(&o.duration, "duration", time.Minute, "the steady window measured")
 	f.IntVar(&o.replicas, "replicas", 2, "rb-broker processes; member i talks to replica i mod replicas")
 	f.StringVar(&o.out, "out", "", "write the report as JSON to this file")
@@ -114,8 +114,8 @@ type sim struct {
 func (s *sim) recorder() *recorder { return s.rec.Load() }
 
 func run(ctx context.Context, o options, command string) (err error) {
-	if o.clusters < 2 || o.nodesPerCluster < 1 || o.nodesPerCluster > 100 || o.replicas < 1 || o.decisionsPerSecond <= 0 || o.leases < 0 {
-		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second > 0, --leases >= 0")
+	if o.clusters < 2 || o.nodesPerCluster < 1 || o.nodesPerCluster > 100 || o.replicas < 1 || o.decisionsPerSecond < 0 || o.leases < 0 {
+		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second >= 0, --leases >= 0")
 	}
 	tb := &programTB{}
 	defer tb.runCleanups()
@@ -376,8 +376,13 @@ func (s *sim) release(ctx context.Context, m *member, id string) {
 
 // holdTime is a lease's random hold: exponential, with the mean that keeps
 // --leases live at --decisions-per-second (Little's law). Memoryless, so
-// the leases filled at the start end at the same rate as later ones.
+// the leases filled at the start end at the same rate as later ones. With
+// no decisions, the leases are held past the window: the steady state of
+// advertisements and renewals alone.
 func (s *sim) holdTime() time.Duration {
+	if s.o.decisionsPerSecond == 0 {
+		return 24 * time.Hour
+	}
 	s.rngMu.Lock()
 	defer s.rngMu.Unlock()
 	mean := float64(s.o.leases) / s.o.decisionsPerSecond
