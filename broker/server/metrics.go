@@ -130,7 +130,7 @@ func newMetrics(st *store.Store, memory *redisMemory, advertising *advertGate) *
 		}, []string{"rate"}),
 		advertisementsShed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rb_broker_advertisements_shed_total",
-			Help: "Advertisements answered 503 Busy with a Retry-After: their turn to reach Redis (one at a time per replica) did not come within 3s.",
+			Help: "Advertisements answered 503 Busy with a Retry-After: their turn to reach Redis (two at a time per replica) did not come within 3s.",
 		}),
 	}
 	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.requests, m.latency, m.streams,
