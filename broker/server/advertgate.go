@@ -9,14 +9,14 @@ import (
 )
 
 // advertWait bounds an advertisement's wait for its turn (advertGate)
-// before it is answered 503 Busy. An advertisement holds its turn for about
-// a millisecond of Redis time, up to ~60 ms when Redis is saturated with
-// decisions (docs/benchmarks.md, "Scale"): 3 s is thousands of turns at
-// rest, a backlog of ~50 at saturation. It is well under the server's
-// WriteTimeout (15 s): an advertisement served at the end of its wait still
-// has over 10 s to reach Redis and be answered, where an unbounded wait
-// let the backlog grow until every answer came after the deadline and
-// was cut mid-write.
+// before it is answered 503 Busy. An advertisement holds its turn for its
+// round trip to Redis: a millisecond or two at rest, a second or more when
+// Redis' queue is long (docs/benchmarks.md, "Advertisements under
+// overload"): 3 s is a thousand turns at rest, a few at saturation. It is
+// well under the server's WriteTimeout (15 s): an advertisement served at
+// the end of its wait still has over 10 s to reach Redis and be answered,
+// where an unbounded wait let the backlog grow until every answer came
+// after the deadline and was cut mid-write.
 const advertWait = 3 * time.Second
 
 // Bounds of a shed advertisement's Retry-After.
