@@ -191,6 +191,10 @@ func run(ctx context.Context, o options, command string) (err error) {
 		return err
 	}
 	rep.Memory.Steady, _ = usedMemory(ctx, s.b.RDB)
+	// The window's figures now: the checks of a large federation take minutes.
+	var window strings.Builder
+	writeActivities(&window, rep.Activities)
+	step("window done: %d clusters stale at its end, redis-server %.2f of a core\n%s", rep.StaleAtEnd, rep.Redis.CPUShare, window.String())
 
 	stopLoops() // the calls it cuts count in the window's recorder, already summed up
 	loops.Wait()
