@@ -351,7 +351,10 @@ func (s *sim) reserve(ctx context.Context, m *member, queue bool) {
 		if queue {
 			s.leases.push(time.Now().Add(s.holdTime()), m, req.ID)
 		}
-	case !errors.As(err, &ae): // lost in transit: the broker may have granted it
+	case !errors.As(err, &ae) || ae.StatusCode >= 500:
+		// Lost in transit, or a 5xx ("retry": the call is idempotent, and
+		// its answer may have failed after the decision): the broker may
+		// have granted it.
 		m.markUncertain(req.ID)
 	}
 }
