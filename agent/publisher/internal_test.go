@@ -41,10 +41,15 @@ func TestBackoff(t *testing.T) {
 	require.Equal(t, 3*time.Second, p.backoff(limited), "Retry-After, past the back-off")
 	limited.RetryAfter = time.Minute
 	require.Equal(t, 10*time.Second, p.backoff(limited), "no longer than MaxBackoff")
+
+	// A busy broker (503 Busy: the advertisement was shed) likewise.
+	busy := &brokerclient.APIError{StatusCode: 503, Reason: api.ReasonBusy, RetryAfter: 7 * time.Second}
+	require.Equal(t, 7*time.Second, p.backoff(busy), "Retry-After of a shed advertisement, past the back-off")
 }
 
 func TestClassify(t *testing.T) {
 	require.Equal(t, ReasonBrokerUnavailable, classify(&brokerclient.APIError{StatusCode: 503}))
+	require.Equal(t, ReasonBrokerBusy, classify(&brokerclient.APIError{StatusCode: 503, Reason: api.ReasonBusy}))
 	require.Equal(t, ReasonBrokerUnavailable, classify(&brokerclient.APIError{StatusCode: 429}))
 	require.Equal(t, ReasonBrokerRejected, classify(&brokerclient.APIError{StatusCode: 403}))
 	require.Equal(t, ReasonBrokerUnreachable, classify(errors.New("dial tcp: connection refused")))

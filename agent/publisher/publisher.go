@@ -65,6 +65,10 @@ const (
 	ReasonBrokerUnreachable = "BrokerUnreachable"
 	// ReasonBrokerUnavailable: the broker answered 5xx or 429 (e.g. it lost Redis).
 	ReasonBrokerUnavailable = "BrokerUnavailable"
+	// ReasonBrokerBusy: the broker shed the advertisement (503 Busy: more
+	// members advertising at once than it stores in time); published again
+	// after its Retry-After.
+	ReasonBrokerBusy = "BrokerBusy"
 	// ReasonBrokerRejected: the broker refused the advertisement (4xx: invalid, wrong identity).
 	ReasonBrokerRejected = "BrokerRejected"
 )
@@ -263,9 +267,10 @@ func (p *Publisher) backoff(err error) time.Duration {
 		b.Duration = p.cfg.MaxBackoff
 	}
 	d := backoff.Nth(b, int(p.failures))
-	// A broker over its rate for this member (429) says when to come back.
-	if ae, ok := brokerclient.OverLimit(err); ok && ae.RetryAfter > d {
-		d = min(ae.RetryAfter, p.cfg.MaxBackoff)
+	// A broker over its rate for this member (429) or busy (503) says when
+	// to come back.
+	if ra, ok := brokerclient.RetryAfter(err); ok && ra > d {
+		d = min(ra, p.cfg.MaxBackoff)
 	}
 	return d
 }
@@ -314,7 +319,14 @@ func (p *Publisher) publish(ctx context.Context) error {
 		p.failures++
 		p.metrics.duration.WithLabelValues("failure").Observe(elapsed.Seconds())
 		p.metrics.failures.WithLabelValues(reason).Inc()
-		p.log.Error(err, "publishing failed", "reason", reason, "consecutiveFailures", p.failures, "took", elapsed)
+		if reason != ReasonBrokerBusy {
+			p.log.Error(err, "publishing failed", "reason", reason, "consecutiveFailures", p.failures, "took", elapsed)
+		} else if p.failures&(p.failures-1) == 0 {
+			// A busy broker is the federation's load, not this cluster's
+			// fault: the 1st, 2nd, 4th, 8th... busy answer in a row is
+			// logged, each is in the metrics and the Published condition.
+			p.log.Info("the broker is busy: publishing again after its Retry-After", "consecutiveFailures", p.failures, "took", elapsed, "err", err.Error())
+		}
 	} else {
 		if p.failures > 0 {
 			p.log.Info("publishing again", "after", p.failures, "failures")
@@ -337,6 +349,9 @@ func (p *Publisher) publish(ctx context.Context) error {
 func classify(err error) string {
 	var ae *brokerclient.APIError
 	if errors.As(err, &ae) {
+		if brokerclient.IsBusy(err) {
+			return ReasonBrokerBusy
+		}
 		if ae.StatusCode >= 500 || ae.StatusCode == http.StatusTooManyRequests {
 			return ReasonBrokerUnavailable
 		}
@@ -549,7 +564,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rb_agent_publish_failures_total",
-			Help: "Failed publishes of the advertisement, by reason (BrokerUnreachable, BrokerUnavailable, BrokerRejected).",
+			Help: "Failed publishes of the advertisement, by reason (BrokerUnreachable, BrokerUnavailable, BrokerBusy, BrokerRejected).",
 		}, []string{"reason"}),
 		published: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rb_agent_published_timestamp_seconds",
@@ -577,7 +592,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"success", "failure"} {
 		m.duration.WithLabelValues(r)
 	}
-	for _, r := range []string{ReasonBrokerUnreachable, ReasonBrokerUnavailable, ReasonBrokerRejected} {
+	for _, r := range []string{ReasonBrokerUnreachable, ReasonBrokerUnavailable, ReasonBrokerBusy, ReasonBrokerRejected} {
 		m.failures.WithLabelValues(r)
 	}
 	return m, nil

@@ -32,6 +32,9 @@ const (
 	ReasonConflict    = "Conflict"
 	ReasonUnavailable = "Unavailable"
 	ReasonInternal    = "Internal"
+	// ReasonBusy (503, with Retry-After): the broker replica has more
+	// advertisements waiting than it can store in time; nothing was stored.
+	ReasonBusy = "Busy"
 	// ReasonTooManyRequests (429, with Retry-After): the caller is over a
 	// limit of the broker's, such as its open event streams.
 	ReasonTooManyRequests = "TooManyRequests"

@@ -45,6 +45,7 @@ const (
 	DefaultStreamIdleTimeout = time.Minute
 
 	maxBackoff       = 5 * time.Second
+	maxRetryAfter    = 2 * maxBackoff // the longest Retry-After a call waits before retrying
 	maxResponseBytes = 16 << 20
 	maxErrorBytes    = 64 << 10
 )
@@ -69,7 +70,8 @@ func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = 
 // WithRetries sets how many times an idempotent call is retried after a
 // transport error, a 5xx or a 429 answer, and the first back-off, which
 // doubles on each retry (internal/backoff: with jitter, at most 5s, or the
-// server's Retry-After). max <= 0 disables retries. Default DefaultRetries
+// server's Retry-After; an answer whose Retry-After exceeds 10s is returned,
+// for the caller to wait). max <= 0 disables retries. Default DefaultRetries
 // and DefaultBackoff.
 func WithRetries(max int, backoff time.Duration) Option {
 	return func(c *config) { c.retries, c.backoff = max, backoff }
@@ -520,6 +522,12 @@ func (c *Client) call(ctx context.Context, method, path string, query url.Values
 		if err == nil || !IsRetryable(err) || ctx.Err() != nil {
 			return err
 		}
+		// The broker asks for a longer wait than a retry here would give
+		// (a shed advertisement: the backlog's time to drain): the caller's
+		// own back-off waits it, rather than a retry coming back too soon.
+		if ra, ok := RetryAfter(err); ok && ra > maxRetryAfter {
+			return err
+		}
 	}
 	return err
 }
@@ -564,10 +572,11 @@ func (c *Client) once(ctx context.Context, method, path, target string, payload 
 }
 
 // retryAfter is the wait d of the back-off, or the server's Retry-After
-// when it asked for longer (at most twice maxBackoff).
+// when it asked for longer (at most maxRetryAfter: call does not retry
+// answers that ask for more).
 func retryAfter(d time.Duration, lastErr error) time.Duration {
-	if ae, ok := asAPIError(lastErr); ok && ae.RetryAfter > d {
-		d = min(ae.RetryAfter, 2*maxBackoff)
+	if ra, ok := RetryAfter(lastErr); ok && ra > d {
+		d = min(ra, maxRetryAfter)
 	}
 	return d
 }

@@ -400,3 +400,31 @@ func TestListsFollowPages(t *testing.T) {
 	_, err = c.Clusters(context.Background())
 	assert.ErrorContains(t, err, "same continue token")
 }
+
+// TestBusyRetryAfter: a 503 Busy is retried after its Retry-After when that
+// is short; one that asks for longer than a retry waits (10s) is returned
+// at once, with its Retry-After, for the caller's back-off.
+func TestBusyRetryAfter(t *testing.T) {
+	retryAfter, attempts := "30", 0
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		attempts++
+		w.Header().Set("Retry-After", retryAfter)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"error":"this broker replica is busy storing advertisements","reason":"Busy"}`)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := client.NewWithTLS(srv.URL, srv.Client().Transport.(*http.Transport).TLSClientConfig, client.WithRetries(2, time.Millisecond))
+	require.NoError(t, err)
+	_, err = c.Advertise(context.Background(), "rome", api.Advertisement{})
+	assert.True(t, client.IsBusy(err), "%v", err)
+	ra, ok := client.RetryAfter(err)
+	assert.True(t, ok)
+	assert.Equal(t, 30*time.Second, ra)
+	assert.Equal(t, 1, attempts, "a Retry-After past 10s is the caller's to wait")
+
+	retryAfter, attempts = "0", 0
+	_, err = c.Advertise(context.Background(), "rome", api.Advertisement{})
+	assert.True(t, client.IsBusy(err), "%v", err)
+	assert.Equal(t, 3, attempts, "a short Retry-After is retried here")
+}

@@ -130,6 +130,24 @@ func OverLimit(err error) (*APIError, bool) {
 	return ae, true
 }
 
+// IsBusy reports a 503 Busy: the broker replica shed the call, which waited
+// too long for its turn (an advertisement), and did nothing. Such an answer
+// is retryable and carries a Retry-After (RetryAfter).
+func IsBusy(err error) bool {
+	ae, ok := asAPIError(err)
+	return ok && ae.StatusCode == http.StatusServiceUnavailable && ae.Reason == api.ReasonBusy
+}
+
+// RetryAfter is the wait a retryable answer (5xx, 429) asked for in its
+// Retry-After, and whether it asked.
+func RetryAfter(err error) (time.Duration, bool) {
+	ae, ok := asAPIError(err)
+	if !ok || ae.RetryAfter <= 0 || !IsRetryable(err) {
+		return 0, false
+	}
+	return ae.RetryAfter, true
+}
+
 // IsConflict reports a 409 other than NoCapacity: the reservation id belongs
 // to another requester, or the reservation has ended (a grant came too late).
 func IsConflict(err error) bool {

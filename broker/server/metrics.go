@@ -52,13 +52,15 @@ type metrics struct {
 	renewBatch   prometheus.Histogram
 	v1Capped     *prometheus.CounterVec
 	rateLimited  *prometheus.CounterVec
+	// advertisementsShed counts advertisements answered 503 Busy (advertGate).
+	advertisementsShed prometheus.Counter
 
 	outcomes      map[string]*lazyCounter        // reservations' children by outcome; read-only once built
 	renewOutcomes map[string]*lazyCounter        // renewals' children by outcome; read-only once built
 	decisions     map[string]prometheus.Observer // decision's children by outcome; read-only once built
 }
 
-func newMetrics(st *store.Store, memory *redisMemory) *metrics {
+func newMetrics(st *store.Store, memory *redisMemory, advertising *advertGate) *metrics {
 	m := &metrics{
 		registry: prometheus.NewRegistry(),
 		reservations: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -126,10 +128,18 @@ func newMetrics(st *store.Store, memory *redisMemory) *metrics {
 			Name: "rb_broker_rate_limited_total",
 			Help: "Members' calls refused by one of their rates (broker/policy members), by rate (advertisements, renewals, renewed-ids, renewal-bytes, writes, protections); reserve calls refused by their rate count as rb_broker_reservations_total{outcome=\"limited\"}.",
 		}, []string{"rate"}),
+		advertisementsShed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rb_broker_advertisements_shed_total",
+			Help: "Advertisements answered 503 Busy with a Retry-After: their turn to reach Redis (two at a time per replica) did not come within 3s.",
+		}),
 	}
 	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.requests, m.latency, m.streams,
-		m.renewals, m.renewBatch, m.v1Capped, m.rateLimited,
+		m.renewals, m.renewBatch, m.v1Capped, m.rateLimited, m.advertisementsShed,
 		&clusterCollector{store: st}, &redisMemoryCollector{memory: memory},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rb_broker_advertisements_waiting",
+			Help: "Advertisements waiting for their turn to reach Redis on this replica.",
+		}, func() float64 { return float64(advertising.waiting()) }),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.outcomes = map[string]*lazyCounter{}
 	for _, o := range []string{outcomeReserved, outcomeReplayed, outcomeNoFit, outcomeConflict, outcomeInvalid, outcomeError} {

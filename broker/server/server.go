@@ -60,11 +60,18 @@ const DefaultMaxStreamsPerCluster = 8
 // Redis at once. Redis runs one script at a time, in the order they come:
 // 50 members advertising together would put 50 scripts, milliseconds each
 // with many nodes, in front of every reserve call. Advertisements can wait
-// (an agent's next one is seconds away); decisions should not. One at a
-// time: a reserve waits behind one advertisement at most (against 2:
-// p99 2.4-2.8x of the honest load alone, against 2.9-3.2x, in
-// TestAbuseChurnAndHeavyRenewals beside a CPU burner).
-const maxConcurrentAdvertisements = 1
+// (an agent's next one is seconds away); decisions should not. Two at a
+// time: a reserve waits behind two advertisements at most (a few ms of
+// Redis at 50 nodes each). When Redis is busy, an advertisement's turn
+// lasts its round trip through Redis' queue (seconds when saturated), not
+// its script, so a replica stores about turns / round trip a second: with
+// one turn, 1,000 members advertising every 30 s through two replicas went
+// stale (docs/benchmarks.md, "Advertisements under overload"). One turn had
+// been chosen for TestAbuseChurnAndHeavyRenewals beside a CPU burner (honest
+// p99 2.4-2.8x of the same load alone, against 2.9-3.2x with two); with two
+// it passes (within 2x) run with the broker's tests. The others wait, the
+// newest first, at most advertWait (advertGate).
+const maxConcurrentAdvertisements = 2
 
 // hubBlock bounds one read of the event hub (eventHub.block).
 const hubBlock = 250 * time.Millisecond
@@ -84,8 +91,8 @@ type Server struct {
 	// refusals holds the refused calls of members looping past their rates.
 	refusals *heldRefusals
 	// advertising bounds the advertisements in progress on this replica
-	// (maxConcurrentAdvertisements).
-	advertising chan struct{}
+	// (maxConcurrentAdvertisements) and sheds those that wait too long.
+	advertising *advertGate
 	certs       *Certs // set by Run; nil: the TLS configuration is fixed
 	dashboard   Dashboard
 	// draining is set when shutdown begins: /readyz fails from then on.
@@ -116,10 +123,11 @@ func New(cfg Config) *Server {
 		cfg.MaxListsPerCluster = 0
 	}
 	memory := &redisMemory{store: cfg.Store, log: cfg.Log.WithName("redis-memory")}
-	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store, memory), memory: memory, keepAlive: cfg.EventKeepAlive,
+	advertising := newAdvertGate(maxConcurrentAdvertisements)
+	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store, memory, advertising), memory: memory, keepAlive: cfg.EventKeepAlive,
 		hub:   newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
 		lists: newListGate(cfg.MaxListsPerCluster), rateRefused: newRateRefusals(), refusals: newHeldRefusals(),
-		advertising: make(chan struct{}, maxConcurrentAdvertisements),
+		advertising: advertising,
 		streamsEnd:  make(chan struct{}), dashboard: cfg.Dashboard}
 }
 

@@ -3,7 +3,10 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -37,14 +40,22 @@ func (s *Server) putAdvertisement(w http.ResponseWriter, r *http.Request, caller
 func (s *Server) advertise(w http.ResponseWriter, ctx context.Context, id string, ad model.Advertisement, view func(model.Cluster) any) {
 	// Advertisements take turns (advertising): many members advertising at
 	// once wait here, not in Redis, where each reserve would wait behind
-	// all of them.
-	select {
-	case s.advertising <- struct{}{}:
-		defer func() { <-s.advertising }()
-	case <-ctx.Done():
-		writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "request ended while waiting for its turn")
+	// all of them; one whose turn does not come soon is shed, to come back
+	// when the backlog has drained.
+	release, backlog, ok := s.advertising.acquire(ctx, advertWait)
+	if !ok {
+		if ctx.Err() != nil {
+			writeError(w, http.StatusServiceUnavailable, api.ReasonUnavailable, "request ended while waiting for its turn")
+			return
+		}
+		s.metrics.advertisementsShed.Inc()
+		retry := s.advertising.retryAfter(backlog)
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
+		writeError(w, http.StatusServiceUnavailable, api.ReasonBusy, fmt.Sprintf(
+			"this broker replica is busy storing advertisements (%d more waiting): this one did not get its turn within %s and was not stored; retry after Retry-After", backlog, advertWait))
 		return
 	}
+	defer release()
 	ack, err := s.store.Advertise(ctx, id, ad)
 	if err != nil {
 		s.writeStoreError(w, "advertise", err)

@@ -46,6 +46,9 @@ const (
 	advertisePeriod = 30 * time.Second
 	renewPeriod     = 30 * time.Second
 	renewBatch      = 5000
+	// staleThreshold is rb-broker's default --stale-threshold: a cluster
+	// not advertised for this long is no candidate.
+	staleThreshold = time.Minute
 )
 
 type options struct {
@@ -76,7 +79,7 @@ func main() {
 	f.IntVar(&o.clusters, "clusters", 1000, "simulated member clusters, each a provider and a requester with its own identity")
 	f.IntVar(&o.nodesPerCluster, "nodes-per-cluster", 50, "nodes each member advertises (at most 100)")
 	f.IntVar(&o.leases, "leases", 100_000, "live leases: filled in bulk before the window, then kept at about this many")
-	f.Float64Var(&o.decisionsPerSecond, "decisions-per-second", 500, "reservations offered per second in the window (an open loop), each released after a random hold")
+	f.Float64Var(&o.decisionsPerSecond, "decisions-per-second", 500, "reservations offered per second in the window (an open loop), each released after a random hold; 0: none, the leases are held through the window")
 	f.DurationVar(&o.duration, "duration", time.Minute, "the steady window measured")
 	f.IntVar(&o.replicas, "replicas", 2, "rb-broker processes; member i talks to replica i mod replicas")
 	f.StringVar(&o.out, "out", "", "write the report as JSON to this file")
@@ -111,8 +114,8 @@ type sim struct {
 func (s *sim) recorder() *recorder { return s.rec.Load() }
 
 func run(ctx context.Context, o options, command string) (err error) {
-	if o.clusters < 2 || o.nodesPerCluster < 1 || o.nodesPerCluster > 100 || o.replicas < 1 || o.decisionsPerSecond <= 0 || o.leases < 0 {
-		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second > 0, --leases >= 0")
+	if o.clusters < 2 || o.nodesPerCluster < 1 || o.nodesPerCluster > 100 || o.replicas < 1 || o.decisionsPerSecond < 0 || o.leases < 0 {
+		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second >= 0, --leases >= 0")
 	}
 	tb := &programTB{}
 	defer tb.runCleanups()
@@ -188,6 +191,10 @@ func run(ctx context.Context, o options, command string) (err error) {
 		return err
 	}
 	rep.Memory.Steady, _ = usedMemory(ctx, s.b.RDB)
+	// The window's figures now: the checks of a large federation take minutes.
+	var window strings.Builder
+	writeActivities(&window, rep.Activities)
+	step("window done: %d clusters stale at its end, redis-server %.2f of a core\n%s", rep.StaleAtEnd, rep.Redis.CPUShare, window.String())
 
 	stopLoops() // the calls it cuts count in the window's recorder, already summed up
 	loops.Wait()
@@ -260,10 +267,14 @@ func (s *sim) forEachMember(ctx context.Context, n int, f func(context.Context, 
 	_ = g.Wait()
 }
 
-func (s *sim) advertise(ctx context.Context, m *member, churn bool) {
+func (s *sim) advertise(ctx context.Context, m *member, churn bool) error {
 	start := time.Now()
 	_, err := m.client.Advertise(ctx, m.id, m.advertisement(churn))
 	s.recorder().observe("advertise", time.Since(start), err)
+	if err == nil {
+		m.advertised.Store(time.Now().UnixNano())
+	}
+	return err
 }
 
 // renew renews every lease the member holds, in batches, as the renewer
@@ -288,12 +299,16 @@ func (s *sim) renew(ctx context.Context, m *member) {
 }
 
 // startMemberLoops runs each member's agent schedule: advertise every 30 s
-// and renew every 30 s, the members' phases spread over the period.
+// and renew every 30 s, the members' phases spread over the period. An
+// advertisement the broker shed is sent again after its Retry-After, as
+// agent/publisher does, if that comes before the next one.
 func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for i, m := range s.members {
 		wg.Go(func() {
-			adv := time.NewTimer(phase(i, len(s.members), advertisePeriod))
+			first := phase(i, len(s.members), advertisePeriod)
+			nextTick := time.Now().Add(first)
+			adv := time.NewTimer(first)
 			ren := time.NewTimer(phase((i+len(s.members)/2)%len(s.members), len(s.members), renewPeriod))
 			defer adv.Stop()
 			defer ren.Stop()
@@ -302,8 +317,15 @@ func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
 				case <-ctx.Done():
 					return
 				case <-adv.C:
-					s.advertise(ctx, m, true)
-					adv.Reset(advertisePeriod)
+					if !time.Now().Before(nextTick) {
+						nextTick = nextTick.Add(advertisePeriod)
+					}
+					err := s.advertise(ctx, m, true)
+					wait := time.Until(nextTick)
+					if ra, ok := brokerclient.RetryAfter(err); ok && brokerclient.IsBusy(err) && ra < wait {
+						wait = ra
+					}
+					adv.Reset(wait)
 				case <-ren.C:
 					s.renew(ctx, m)
 					ren.Reset(renewPeriod)
@@ -329,7 +351,10 @@ func (s *sim) reserve(ctx context.Context, m *member, queue bool) {
 		if queue {
 			s.leases.push(time.Now().Add(s.holdTime()), m, req.ID)
 		}
-	case !errors.As(err, &ae): // lost in transit: the broker may have granted it
+	case !errors.As(err, &ae) || ae.StatusCode >= 500:
+		// Lost in transit, or a 5xx ("retry": the call is idempotent, and
+		// its answer may have failed after the decision): the broker may
+		// have granted it.
 		m.markUncertain(req.ID)
 	}
 }
@@ -358,8 +383,13 @@ func (s *sim) release(ctx context.Context, m *member, id string) {
 
 // holdTime is a lease's random hold: exponential, with the mean that keeps
 // --leases live at --decisions-per-second (Little's law). Memoryless, so
-// the leases filled at the start end at the same rate as later ones.
+// the leases filled at the start end at the same rate as later ones. With
+// no decisions, the leases are held past the window: the steady state of
+// advertisements and renewals alone.
 func (s *sim) holdTime() time.Duration {
+	if s.o.decisionsPerSecond == 0 {
+		return 24 * time.Hour
+	}
 	s.rngMu.Lock()
 	defer s.rngMu.Unlock()
 	mean := float64(s.o.leases) / s.o.decisionsPerSecond

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -20,6 +21,9 @@ type member struct {
 	nodes  []node
 	labels map[string]string
 	price  string // EUR per core-hour
+
+	// advertised is when the broker last stored its advertisement (Unix ns).
+	advertised atomic.Int64
 
 	mu        sync.Mutex
 	rng       *rand.Rand

@@ -24,10 +24,13 @@ type Report struct {
 	WindowSeconds float64         `json:"windowSeconds"`
 	Activities    []ActivityStats `json:"activities"`
 	LiveAtEnd     int64           `json:"liveLeasesAtEnd"`
-	RenewedIDs    int64           `json:"renewedIds"`
-	Redis         RedisStats      `json:"redis"`
-	Memory        MemoryStats     `json:"memory"`
-	Brokers       []BrokerStats   `json:"brokers"`
+	// StaleAtEnd are the members whose last stored advertisement was older
+	// than the broker's stale threshold at the window's end: not candidates.
+	StaleAtEnd int           `json:"staleClustersAtEnd"`
+	RenewedIDs int64         `json:"renewedIds"`
+	Redis      RedisStats    `json:"redis"`
+	Memory     MemoryStats   `json:"memory"`
+	Brokers    []BrokerStats `json:"brokers"`
 	// SimulatorCPUShare is this process's CPU: the members' clients (and
 	// the idle in-process broker of brokertest).
 	SimulatorCPUShare float64         `json:"simulatorCpuShare"`
@@ -103,7 +106,8 @@ func (r *Report) Table() string {
 	fmt.Fprintf(&b, "\n%d clusters x %d nodes, %d leases, %g decisions/s offered, %d replicas; commit %s, %d CPUs, load %s -> %s\n",
 		o.clusters, o.nodesPerCluster, o.leases, o.decisionsPerSecond, o.replicas, r.Commit, r.CPUs, r.LoadAverageStart, r.LoadAverageEnd)
 	fmt.Fprintf(&b, "fill: %d leases in %.1f s (%.0f/s)\n", r.Fill.Leases, r.Fill.Seconds, r.Fill.PerSecond)
-	fmt.Fprintf(&b, "steady window %.1f s, %d live leases at its end, %d lease renewals (ids)\n\n", r.WindowSeconds, r.LiveAtEnd, r.RenewedIDs)
+	fmt.Fprintf(&b, "steady window %.1f s, %d live leases at its end, %d lease renewals (ids), %d clusters stale at its end (last advertisement stored over %s before)\n\n",
+		r.WindowSeconds, r.LiveAtEnd, r.RenewedIDs, r.StaleAtEnd, staleThreshold)
 	writeActivities(&b, r.Activities)
 	fmt.Fprintf(&b, "\nCPU over the window (share of one core): redis-server %.2f", r.Redis.CPUShare)
 	for _, br := range r.Brokers {
@@ -133,14 +137,14 @@ func (r *Report) Table() string {
 
 func writeActivities(b *strings.Builder, acts []ActivityStats) {
 	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "activity\tcalls\tper s\tp50 ms\tp99 ms\tmax ms\terrors")
+	fmt.Fprintln(tw, "activity\tcalls\tper s\tp50 ms\tp99 ms\tmax ms\tok\tok p50 ms\tok p99 ms\terrors")
 	for _, a := range acts {
 		kinds := make([]string, 0, len(a.Errors))
 		for k, n := range a.Errors {
 			kinds = append(kinds, fmt.Sprintf("%s: %d", k, n))
 		}
 		sort.Strings(kinds)
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%.2f\t%.2f\t%s\n", a.Name, a.Count, a.PerSec, a.P50Ms, a.P99Ms, a.MaxMs, strings.Join(kinds, ", "))
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%.2f\t%.2f\t%d\t%.2f\t%.2f\t%s\n", a.Name, a.Count, a.PerSec, a.P50Ms, a.P99Ms, a.MaxMs, a.OK, a.OKP50Ms, a.OKP99Ms, strings.Join(kinds, ", "))
 	}
 	tw.Flush()
 }

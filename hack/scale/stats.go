@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"slices"
@@ -23,6 +24,7 @@ type recorder struct {
 
 type activity struct {
 	latencies []time.Duration // every answered or failed call
+	ok        []time.Duration // the calls that succeeded
 	errors    map[string]int
 	examples  map[string]string // the first error of each kind
 }
@@ -38,7 +40,9 @@ func (r *recorder) observe(name string, took time.Duration, err error) {
 		r.acts[name] = a
 	}
 	a.latencies = append(a.latencies, took)
-	if err != nil {
+	if err == nil {
+		a.ok = append(a.ok, took)
+	} else {
 		k := errorKind(err)
 		a.errors[k]++
 		if _, ok := a.examples[k]; !ok {
@@ -61,13 +65,17 @@ func (r *recorder) count(name, kind string) {
 
 // ActivityStats is one activity's line of the report.
 type ActivityStats struct {
-	Name   string         `json:"name"`
-	Count  int            `json:"count"`
-	PerSec float64        `json:"perSecond"`
-	P50Ms  float64        `json:"p50Ms"`
-	P99Ms  float64        `json:"p99Ms"`
-	MaxMs  float64        `json:"maxMs"`
-	Errors map[string]int `json:"errors,omitempty"`
+	Name   string  `json:"name"`
+	Count  int     `json:"count"`
+	PerSec float64 `json:"perSecond"`
+	P50Ms  float64 `json:"p50Ms"`
+	P99Ms  float64 `json:"p99Ms"`
+	MaxMs  float64 `json:"maxMs"`
+	// OK are the calls that succeeded, OKP50Ms and OKP99Ms their latency.
+	OK      int            `json:"ok"`
+	OKP50Ms float64        `json:"okP50Ms"`
+	OKP99Ms float64        `json:"okP99Ms"`
+	Errors  map[string]int `json:"errors,omitempty"`
 	// Examples are the first error message of each kind.
 	Examples map[string]string `json:"examples,omitempty"`
 }
@@ -98,7 +106,11 @@ func (r *recorder) summary(window time.Duration, order []string) []ActivityStats
 		a := r.acts[n]
 		lat := slices.Clone(a.latencies)
 		slices.Sort(lat)
-		s := ActivityStats{Name: n, Count: len(lat), P50Ms: ms(percentile(lat, 50)), P99Ms: ms(percentile(lat, 99)), Errors: a.errors, Examples: a.examples}
+		ok := slices.Clone(a.ok)
+		slices.Sort(ok)
+		// The maps are copied: calls cut after the window still count in a.
+		s := ActivityStats{Name: n, Count: len(lat), P50Ms: ms(percentile(lat, 50)), P99Ms: ms(percentile(lat, 99)),
+			OK: len(ok), OKP50Ms: ms(percentile(ok, 50)), OKP99Ms: ms(percentile(ok, 99)), Errors: maps.Clone(a.errors), Examples: maps.Clone(a.examples)}
 		if len(lat) > 0 {
 			s.MaxMs = ms(lat[len(lat)-1])
 		}

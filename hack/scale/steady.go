@@ -161,6 +161,11 @@ func (s *sim) steady(ctx context.Context, rep *Report) error {
 		})
 	}
 	<-winCtx.Done()
+	for _, m := range s.members {
+		if time.Since(time.Unix(0, m.advertised.Load())) > staleThreshold {
+			rep.StaleAtEnd++
+		}
+	}
 	cpu1, err := s.readCPU(ctx)
 	if err != nil {
 		return err
