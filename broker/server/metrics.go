@@ -58,7 +58,7 @@ type metrics struct {
 	decisions     map[string]prometheus.Observer // decision's children by outcome; read-only once built
 }
 
-func newMetrics(st *store.Store, memory *redisMemory) *metrics {
+func newMetrics(stores []*store.Store, memory *redisMemory) *metrics {
 	m := &metrics{
 		registry: prometheus.NewRegistry(),
 		reservations: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -129,7 +129,7 @@ func newMetrics(st *store.Store, memory *redisMemory) *metrics {
 	}
 	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.requests, m.latency, m.streams,
 		m.renewals, m.renewBatch, m.v1Capped, m.rateLimited,
-		&clusterCollector{store: st}, &redisMemoryCollector{memory: memory},
+		&clusterCollector{stores: stores}, &redisMemoryCollector{memory: memory},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.outcomes = map[string]*lazyCounter{}
 	for _, o := range []string{outcomeReserved, outcomeReplayed, outcomeNoFit, outcomeConflict, outcomeInvalid, outcomeError} {
@@ -242,8 +242,9 @@ func (r *routeCounters) inc(code int) {
 	c.Inc()
 }
 
-// clusterCollector reports live and stale clusters, read from Redis at scrape time.
-type clusterCollector struct{ store *store.Store }
+// clusterCollector reports live and stale clusters, read from Redis at
+// scrape time: those of every cell.
+type clusterCollector struct{ stores []*store.Store }
 
 var clustersDesc = prometheus.NewDesc("rb_broker_clusters", "Advertised clusters by state (live, stale), broker clock.", []string{"state"}, nil)
 
@@ -252,10 +253,14 @@ func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- clusters
 func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	live, stale, err := c.store.CountClusters(ctx)
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(clustersDesc, err)
-		return
+	var live, stale int64
+	for _, st := range c.stores {
+		l, s, err := st.CountClusters(ctx)
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(clustersDesc, err)
+			return
+		}
+		live, stale = live+l, stale+s
 	}
 	ch <- prometheus.MustNewConstMetric(clustersDesc, prometheus.GaugeValue, float64(live), "live")
 	ch <- prometheus.MustNewConstMetric(clustersDesc, prometheus.GaugeValue, float64(stale), "stale")
