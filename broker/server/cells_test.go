@@ -1,7 +1,10 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"sort"
 	"testing"
@@ -131,5 +134,56 @@ func TestCellsOverRedisCluster(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "every cell's primary answers and holds the scripts")
+	require.NoError(t, b.Cells.CheckInvariant(ctx))
+}
+
+// TestCellsProcess: rb-broker as deployed, with --redis-cluster-addrs,
+// --cells and --cell-label, places each member in the cell of its label,
+// reserves in the requester's cell, and across cells when asked: only us
+// has a provider of 20 cores.
+func TestCellsProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds rb-broker")
+	}
+	ctx := context.Background()
+	b := brokertest.StartCells(t, brokertest.Options{}, []string{"eu", "us"}, store.CellRule{Label: "region", Default: "eu"})
+	proc := b.StartProcess(brokertest.BuildBroker(t, t.TempDir()), nil, "--cells=eu,us", "--cell-label=region")
+	do := func(cn, method, path string, body any) (int, []byte) {
+		t.Helper()
+		data, err := json.Marshal(body)
+		require.NoError(t, err)
+		req, err := http.NewRequest(method, proc.URL+path, bytes.NewReader(data))
+		require.NoError(t, err)
+		resp, err := b.Client(cn).Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		out, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, out
+	}
+	for id, region := range map[string]string{"eu-1": "eu", "eu-2": "eu", "us-1": "us"} {
+		cores := map[string]string{"eu": "16", "us": "32"}[region]
+		q := brokertest.Quantities(cores, "64Gi", "")
+		code, data := do(id, http.MethodPut, "/api/v2/clusters/"+id+"/advertisement", api.Advertisement{
+			ClusterName: id, Endpoint: "https://" + id + ".example:6443", Labels: map[string]string{"region": region},
+			Resources: api.ClusterResources{Capacity: q, Allocatable: q, Allocated: brokertest.Quantities("0", "0", "")},
+			Prices:    &api.Prices{Currency: "EUR", CPU: brokertest.MustQ("0.020"), Memory: brokertest.MustQ("0.004")}})
+		require.Equal(t, http.StatusOK, code, "%s", data)
+		_, err := b.Cells.Cell(region).Cluster(ctx, id)
+		require.NoError(t, err, "%s advertised in cell %s", id, region)
+	}
+
+	code, data := do("eu-1", http.MethodPost, "/api/v2/reservations", reservation("home", "20", "4Gi"))
+	require.Equal(t, http.StatusConflict, code, "eu has no 20 cores: %s", data)
+	across := reservation("across", "20", "4Gi")
+	across.Cells = api.CellsAll
+	code, data = do("eu-1", http.MethodPost, "/api/v2/reservations", across)
+	require.Equal(t, http.StatusCreated, code, "%s", data)
+	assert.Equal(t, "us-1", brokertest.Decode[api.Reservation](t, data).Provider)
+	cell, err := b.Cells.Find(ctx, "eu-1", "across")
+	require.NoError(t, err)
+	assert.Equal(t, "us", cell)
+	code, data = do("eu-1", http.MethodDelete, "/api/v2/reservations/across", nil)
+	require.Equal(t, http.StatusOK, code, "%s", data)
 	require.NoError(t, b.Cells.CheckInvariant(ctx))
 }
