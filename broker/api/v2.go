@@ -321,7 +321,14 @@ type ReservationRequest struct {
 	// decision ignores them. None: the requester's defaults of the broker's
 	// policy, if any.
 	Preferences []Preference `json:"preferences,omitempty"`
+	// Cells, on a broker split into cells, is where it is decided: empty,
+	// in the requester's cell; CellsAll, in the cell of the best provider of
+	// all of them. A broker of one cell decides in it either way.
+	Cells string `json:"cells,omitempty"`
 }
+
+// CellsAll asks every cell for a reservation (ReservationRequest.Cells).
+const CellsAll = "all"
 
 // Preference is one term of a request's preferences: the providers that
 // carry MatchLabels (besides the selector's) and, when Clusters is set, are
@@ -374,6 +381,9 @@ func (r ReservationRequest) ToStore(requester string, lim Limits) (model.Reserve
 	out := model.ReserveRequest{ID: r.ID, Requester: requester, Owner: r.Owner, Priority: r.Priority}
 	if err := ValidateReservationID(r.ID); err != nil {
 		return out, err
+	}
+	if r.Cells != "" && r.Cells != CellsAll {
+		return out, invalid("cells: %q: must be empty (the requester's cell) or %q", r.Cells, CellsAll)
 	}
 	var err error
 	if out.Resources, err = requestedResources(r.Resources, "resources"); err != nil {

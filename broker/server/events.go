@@ -34,7 +34,8 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 		return
 	}
 	ctx := r.Context()
-	sub, start, err := s.hub.subscribe(ctx, caller)
+	// With cells, the events of the caller's cell (cells.go).
+	sub, start, err := s.hubOf(ctx, caller).subscribe(ctx, caller)
 	switch {
 	case errors.Is(err, errTooManyStreams):
 		w.Header().Set("Retry-After", strconv.Itoa(int(streamRetryAfter.Seconds())))
@@ -87,7 +88,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 
 	// Catch up, from Redis, on the events up to the hub's start.
 	for caughtUp := compareStreamIDs(last, start) >= 0; !caughtUp; {
-		events, err := s.store.ReadEvents(ctx, caller, last, hubReadCount, 0)
+		events, err := s.storeOf(ctx, caller).ReadEvents(ctx, caller, last, hubReadCount, 0)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.Error(err, "read event stream", "cluster", caller)

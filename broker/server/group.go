@@ -33,7 +33,7 @@ func (s *Server) postGroup(w http.ResponseWriter, r *http.Request, caller string
 		writeFairShareError(w, le)
 		return
 	}
-	d, err := s.store.ReserveGroup(r.Context(), req)
+	d, err := s.storeOf(r.Context(), req.Requester).ReserveGroup(r.Context(), req)
 	took := time.Since(start)
 	s.rateRefused.record(req.Requester, start, err, nil)
 	var noFit *store.GroupNoFitError
@@ -88,7 +88,7 @@ func (s *Server) putProtections(w http.ResponseWriter, r *http.Request, caller s
 		writeDecodeError(w, err)
 		return
 	}
-	n, err := s.store.Protect(r.Context(), caller, body.IDs)
+	n, err := s.storeOf(r.Context(), caller).Protect(r.Context(), caller, body.IDs)
 	if err != nil {
 		s.writeStoreError(w, "protect", err)
 		return

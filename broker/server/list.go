@@ -2,11 +2,15 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
@@ -43,7 +47,9 @@ func (t continueToken) encode() string {
 }
 
 // parseContinue reads ?continue= of list (and role); "" is the first page.
-func parseContinue(s, list, role string) (continueToken, error) {
+// A reservations token's Set counts the role's sets of every cell in turn
+// (cells cells, in the order of their names).
+func parseContinue(s, list, role string, cells int) (continueToken, error) {
 	t := continueToken{List: list, Role: role}
 	if s == "" {
 		return t, nil
@@ -66,7 +72,7 @@ func parseContinue(s, list, role string) (continueToken, error) {
 		return bad("a token of another list")
 	case t.Role != role:
 		return bad("a token of the list with role=" + t.Role)
-	case list == listReservations && (t.Set < 0 || t.Set >= len(roleSets[role])):
+	case list == listReservations && (t.Set < 0 || t.Set >= cells*len(roleSets[role])):
 		return bad("not a token")
 	case list == listReservations && t.After != "" && api.ValidateQualifiedReservationID(t.After) != nil:
 		return bad("not a token")
@@ -84,12 +90,12 @@ var roleSets = map[string][]string{
 }
 
 // pageParams reads ?limit= and ?continue=; false: answered (400).
-func pageParams(w http.ResponseWriter, r *http.Request, list, role string) (int, continueToken, bool) {
+func (s *Server) pageParams(w http.ResponseWriter, r *http.Request, list, role string) (int, continueToken, bool) {
 	q := r.URL.Query()
 	limit, err := api.ParseLimit(q.Get("limit"))
 	if err == nil {
 		var t continueToken
-		if t, err = parseContinue(q.Get("continue"), list, role); err == nil {
+		if t, err = parseContinue(q.Get("continue"), list, role, len(s.stores())); err == nil {
 			return limit, t, true
 		}
 	}
@@ -104,49 +110,60 @@ func (s *Server) listReservations(w http.ResponseWriter, r *http.Request, caller
 		writeError(w, http.StatusBadRequest, api.ReasonBadRequest, "role: must be requester or provider")
 		return
 	}
-	limit, tok, ok := pageParams(w, r, listReservations, role)
+	limit, tok, ok := s.pageParams(w, r, listReservations, role)
 	if !ok {
 		return
 	}
-	var qids []string
+	// With cells, the caller's reservations of every cell, one cell after
+	// the other (those decided across cells live in their provider's).
+	stores := s.stores()
+	qids := make([][]string, len(stores)) // by cell
+	found := 0
 	set, pos := tok.Set, store.ScanPos{Cursor: tok.Cursor, After: tok.After, Next: tok.Next}
-	for set < len(sets) {
-		ids, next, more, err := s.store.ScanLive(r.Context(), sets[set], caller, pos, limit-len(qids))
+	for set < len(stores)*len(sets) {
+		cell := set / len(sets)
+		ids, next, more, err := stores[cell].ScanLive(r.Context(), sets[set%len(sets)], caller, pos, limit-found)
 		if err != nil {
 			s.writeStoreError(w, "", err)
 			return
 		}
-		qids = append(qids, ids...)
+		qids[cell] = append(qids[cell], ids...)
+		found += len(ids)
 		if more {
 			pos = next
 			break
 		}
 		set, pos = set+1, store.ScanPos{}
-		if len(qids) == limit {
+		if found == limit {
 			break
 		}
 	}
-	rs, err := s.store.Reservations(r.Context(), qids)
-	if err != nil {
-		s.writeStoreError(w, "", err)
-		return
+	out := api.ReservationList{Items: make([]api.Reservation, 0, found)}
+	for cell, ids := range qids {
+		if len(ids) == 0 && len(stores) > 1 {
+			continue
+		}
+		rs, err := stores[cell].Reservations(r.Context(), ids)
+		if err != nil {
+			s.writeStoreError(w, "", err)
+			return
+		}
+		for _, res := range rs {
+			out.Items = append(out.Items, api.ReservationFromStore(res, res.Requester == caller))
+		}
 	}
-	out := api.ReservationList{Items: make([]api.Reservation, 0, len(rs))}
-	for _, res := range rs {
-		out.Items = append(out.Items, api.ReservationFromStore(res, res.Requester == caller))
-	}
-	if set < len(sets) {
+	if set < len(stores)*len(sets) {
 		out.Continue = continueToken{List: listReservations, Role: role, Set: set, Cursor: pos.Cursor, After: pos.After, Next: pos.Next}.encode()
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) listClusters(w http.ResponseWriter, r *http.Request, _ string) {
-	limit, tok, ok := pageParams(w, r, listClusters, "")
+	limit, tok, ok := s.pageParams(w, r, listClusters, "")
 	if !ok {
 		return
 	}
-	clusters, next, err := s.store.ClustersPage(r.Context(), tok.After, limit)
+	clusters, next, err := s.clustersPage(r.Context(), tok.After, limit)
 	if err != nil {
 		s.writeStoreError(w, "", err)
 		return
@@ -159,4 +176,43 @@ func (s *Server) listClusters(w http.ResponseWriter, r *http.Request, _ string) 
 		out.Continue = continueToken{List: listClusters, After: next}.encode()
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// clustersPage is store.ClustersPage over every cell: their pages merged in
+// id order. A cluster advertised in two cells (it moved) shows once, as
+// its latest advertisement.
+func (s *Server) clustersPage(ctx context.Context, after string, limit int) ([]model.Cluster, string, error) {
+	if s.cells == nil {
+		return s.store.ClustersPage(ctx, after, limit)
+	}
+	var all []model.Cluster
+	more := false
+	for _, st := range s.stores() {
+		page, next, err := st.ClustersPage(ctx, after, limit)
+		if err != nil {
+			return nil, "", err
+		}
+		all = append(all, page...)
+		more = more || next != ""
+	}
+	slices.SortStableFunc(all, func(a, b model.Cluster) int { return strings.Compare(a.ID, b.ID) })
+	merged := all[:0]
+	for _, c := range all {
+		if n := len(merged); n > 0 && merged[n-1].ID == c.ID {
+			if c.SeenAt.After(merged[n-1].SeenAt) {
+				merged[n-1] = c
+			}
+			continue
+		}
+		merged = append(merged, c)
+	}
+	all = merged
+	if len(all) > limit {
+		all, more = all[:limit], true
+	}
+	next := ""
+	if more && len(all) > 0 {
+		next = all[len(all)-1].ID
+	}
+	return all, next, nil
 }

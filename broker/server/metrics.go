@@ -60,7 +60,7 @@ type metrics struct {
 	decisions     map[string]prometheus.Observer // decision's children by outcome; read-only once built
 }
 
-func newMetrics(st *store.Store, memory *redisMemory, advertising *advertGate) *metrics {
+func newMetrics(stores []*store.Store, memory *redisMemory, advertising *advertGate) *metrics {
 	m := &metrics{
 		registry: prometheus.NewRegistry(),
 		reservations: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -135,7 +135,7 @@ func newMetrics(st *store.Store, memory *redisMemory, advertising *advertGate) *
 	}
 	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.requests, m.latency, m.streams,
 		m.renewals, m.renewBatch, m.v1Capped, m.rateLimited, m.advertisementsShed,
-		&clusterCollector{store: st}, &redisMemoryCollector{memory: memory},
+		&clusterCollector{stores: stores}, &redisMemoryCollector{memory: memory},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rb_broker_advertisements_waiting",
 			Help: "Advertisements waiting for their turn to reach Redis on this replica.",
@@ -252,8 +252,9 @@ func (r *routeCounters) inc(code int) {
 	c.Inc()
 }
 
-// clusterCollector reports live and stale clusters, read from Redis at scrape time.
-type clusterCollector struct{ store *store.Store }
+// clusterCollector reports live and stale clusters, read from Redis at
+// scrape time: those of every cell.
+type clusterCollector struct{ stores []*store.Store }
 
 var clustersDesc = prometheus.NewDesc("rb_broker_clusters", "Advertised clusters by state (live, stale), broker clock.", []string{"state"}, nil)
 
@@ -262,10 +263,14 @@ func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- clusters
 func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	live, stale, err := c.store.CountClusters(ctx)
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(clustersDesc, err)
-		return
+	var live, stale int64
+	for _, st := range c.stores {
+		l, s, err := st.CountClusters(ctx)
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(clustersDesc, err)
+			return
+		}
+		live, stale = live+l, stale+s
 	}
 	ch <- prometheus.MustNewConstMetric(clustersDesc, prometheus.GaugeValue, float64(live), "live")
 	ch <- prometheus.MustNewConstMetric(clustersDesc, prometheus.GaugeValue, float64(stale), "stale")

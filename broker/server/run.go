@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
+
+	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
 // RunOptions say where to listen.
@@ -57,7 +59,12 @@ func (s *Server) Run(ctx context.Context, o RunOptions) error {
 	if o.ExpiryInterval == 0 {
 		o.ExpiryInterval = time.Second
 	}
-	if err := s.store.LoadScripts(ctx); err != nil {
+	for _, st := range s.stores() {
+		if err := st.LoadScripts(ctx); err != nil {
+			return err
+		}
+	}
+	if err := s.loadMemberCells(ctx); err != nil {
 		return err
 	}
 	if o.Certs != nil {
@@ -80,6 +87,9 @@ func (s *Server) Run(ctx context.Context, o RunOptions) error {
 		g.Go(func() error { return ignoreClosed(healthSrv.Serve(o.HealthListener)) })
 	}
 	g.Go(func() error { s.expireLoop(ctx, o.ExpiryInterval); return nil })
+	if s.cells != nil {
+		g.Go(func() error { s.refreshMemberCells(ctx); return nil })
+	}
 	g.Go(func() error {
 		<-ctx.Done()
 		s.shutdown(servers, o.ShutdownDelay, o.ShutdownTimeout)
@@ -108,7 +118,12 @@ func (s *Server) shutdown(servers []*http.Server, delay, timeout time.Duration) 
 			s.log.Error(err, "shutdown: requests still in flight were cut")
 		}
 	}
-	s.hub.stop()
+	if s.cells == nil {
+		s.hub.stop()
+	}
+	for _, h := range s.hubs {
+		h.stop()
+	}
 }
 
 func ignoreClosed(err error) error {
@@ -127,30 +142,37 @@ func (s *Server) expireLoop(ctx context.Context, every time.Duration) {
 			return
 		case <-t.C:
 		}
-		res, err := s.store.ExpireRun(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.metrics.scriptErrors.WithLabelValues("expire").Inc()
-				s.log.Error(err, "expire reservations")
-			}
-			continue
+		for _, st := range s.stores() { // with cells, each cell's in turn
+			s.expire(ctx, st)
 		}
-		if res.Outage > 0 {
-			s.metrics.outages.Inc()
-			s.metrics.outageSecs.Add(res.Outage.Seconds())
-			s.log.Info("broker outage over: its time does not count against leases", "outage", res.Outage.Round(time.Millisecond))
+	}
+}
+
+// expire runs one cell's expiry and records its outcome.
+func (s *Server) expire(ctx context.Context, st *store.Store) {
+	res, err := st.ExpireRun(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.metrics.scriptErrors.WithLabelValues("expire").Inc()
+			s.log.Error(err, "expire reservations")
 		}
-		if res.Credited > 0 {
-			s.metrics.credited.Add(float64(res.Credited))
-			s.log.Info("leases due during the outage get a whole lease to renew", "count", res.Credited)
-		}
-		n, clamped := res.Expired, res.Clamped
-		if n > 0 {
-			s.metrics.ended.WithLabelValues("expired").Add(float64(n))
-			s.log.V(1).Info("expired reservations", "count", n)
-		}
-		if clamped > 0 {
-			s.metrics.clamps.Add(float64(clamped))
-		}
+		return
+	}
+	if res.Outage > 0 {
+		s.metrics.outages.Inc()
+		s.metrics.outageSecs.Add(res.Outage.Seconds())
+		s.log.Info("broker outage over: its time does not count against leases", "outage", res.Outage.Round(time.Millisecond))
+	}
+	if res.Credited > 0 {
+		s.metrics.credited.Add(float64(res.Credited))
+		s.log.Info("leases due during the outage get a whole lease to renew", "count", res.Credited)
+	}
+	n, clamped := res.Expired, res.Clamped
+	if n > 0 {
+		s.metrics.ended.WithLabelValues("expired").Add(float64(n))
+		s.log.V(1).Info("expired reservations", "count", n)
+	}
+	if clamped > 0 {
+		s.metrics.clamps.Add(float64(clamped))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"sync"
@@ -23,7 +24,11 @@ import (
 
 // Config configures a Server.
 type Config struct {
-	Store  *store.Store
+	Store *store.Store
+	// Cells, when set, is the federation's state split into cells (Store is
+	// then its default cell's): each member's calls go to its cell
+	// (cells.go). One cell is the same as Store alone.
+	Cells  *store.Cells
 	Limits api.Limits
 	Log    logr.Logger
 	// EventKeepAlive is how often an idle event stream sends a keep-alive
@@ -78,14 +83,19 @@ const hubBlock = 250 * time.Millisecond
 
 // Server serves the broker API.
 type Server struct {
-	store     *store.Store
-	limits    api.Limits
-	log       logr.Logger
-	metrics   *metrics
-	memory    *redisMemory
-	keepAlive time.Duration
-	hub       *eventHub
-	lists     *listGate
+	store *store.Store
+	// cells is the federation's cells, nil with one cell (store);
+	// memberCells maps a member to its cell, hubs a cell to its event hub.
+	cells       *store.Cells
+	memberCells sync.Map
+	hubs        map[string]*eventHub
+	limits      api.Limits
+	log         logr.Logger
+	metrics     *metrics
+	memory      *redisMemory
+	keepAlive   time.Duration
+	hub         *eventHub
+	lists       *listGate
 	// rateRefused answers reserve calls its rate still refuses without Redis.
 	rateRefused *rateRefusals
 	// refusals holds the refused calls of members looping past their rates.
@@ -122,13 +132,32 @@ func New(cfg Config) *Server {
 	case cfg.MaxListsPerCluster < 0:
 		cfg.MaxListsPerCluster = 0
 	}
+	var cells *store.Cells
+	if cfg.Cells != nil {
+		cfg.Store = cfg.Cells.Cell(cfg.Cells.Default())
+		if len(cfg.Cells.Names()) > 1 {
+			cells = cfg.Cells
+		}
+	}
+	newHub := func(st *store.Store) *eventHub {
+		return newEventHub(st, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster)
+	}
 	memory := &redisMemory{store: cfg.Store, log: cfg.Log.WithName("redis-memory")}
 	advertising := newAdvertGate(maxConcurrentAdvertisements)
-	return &Server{store: cfg.Store, limits: cfg.Limits, log: cfg.Log, metrics: newMetrics(cfg.Store, memory, advertising), memory: memory, keepAlive: cfg.EventKeepAlive,
-		hub:   newEventHub(cfg.Store, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster),
+	s := &Server{store: cfg.Store, cells: cells, limits: cfg.Limits, log: cfg.Log, memory: memory, keepAlive: cfg.EventKeepAlive,
+		hub:   newHub(cfg.Store),
 		lists: newListGate(cfg.MaxListsPerCluster), rateRefused: newRateRefusals(), refusals: newHeldRefusals(),
 		advertising: advertising,
 		streamsEnd:  make(chan struct{}), dashboard: cfg.Dashboard}
+	if cells != nil {
+		s.hubs = map[string]*eventHub{}
+		for _, n := range cells.Names() {
+			s.hubs[n] = newHub(cells.Cell(n))
+		}
+		s.hub = s.hubs[cells.Default()]
+	}
+	s.metrics = newMetrics(s.stores(), memory, advertising)
+	return s
 }
 
 // eventsRoute is the event stream's route: its requests last as long as
@@ -226,11 +255,19 @@ func (s *Server) health(mux *http.ServeMux) {
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		err := s.store.Ready(ctx)
-		if errors.Is(err, store.ErrScriptsNotLoaded) {
-			// After a Redis restart the script cache is empty: load again.
-			if err = s.store.LoadScripts(ctx); err == nil {
-				err = s.store.Ready(ctx)
+		var err error
+		for _, st := range s.stores() { // with cells, every cell's primary
+			if err = st.Ready(ctx); errors.Is(err, store.ErrScriptsNotLoaded) {
+				// After a Redis restart the script cache is empty: load again.
+				if err = st.LoadScripts(ctx); err == nil {
+					err = st.Ready(ctx)
+				}
+			}
+			if err != nil {
+				if s.cells != nil {
+					err = fmt.Errorf("cell %s: %w", st.Config().Prefix, err)
+				}
+				break
 			}
 		}
 		if err != nil {

@@ -29,7 +29,7 @@ func (s *Server) throttle(w http.ResponseWriter, r *http.Request, member string,
 	if s.refusedByRate(w, r, member, now, charges...) {
 		return false
 	}
-	err := s.store.Throttle(ctx, member, charges...)
+	err := s.storeOf(ctx, member).Throttle(ctx, member, charges...)
 	if err == nil {
 		return true
 	}

@@ -69,7 +69,8 @@ func (s *Server) capV1Allocated(caller string, ad *model.Advertisement) {
 }
 
 func (s *Server) v1GetAdvertisement(w http.ResponseWriter, r *http.Request, _ string) {
-	c, err := s.store.Cluster(r.Context(), r.PathValue("clusterID"))
+	id := r.PathValue("clusterID")
+	c, err := s.storeOf(r.Context(), id).Cluster(r.Context(), id)
 	if err != nil {
 		s.writeStoreError(w, "", err)
 		return
@@ -90,7 +91,7 @@ func (s *Server) v1PostReservation(w http.ResponseWriter, r *http.Request, calle
 		writeDecodeError(w, err)
 		return
 	}
-	if d, ok := s.reserve(w, r.Context(), req); ok {
+	if d, ok := s.reserve(w, r.Context(), req, false); ok {
 		writeJSON(w, http.StatusCreated, api.V1ReservationFromStore(d.Reservation))
 	}
 }
@@ -121,15 +122,16 @@ func (s *Server) v1Instructions(w http.ResponseWriter, r *http.Request, caller s
 // a seed provider never grants, so all of them may be Reserved.
 func (s *Server) v1InstructionsFor(r *http.Request, caller string) ([]api.V1Reservation, error) {
 	var out []api.V1Reservation
-	seen := map[string]bool{} // SSCAN may return an id twice across pages
+	st := s.storeOf(r.Context(), caller) // a provider's reservations are in its cell
+	seen := map[string]bool{}            // SSCAN may return an id twice across pages
 	for pos, more := (store.ScanPos{}), true; more; {
 		var qids []string
 		var err error
-		qids, pos, more, err = s.store.ScanLive(r.Context(), store.ByTarget, caller, pos, api.MaxPageSize)
+		qids, pos, more, err = st.ScanLive(r.Context(), store.ByTarget, caller, pos, api.MaxPageSize)
 		if err != nil {
 			return nil, err
 		}
-		rs, err := s.store.Reservations(r.Context(), qids)
+		rs, err := st.Reservations(r.Context(), qids)
 		if err != nil {
 			return nil, err
 		}

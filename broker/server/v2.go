@@ -56,7 +56,7 @@ func (s *Server) advertise(w http.ResponseWriter, ctx context.Context, id string
 		return
 	}
 	defer release()
-	ack, err := s.store.Advertise(ctx, id, ad)
+	ack, err := s.advertiseIn(ctx, id, ad)
 	if err != nil {
 		s.writeStoreError(w, "advertise", err)
 		return
@@ -66,7 +66,8 @@ func (s *Server) advertise(w http.ResponseWriter, ctx context.Context, id string
 }
 
 func (s *Server) getCluster(w http.ResponseWriter, r *http.Request, _ string) {
-	c, err := s.store.Cluster(r.Context(), r.PathValue("id"))
+	id := r.PathValue("id")
+	c, err := s.storeOf(r.Context(), id).Cluster(r.Context(), id)
 	if err != nil {
 		s.writeStoreError(w, "", err)
 		return
@@ -87,7 +88,7 @@ func (s *Server) deleteCluster(w http.ResponseWriter, r *http.Request, caller st
 	if !s.throttle(w, r, caller, s.write(caller)) {
 		return
 	}
-	if err := s.store.Forget(r.Context(), id); err != nil {
+	if err := s.forgetEverywhere(r.Context(), id); err != nil {
 		s.writeStoreError(w, "forget", err)
 		return
 	}
@@ -108,7 +109,7 @@ func (s *Server) postReservation(w http.ResponseWriter, r *http.Request, caller 
 		writeDecodeError(w, err)
 		return
 	}
-	d, ok := s.reserve(w, r.Context(), req)
+	d, ok := s.reserve(w, r.Context(), req, body.Cells == api.CellsAll)
 	if !ok {
 		return
 	}
@@ -120,14 +121,16 @@ func (s *Server) postReservation(w http.ResponseWriter, r *http.Request, caller 
 }
 
 // reserve runs a decision, records its metrics, and answers failures itself.
-func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req model.ReserveRequest) (model.Decision, bool) {
+// With cells, it decides in the requester's cell, or, across, in the cell
+// of the best provider of all (store.Cells.ReserveAcross).
+func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req model.ReserveRequest, across bool) (model.Decision, bool) {
 	start := time.Now()
 	if le := s.rateRefused.refused("", req.Requester, 1, start); le != nil {
 		s.metrics.decided(outcomeLimited, 0)
 		writeFairShareError(w, le)
 		return model.Decision{}, false
 	}
-	d, err := s.store.Reserve(ctx, req)
+	d, cell, err := s.decide(ctx, req, across)
 	took := time.Since(start)
 	s.rateRefused.record(req.Requester, start, err, nil)
 	var noFit *store.NoFitError
@@ -138,7 +141,7 @@ func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req model.R
 			outcome = outcomeReplayed
 		} else if log := s.log.V(1); log.Enabled() { // no argument list built when disabled
 			log.Info("reserved", "reservation", req.ID, "requester", req.Requester,
-				"provider", d.Reservation.Target, "score", d.Reservation.Score)
+				"provider", d.Reservation.Target, "score", d.Reservation.Score, "cell", cell)
 		}
 		s.metrics.decided(outcome, took)
 		return d, true
@@ -156,6 +159,22 @@ func (s *Server) reserve(w http.ResponseWriter, ctx context.Context, req model.R
 		s.writeStoreError(w, "reserve", err)
 	}
 	return model.Decision{}, false
+}
+
+// decide reserves req: in the one cell, or in the requester's, or across
+// every cell; it returns the cell that decided ("" with one cell).
+func (s *Server) decide(ctx context.Context, req model.ReserveRequest, across bool) (model.Decision, string, error) {
+	if s.cells == nil {
+		d, err := s.store.Reserve(ctx, req)
+		return d, "", err
+	}
+	home := s.cellOf(ctx, req.Requester)
+	if !across {
+		d, err := s.cells.Cell(home).Reserve(ctx, req)
+		return d, home, err
+	}
+	d, err := s.cells.ReserveAcross(ctx, home, req)
+	return d.Decision, d.Cell, err
 }
 
 // requesterOf is whose reservation a call addresses: ids are scoped per
@@ -192,7 +211,12 @@ func (s *Server) getReservation(w http.ResponseWriter, r *http.Request, caller s
 		return
 	}
 	id := r.PathValue("id")
-	res, err := s.store.Reservation(r.Context(), requester, id)
+	st, err := s.storeHolding(r.Context(), caller, requester, id)
+	if err != nil {
+		s.writeStoreError(w, "", err)
+		return
+	}
+	res, err := st.Reservation(r.Context(), requester, id)
 	if err == nil && caller != res.Requester && caller != res.Target {
 		err = store.ErrForbidden
 	}
@@ -212,7 +236,12 @@ func (s *Server) deleteReservation(w http.ResponseWriter, r *http.Request, calle
 		return
 	}
 	id := r.PathValue("id")
-	res, err := s.store.Release(r.Context(), requester, id, caller)
+	st, err := s.storeHolding(r.Context(), caller, requester, id)
+	if err != nil {
+		s.writeStoreError(w, "release", err)
+		return
+	}
+	res, err := st.Release(r.Context(), requester, id, caller)
 	if err != nil {
 		s.writeReservationError(w, "release", requester, id, err)
 		return
@@ -249,7 +278,12 @@ func (s *Server) postGrant(w http.ResponseWriter, r *http.Request, caller string
 		return
 	}
 	id := r.PathValue("id")
-	res, err := s.store.Grant(r.Context(), requester, id, caller, raw)
+	st, err := s.storeHolding(r.Context(), caller, requester, id)
+	if err != nil {
+		s.writeStoreError(w, "grant", err)
+		return
+	}
+	res, err := st.Grant(r.Context(), requester, id, caller, raw)
 	switch {
 	case err == nil:
 	case res.ID != "": // the reservation exists but has ended (told to its provider only)
@@ -301,14 +335,14 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 		writeJSON(w, http.StatusOK, out)
 		return
 	}
-	renew, whose := s.store.Renew, "of "+requester
+	renew, whose := (*store.Store).Renew, "of "+requester
 	if requester != caller {
-		renew = func(ctx context.Context, requester string, ids []string) ([]model.Renewal, error) {
-			return s.store.RenewFor(ctx, caller, requester, ids)
+		renew = func(st *store.Store, ctx context.Context, requester string, ids []string) ([]model.Renewal, error) {
+			return st.RenewFor(ctx, caller, requester, ids)
 		}
 		whose = "of " + requester + " placed on " + caller
 	}
-	renewals, err := renew(r.Context(), requester, body.IDs)
+	renewals, err := s.renewIn(r.Context(), caller, requester, body.IDs, renew)
 	if err != nil {
 		s.metrics.renewal(renewError).Add(float64(len(body.IDs)))
 		s.writeStoreError(w, "renew", err)

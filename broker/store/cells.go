@@ -82,6 +82,9 @@ func NewCells(rdb redis.UniversalClient, cfg Config, names []string, rule CellRu
 // Names lists the cells, sorted.
 func (c *Cells) Names() []string { return slices.Clone(c.names) }
 
+// Default is the cell of a cluster that no label places (CellRule.Default).
+func (c *Cells) Default() string { return c.rule.Default }
+
 // Cell returns the store of a cell, nil if there is none of that name.
 func (c *Cells) Cell(name string) *Store { return c.stores[name] }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/component-base/logs"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
@@ -45,6 +46,9 @@ type options struct {
 	redisPassFile   string
 	sentinelMaster  string
 	sentinelAddrs   []string
+	clusterAddrs    []string
+	cells           []string
+	cellLabel       string
 	redisPoolSize   int
 	waitReplicas    int
 	waitTimeout     time.Duration
@@ -118,6 +122,13 @@ func newCommand() *cobra.Command {
 		"so a rotated Secret is picked up without a restart; without it, the environment variable REDIS_PASSWORD, if set")
 	f.StringVar(&o.sentinelMaster, "redis-sentinel-master", "", "Sentinel master name; with --redis-sentinel-addrs, used instead of --redis-url's host")
 	f.StringSliceVar(&o.sentinelAddrs, "redis-sentinel-addrs", nil, "Sentinel addresses host:port, comma-separated")
+	f.StringSliceVar(&o.clusterAddrs, "redis-cluster-addrs", nil, "Redis Cluster primaries host:port, comma-separated (a few are enough: the client "+
+		"learns the others); used instead of --redis-url's host, whose user and scheme (rediss: TLS) still apply; not with --redis-sentinel-master")
+	f.StringSliceVar(&o.cells, "cells", []string{store.DefaultCell}, "the cells the federation is split into, comma-separated: each cell's state has "+
+		"keys of its own (rb:{<cell>}:), on the primary of its slot with --redis-cluster-addrs; each member is in the cell its --cell-label names "+
+		"(docs/redis.md, \"Cells\"). Default: one cell, "+store.DefaultCell+", the unsplit broker's keys")
+	f.StringVar(&o.cellLabel, "cell-label", "", "the cluster label whose value names a member's cell (e.g. region); a member without it, "+
+		"or whose value names no cell, is in the first of --cells. Empty: every member is in the first cell")
 	f.IntVar(&o.waitReplicas, "redis-wait-replicas", 0, "how many Redis replicas must hold a decision (reserve, release, grant, renew, advertise, ...) "+
 		"before the broker answers it (WAIT; else 503 with Retry-After), so that a failover loses no answered decision; "+
 		"default 1 with --redis-sentinel-master, 0 (no wait) with --redis-url")
@@ -192,6 +203,7 @@ func (o options) validate() error {
 	if (o.sentinelMaster == "") != (len(o.sentinelAddrs) == 0) {
 		errs = append(errs, errors.New("--redis-sentinel-master and --redis-sentinel-addrs go together"))
 	}
+	errs = append(errs, o.validateCluster()...)
 	if u, err := parseRedisURL(o.redisURL); err != nil {
 		errs = append(errs, err)
 	} else if u.Password != "" {
@@ -252,6 +264,47 @@ func (o options) validate() error {
 	return errors.Join(errs...)
 }
 
+// validateCluster checks --redis-cluster-addrs, --cells and --cell-label.
+func (o options) validateCluster() []error {
+	var errs []error
+	if len(o.clusterAddrs) > 0 {
+		if o.sentinelMaster != "" {
+			errs = append(errs, errors.New("--redis-cluster-addrs and --redis-sentinel-master exclude each other: a Redis Cluster fails over by itself"))
+		}
+		for _, a := range o.clusterAddrs {
+			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+				errs = append(errs, fmt.Errorf("--redis-cluster-addrs: %q is not host:port", a))
+			}
+		}
+		if u, err := parseRedisURL(o.redisURL); err == nil && u.DB != 0 {
+			errs = append(errs, fmt.Errorf("--redis-url names database %d: a Redis Cluster has database 0 only", u.DB))
+		}
+		if o.waitReplicas > 0 {
+			// WAIT must follow the write on its connection, which a cluster
+			// client's pipeline does not promise.
+			errs = append(errs, errors.New("--redis-wait-replicas is not supported with --redis-cluster-addrs yet: leave it 0"))
+		}
+	}
+	if _, err := store.NewCells(nil, store.Config{}, o.cells, o.cellRule()); err != nil {
+		errs = append(errs, fmt.Errorf("--cells: %w", err))
+	}
+	if o.cellLabel != "" {
+		if msgs := validation.IsQualifiedName(o.cellLabel); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--cell-label %q: %s", o.cellLabel, strings.Join(msgs, "; ")))
+		}
+	}
+	return errs
+}
+
+// cellRule places a member in its cell: by --cell-label, else the first cell.
+func (o options) cellRule() store.CellRule {
+	rule := store.CellRule{Label: o.cellLabel}
+	if len(o.cells) > 0 {
+		rule.Default = o.cells[0]
+	}
+	return rule
+}
+
 // readGrantKeys reads --grant-key-file; its errors never show a key.
 func readGrantKeys(file string) (*store.GrantKeys, error) {
 	keys, err := store.LoadGrantKeys(file)
@@ -300,6 +353,13 @@ func (o options) redisClient() (redis.UniversalClient, error) {
 	}
 	// The ACL of manifests/redis allows the broker's commands only: no CLIENT
 	// SETINFO (DisableIdentity), no CLIENT MAINT_NOTIFICATIONS.
+	if len(o.clusterAddrs) > 0 {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: o.clusterAddrs, CredentialsProviderContext: credentials,
+			Username: u.Username, Password: u.Password, TLSConfig: u.TLSConfig, PoolSize: o.redisPoolSize, MaxRetries: 1,
+			DisableIdentity: true, MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		}), nil
+	}
 	if o.sentinelMaster != "" {
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName: o.sentinelMaster, SentinelAddrs: o.sentinelAddrs, CredentialsProviderContext: credentials,
@@ -470,10 +530,14 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	st := store.New(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL, MaxOwnerShare: o.maxOwnerShare,
+	cells, err := store.NewCells(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL, MaxOwnerShare: o.maxOwnerShare,
 		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, Retention: o.retention, AuditRetention: o.auditRetention,
-		MaxEndedPerMember: o.maxEnded, OutageGap: o.outageGap, Policy: pol, GrantKeys: grantKeys, Replicas: o.waitReplicas, ReplicaTimeout: o.waitTimeout})
-	cfg := server.Config{Store: st, Log: log, MaxStreamsPerCluster: o.maxStreams, MaxListsPerCluster: o.maxLists,
+		MaxEndedPerMember: o.maxEnded, OutageGap: o.outageGap, Policy: pol, GrantKeys: grantKeys, Replicas: o.waitReplicas, ReplicaTimeout: o.waitTimeout}, o.cells, o.cellRule())
+	if err != nil {
+		return err
+	}
+	st := cells.Cell(cells.Default())
+	cfg := server.Config{Cells: cells, Log: log, MaxStreamsPerCluster: o.maxStreams, MaxListsPerCluster: o.maxLists,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}}
 	if len(o.operators) > 0 {
 		dash, err := dashboard.New(dashboard.Config{Store: st, Operators: o.operators, Log: log.WithName("dashboard")})
@@ -482,13 +546,13 @@ func run(ctx context.Context, o options) error {
 		}
 		cfg.Dashboard = dash
 		go dash.Run(ctx)
-		log.Info("dashboard", "path", dashboard.Path, "operators", dash.Operators())
+		log.Info("dashboard", "path", dashboard.Path, "operators", dash.Operators(), "cell", cells.Default()) // the default cell's only, as yet
 	}
 	srv := server.New(cfg)
 
 	// Wait for Redis rather than crash-looping while it starts.
 	for retry := backoff.Exponential(500*time.Millisecond, 5*time.Second); ; {
-		if err = st.LoadScripts(ctx); err == nil {
+		if err = cells.LoadScripts(ctx); err == nil {
 			break
 		}
 		wait := retry.Step()
@@ -526,7 +590,7 @@ func run(ctx context.Context, o options) error {
 		defer pprofSrv.Close()
 		log.Info("pprof", "address", pprofLn.Addr().String())
 	}
-	log.Info("serving", "version", version.Get().Version, "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", redactURL(o.redisURL),
+	log.Info("serving", "version", version.Get().Version, "api", apiLn.Addr().String(), "health", o.healthAddress, "redis", redactURL(o.redisURL), "redisCluster", o.clusterAddrs, "cells", cells.Names(), "cellLabel", o.cellLabel,
 		"redisUser", o.redisUser(), "redisPassword", o.redisPasswordSource(), "redisWaitReplicas", o.waitReplicas, "redisWaitTimeout", o.waitTimeout,
 		"weights", fmt.Sprintf("%g/%g", o.weightResources, o.weightCost), "staleThreshold", o.staleThreshold,
 		"policy", policySource(o.policyFile), "retention", o.retention, "maxEndedPerMember", o.maxEnded, "auditRetention", o.auditRetention)

@@ -56,6 +56,13 @@ func TestInvalidFlagsRefuseToStart(t *testing.T) {
 		{[]string{"--redis-wait-timeout=3s"}, "--redis-wait-timeout must be positive and less than the Redis read timeout (3s), got 3s"},
 		{[]string{"--audit-retention=-1s"}, "--audit-retention must be positive"},
 		{[]string{"--dashboard-operators=alice, bob"}, `--dashboard-operators: " bob" is not a certificate common name`},
+		{[]string{"--redis-cluster-addrs=r0:6379", "--redis-sentinel-master=m", "--redis-sentinel-addrs=s:26379"}, "--redis-cluster-addrs and --redis-sentinel-master exclude each other"},
+		{[]string{"--redis-cluster-addrs=r0"}, `--redis-cluster-addrs: "r0" is not host:port`},
+		{[]string{"--redis-cluster-addrs=r0:6379", "--redis-url=redis://x:6379/2"}, "a Redis Cluster has database 0 only"},
+		{[]string{"--redis-cluster-addrs=r0:6379", "--redis-wait-replicas=1"}, "--redis-wait-replicas is not supported with --redis-cluster-addrs"},
+		{[]string{"--cells=eu,eu"}, `--cells: cells: cell "eu" named twice`},
+		{[]string{"--cells=e{u}"}, `--cells: cells: cell name "e{u}"`},
+		{[]string{"--cell-label=not a label"}, `--cell-label "not a label"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			cmd := newCommand()

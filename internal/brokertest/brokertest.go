@@ -40,12 +40,16 @@ type Broker struct {
 	// RDB is an administrator's client of the broker's Redis, for what a
 	// test inspects or breaks (INFO, SCRIPT FLUSH, ...); the broker's store
 	// (Store) connects as the limited user of manifests/redis/users.acl.
-	RDB    *redis.Client
-	Store  *store.Store
-	URL    string // https://127.0.0.1:<port>, the mutual-TLS API
-	Health string // http://127.0.0.1:<port>, /healthz /readyz /metrics
-	CA     *certauthority.CA
-	Dir    string // holds broker/ (the server's cert dir) and clusters/<id>/ once ClusterCertDir is called
+	RDB   *redis.Client
+	Store *store.Store
+	// Cells and Cluster are those of a broker started by StartCells (Redis,
+	// RDB and Snapshot are then unset); Store is its default cell's.
+	Cells   *store.Cells
+	Cluster *redistest.Cluster
+	URL     string // https://127.0.0.1:<port>, the mutual-TLS API
+	Health  string // http://127.0.0.1:<port>, /healthz /readyz /metrics
+	CA      *certauthority.CA
+	Dir     string // holds broker/ (the server's cert dir) and clusters/<id>/ once ClusterCertDir is called
 	// Dashboard is the broker's web dashboard when Options.Operators name operators.
 	Dashboard *dashboard.Dashboard
 
@@ -76,6 +80,38 @@ type Options struct {
 // Start runs a broker for t and stops it at cleanup.
 func Start(t testing.TB, o Options) *Broker {
 	t.Helper()
+	rs := redistest.Start(t)
+	if o.Store.GrantKeys == nil { // those of the rb-broker processes of StartProcess too
+		keys, err := store.LoadGrantKeys(rs.Users.GrantKeyFile)
+		require.NoError(t, err)
+		o.Store.GrantKeys = keys
+	}
+	b := start(t, o, server.Config{Store: store.New(rs.Client(), o.Store)})
+	b.Redis, b.RDB = rs, rs.AdminClient()
+	return b
+}
+
+// StartCells runs a broker for t over a three-primary Redis Cluster
+// (redistest.StartCluster), its federation split into the named cells by
+// rule, and stops it at cleanup.
+func StartCells(t testing.TB, o Options, names []string, rule store.CellRule) *Broker {
+	t.Helper()
+	rc := redistest.StartCluster(t, 3, names)
+	if o.Store.GrantKeys == nil {
+		keys, err := store.LoadGrantKeys(rc.Users.GrantKeyFile)
+		require.NoError(t, err)
+		o.Store.GrantKeys = keys
+	}
+	cells, err := store.NewCells(rc.Client(), o.Store, names, rule)
+	require.NoError(t, err)
+	b := start(t, o, server.Config{Cells: cells})
+	b.Cells, b.Cluster = cells, rc
+	return b
+}
+
+// start runs the server of cfg (its Store or Cells) with o.
+func start(t testing.TB, o Options, cfg server.Config) *Broker {
+	t.Helper()
 	if o.ExpiryInterval == 0 {
 		o.ExpiryInterval = 50 * time.Millisecond
 	}
@@ -85,14 +121,10 @@ func Start(t testing.TB, o Options) *Broker {
 	if o.CertCheckInterval == 0 {
 		o.CertCheckInterval = server.DefaultCertCheckInterval
 	}
-	rs := redistest.Start(t)
-	rdb := rs.AdminClient()
-	if o.Store.GrantKeys == nil { // those of the rb-broker processes of StartProcess too
-		keys, err := store.LoadGrantKeys(rs.Users.GrantKeyFile)
-		require.NoError(t, err)
-		o.Store.GrantKeys = keys
+	st := cfg.Store
+	if cfg.Cells != nil {
+		st = cfg.Cells.Cell(cfg.Cells.Default())
 	}
-	st := store.New(rs.Client(), o.Store)
 	ca, err := certauthority.NewCA("test CA")
 	require.NoError(t, err)
 	pair, err := ca.IssueServer("rb-broker", []string{"127.0.0.1"})
@@ -110,8 +142,8 @@ func Start(t testing.TB, o Options) *Broker {
 	require.NoError(t, err)
 	healthLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	cfg := server.Config{Store: st, Limits: o.Limits, Log: log, EventKeepAlive: o.EventKeepAlive,
-		MaxStreamsPerCluster: o.MaxStreamsPerCluster, MaxListsPerCluster: o.MaxListsPerCluster}
+	cfg.Limits, cfg.Log, cfg.EventKeepAlive = o.Limits, log, o.EventKeepAlive
+	cfg.MaxStreamsPerCluster, cfg.MaxListsPerCluster = o.MaxStreamsPerCluster, o.MaxListsPerCluster
 	ctx, cancel := context.WithCancel(context.Background())
 	var dash *dashboard.Dashboard
 	if len(o.Operators) > 0 {
@@ -138,7 +170,7 @@ func Start(t testing.TB, o Options) *Broker {
 			t.Error("broker did not stop")
 		}
 	})
-	b := &Broker{t: t, Redis: rs, RDB: rdb, Store: st, CA: ca, Dir: base, clients: map[string]*http.Client{}, Dashboard: dash,
+	b := &Broker{t: t, Store: st, CA: ca, Dir: base, clients: map[string]*http.Client{}, Dashboard: dash,
 		URL: "https://" + apiLn.Addr().String(), Health: "http://" + healthLn.Addr().String()}
 	require.Eventually(t, func() bool {
 		resp, err := http.Get(b.Health + "/readyz")

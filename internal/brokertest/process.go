@@ -41,7 +41,7 @@ func BuildBroker(t testing.TB, dir string) string {
 	return bin
 }
 
-// StartProcess runs bin (an rb-broker) on b's Redis and certificates, with
+// StartProcess runs bin (an rb-broker) on b's Redis (or Redis Cluster) and certificates, with
 // the store settings given as flags (such as --stale-threshold=1h) and env
 // added to its environment (such as GOGC=100), and stops it at cleanup.
 func (b *Broker) StartProcess(bin string, env []string, flags ...string) *Process {
@@ -50,8 +50,16 @@ func (b *Broker) StartProcess(bin string, env []string, flags ...string) *Proces
 	logPath := filepath.Join(b.Dir, "rb-broker-"+strings.ReplaceAll(api, ":", "-")+".log")
 	logf, err := os.Create(logPath)
 	require.NoError(b.t, err)
-	args := append([]string{"--listen-address=" + api, "--health-address=" + health,
-		"--cert-dir=" + filepath.Join(b.Dir, "broker"), "--redis-url=redis://" + b.Redis.Addr + "/0"}, b.Redis.Users.BrokerFlags()...)
+	args := []string{"--listen-address=" + api, "--health-address=" + health, "--cert-dir=" + filepath.Join(b.Dir, "broker")}
+	if b.Cluster != nil { // a broker of StartCells: its Redis Cluster (the flags name its cells)
+		addrs := make([]string, len(b.Cluster.Primaries))
+		for i, p := range b.Cluster.Primaries {
+			addrs[i] = p.Addr
+		}
+		args = append(append(args, "--redis-cluster-addrs="+strings.Join(addrs, ",")), b.Cluster.Users.BrokerFlags()...)
+	} else {
+		args = append(append(args, "--redis-url=redis://"+b.Redis.Addr+"/0"), b.Redis.Users.BrokerFlags()...)
+	}
 	args = append(args, flags...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
