@@ -193,6 +193,14 @@ func run(dirFlag string, exitAfter, timeout time.Duration, embedded bool, nodesM
 		opts.RealNodes = true
 		opts.Clusters = []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis, testbed.RealBerlin}
 		opts.MetricsServer = metrics
+		// rome's borrowed pods keep rome's DNS and Services (the bed's host
+		// routes every cluster's service CIDR).
+		opts.AgentArgs = func(cluster string) []string {
+			if cluster == "rome" {
+				return []string{"--borrowed-pod-network=home"}
+			}
+			return nil
+		}
 	}
 	bed, err := testbed.New(ctx, opts)
 	close(progressDone)

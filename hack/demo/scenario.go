@@ -26,6 +26,7 @@ import (
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/internal/testbed"
+	"github.com/fluidos-project/resource-broker/internal/testenv"
 	"github.com/fluidos-project/resource-broker/internal/testimages"
 )
 
@@ -107,6 +108,7 @@ func demo(ctx context.Context, bed *testbed.Bed, timeout time.Duration, real boo
 				if real {
 					askTheContainer(ctx, bed)
 					askTheService(ctx, bed)
+					callFromABorrowedPod(ctx, bed)
 				}
 				return 0
 			}
@@ -216,6 +218,36 @@ func askTheService(ctx context.Context, bed *testbed.Bed) {
 	}
 	say("  %d GETs of Service %s/%s (ClusterIP %s, through rome's kube-proxy) answered by: %s", 6*replicas, namespace, deployment,
 		svc.Spec.ClusterIP, bold(strings.Join(parts, ", ")))
+}
+
+// callFromABorrowedPod runs, in a borrowed pod (kubectl exec through rome's
+// virtual node), a GET of Service web by its name in rome: the pod keeps
+// rome's DNS and Services (rome's agent runs --borrowed-pod-network=home).
+func callFromABorrowedPod(ctx context.Context, bed *testbed.Bed) {
+	rome := bed.Cluster("rome")
+	var pods corev1.PodList
+	if err := rome.Client.List(ctx, &pods, client.InNamespace(namespace)); err != nil || len(pods.Items) == 0 {
+		say("no pod to call from (%v)", err)
+		return
+	}
+	from := pods.Items[0]
+	assets, err := testenv.AssetsDir()
+	if err != nil {
+		say("kubectl: %v", err)
+		return
+	}
+	url := "http://" + deployment + "." + namespace + "/"
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, filepath.Join(assets, "kubectl"), "--kubeconfig", rome.Kubeconfig,
+		"exec", "-n", namespace, from.Name, "--", "/testapp", "get", url).CombinedOutput()
+	if err != nil {
+		say("  from %s on %s: GET %s: %v: %s", from.Name, from.Spec.NodeName, url, err, strings.TrimSpace(string(out)))
+		return
+	}
+	var a map[string]string
+	_ = json.Unmarshal(out, &a)
+	say("  from %s (borrowed, on %s): GET %s, resolved by rome's DNS -> answered by %s", from.Name, from.Spec.NodeName, url, bold(a["pod"]))
 }
 
 // showTop prints what `kubectl top pod` says in rome about the borrowed pods,
