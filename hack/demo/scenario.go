@@ -198,7 +198,9 @@ func askTheService(ctx context.Context, bed *testbed.Bed) {
 		say("reading Service %s: %v", deployment, err)
 		return
 	}
-	cl := &http.Client{Timeout: 3 * time.Second}
+	// A connection of its own per request: kube-proxy picks an endpoint per
+	// connection.
+	cl := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	answered := map[string]int{}
 	for range 6 * replicas {
 		resp, err := cl.Get("http://" + svc.Spec.ClusterIP + "/")
