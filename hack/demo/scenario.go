@@ -17,6 +17,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -198,6 +199,13 @@ func askTheService(ctx context.Context, bed *testbed.Bed) {
 		say("reading Service %s: %v", deployment, err)
 		return
 	}
+	// The endpoints follow the pods' readiness (the EndpointSlice
+	// controller, then kube-proxy): wait until all are ready.
+	deadline := time.Now().Add(15 * time.Second)
+	for readyEndpoints(ctx, bed, svc.Name) < replicas && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // kube-proxy's next sync
 	// A connection of its own per request: kube-proxy picks an endpoint per
 	// connection.
 	cl := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -250,6 +258,24 @@ func callFromABorrowedPod(ctx context.Context, bed *testbed.Bed) {
 	var a map[string]string
 	_ = json.Unmarshal(out, &a)
 	say("  from %s (borrowed, on %s): GET %s, resolved by rome's DNS -> answered by %s", from.Name, from.Spec.NodeName, url, bold(a["pod"]))
+}
+
+// readyEndpoints counts the ready endpoints of Service name in rome.
+func readyEndpoints(ctx context.Context, bed *testbed.Bed, name string) int {
+	var slices discoveryv1.EndpointSliceList
+	if err := bed.Cluster("rome").Client.List(ctx, &slices, client.InNamespace(namespace),
+		client.MatchingLabels{discoveryv1.LabelServiceName: name}); err != nil {
+		return 0
+	}
+	n := 0
+	for _, s := range slices.Items {
+		for _, ep := range s.Endpoints {
+			if ep.Conditions.Ready == nil || *ep.Conditions.Ready {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // showTop prints what `kubectl top pod` says in rome about the borrowed pods,
