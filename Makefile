@@ -51,7 +51,7 @@ ALONE_PKGS  := ./broker/server
 
 .PHONY: check-node-deps
 check-node-deps:
-	@for t in containerd runc ctr unshare nsenter ip sysctl cc; do command -v $$t >/dev/null || { echo "$$t not found: make node-deps (as root) installs containerd, runc and the CNI plugins" >&2; exit 1; }; done
+	@for t in containerd runc ctr unshare nsenter ip iptables-restore sysctl cc; do command -v $$t >/dev/null || { echo "$$t not found: make node-deps (as root) installs containerd, runc and the CNI plugins" >&2; exit 1; }; done
 	@test -x /usr/lib/cni/bridge || { echo "/usr/lib/cni/bridge not found: make node-deps (as root)" >&2; exit 1; }
 
 .PHONY: check-redis
@@ -275,10 +275,10 @@ $(LIQO_STAMP):
 
 # gcc and libc6-dev build internal/clockskew's LD_PRELOAD library (the
 # lifetime tests run redis-server with its clock an hour off the agents').
-NODE_PACKAGES := containerd runc containernetworking-plugins iproute2 procps util-linux gcc libc6-dev
+NODE_PACKAGES := containerd runc containernetworking-plugins iproute2 iptables procps util-linux gcc libc6-dev
 
 .PHONY: node-deps
-node-deps: ## Install containerd, runc, the CNI plugins and a C compiler (Debian packages; needs root).
+node-deps: ## Install containerd, runc, the CNI plugins, iptables (kube-proxy) and a C compiler (Debian packages; needs root).
 	@missing=""; for p in $(NODE_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo ">> apt-get install$$missing"; \

@@ -56,7 +56,7 @@ const (
 )
 
 // Tools the nodes need on PATH (besides the kubelet, which Config names).
-var tools = []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "unshare", "nsenter", "setsid", "ip", "sysctl", "mount"}
+var tools = []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "unshare", "nsenter", "setsid", "ip", "iptables-restore", "sysctl", "mount"}
 
 // cniPlugins are the CNI plugins a node's network uses.
 var cniPlugins = []string{"bridge", "host-local", "loopback"}
