@@ -458,9 +458,11 @@ func testVirtualNodeTenantQuota(t *testing.T, bed *testbed.Bed) {
 	tenant, err := kubernetes.NewForConfig(&rest.Config{Host: at.Grant.Endpoint, BearerToken: at.Grant.Token,
 		TLSClientConfig: rest.TLSClientConfig{CAData: at.Grant.CABundle}})
 	require.NoError(t, err)
+	// No token of paris's ServiceAccounts: the tenant policy refuses one first.
 	pod := func(name string, r corev1.ResourceList) *corev1.Pod {
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{Containers: []corev1.Container{{
-			Name: "main", Image: testimages.Pause, ImagePullPolicy: corev1.PullIfNotPresent, Resources: corev1.ResourceRequirements{Requests: r}}}}}
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{AutomountServiceAccountToken: ptr.To(false),
+			Containers: []corev1.Container{{
+				Name: "main", Image: testimages.Pause, ImagePullPolicy: corev1.PullIfNotPresent, Resources: corev1.ResourceRequirements{Requests: r}}}}}
 	}
 	_, err = tenant.CoreV1().Pods(at.Grant.Namespace).Create(ctx, pod("no-requests", nil), metav1.CreateOptions{})
 	require.Error(t, err, "a tenant pod without requests")

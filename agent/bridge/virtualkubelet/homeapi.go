@@ -302,37 +302,23 @@ func (t *homeTokens) ensure(ctx context.Context, rc *remoteCluster, pod, copy *c
 	if found && !t.ours(existing, pod) {
 		return errCollision{fmt.Sprintf("secret %s/%s at the provider is not the home API token of %s", rc.namespace, name, key)}
 	}
-	if copy == nil {
-		if cp, ok := rc.pod(pod.Namespace, pod.Name); ok {
-			if _, uid, ok := originOf(cp); ok && uid == pod.UID {
-				copy = cp
-			}
-		}
-	}
-	if found && existing.Annotations[OriginUIDAnnotation] == string(pod.UID) {
+	if found && existing.Annotations[OriginUIDAnnotation] == string(pod.UID) && len(existing.OwnerReferences) == 0 {
 		refresh, perr := time.Parse(time.RFC3339, existing.Annotations[homeTokenRefreshAnnotation])
 		if wait := time.Until(refresh); perr == nil && wait > 0 {
 			t.queue.AddAfter(key, wait)
-			if copy == nil || ownedBy(existing, copy) {
-				return nil
-			}
-			existing.OwnerReferences = copyOwner(copy)
-			_, err := api.Update(ctx, existing, metav1.UpdateOptions{FieldManager: FieldManager})
-			return err
+			return nil
 		}
 	}
 
+	// Owned by nobody: a copy evicted and made again would take its
+	// Secret with it (the provider's garbage collector) between the two;
+	// the bridge deletes it once the pod is gone or finished, and the
+	// tenant namespace's removal takes what an agent that was down left.
 	desired, refresh, err := t.issue(ctx, pod, name)
 	if err != nil {
 		return err
 	}
-	if copy != nil {
-		desired.OwnerReferences = copyOwner(copy)
-	}
 	if found {
-		if copy == nil && existing.Annotations[OriginUIDAnnotation] == string(pod.UID) {
-			desired.OwnerReferences = existing.OwnerReferences
-		}
 		desired.ResourceVersion = existing.ResourceVersion
 		_, err = api.Update(ctx, desired, metav1.UpdateOptions{FieldManager: FieldManager})
 	} else {
@@ -425,19 +411,4 @@ func (t *homeTokens) delete(ctx context.Context, rc *remoteCluster, key types.Na
 	}
 	t.n.log.V(1).Info("home API token deleted", "pod", key.String(), "secret", name)
 	return nil
-}
-
-func ownedBy(o metav1.Object, owner *corev1.Pod) bool {
-	for _, r := range o.GetOwnerReferences() {
-		if r.UID == owner.UID {
-			return true
-		}
-	}
-	return false
-}
-
-// copyOwner makes the copy the Secret's owner: the provider's garbage
-// collector deletes the Secret with it, even if this agent is gone.
-func copyOwner(copy *corev1.Pod) []metav1.OwnerReference {
-	return []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: copy.Name, UID: copy.UID}}
 }
