@@ -65,18 +65,15 @@ const DefaultMaxStreamsPerCluster = 8
 // Redis at once. Redis runs one script at a time, in the order they come:
 // 50 members advertising together would put 50 scripts, milliseconds each
 // with many nodes, in front of every reserve call. Advertisements can wait
-// (an agent's next one is seconds away); decisions should not. Two at a
-// time: a reserve waits behind two advertisements at most (a few ms of
-// Redis at 50 nodes each). When Redis is busy, an advertisement's turn
-// lasts its round trip through Redis' queue (seconds when saturated), not
-// its script, so a replica stores about turns / round trip a second: with
-// one turn, 1,000 members advertising every 30 s through two replicas went
-// stale (docs/benchmarks.md, "Advertisements under overload"). One turn had
-// been chosen for TestAbuseChurnAndHeavyRenewals beside a CPU burner (honest
-// p99 2.4-2.8x of the same load alone, against 2.9-3.2x with two); with two
-// it passes (within 2x) run with the broker's tests. The others wait, the
-// newest first, at most advertWait (advertGate).
-const maxConcurrentAdvertisements = 2
+// (an agent's next one is seconds away); decisions should not. One at a
+// time: a reserve waits behind one advertisement at most. Two turns store
+// more advertisements when Redis is saturated (a turn lasts the round trip
+// through Redis' queue: docs/benchmarks.md, "Advertisements under
+// overload"), but TestAbuseChurnAndHeavyRenewals, alone on a quiet
+// machine, then put the honest members' reserve p99 at 1.43-2.08x of the
+// same load alone (it asks for 2x at most), against 1.38x with one. The
+// others wait, the newest first, at most advertWait (advertGate).
+const maxConcurrentAdvertisements = 1
 
 // hubBlock bounds one read of the event hub (eventHub.block).
 const hubBlock = 250 * time.Millisecond
