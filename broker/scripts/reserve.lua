@@ -162,13 +162,7 @@ local function decide(raw, arrival_us)
   local q = request_of(raw)
   local answered = gate(q, arrival_us)
   if answered then return answered end
-  local d
-  if q.prefs then
-    d = decide_preferred(q)
-  else
-    d = new_decision(q)
-    candidates(d)
-  end
+  local d = decision_of(q)
   d.rejected.stale = call_counts()
   if #d.top == 0 then return no_fit(d, arrival_us) end
   return commit(d)

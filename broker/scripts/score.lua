@@ -44,13 +44,7 @@ local cut = now - stale_ms
 
 local function score(raw)
   local q = request_of(raw)
-  local d
-  if q.prefs then
-    d = decide_preferred(q)
-  else
-    d = new_decision(q)
-    candidates(d)
-  end
+  local d = decision_of(q)
   if #d.top == 0 then return {'[]', -1, -1} end
   return {report(d.top), price_micros(d.min_price), price_micros(d.max_price)}
 end

@@ -49,3 +49,12 @@ local function decide_preferred(q)
   d.pref = {term = -1, tried = tried}
   return d
 end
+
+-- decision_of decides request q: by its preferences when it has any, else
+-- over every candidate.
+local function decision_of(q)
+  if q.prefs then return decide_preferred(q) end
+  local d = new_decision(q)
+  candidates(d)
+  return d
+end
