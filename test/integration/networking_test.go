@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -156,10 +157,32 @@ func testNetworkingOutbound(t *testing.T, bed *testbed.Bed) {
 		assert.Equal(t, local, borrowed, "%s: the borrowed pod's Service variables are a local pod's", ns)
 	}
 
+	// The copies read those variables from one ConfigMap per home namespace
+	// at their provider, which follows the namespace's Services.
+	provider := bed.Cluster(strings.TrimPrefix(callers["shop"].Spec.NodeName, "rb-"))
+	tenant := rbv1.TenantNamespacePrefix + "rome"
+	envKey := client.ObjectKey{Namespace: tenant, Name: "shop.rb-service-env-0"}
+	var copyPod corev1.Pod
+	require.NoError(t, provider.Client.Get(ctx, client.ObjectKey{Namespace: tenant, Name: "shop." + callers["shop"].Name}, &copyPod))
+	require.NotEmpty(t, copyPod.Spec.Containers[0].EnvFrom)
+	assert.Equal(t, envKey.Name, copyPod.Spec.Containers[0].EnvFrom[0].ConfigMapRef.Name)
+	backendHost := serviceVars(t, backends["shop"])["BACKEND_SERVICE_HOST"]
+	require.NoError(t, rome.Client.Create(ctx, appService("shop", "late")))
+	eventually(t, 30*time.Second, "a Service created later in the provider's ConfigMap", func() (bool, string) {
+		var cm corev1.ConfigMap
+		err := provider.Client.Get(ctx, envKey, &cm)
+		return err == nil && cm.Data["LATE_SERVICE_HOST"] != "" && cm.Data["BACKEND_SERVICE_HOST"] == backendHost,
+			fmt.Sprint(err, len(cm.Data))
+	})
+
 	for _, ns := range namespaces {
 		require.NoError(t, rome.Client.DeleteAllOf(ctx, &appsv1.Deployment{}, client.InNamespace(ns)))
 		waitNoPodOrReservation(t, rome, ns, 60*time.Second)
 	}
+	eventually(t, 30*time.Second, "the provider's ConfigMap of shop's Service variables gone with its last copy", func() (bool, string) {
+		err := provider.Client.Get(ctx, envKey, &corev1.ConfigMap{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
 	backToBaseline(t, bed, base, 60*time.Second)
 }
 

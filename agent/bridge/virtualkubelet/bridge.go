@@ -178,6 +178,7 @@ type Bridge struct {
 	advertisedAt time.Time
 	whoami       string        // this agent's user name, once known (mirroraccess.go)
 	masterSvc    masterService // Service default/kubernetes, with HomeNetwork
+	serviceEnvs  serviceEnvCache
 
 	mu    sync.Mutex
 	nodes map[string]*providerNode // by provider

@@ -193,15 +193,18 @@ type homeAPI struct {
 }
 
 // applyHomeAPI replaces the token volumes of spec (homeAPIVolumes, the
-// mounts stay) by the home token's Secret, and puts the home API server's
-// variables first in each container's environment, but for those it sets
-// itself (the variables after them may refer to them).
-func applyHomeAPI(spec *corev1.PodSpec, volumes map[string]bool, h *homeAPI) {
+// mounts stay) by the home token's Secret and, with withEnv, puts the home
+// API server's variables first in each container's environment, but for
+// those it sets itself (the variables after them may refer to them).
+func applyHomeAPI(spec *corev1.PodSpec, volumes map[string]bool, h *homeAPI, withEnv bool) {
 	for i := range spec.Volumes {
 		if volumes[spec.Volumes[i].Name] {
 			spec.Volumes[i].VolumeSource = corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 				SecretName: h.secret, DefaultMode: ptr.To(int32(0o644))}}
 		}
+	}
+	if !withEnv {
+		return
 	}
 	env := h.server.env()
 	for i := range spec.InitContainers {

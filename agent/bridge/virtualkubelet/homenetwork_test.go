@@ -1,6 +1,9 @@
 package virtualkubelet
 
 import (
+	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -90,4 +93,66 @@ func TestRemotePodKeepsTheHomeNetwork(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, remote.Spec.DNSConfig)
 	assert.Nil(t, remote.Spec.EnableServiceLinks)
+}
+
+func TestServiceEnvChunks(t *testing.T) {
+	assert.Equal(t, []map[string]string{{}}, serviceEnvChunks(nil), "one ConfigMap, empty")
+
+	var env []corev1.EnvVar
+	value := strings.Repeat("x", 1000)
+	for i := range 2000 { // about 2 MB
+		env = append(env, corev1.EnvVar{Name: fmt.Sprintf("S%04d_SERVICE_HOST", i), Value: value})
+	}
+	chunks := serviceEnvChunks(env)
+	require.Len(t, chunks, 3)
+	seen := map[string]bool{}
+	for _, data := range chunks {
+		size := 0
+		for k, v := range data {
+			size += len(k) + len(v)
+			assert.False(t, seen[k], "%s in one ConfigMap only", k)
+			seen[k] = true
+		}
+		assert.LessOrEqual(t, size, serviceEnvChunk)
+	}
+	assert.Len(t, seen, len(env))
+}
+
+func TestRemotePodReadsServiceEnvFromConfigMaps(t *testing.T) {
+	local := testPod()
+	own := corev1.EnvFromSource{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "web-env"}}}
+	local.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{own}
+	home := &homeView{network: HomeNetwork{DNS: "198.18.100.10"}, envFrom: []string{serviceEnvName("shop", 0), serviceEnvName("shop", 1)}}
+	remote, err := remotePod(local, mirrorParams{clusterID: "rome", namespace: "rb-rome", network: home})
+	require.NoError(t, err)
+
+	from := remote.Spec.Containers[0].EnvFrom
+	require.Len(t, from, 3)
+	assert.Equal(t, "shop.rb-service-env-0", from[0].ConfigMapRef.Name, "the home Services' variables first: the container's own sources win")
+	assert.Equal(t, "shop.rb-service-env-1", from[1].ConfigMapRef.Name)
+	assert.Equal(t, "shop.web-env", from[2].ConfigMapRef.Name, "the container's own, renamed to its copy")
+	_, n := envValue(remote.Spec.Containers[0].Env, "KUBERNETES_SERVICE_HOST")
+	assert.Zero(t, n, "no Service variable in the copy itself")
+	assert.Equal(t, ptr.To(false), remote.Spec.EnableServiceLinks)
+}
+
+func TestServiceEnvCache(t *testing.T) {
+	master := service("default", "kubernetes", "198.18.100.1", corev1.ServicePort{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP})
+	a := service("shop", "a", "198.18.100.20", corev1.ServicePort{Port: 80, Protocol: corev1.ProtocolTCP})
+	bsvc := service("shop", "b", "198.18.100.21", corev1.ServicePort{Port: 80, Protocol: corev1.ProtocolTCP})
+	a.ResourceVersion, bsvc.ResourceVersion = "1", "1"
+	var c serviceEnvCache
+	first := c.get("shop", master, []*corev1.Service{a, bsvc})
+	require.Len(t, first, 1)
+	assert.Equal(t, "198.18.100.20", first[0]["A_SERVICE_HOST"])
+	assert.Equal(t, "198.18.100.1", first[0]["KUBERNETES_SERVICE_HOST"])
+	again := c.get("shop", master, []*corev1.Service{bsvc, a})
+	assert.Equal(t, reflect.ValueOf(first[0]).Pointer(), reflect.ValueOf(again[0]).Pointer(), "the same Services in another order: computed once")
+
+	moved := a.DeepCopy()
+	moved.Spec.ClusterIP, moved.ResourceVersion = "198.18.100.30", "2"
+	chunks := c.get("shop", master, []*corev1.Service{moved, bsvc})
+	assert.Equal(t, "198.18.100.30", chunks[0]["A_SERVICE_HOST"], "a Service changed: computed again")
+	chunks = c.get("shop", master, []*corev1.Service{moved})
+	assert.NotContains(t, chunks[0], "B_SERVICE_HOST", "a Service gone: computed again")
 }

@@ -193,7 +193,7 @@ func remotePod(local *corev1.Pod, p mirrorParams) (*corev1.Pod, error) {
 	dropNodeSelection(spec, p.node)
 	applyPlacement(spec, p.placement, p.reservation)
 	if p.network != nil {
-		applyHomeNetwork(spec, ns, p.network) // its KUBERNETES_* go before applyHomeAPI's
+		applyHomeNetwork(spec, ns, p.network)
 	}
 
 	// Drop the token volumes and their mounts (but the home token's).
@@ -274,8 +274,13 @@ func remotePod(local *corev1.Pod, p mirrorParams) (*corev1.Pod, error) {
 		}
 	}
 	eachContainer(spec, fixEnv)
+	if p.network != nil {
+		readServiceEnv(spec, p.network)
+	}
 	if p.home != nil {
-		applyHomeAPI(spec, home, p.home)
+		// With the home network the KUBERNETES_* variables are already the
+		// home ClusterIP's, as a local pod's.
+		applyHomeAPI(spec, home, p.home, p.network == nil)
 	}
 
 	return &corev1.Pod{

@@ -61,6 +61,7 @@ type providerNode struct {
 	pods        *podHandler
 	objects     *objectMirror
 	tokens      *homeTokens   // its copies' home API tokens
+	serviceEnv  *serviceEnvs  // its copies' home Service variables (HomeNetwork)
 	endpoint    *nodeEndpoint // its kubelet endpoint; nil when off
 	usage       nodeUsage     // its pods' resource usage at the provider
 	started     time.Time
@@ -106,6 +107,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 	n.pods = &podHandler{n: n, deleting: map[string]bool{}, unscheduled: map[types.UID]bool{}}
 	n.objects = newObjectMirror(n)
 	n.tokens = newHomeTokens(n)
+	n.serviceEnv = newServiceEnvs(n)
 
 	factory := informers.NewSharedInformerFactoryWithOptions(b.local, 0,
 		informers.WithTransform(stripManagedFields),
@@ -159,6 +161,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 	}
 	n.goRun(func() { n.usageLoop(ctx) })
 	n.goRun(func() { n.tokens.run(ctx) })
+	n.goRun(func() { n.serviceEnv.run(ctx) })
 	n.goRun(func() {
 		if err := pc.Run(vkctx, b.cfg.PodSyncWorkers); err != nil && ctx.Err() == nil {
 			n.log.Error(err, "pod controller stopped")

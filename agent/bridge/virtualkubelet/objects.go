@@ -72,6 +72,16 @@ func (b *Bridge) localObjects(ctx context.Context, namespace string) (*localObje
 		synced: []cache.InformerSynced{cms.Informer().HasSynced, secrets.Informer().HasSynced}}
 	if b.cfg.HomeNetwork != nil {
 		svcs := factory.Core().V1().Services()
+		servicesChanged := func() {
+			for _, n := range b.runningNodes() {
+				n.serviceEnv.servicesChanged(namespace)
+			}
+		}
+		_, _ = svcs.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { servicesChanged() },
+			UpdateFunc: func(any, any) { servicesChanged() },
+			DeleteFunc: func(any) { servicesChanged() },
+		})
 		nso.objs.services = svcs.Lister().Services(namespace)
 		nso.objs.synced = append(nso.objs.synced, svcs.Informer().HasSynced)
 	}
@@ -125,6 +135,7 @@ func (m *objectMirror) OnAdd(obj any, _ bool) {
 	p := obj.(*corev1.Pod)
 	m.track(p)
 	m.n.tokens.track(p)
+	m.n.serviceEnv.track(p)
 }
 
 func (m *objectMirror) OnUpdate(_, obj any) {
@@ -132,6 +143,7 @@ func (m *objectMirror) OnUpdate(_, obj any) {
 	m.track(p)
 	if finished(p) {
 		m.n.tokens.track(p)         // its token goes
+		m.n.serviceEnv.track(p)     // and its namespace's variables, if it was the last
 		m.n.b.enqueue(m.n.provider) // the node may be removable
 	}
 }
@@ -148,6 +160,7 @@ func (m *objectMirror) OnDelete(obj any) {
 	unused := m.setLocked(p.Namespace, p.Name, objectRefs{})
 	m.mu.Unlock()
 	m.n.tokens.track(p) // its token goes
+	m.n.serviceEnv.track(p)
 	if !unused.empty() {
 		go m.deleteCopies(p.Namespace, unused)
 	}

@@ -86,6 +86,9 @@ func (h *podHandler) create(ctx context.Context, pod *corev1.Pod) error {
 	if err != nil {
 		return err
 	}
+	if err := h.n.serviceEnv.attach(ctx, rc, pod, network); err != nil {
+		return err
+	}
 	params.network = network
 	wantsToken, err := h.n.b.wantsHomeToken(ctx, pod)
 	if err != nil {
