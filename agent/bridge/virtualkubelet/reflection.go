@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -141,17 +142,14 @@ func (r *reflector[T, A]) run(ctx context.Context) {
 		<-ctx.Done()
 		r.queue.ShutDown()
 	}()
-	done := make(chan struct{})
+	var wg sync.WaitGroup
 	for range reflectionWorkers {
-		go func() {
-			defer func() { done <- struct{}{} }()
+		wg.Go(func() {
 			for r.next(ctx) {
 			}
-		}()
+		})
 	}
-	for range reflectionWorkers {
-		<-done
-	}
+	wg.Wait()
 }
 
 // next reconciles one key: transient failures are retried with a growing
@@ -183,10 +181,10 @@ func (r *reflector[T, A]) next(ctx context.Context) bool {
 
 func (r *reflector[T, A]) reflect(ctx context.Context, rc *remoteCluster, key types.NamespacedName) error {
 	outcome, err := r.sync(ctx, rc, key)
-	if err != nil && !errors.Is(err, errUsageUnknown) {
-		outcome = reflectionFailed
-	}
-	if outcome != "" {
+	switch {
+	case err != nil && !errors.Is(err, errUsageUnknown):
+		reflections.WithLabelValues(r.k.kind(), reflectionFailed).Inc()
+	case outcome != "":
 		reflections.WithLabelValues(r.k.kind(), outcome).Inc()
 		r.n.log.V(1).Info("reflected", "kind", r.k.kind(), "object", key.String(), "outcome", outcome)
 	}
@@ -217,7 +215,8 @@ func (r *reflector[T, A]) sync(ctx context.Context, rc *remoteCluster, key types
 	if err != nil {
 		return "", err
 	}
-	desired, cfg, ok := r.k.copyOf(local, r.n.mirrorParams(rc))
+	// A copy's metadata needs no more than these (no node, no reservation).
+	desired, cfg, ok := r.k.copyOf(local, mirrorParams{clusterID: r.n.b.cfg.ClusterID, namespace: rc.namespace})
 	if !ok {
 		return "", nil
 	}
@@ -304,9 +303,9 @@ func copyKey(o metav1.Object) (types.NamespacedName, bool) {
 	if key, _, ok := originOf(o); ok {
 		return key, true
 	}
-	namespace, name, ok := strings.Cut(o.GetName(), ".")
-	if !ok || RemoteName(namespace, name) != o.GetName() {
-		return types.NamespacedName{}, false // a shortened name tells nothing
+	namespace, name, ok := strings.Cut(o.GetName(), ".") // a namespace has no dots
+	if !ok {
+		return types.NamespacedName{}, false
 	}
 	return types.NamespacedName{Namespace: namespace, Name: name}, true
 }
