@@ -13,7 +13,8 @@
 //   - providerNode: the NodeProvider of one node (Ready while the provider's
 //     API answers with the granted token), its credentials and probe;
 //   - podHandler: the PodLifecycleHandler and PodNotifier of one node;
-//   - objectMirror: the ConfigMaps and Secrets its pods use;
+//   - objectMirror: the ConfigMaps and Secrets its pods use, whose copies
+//     its reflectors keep at the provider (reflection.go);
 //   - kubeletServer: the nodes' kubelet endpoints, one port each (kubectl
 //     logs, exec, attach, port-forward reach the copies through the
 //     provider's API; metrics-server reads the usage each node polls from

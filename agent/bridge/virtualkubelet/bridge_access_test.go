@@ -153,7 +153,9 @@ func (vk *vkLifecycle) tenantToken(t *testing.T) {
 		if r.Resource == "pods" && strings.HasPrefix(r.Name, strings.TrimSuffix(provider.PlaceholderName("x"), "x")) {
 			continue // paris's agent's placeholders (provider-side hold), not copies
 		}
-		if e.Verb == "create" && r.Namespace == "rb-rome" && r.Subresource == "" && slices.Contains([]string{"pods", "configmaps", "secrets"}, r.Resource) {
+		// The copies of ConfigMaps and Secrets are made by server-side apply: a patch answered 201 Created.
+		created := e.Verb == "create" || (e.Verb == "patch" && e.ResponseStatus.Code == http.StatusCreated)
+		if created && r.Namespace == "rb-rome" && r.Subresource == "" && slices.Contains([]string{"pods", "configmaps", "secrets"}, r.Resource) {
 			creators[e.User.Username] = append(creators[e.User.Username], r.Resource+"/"+r.Name)
 		}
 	}

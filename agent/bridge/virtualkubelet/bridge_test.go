@@ -240,6 +240,7 @@ func TestVirtualKubelet(t *testing.T) {
 		{"exec, attach and port-forward reach the copy through paris's API with the tenant token", (*vkLifecycle).streams},
 		{"mirrored objects are written with the tenant token, which works nowhere else", (*vkLifecycle).tenantToken},
 		{"paris's Events about a copy are recorded on rome's pod, once, with their count", (*vkLifecycle).providerEvents},
+		{"the copies of ConfigMaps and Secrets are repaired at paris, replaced where apply cannot, deleted once unused", (*vkLifecycle).reflection},
 		{"a pod bound to rb-paris that no reservation names is not copied: Pending NotReserved until one does", (*vkLifecycle).unreservedPod},
 		{"deleting rome's pod deletes the copy with the same grace period", (*vkLifecycle).podDeleted},
 		{"a copy deleted behind the bridge's back is recreated, or fails the pod, per restart policy", (*vkLifecycle).copyDeletedAtProvider},

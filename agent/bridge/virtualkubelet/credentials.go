@@ -118,6 +118,7 @@ func (n *providerNode) useGrant(g *api.Grant) error {
 		rc.stop()
 	}
 	n.log.Info("connected to the provider", "endpoint", g.Endpoint, "namespace", g.Namespace, "expires", g.ExpiresAt)
+	n.objects.resync()
 	n.probeSoon()
 	return nil
 }

@@ -115,10 +115,12 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", n.name).String()
 		}))
 	podInformer := factory.Core().V1().Pods()
-	if _, err := podInformer.Informer().AddEventHandler(n.objects); err != nil {
+	counted, err := podInformer.Informer().AddEventHandler(n.objects)
+	if err != nil {
 		cancel()
 		return nil, err
 	}
+	n.objects.synced = counted.HasSynced
 	if _, err := podInformer.Informer().AddEventHandler(n.pods.admissionEvents()); err != nil {
 		cancel()
 		return nil, err
@@ -162,6 +164,7 @@ func (b *Bridge) newProviderNode(provider string) (*providerNode, error) {
 	n.goRun(func() { n.usageLoop(ctx) })
 	n.goRun(func() { n.tokens.run(ctx) })
 	n.goRun(func() { n.serviceEnv.run(ctx) })
+	n.goRun(func() { n.objects.run(ctx) })
 	n.goRun(func() {
 		if err := pc.Run(vkctx, b.cfg.PodSyncWorkers); err != nil && ctx.Err() == nil {
 			n.log.Error(err, "pod controller stopped")

@@ -2,13 +2,10 @@ package virtualkubelet
 
 import (
 	"context"
-	"fmt"
-	"maps"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
@@ -102,19 +99,23 @@ func (b *Bridge) startedObjects(namespace string) *localObjects {
 	return nso.objs
 }
 
-// localObjectChanged keeps the copies of a ConfigMap or Secret in sync.
+// localObjectChanged queues the copies of a ConfigMap or Secret.
 func (b *Bridge) localObjectChanged(kind string, o metav1.Object) {
 	for _, n := range b.runningNodes() {
 		n.objects.changed(kind, o.GetNamespace(), o.GetName())
 	}
 }
 
-// objectMirror keeps the copies of the ConfigMaps and Secrets that the pods
-// of one virtual node use. It follows the node's local pods (as an informer
-// handler) to know which objects are in use, updates copies when the local
-// objects change, and deletes copies no pod uses any more.
+// objectMirror knows which ConfigMaps and Secrets the pods of one virtual
+// node use: it follows the node's local pods (as an informer handler) and
+// counts each object's users. Its reflectors (reflection.go) keep their
+// copies at the provider.
 type objectMirror struct {
 	n *providerNode
+	// configMaps and secrets reflect the objects of each kind.
+	configMaps, secrets objectReflector
+	// synced: every pod the informer listed has been counted.
+	synced cache.InformerSynced
 
 	mu    sync.Mutex
 	byPod map[string]objectRefs // local pod key -> its objects
@@ -124,7 +125,11 @@ type objectMirror struct {
 var _ cache.ResourceEventHandler = (*objectMirror)(nil)
 
 func newObjectMirror(n *providerNode) *objectMirror {
-	return &objectMirror{n: n, byPod: map[string]objectRefs{}, users: map[string]int{}}
+	m := &objectMirror{n: n, byPod: map[string]objectRefs{}, users: map[string]int{}}
+	if n != nil {
+		m.configMaps, m.secrets = newReflector(n, configMapKind{}), newReflector(n, secretKind{n})
+	}
+	return m
 }
 
 func objectKey(kind, namespace, name string) string { return kind + "/" + namespace + "/" + name }
@@ -159,11 +164,9 @@ func (m *objectMirror) OnDelete(obj any) {
 	m.mu.Lock()
 	unused := m.setLocked(p.Namespace, p.Name, objectRefs{})
 	m.mu.Unlock()
+	m.release(p.Namespace, unused)
 	m.n.tokens.track(p) // its token goes
 	m.n.serviceEnv.track(p)
-	if !unused.empty() {
-		go m.deleteCopies(p.Namespace, unused)
-	}
 	m.n.b.enqueue(m.n.provider)
 }
 
@@ -175,8 +178,9 @@ func (m *objectMirror) track(p *corev1.Pod) {
 		refs = refsOf(p)
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.setLocked(p.Namespace, p.Name, refs)
+	unused := m.setLocked(p.Namespace, p.Name, refs)
+	m.mu.Unlock()
+	m.release(p.Namespace, unused)
 }
 
 // setLocked records the objects a pod uses and returns those no pod uses any more.
@@ -210,189 +214,90 @@ func (m *objectMirror) setLocked(namespace, name string, refs objectRefs) (unuse
 	return unused
 }
 
+// release queues the objects of namespace no pod uses any more: their
+// copies go.
+func (m *objectMirror) release(namespace string, unused objectRefs) {
+	if m.configMaps == nil { // a mirror that only counts (tests)
+		return
+	}
+	for _, name := range unused.ConfigMaps {
+		m.configMaps.enqueue(types.NamespacedName{Namespace: namespace, Name: name})
+	}
+	for _, name := range unused.Secrets {
+		m.secrets.enqueue(types.NamespacedName{Namespace: namespace, Name: name})
+	}
+}
+
 func (m *objectMirror) usedLocked(kind, namespace, name string) bool {
 	return m.users[objectKey(kind, namespace, name)] > 0
 }
 
-// changed updates the copy of a local object that pods here use.
-func (m *objectMirror) changed(kind, namespace, name string) {
+// uses: a pod of the node uses the object; known: every pod is counted.
+func (m *objectMirror) uses(kind string, key types.NamespacedName) (used, known bool) {
 	m.mu.Lock()
-	used := m.usedLocked(kind, namespace, name)
+	used = m.usedLocked(kind, key.Namespace, key.Name)
 	m.mu.Unlock()
-	rc := m.n.currentRemote()
-	objs := m.n.b.startedObjects(namespace)
-	if !used || rc == nil || objs == nil {
-		return
+	return used, m.synced == nil || m.synced()
+}
+
+func (m *objectMirror) reflector(kind string) objectReflector {
+	if kind == "Secret" {
+		return m.secrets
 	}
-	var err error
-	switch kind {
-	case "ConfigMap":
-		err = m.copyConfigMap(m.n.ctx, rc, objs, namespace, name)
-	case "Secret":
-		err = m.copySecret(m.n.ctx, rc, objs, namespace, name)
+	return m.configMaps
+}
+
+// changed queues the copy of a local object that changed.
+func (m *objectMirror) changed(kind, namespace, name string) {
+	m.reflector(kind).enqueue(types.NamespacedName{Namespace: namespace, Name: name})
+}
+
+// resync queues every object in use: after a connection to the provider,
+// the copies deleted meanwhile are made again.
+func (m *objectMirror) resync() {
+	m.mu.Lock()
+	var keys [][2]string
+	for k := range m.users {
+		kind, rest, _ := strings.Cut(k, "/")
+		keys = append(keys, [2]string{kind, rest})
 	}
-	if err != nil {
-		m.n.log.Error(err, "updating a copy", "kind", kind, "object", namespace+"/"+name)
-	} else {
-		m.n.log.V(1).Info("copy updated", "kind", kind, "object", namespace+"/"+name)
+	m.mu.Unlock()
+	for _, k := range keys {
+		namespace, name, _ := strings.Cut(k[1], "/")
+		m.changed(k[0], namespace, name)
 	}
 }
 
-// ensure copies the objects pod uses; one that does not exist here is
-// skipped (the provider's kubelet then waits for it, as ours would).
+// run reflects until ctx ends.
+func (m *objectMirror) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, r := range []objectReflector{m.configMaps, m.secrets} {
+		wg.Go(func() { r.run(ctx) })
+	}
+	wg.Wait()
+}
+
+// ensure copies the objects pod uses now, before its copy is made; one that
+// does not exist here is skipped (the provider's kubelet then waits for it,
+// as ours would).
 func (m *objectMirror) ensure(ctx context.Context, rc *remoteCluster, pod *corev1.Pod) error {
 	refs := refsOf(pod)
 	m.track(pod)
-	if refs.empty() {
-		return nil
-	}
-	objs, err := m.n.b.localObjects(ctx, pod.Namespace)
-	if err != nil {
-		return err
-	}
-	if !cache.WaitForCacheSync(ctx.Done(), objs.synced...) {
-		return ctx.Err()
-	}
 	for _, name := range refs.ConfigMaps {
-		if err := m.copyConfigMap(ctx, rc, objs, pod.Namespace, name); err != nil {
+		if err := m.configMaps.reflect(ctx, rc, types.NamespacedName{Namespace: pod.Namespace, Name: name}); err != nil {
 			return err
 		}
 	}
 	for _, name := range refs.Secrets {
-		if err := m.copySecret(ctx, rc, objs, pod.Namespace, name); err != nil {
+		if err := m.secrets.reflect(ctx, rc, types.NamespacedName{Namespace: pod.Namespace, Name: name}); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-func (m *objectMirror) copyConfigMap(ctx context.Context, rc *remoteCluster, objs *localObjects, namespace, name string) error {
-	local, err := objs.configMaps.Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	desired := remoteConfigMap(local, m.n.mirrorParams(rc))
-	api := rc.client.CoreV1().ConfigMaps(rc.namespace)
-	existing, err := api.Get(ctx, desired.Name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		_, err = api.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
-		return ignoreExists(err)
-	}
-	if err != nil {
-		return err
-	}
-	if err := checkOrigin(existing, local.ObjectMeta, "configmap", rc.namespace); err != nil {
-		return err
-	}
-	if equality.Semantic.DeepEqual(existing.Data, desired.Data) && equality.Semantic.DeepEqual(existing.BinaryData, desired.BinaryData) &&
-		maps.Equal(existing.Labels, desired.Labels) && maps.Equal(existing.Annotations, desired.Annotations) &&
-		equality.Semantic.DeepEqual(existing.Immutable, desired.Immutable) {
-		return nil
-	}
-	if existing.Immutable != nil && *existing.Immutable {
-		return m.replace(ctx, func() error { return api.Delete(ctx, desired.Name, deleteExactly(existing.UID)) },
-			func() error {
-				_, err := api.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
-				return err
-			})
-	}
-	desired.ResourceVersion = existing.ResourceVersion
-	_, err = api.Update(ctx, desired, metav1.UpdateOptions{FieldManager: FieldManager})
-	return err
-}
-
-func (m *objectMirror) copySecret(ctx context.Context, rc *remoteCluster, objs *localObjects, namespace, name string) error {
-	local, err := objs.secrets.Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if local.Type == corev1.SecretTypeServiceAccountToken {
-		m.n.log.Info("not copying a service account token to the provider", "secret", namespace+"/"+name)
-		return nil
-	}
-	desired := remoteSecret(local, m.n.mirrorParams(rc))
-	api := rc.client.CoreV1().Secrets(rc.namespace)
-	existing, err := api.Get(ctx, desired.Name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		_, err = api.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
-		return ignoreExists(err)
-	}
-	if err != nil {
-		return err
-	}
-	if err := checkOrigin(existing, local.ObjectMeta, "secret", rc.namespace); err != nil {
-		return err
-	}
-	if equality.Semantic.DeepEqual(existing.Data, desired.Data) && existing.Type == desired.Type &&
-		maps.Equal(existing.Labels, desired.Labels) && maps.Equal(existing.Annotations, desired.Annotations) &&
-		equality.Semantic.DeepEqual(existing.Immutable, desired.Immutable) {
-		return nil
-	}
-	if (existing.Immutable != nil && *existing.Immutable) || existing.Type != desired.Type {
-		return m.replace(ctx, func() error { return api.Delete(ctx, desired.Name, deleteExactly(existing.UID)) },
-			func() error {
-				_, err := api.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
-				return err
-			})
-	}
-	desired.ResourceVersion = existing.ResourceVersion
-	_, err = api.Update(ctx, desired, metav1.UpdateOptions{FieldManager: FieldManager})
-	return err
-}
-
-// replace deletes and creates again a copy that cannot be updated in place.
-func (m *objectMirror) replace(_ context.Context, del, create func() error) error {
-	if err := del(); client404(err) != nil {
-		return err
-	}
-	return ignoreExists(create())
-}
-
-// deleteCopies removes copies that no pod of this node uses any more.
-func (m *objectMirror) deleteCopies(namespace string, refs objectRefs) {
-	rc := m.n.currentRemote()
-	if rc == nil {
-		return
-	}
-	ctx := m.n.ctx
-	for _, name := range refs.ConfigMaps {
-		err := rc.client.CoreV1().ConfigMaps(rc.namespace).Delete(ctx, RemoteName(namespace, name), metav1.DeleteOptions{})
-		if client404(err) != nil {
-			m.n.log.Info("deleting an unused copy", "configmap", namespace+"/"+name, "error", err.Error())
-		}
-	}
-	for _, name := range refs.Secrets {
-		err := rc.client.CoreV1().Secrets(rc.namespace).Delete(ctx, RemoteName(namespace, name), metav1.DeleteOptions{})
-		if client404(err) != nil {
-			m.n.log.Info("deleting an unused copy", "secret", namespace+"/"+name, "error", err.Error())
-		}
-	}
-}
-
-// checkOrigin refuses to overwrite an object that is not a copy of local.
-func checkOrigin(existing metav1.Object, local metav1.ObjectMeta, kind, namespace string) error {
-	key, _, ok := originOf(existing)
-	if !ok || key != (types.NamespacedName{Namespace: local.Namespace, Name: local.Name}) {
-		return errCollision{fmt.Sprintf("%s %s/%s at the provider is not a copy of %s/%s", kind, namespace, existing.GetName(), local.Namespace, local.Name)}
 	}
 	return nil
 }
 
 func deleteExactly(uid types.UID) metav1.DeleteOptions {
 	return metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(uid))}
-}
-
-func ignoreExists(err error) error {
-	if apierrors.IsAlreadyExists(err) {
-		return nil
-	}
-	return err
 }
 
 // stripManagedFields saves the informers' memory.

@@ -319,9 +319,13 @@ func (h *podHandler) notifyStatus(p *corev1.Pod) {
 
 // remoteEvents handles the provider's informers: of the pods, status
 // changes are reflected and a copy that disappears is handled as its pod's
-// state implies; the Events about the copies are recorded on their pods.
+// state implies; the copies of ConfigMaps and Secrets are reconciled when
+// they change or go (reflection.go); the Events about the copies are
+// recorded on their pods.
 func (h *podHandler) remoteEvents() remoteHandlers {
-	return remoteHandlers{pods: h.remotePodEvents(), events: h.eventMirror().handler()}
+	objs := h.n.objects
+	return remoteHandlers{pods: h.remotePodEvents(), events: h.eventMirror().handler(),
+		configMaps: objs.configMaps.copyEvents(), secrets: objs.secrets.copyEvents()}
 }
 
 func (h *podHandler) remotePodEvents() cache.ResourceEventHandler {

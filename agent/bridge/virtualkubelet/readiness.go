@@ -121,6 +121,7 @@ func (n *providerNode) reconnect(ctx context.Context, old *remoteCluster) {
 			n.pods.remoteGone(p)
 		}
 	}
+	n.objects.resync() // the copies of ConfigMaps and Secrets deleted meanwhile
 	n.log.Info("reconnected to the provider", "copies", len(known))
 }
 

@@ -58,8 +58,9 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // remoteCluster is the provider's API as the grant opens it: a client that
-// authenticates with the tenant token only, and an informer on the mirrored
-// pods of this cluster in the tenant namespace (watched, never polled).
+// authenticates with the tenant token only, and informers on the copies of
+// this cluster's pods, ConfigMaps and Secrets in the tenant namespace
+// (watched, never polled).
 type remoteCluster struct {
 	endpoint  string
 	caBundle  []byte
@@ -70,7 +71,10 @@ type remoteCluster struct {
 	config    *rest.Config            // of client: the kubelet endpoint's streams (exec, attach, port-forward) dial with it
 	pods      corev1listers.PodNamespaceLister
 	synced    cache.InformerSynced
-	stop      context.CancelFunc
+	// configMaps and secrets are the copies the reflectors keep (reflection.go).
+	configMaps corev1listers.ConfigMapNamespaceLister
+	secrets    corev1listers.SecretNamespaceLister
+	stop       context.CancelFunc
 }
 
 // sameAccess: g opens the same API and namespace (only the token differs).
@@ -102,10 +106,10 @@ func (w warnings) HandleWarningHeader(_ int, _ string, text string) {
 }
 
 // remoteHandlers receive the provider informers' notifications: of the
-// copies, and of the Events about pods in the tenant namespace (nil: not
-// watched).
+// copies of pods, ConfigMaps and Secrets, and of the Events about pods in
+// the tenant namespace (nil: not watched).
 type remoteHandlers struct {
-	pods, events cache.ResourceEventHandler
+	pods, configMaps, secrets, events cache.ResourceEventHandler
 }
 
 // newRemoteCluster connects to a provider with a grant and starts the
@@ -133,10 +137,11 @@ func connect(ctx context.Context, endpoint string, caBundle []byte, namespace st
 	if err != nil {
 		return nil, err
 	}
+	ours := func(o *metav1.ListOptions) {
+		o.LabelSelector = labels.SelectorFromSet(labels.Set{rbv1.RequesterLabel: clusterID}).String()
+	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = labels.SelectorFromSet(labels.Set{rbv1.RequesterLabel: clusterID}).String()
-		}))
+		informers.WithTweakListOptions(ours))
 	inf := factory.Core().V1().Pods()
 	if _, err := inf.Informer().AddEventHandler(handler.pods); err != nil {
 		return nil, err
@@ -145,6 +150,22 @@ func connect(ctx context.Context, endpoint string, caBundle []byte, namespace st
 		log.V(1).Info("provider watch interrupted", "error", err.Error())
 	}
 	_ = inf.Informer().SetWatchErrorHandlerWithContext(watchErrors)
+	// The copies of ConfigMaps and Secrets, without their managed fields
+	// (the pods' are read by the pod handler).
+	objects := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(namespace),
+		informers.WithTransform(stripManagedFields), informers.WithTweakListOptions(ours))
+	cms, secrets := objects.Core().V1().ConfigMaps(), objects.Core().V1().Secrets()
+	for _, w := range []struct {
+		inf     cache.SharedIndexInformer
+		handler cache.ResourceEventHandler
+	}{{cms.Informer(), handler.configMaps}, {secrets.Informer(), handler.secrets}} {
+		if w.handler != nil {
+			if _, err := w.inf.AddEventHandler(w.handler); err != nil {
+				return nil, err
+			}
+		}
+		_ = w.inf.SetWatchErrorHandlerWithContext(watchErrors)
+	}
 	// The Events about pods, in a factory of their own: they carry no labels.
 	events := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(namespace),
 		informers.WithTransform(stripManagedFields),
@@ -160,11 +181,13 @@ func connect(ctx context.Context, endpoint string, caBundle []byte, namespace st
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	factory.Start(ctx.Done())
+	objects.Start(ctx.Done())
 	events.Start(ctx.Done())
 	return &remoteCluster{
 		endpoint: endpoint, caBundle: caBundle, namespace: namespace, token: tok, client: cs, metrics: mc, config: cfg,
 		pods: inf.Lister().Pods(namespace), synced: inf.Informer().HasSynced,
-		stop: func() { cancel(); factory.Shutdown(); events.Shutdown() },
+		configMaps: cms.Lister().ConfigMaps(namespace), secrets: secrets.Lister().Secrets(namespace),
+		stop: func() { cancel(); factory.Shutdown(); objects.Shutdown(); events.Shutdown() },
 	}, nil
 }
 

@@ -197,7 +197,7 @@ func (s *serviceEnvs) ensure(ctx context.Context, rc *remoteCluster, ns string) 
 		switch {
 		case apierrors.IsNotFound(err):
 			_, err = api.Create(ctx, desired, metav1.CreateOptions{FieldManager: FieldManager})
-			if err = ignoreExists(err); err != nil {
+			if err != nil && !apierrors.IsAlreadyExists(err) {
 				return nil, err
 			}
 		case err != nil:
