@@ -452,8 +452,11 @@ func (l *Liqo) Peer(ctx context.Context, consumer, provider *Cluster) (string, e
 
 // OffloadNamespace offloads namespace ns of c as `liqoctl offload
 // namespace` does (a NamespaceOffloading named "offloading" in ns), with
-// the given pod offloading strategy (Local, Remote, LocalAndRemote).
-func (l *Liqo) OffloadNamespace(ctx context.Context, c *Cluster, ns, strategy string) (string, error) {
+// the given pod offloading strategy (Local, Remote, LocalAndRemote) and
+// namespace mapping strategy (DefaultName: <ns>-<cluster ID> in the
+// providers; EnforceSameName: ns, so that names qualified with the
+// namespace, such as svc.ns, resolve there too).
+func (l *Liqo) OffloadNamespace(ctx context.Context, c *Cluster, ns, podStrategy, mappingStrategy string) (string, error) {
 	return l.Liqoctl(ctx, "offload", "namespace", ns, "--kubeconfig", c.Kubeconfig,
-		"--pod-offloading-strategy", strategy, "--namespace-mapping-strategy", "DefaultName", "--timeout=60s", "--skip-confirm")
+		"--pod-offloading-strategy", podStrategy, "--namespace-mapping-strategy", mappingStrategy, "--timeout=60s", "--skip-confirm")
 }
