@@ -31,8 +31,8 @@
 // Deviations from a Liqo install, and why:
 //
 //   - No container runs Liqo: there is no registry here, so its images cannot
-//     be pulled, and pods of the bed cannot reach an API server through a
-//     Service (no kube-proxy, no DNS). Every Liqo Deployment is applied with
+//     be pulled (and pods of the bed had no kube-proxy or DNS when this was
+//     built). Every Liqo Deployment is applied with
 //     spec.replicas=0 (chart values controllerManager.replicas,
 //     webhook.replicas and virtualKubelet.replicas; crd-replicator has no such
 //     value, its rendered Deployment is set to 0), and liqobed runs its one
@@ -62,7 +62,8 @@
 //     Service's endpoints rather than its ClusterIP.
 //   - Not rendered (chart values off): the networking module (gateways,
 //     IPAM, fabric: networking.enabled=false, as `liqoctl peer
-//     --networking-disabled` expects), the metric agent (virtual node
+//     --networking-disabled` expects; its fabric needs geneve interfaces,
+//     which this kernel lacks: docs/liqo-testbed.md), the metric agent (virtual node
 //     metrics; it needs an APIService and a certificate init container), the
 //     API server proxy (in-band peering only), telemetry (no internet). The
 //     chart's pre-delete hook Job (uninstaller) is not applied: the bed is
@@ -452,8 +453,11 @@ func (l *Liqo) Peer(ctx context.Context, consumer, provider *Cluster) (string, e
 
 // OffloadNamespace offloads namespace ns of c as `liqoctl offload
 // namespace` does (a NamespaceOffloading named "offloading" in ns), with
-// the given pod offloading strategy (Local, Remote, LocalAndRemote).
-func (l *Liqo) OffloadNamespace(ctx context.Context, c *Cluster, ns, strategy string) (string, error) {
+// the given pod offloading strategy (Local, Remote, LocalAndRemote) and
+// namespace mapping strategy (DefaultName: <ns>-<cluster ID> in the
+// providers; EnforceSameName: ns, so that names qualified with the
+// namespace, such as svc.ns, resolve there too).
+func (l *Liqo) OffloadNamespace(ctx context.Context, c *Cluster, ns, podStrategy, mappingStrategy string) (string, error) {
 	return l.Liqoctl(ctx, "offload", "namespace", ns, "--kubeconfig", c.Kubeconfig,
-		"--pod-offloading-strategy", strategy, "--namespace-mapping-strategy", "DefaultName", "--timeout=60s", "--skip-confirm")
+		"--pod-offloading-strategy", podStrategy, "--namespace-mapping-strategy", mappingStrategy, "--timeout=60s", "--skip-confirm")
 }

@@ -2,8 +2,10 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,15 +35,18 @@ import (
 // paris (provider); Liqo's chart, controller-manager, crd-replicator,
 // webhook and virtual kubelets run in both (internal/liqobed), rome is
 // peered with paris by liqoctl (networking disabled) and the app's
-// namespace offloaded by liqoctl. A Deployment whose pod fits no rome node:
+// namespace offloaded by liqoctl (same name at paris). A Deployment whose pod fits no rome node:
 // the scheduler plugin opens a Reservation, the broker picks paris, rome's
 // agent creates a ResourceSlice in liqo-tenant-paris (what a Liqo user
 // would), Liqo replicates it to paris, paris's Liqo accepts it, rome's Liqo
 // creates the VirtualNode and its virtual kubelet the Node, the agent
 // labels that Node, the pod is bound to it, the virtual kubelet offloads it
 // (a ShadowPod in paris, whose Liqo makes the pod), it runs in a real
-// container on a paris node and answers at its pod IP. Deleting the
-// Deployment cleans up both sides: no ShadowPod or pod left in paris, the
+// container on a paris node and answers at its pod IP. Liqo reflects the
+// namespace's Service backend (its pod on rome's node) into paris, where
+// the offloaded pod reaches it by name through paris's DNS and kube-proxy
+// (checkServiceReflection); deleting the Service deletes the reflection.
+// Deleting the Deployment cleans up both sides: no ShadowPod or pod left in paris, the
 // slice deleted (and its replica in paris), the VirtualNode, its Node and
 // its virtual kubelet gone, the broker's numbers back to where they were.
 func TestRealLiqo(t *testing.T) {
@@ -88,7 +94,12 @@ func TestRealLiqo(t *testing.T) {
 	base := baseline(t, bed)
 	const ns = "shop"
 	newNamespace(t, rome.Cluster, ns)
-	out, err = lq.OffloadNamespace(ctx, rome, ns, string(offloadingv1beta1.LocalAndRemotePodOffloadingStrategyType))
+	// EnforceSameName: shop is shop at paris too, so that an offloaded pod
+	// reaches backend.shop and its FQDN through paris's DNS (Liqo's own
+	// advice for Services consumed by name; DefaultName would make it
+	// shop-rome there, where only the bare name resolves).
+	out, err = lq.OffloadNamespace(ctx, rome, ns, string(offloadingv1beta1.LocalAndRemotePodOffloadingStrategyType),
+		string(offloadingv1beta1.EnforceSameNameMappingStrategyType))
 	require.NoError(t, err)
 	t.Logf("liqoctl offload namespace:\n%s", out)
 	eventually(t, 30*time.Second, "namespace "+ns+" enabled for Liqo scheduling", func() (bool, string) {
@@ -97,7 +108,16 @@ func TestRealLiqo(t *testing.T) {
 		return n.Labels["liqo.io/scheduling-enabled"] == "true", fmt.Sprint(n.Labels)
 	})
 
-	// The workload: one 1.5-CPU pod; rome's only node has 1 CPU.
+	// The workload: one 1.5-CPU pod; rome's only node has 1 CPU. Next to
+	// it, a Service backend in front of one small pod on rome's node (pinned
+	// there: the namespace lets pods go to the virtual node too), which the
+	// offloaded pod calls through Liqo's reflection of the Service.
+	romeNode := rome.Nodes()[0]
+	backend := appDeployment(ns, "backend", 1, "100m", "32Mi")
+	backend.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: romeNode}
+	backendSvc := appService(ns, "backend")
+	require.NoError(t, rome.Client.Create(ctx, backendSvc))
+	require.NoError(t, rome.Client.Create(ctx, backend))
 	dep := appDeployment(ns, "web", 1, "1500m", "256Mi")
 	created := time.Now()
 	require.NoError(t, rome.Client.Create(ctx, dep))
@@ -161,7 +181,7 @@ func TestRealLiqo(t *testing.T) {
 	var pod corev1.Pod
 	eventually(t, 120*time.Second, "the pod bound to "+node.Name+", Running and Ready", func() (bool, string) {
 		var pods corev1.PodList
-		require.NoError(t, rome.Client.List(ctx, &pods, client.InNamespace(ns)))
+		require.NoError(t, rome.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "web"}))
 		if len(pods.Items) != 1 {
 			return false, fmt.Sprintf("%d pods", len(pods.Items))
 		}
@@ -178,6 +198,7 @@ func TestRealLiqo(t *testing.T) {
 	remoteNS := nsoff.Status.RemoteNamespaceName
 	require.NotEmpty(t, remoteNS)
 	var shadows offloadingv1beta1.ShadowPodList
+	require.Equal(t, ns, remoteNS, "EnforceSameName")
 	require.NoError(t, paris.Client.List(ctx, &shadows, client.InNamespace(remoteNS)))
 	require.Len(t, shadows.Items, 1, "one ShadowPod in paris's %s", remoteNS)
 	var remote corev1.Pod
@@ -210,6 +231,8 @@ func TestRealLiqo(t *testing.T) {
 	require.NoError(t, err, "kubectl exec through Liqo's virtual kubelet: %s", execOut)
 	assert.Contains(t, string(execOut), pod.Name, "exec ran in the container")
 
+	reflectedSvc := checkServiceReflection(t, rome, paris, ns, &pod, romeNode)
+
 	// What the broker sees while the pod runs: rome's agent does not count
 	// Liqo's node; paris's counts the pods its nodes run.
 	var during testbed.Capacity
@@ -239,8 +262,30 @@ func TestRealLiqo(t *testing.T) {
 	figure(t, "Liqo processes RSS %d MB in all: %s", total>>20, strings.Join(parts, ", "))
 	figure(t, "RSS of the test and every process it started, while the pod runs: %d MB", treeRSS(os.Getpid())>>20)
 
+	// Deleting the Service while the virtual kubelet runs: Liqo deletes its
+	// reflection at paris.
+	require.NoError(t, rome.Client.Delete(ctx, backendSvc))
+	unreflected := time.Now()
+	eventually(t, 30*time.Second, "the reflected Service, ShadowEndpointSlice and EndpointSlice gone at paris", func() (bool, string) {
+		var state []string
+		if err := paris.Client.Get(ctx, client.ObjectKeyFromObject(reflectedSvc), &corev1.Service{}); !apierrors.IsNotFound(err) {
+			state = append(state, "Service")
+		}
+		var shadows offloadingv1beta1.ShadowEndpointSliceList
+		require.NoError(t, paris.Client.List(ctx, &shadows, client.InNamespace(remoteNS)))
+		if len(shadows.Items) > 0 {
+			state = append(state, fmt.Sprintf("%d ShadowEndpointSlices", len(shadows.Items)))
+		}
+		if n := len(liqoEndpointSlices(t, paris, remoteNS, "backend")); n > 0 {
+			state = append(state, fmt.Sprintf("%d EndpointSlices", n))
+		}
+		return len(state) == 0, strings.Join(state, ", ")
+	})
+	figure(t, "Service backend deleted at rome -> its reflection gone at paris: %s", time.Since(unreflected).Round(time.Millisecond))
+
 	// Deleting the workload cleans up both sides.
 	deleted := time.Now()
+	require.NoError(t, rome.Client.Delete(ctx, backend, client.PropagationPolicy(metav1.DeletePropagationBackground)))
 	require.NoError(t, rome.Client.Delete(ctx, dep, client.PropagationPolicy(metav1.DeletePropagationBackground)))
 	eventually(t, 120*time.Second, "no pod and no Reservation left in rome's "+ns, func() (bool, string) {
 		var left corev1.PodList
@@ -391,4 +436,110 @@ func sortedTimings(m map[string]time.Duration) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// reflectionManagedBy is the managed-by label of the EndpointSlices Liqo
+// makes in a provider from the consumer's (the value of Liqo's
+// forge.EndpointSliceManagedBy).
+const reflectionManagedBy = "endpointslice.reflection.liqo.io"
+
+// checkServiceReflection: Liqo's Service reflection over the bed's flat
+// network. rome's Service backend (namespace ns, its pod on romeNode) is
+// reflected by rome's virtual kubelet into paris's ns: a Service (paris
+// gives it a ClusterIP of its own) and a ShadowEndpointSlice, from which
+// paris's Liqo makes an EndpointSlice holding the rome pod's IP. caller,
+// offloaded to paris, resolves backend, backend.<ns> and the FQDN through
+// paris's DNS to that ClusterIP, and paris's kube-proxy takes its GETs to
+// the pod at rome. Returns the reflected Service.
+func checkServiceReflection(t *testing.T, rome, paris *liqobed.Cluster, ns string, caller *corev1.Pod, romeNode string) *corev1.Service {
+	t.Helper()
+	ctx := context.Background()
+	began := time.Now()
+	var backend corev1.Pod
+	eventually(t, 60*time.Second, "the backend pod Ready on "+romeNode, func() (bool, string) {
+		var pods corev1.PodList
+		require.NoError(t, rome.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "backend"}))
+		if len(pods.Items) != 1 {
+			return false, fmt.Sprintf("%d pods", len(pods.Items))
+		}
+		backend = pods.Items[0]
+		return backend.Spec.NodeName == romeNode && podReady(&backend) && backend.Status.PodIP != "",
+			fmt.Sprintf("on %q: %s", backend.Spec.NodeName, podCondition(&backend))
+	})
+	var home corev1.Service
+	require.NoError(t, rome.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "backend"}, &home))
+
+	var reflected corev1.Service
+	var slice discoveryv1.EndpointSlice
+	eventually(t, 30*time.Second, "Service backend and its endpoints reflected to paris", func() (bool, string) {
+		if err := paris.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "backend"}, &reflected); err != nil {
+			return false, err.Error()
+		}
+		var shadows offloadingv1beta1.ShadowEndpointSliceList
+		require.NoError(t, paris.Client.List(ctx, &shadows, client.InNamespace(ns)))
+		for _, s := range liqoEndpointSlices(t, paris, ns, "backend") {
+			for _, ep := range s.Endpoints {
+				if slices.Contains(ep.Addresses, backend.Status.PodIP) && (ep.Conditions.Ready == nil || *ep.Conditions.Ready) {
+					slice = s
+					return len(shadows.Items) == 1, fmt.Sprintf("%d ShadowEndpointSlices", len(shadows.Items))
+				}
+			}
+		}
+		return false, fmt.Sprintf("no ready endpoint %s in Liqo's EndpointSlices; ready endpoints %v", backend.Status.PodIP, readyEndpoints(t, paris.Cluster, ns, "backend"))
+	})
+	assert.Equal(t, "rome", reflected.Labels["offloading.liqo.io/origin"], "reflected by rome's Liqo: %v", reflected.Labels)
+	assert.Equal(t, "paris", reflected.Labels["offloading.liqo.io/destination"])
+	assert.NotEqual(t, home.Spec.ClusterIP, reflected.Spec.ClusterIP, "paris gives the reflected Service a ClusterIP of its own")
+	assert.Equal(t, "backend", slice.Labels[discoveryv1.LabelServiceName])
+	reflectedIn := time.Since(began)
+
+	romeNodes := nodeIPs(t, rome.Cluster)
+	for _, name := range []string{"backend", "backend." + ns, "backend." + ns + ".svc." + testbed.ClusterDomain} {
+		var got []string
+		var id appAnswer
+		eventually(t, 30*time.Second, caller.Name+" at paris reaches "+name, func() (bool, string) {
+			out, err := execOut(t, rome.Cluster, caller, "lookup", name)
+			if err != nil {
+				return false, out
+			}
+			require.NoError(t, json.Unmarshal([]byte(out), &got), "lookup %s: %s", name, out)
+			if out, err = execOut(t, rome.Cluster, caller, "get", "http://"+name+"/"); err != nil {
+				return false, out
+			}
+			require.NoError(t, json.Unmarshal([]byte(out), &id), "answer of %s: %s", name, out)
+			return true, ""
+		})
+		assert.Equal(t, []string{reflected.Spec.ClusterIP}, got, "%s resolved by paris's DNS to the reflected Service", name)
+		assert.Equal(t, backend.Name, id["pod"], "%s answered by rome's backend pod", name)
+		assert.Equal(t, romeNode, romeNodes[id["hostIP"]], "answered from rome's node: %v", id)
+	}
+	figure(t, "Service backend (pod on %s): reflected to paris with its EndpointSlice in %s; backend, backend.%s and its FQDN answer the offloaded pod through paris's DNS (%s) and kube-proxy after %s",
+		romeNode, reflectedIn.Round(time.Millisecond), ns, reflected.Spec.ClusterIP, time.Since(began).Round(time.Millisecond))
+	return &reflected
+}
+
+// liqoEndpointSlices are the EndpointSlices of Service svc in c's ns that
+// Liqo made from a consumer's (reflection).
+func liqoEndpointSlices(t *testing.T, c *liqobed.Cluster, ns, svc string) []discoveryv1.EndpointSlice {
+	t.Helper()
+	var list discoveryv1.EndpointSliceList
+	require.NoError(t, c.Client.List(context.Background(), &list, client.InNamespace(ns),
+		client.MatchingLabels{discoveryv1.LabelServiceName: svc, discoveryv1.LabelManagedBy: reflectionManagedBy}))
+	return list.Items
+}
+
+// execOut runs `testapp args...` in pod through c's API server; its stdout,
+// or its combined output and the error.
+func execOut(t *testing.T, c *testbed.Cluster, pod *corev1.Pod, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := kubectl(ctx, t, c, append([]string{"exec", "-n", pod.Namespace, pod.Name, "--", "/testapp"}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out) + stderr.String(), fmt.Errorf("testapp %s in %s: %w", strings.Join(args, " "), pod.Name, err)
+	}
+	return string(out), nil
 }

@@ -14,7 +14,10 @@
 // exec` and pod-to-pod checks: it prints the body of a GET and exits 0, or
 // prints the error and exits 1; `testapp post URL` does the same with an
 // empty POST. `testapp api PATH` GETs PATH of the API server with the pod's
-// service account, as client-go's in-cluster config would. Two more commands give a container a fate
+// service account, as client-go's in-cluster config would. `testapp lookup
+// NAME` prints the IP addresses NAME resolves to in the pod (its
+// /etc/resolv.conf: the cluster's DNS, the pod's search path) as a JSON
+// array, sorted; 1 if it does not resolve. Two more commands give a container a fate
 // (crash loops, completions, the OOM killer) without a server:
 //
 //	testapp exit CODE   exits with CODE at once
@@ -44,6 +47,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -69,6 +73,8 @@ func main() {
 			os.Exit(request(os.Args[1], os.Args[2], os.Stdout, os.Stderr))
 		case "api":
 			os.Exit(apiGet(os.Args[2], os.Getenv, serviceAccountDir, os.Stdout, os.Stderr))
+		case "lookup":
+			os.Exit(lookup(os.Args[2], net.DefaultResolver, os.Stdout, os.Stderr))
 		case "exit":
 			os.Exit(exitWith(os.Args[2], os.Stderr))
 		case "sleep":
@@ -123,6 +129,22 @@ func request(verb, url string, out, errOut io.Writer) int {
 		fmt.Fprintf(errOut, "testapp %s: %s\n", verb, resp.Status)
 		return 1
 	}
+	return 0
+}
+
+// lookup prints the addresses name resolves to as a sorted JSON array; 0 if
+// it resolves, else 1.
+func lookup(name string, r *net.Resolver, out, errOut io.Writer) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	addrs, err := r.LookupHost(ctx, name)
+	if err != nil {
+		fmt.Fprintf(errOut, "testapp lookup: %v\n", err)
+		return 1
+	}
+	sort.Strings(addrs)
+	b, _ := json.Marshal(addrs)
+	fmt.Fprintln(out, string(b))
 	return 0
 }
 

@@ -210,6 +210,18 @@ func TestEnv(t *testing.T) {
 	assert.Equal(t, "198.18.100.23", env["BACKEND_SERVICE_HOST"])
 }
 
+func TestLookup(t *testing.T) {
+	var out, errOut strings.Builder
+	// An address resolves to itself, without asking a server.
+	if code := lookup("198.18.100.23", net.DefaultResolver, &out, &errOut); code != 0 || out.String() != "[\"198.18.100.23\"]\n" {
+		t.Fatalf("lookup of an address: code %d, out %q, err %q", code, out.String(), errOut.String())
+	}
+	out.Reset()
+	if code := lookup("no-such-name.invalid", net.DefaultResolver, &out, &errOut); code != 1 || out.Len() != 0 || !strings.Contains(errOut.String(), "testapp lookup:") {
+		t.Fatalf("lookup of a name that does not resolve: code %d, out %q, err %q", code, out.String(), errOut.String())
+	}
+}
+
 func TestExitCommand(t *testing.T) {
 	var errOut strings.Builder
 	assert.Equal(t, 3, exitWith("3", &errOut))
