@@ -195,8 +195,9 @@ func (tr *usageTracker) observe(samples []podSample, now time.Time, live func(ty
 		}
 	}
 	// The node's figures are as of its newest sample (now when it has no
-	// pod), never older than the last ones.
-	if latest.IsZero() {
+	// pod), never older than the last ones. A poll that missed every pod
+	// still bound leaves them as they were: its counter did not move.
+	if latest.IsZero() && len(tr.pods) == 0 {
 		latest = now
 	}
 	if latest.After(tr.nodeTime) {

@@ -125,6 +125,11 @@ func TestUsageCounters(t *testing.T) {
 	assert.Equal(t, coreNS(32+0.2*30), pod(s, "web-0").coreNanoSeconds, "web-0 went on from where it was")
 	assert.Equal(t, coreNS(10+2*15), pod(s, "api-0").coreNanoSeconds)
 	assert.Equal(t, coreNS(34.5+6+30), s.coreNanoSeconds)
+	// A poll that misses both (still bound): the node's counter and its
+	// time stay, so that a rate over two scrapes is the pods'.
+	missed := tr.observe(nil, t0.Add(92*time.Second), all)
+	assert.Equal(t, s.coreNanoSeconds, missed.coreNanoSeconds)
+	assert.Equal(t, t0.Add(90*time.Second), missed.time)
 	assert.Equal(t, []string{"api-0", "web-0"}, []string{s.pods[0].name, s.pods[1].name}, "pods by namespace and name")
 
 	// web-0 is gone: forgotten; a new pod of the same name (another uid)
