@@ -16,10 +16,6 @@
 -- ARGV[6]  how long without any expire run counts as a broker outage (ms;
 --          clock.lua last_outage)
 -- ARGV[7]  how many ended reservations of one requester to keep at most (ended.lua)
--- The expiry entries are no later than their reservations' expires_ms: a
--- renewal moves only the record (renew.lua), so a due entry whose lease was
--- renewed since is moved to its expires_ms, not ended.
---
 -- Reply: {expired, clamped, swept, credited, outage_ms}  how many reservations
 --        ended, how many of them needed a counter clamped, how many waiting
 --        members were swept, how many due leases were given more time for the
@@ -53,19 +49,13 @@ for _, qid in ipairs(due) do
     redis.call('ZREM', prefix .. 'expiry', qid)
   else
     local r = to_map(flat)
-    local expires = tonumber(r.expires_ms)
-    local until_ms = credited_end(expires, tonumber(r.lease_ms or '0'), from, to)
+    local until_ms = credited_end(tonumber(r.expires_ms), tonumber(r.lease_ms or '0'), from, to)
     if not is_live(r.phase) then
       redis.call('ZREM', prefix .. 'expiry', qid)
     elseif until_ms > now then
-      -- Renewed since its entry was written, or given more time for the
-      -- last outage: its entry goes to its end. Credited counts the leases
-      -- the outage kept from ending, not those renewed.
-      if until_ms > expires then
-        redis.call('HSET', rk, 'expires_ms', string.format('%d', until_ms))
-        if expires <= now then credited = credited + 1 end
-      end
+      redis.call('HSET', rk, 'expires_ms', string.format('%d', until_ms))
       redis.call('ZADD', prefix .. 'expiry', string.format('%d', until_ms), qid)
+      credited = credited + 1
     else
       clamped = clamped + end_reservation(prefix, qid, r, 'Expired', now, so, eo)
       ended = ended + 1

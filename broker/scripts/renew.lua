@@ -18,13 +18,6 @@
 -- provider and the phase stay as they are); the provider acts on ended
 -- reservations only, and Released/Expired events still tell it those.
 --
--- A renewal writes the lease's record only (expires_ms), not its expiry
--- entry: the entry stays at the earlier end it had, and expire.lua, finding
--- it due, moves it to the record's expires_ms instead of ending the lease.
--- The entry moves once per lease length (2 min by default) instead of at
--- every renewal (30 s); a lease nobody renews still ends at its expires_ms,
--- whose entry is exactly there.
---
 -- A provider may renew, for a requester, the leases of that requester placed
 -- on it: while the provider still hears the requester (a Lease the requester
 -- renews in its tenant namespace there), a requester cut off from the broker
@@ -64,6 +57,7 @@ for i = 3, #ARGV do
       expires = math.max(expires, now + lease)
       if expires > stored then
         redis.call('HSET', rk, 'expires_ms', string.format('%d', expires))
+        redis.call('ZADD', prefix .. 'expiry', string.format('%d', expires), qid)
       end
       remaining = expires - now
     end

@@ -121,7 +121,7 @@ func TestRenewals(t *testing.T) {
 	assert.Greater(t, heldAfter.ExpiresAt.Sub(heldBefore.ExpiresAt), 50*time.Second, "held extended in its hash")
 	score, err := b.RDB.ZScore(ctx, b.Store.Key("expiry"), "rome/held").Result()
 	require.NoError(t, err)
-	assert.Equal(t, heldBefore.ExpiresAt.UnixMilli(), int64(score), "its expiry entry left where it was, for the expiry loop to move when due")
+	assert.Equal(t, heldAfter.ExpiresAt.UnixMilli(), int64(score), "and in the expiry zset")
 	after := b.Snapshot()
 	for qid, v := range protected {
 		assert.Equal(t, v, after["rb:{b}:resv:"+qid], "%s unchanged", qid)

@@ -166,8 +166,8 @@ func TestRenew(t *testing.T) {
 	}
 
 	score, hash := expiryOf(t, s, "rome", "short-hold")
-	assert.Equal(t, shortScore, score, "the expiry entry stays where it was, before the end")
-	assert.Greater(t, float64(hash), shortScore+5000, "the record extended")
+	assert.Equal(t, float64(hash), score, "zset and hash agree")
+	assert.Greater(t, score, shortScore+5000, "extended")
 	_, hash = expiryOf(t, s, "rome", "long-hold")
 	assert.Equal(t, longHash, hash, "a renewal never shortens an expiry")
 	score, hash = expiryOf(t, s, "rome", "fixed")
@@ -176,79 +176,14 @@ func TestRenew(t *testing.T) {
 	assert.Equal(t, milans, s.Client().HGetAll(ctx, s.Key("resv:", "milan/milans")).Val(), "milan's: unchanged")
 	assert.Equal(t, events, len(eventTypes(t, s, "rome"))+len(eventTypes(t, s, "paris")), "no event per renewal")
 
-	// The short hold is past, but the renewal carried the lease on: its
-	// entry, due, moves to the record's end.
+	// The short hold is past, but the renewal carried the lease on.
 	time.Sleep(300 * time.Millisecond)
-	res, err := s.ExpireRun(ctx)
+	n, _, err := s.Expire(ctx)
 	require.NoError(t, err)
-	assert.Zero(t, res.Expired)
-	assert.Zero(t, res.Credited, "a renewal moved, no outage credited")
+	assert.Zero(t, n)
 	r, err := s.Reservation(ctx, "rome", "short-hold")
 	require.NoError(t, err)
 	assert.True(t, r.Live())
-	score, hash = expiryOf(t, s, "rome", "short-hold")
-	assert.Equal(t, float64(hash), score, "the entry moved to the end")
-	assertInvariant(t, s)
-}
-
-// TestRenewedLeaseEndsOnTime: a renewal moves only the lease's record; the
-// expiry loop moves its entry when the old one comes due, and a lease not
-// renewed again still ends at its end, within the loop's run, as one never
-// renewed does; a renewal after the entry moved moves the record again, and
-// the entry follows at its next due time.
-func TestRenewedLeaseEndsOnTime(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t, store.Config{})
-	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
-	require.NoError(t, err)
-	const length = 600 * time.Millisecond
-	_, err = s.Reserve(ctx, lease("renewed", "rome", 500, 200*time.Millisecond, length))
-	require.NoError(t, err)
-	_, err = s.Reserve(ctx, lease("never", "rome", 500, 200*time.Millisecond, length))
-	require.NoError(t, err)
-	held, _ := expiryOf(t, s, "rome", "renewed")
-	rn, err := s.Renew(ctx, "rome", []string{"renewed"})
-	require.NoError(t, err)
-	require.Equal(t, model.Renewed, rn[0].Outcome)
-	score, end := expiryOf(t, s, "rome", "renewed")
-	require.Equal(t, held, score, "entry unmoved")
-	assertInvariant(t, s)
-
-	// The hold is past: "never" ends, "renewed" moves.
-	time.Sleep(250 * time.Millisecond)
-	res, err := s.ExpireRun(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, int64(1), res.Expired)
-	assert.Zero(t, res.Credited)
-	never, err := s.Reservation(ctx, "rome", "never")
-	require.NoError(t, err)
-	assert.Equal(t, model.PhaseExpired, never.Phase)
-	score, hash := expiryOf(t, s, "rome", "renewed")
-	assert.Equal(t, [2]int64{end, end}, [2]int64{int64(score), hash}, "moved to its end, which did not change")
-
-	// Renewed again, then no more: it ends at the end of the last renewal.
-	rn, err = s.Renew(ctx, "rome", []string{"renewed"})
-	require.NoError(t, err)
-	require.Equal(t, model.Renewed, rn[0].Outcome)
-	_, last := expiryOf(t, s, "rome", "renewed")
-	require.Greater(t, last, end)
-	assertInvariant(t, s)
-	for {
-		before := s.Client().Time(ctx).Val().UnixMilli()
-		res, err = s.ExpireRun(ctx)
-		require.NoError(t, err)
-		r, err := s.Reservation(ctx, "rome", "renewed")
-		require.NoError(t, err)
-		if res.Expired == 1 {
-			assert.Equal(t, model.PhaseExpired, r.Phase)
-			assert.Less(t, before, last+200, "on time, within the loop's precision (a run every 20 ms here)")
-			assert.GreaterOrEqual(t, s.Client().Time(ctx).Val().UnixMilli(), last, "not before its end")
-			break
-		}
-		require.True(t, r.Live())
-		require.Less(t, before, last, "still live past its end")
-		time.Sleep(20 * time.Millisecond)
-	}
 	assertInvariant(t, s)
 }
 

@@ -1,9 +1,8 @@
 -- clock: leases and broker outages, on the Redis server's clock.
 --
 -- Leases (renew.lua): a reservation with lease_ms ends at expires_ms unless its
--- requester renews it; a renewal sets expires_ms to now + lease_ms when that
--- is later (its expiry score follows when it comes due: expire.lua). All
--- times are the Redis server's (TIME).
+-- requester renews it; a renewal sets expires_ms (and its expiry score) to
+-- now + lease_ms when that is later. All times are the Redis server's (TIME).
 --
 -- Broker outages (expire.lua, renew.lua):
 --   P.."clock"              hash    tick_ms: the last expire run of any replica; gap_ms: how

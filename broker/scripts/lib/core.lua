@@ -20,8 +20,7 @@
 --                                   the reservation ends), granted_ms, ended_ms; an ended one
 --                                   expires after the retention, or goes earlier beyond its
 --                                   requester's cap (ended.lua)
---   P.."expiry"             zset    live reservation qid -> its expires_ms, or earlier: a renewal
---                                   moves only the record, expire.lua the entry once due
+--   P.."expiry"             zset    live reservation qid -> expires_ms
 --   P.."by-target:"..id     set     live reservation qids provided by a cluster
 --   P.."by-requester:"..id  set     live reservation qids requested by a cluster
 --   P.."events:"..id        stream  notifications for one cluster, capped near the events max
