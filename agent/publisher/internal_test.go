@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
@@ -69,4 +70,55 @@ func TestPricesRoundTrip(t *testing.T) {
 	out := toWire(rbv1.AdvertisementSpec{Prices: PricesFromWire(in)}).Prices
 	require.Equal(t, in, out)
 	require.Nil(t, PricesFromWire(nil))
+}
+
+// TestWithinBand: what a heartbeat may stand for.
+func TestWithinBand(t *testing.T) {
+	q := func(s string) *resource.Quantity { v := resource.MustParse(s); return &v }
+	spec := func() rbv1.AdvertisementSpec {
+		return rbv1.AdvertisementSpec{
+			ClusterID: "rome", Endpoint: "https://rome:6443", Labels: map[string]string{"region": "it"},
+			Capacity:    corev1.ResourceList{corev1.ResourceCPU: *q("16"), corev1.ResourceMemory: *q("64Gi")},
+			Allocatable: corev1.ResourceList{corev1.ResourceCPU: *q("16"), corev1.ResourceMemory: *q("64Gi")},
+			Allocated:   corev1.ResourceList{corev1.ResourceCPU: *q("4"), corev1.ResourceMemory: *q("16Gi")},
+			Nodes: []rbv1.NodeResources{
+				{Name: "n1", Allocatable: rbv1.NodeAmounts{CPU: q("8"), Memory: q("32Gi")}, Allocated: rbv1.NodeAmounts{CPU: q("2"), Memory: q("8Gi")}},
+				{Name: "n2", Allocatable: rbv1.NodeAmounts{CPU: q("8"), Memory: q("32Gi"), GPU: q("2")}, Allocated: rbv1.NodeAmounts{CPU: q("2"), Memory: q("8Gi")}},
+			},
+			ReservationsOnNodes: []string{"milan/a", "milan/b"},
+		}
+	}
+	sent := spec()
+	require.True(t, withinBand(sent, spec(), DefaultBand), "the same")
+	for name, c := range map[string]struct {
+		change func(*rbv1.AdvertisementSpec)
+		within bool
+	}{
+		"node cpu up 400m (5 % of 8)":        {func(s *rbv1.AdvertisementSpec) { s.Nodes[0].Allocated.CPU = q("2400m") }, true},
+		"node cpu up 401m":                   {func(s *rbv1.AdvertisementSpec) { s.Nodes[0].Allocated.CPU = q("2401m") }, false},
+		"node cpu down 400m":                 {func(s *rbv1.AdvertisementSpec) { s.Nodes[0].Allocated.CPU = q("1600m") }, true},
+		"node memory up 1Gi (3 %)":           {func(s *rbv1.AdvertisementSpec) { s.Nodes[1].Allocated.Memory = q("9Gi") }, true},
+		"node memory up 2Gi (6 %)":           {func(s *rbv1.AdvertisementSpec) { s.Nodes[1].Allocated.Memory = q("10Gi") }, false},
+		"node storage appears (0 of 0)":      {func(s *rbv1.AdvertisementSpec) { s.Nodes[0].Allocated.EphemeralStorage = q("1Gi") }, false},
+		"a GPU used":                         {func(s *rbv1.AdvertisementSpec) { s.Nodes[1].Allocated.GPU = q("1") }, false},
+		"node allocatable":                   {func(s *rbv1.AdvertisementSpec) { s.Nodes[0].Allocatable.CPU = q("7") }, false},
+		"another node":                       {func(s *rbv1.AdvertisementSpec) { s.Nodes[1].Name = "n3" }, false},
+		"a node less":                        {func(s *rbv1.AdvertisementSpec) { s.Nodes = s.Nodes[:1] }, false},
+		"nodes in another order":             {func(s *rbv1.AdvertisementSpec) { s.Nodes[0], s.Nodes[1] = s.Nodes[1], s.Nodes[0] }, true},
+		"cluster used cpu up 800m (5 %)":     {func(s *rbv1.AdvertisementSpec) { s.Allocated[corev1.ResourceCPU] = *q("4800m") }, true},
+		"cluster used cpu up 1 (6 %)":        {func(s *rbv1.AdvertisementSpec) { s.Allocated[corev1.ResourceCPU] = *q("5") }, false},
+		"cluster allocatable":                {func(s *rbv1.AdvertisementSpec) { s.Allocatable[corev1.ResourceCPU] = *q("15") }, false},
+		"labels":                             {func(s *rbv1.AdvertisementSpec) { s.Labels = map[string]string{"region": "fr"} }, false},
+		"prices":                             {func(s *rbv1.AdvertisementSpec) { s.Prices = &rbv1.Prices{Currency: "EUR"} }, false},
+		"endpoint":                           {func(s *rbv1.AdvertisementSpec) { s.Endpoint = "https://other:6443" }, false},
+		"a reservation listed more":          {func(s *rbv1.AdvertisementSpec) { s.ReservationsOnNodes = append(s.ReservationsOnNodes, "milan/c") }, false},
+		"a reservation listed less":          {func(s *rbv1.AdvertisementSpec) { s.ReservationsOnNodes = s.ReservationsOnNodes[:1] }, false},
+		"the reservations in another order":  {func(s *rbv1.AdvertisementSpec) { s.ReservationsOnNodes = []string{"milan/b", "milan/a"} }, true},
+		"one reservation listed for another": {func(s *rbv1.AdvertisementSpec) { s.ReservationsOnNodes = []string{"milan/a", "milan/c"} }, false},
+	} {
+		now := spec()
+		c.change(&now)
+		require.Equal(t, c.within, withinBand(sent, now, DefaultBand), name)
+	}
+	require.False(t, withinBand(sent, spec(), -1), "a negative band never holds")
 }

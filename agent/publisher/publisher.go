@@ -7,6 +7,17 @@
 // so the broker keeps the cluster live. A failed publish is retried with
 // exponential back-off until it succeeds.
 //
+// Heartbeats: while the measurement stays within Config.Band of the
+// advertisement the broker last stored (withinBand: the same nodes, labels,
+// prices and reservations listed, every used figure within a few % of its
+// allocatable), a change publishes nothing and a period's publish is a
+// heartbeat naming that advertisement by the digest the broker answered
+// with: the broker refreshes the cluster's liveness only, without reading
+// its nodes again. A heartbeat the broker cannot take (409
+// AdvertisementNeeded: it lost its state, holds a newer advertisement, or
+// the cluster went stale) is followed at once by the full advertisement.
+// docs/architecture.md says why figures up to a band old are safe.
+//
 // The cluster-scoped Advertisement named after the cluster id shows it: its
 // spec is the advertisement last sent, its status the broker's
 // acknowledgement (lastPublished, reserved, available) or, while publishing
@@ -16,8 +27,8 @@
 //
 // Metrics (on controller-runtime's registry unless Config.Registerer says
 // otherwise): rb_agent_publish_duration_seconds{result},
-// rb_agent_publish_failures_total{reason}, rb_agent_published_timestamp_seconds
-// and rb_agent_publish_consecutive_failures.
+// rb_agent_publish_failures_total{reason}, rb_agent_published_timestamp_seconds,
+// rb_agent_publish_consecutive_failures and rb_agent_heartbeats_total{outcome}.
 package publisher
 
 import (
@@ -89,7 +100,14 @@ type Source interface {
 // Broker is what the publisher needs of the broker client (*client.Client).
 type Broker interface {
 	Advertise(ctx context.Context, id string, a api.Advertisement) (api.Cluster, error)
+	Heartbeat(ctx context.Context, id, digest string) (api.Heartbeat, error)
 }
+
+// Heartbeat outcomes, the label of rb_agent_heartbeats_total.
+const (
+	HeartbeatAccepted            = "accepted"
+	HeartbeatAdvertisementNeeded = "advertisement_needed"
+)
 
 // Config configures a Publisher.
 type Config struct {
@@ -107,6 +125,12 @@ type Config struct {
 	// Period: a publish at least at every multiple of Period on the wall
 	// clock (DefaultPeriod).
 	Period time.Duration
+	// Band: while every used cpu, memory and storage figure (of each node
+	// and of the cluster) stays within Band of its allocatable of the
+	// advertisement the broker holds, and nothing else changed, a change
+	// publishes nothing and a period's publish is a heartbeat (DefaultBand,
+	// when zero; negative: every publish is a full advertisement).
+	Band float64
 	// MinBackoff and MaxBackoff bound the wait before retrying a failed
 	// publish; it doubles with each failure, with jitter (up to half more:
 	// internal/backoff) (DefaultMinBackoff, DefaultMaxBackoff). A refusal
@@ -143,6 +167,11 @@ type Publisher struct {
 
 	adv      *rbv1.Advertisement // as last read or written; nil: read it again
 	failures int32               // consecutive failed publishes
+
+	// stored is the advertisement the broker last stored and digest its
+	// name there ("": none, the next publish is a full advertisement).
+	stored rbv1.AdvertisementSpec
+	digest string
 }
 
 // New checks cfg and returns a publisher; add it to a manager (or call SetupWithManager).
@@ -167,6 +196,9 @@ func New(cfg Config) (*Publisher, error) {
 	def(&cfg.MinBackoff, DefaultMinBackoff)
 	def(&cfg.MaxBackoff, DefaultMaxBackoff)
 	def(&cfg.Timeout, DefaultTimeout)
+	if cfg.Band == 0 {
+		cfg.Band = DefaultBand
+	}
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = cfg.MinBackoff
 	}
@@ -218,7 +250,7 @@ func (p *Publisher) Start(ctx context.Context) error {
 			nextTick = nextAligned(now, p.cfg.Period)
 		}
 		if due && !now.Before(backoffUntil) && (tick || !now.Before(debounceUntil)) {
-			err := p.publish(ctx)
+			err := p.publish(ctx, tick)
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -291,8 +323,11 @@ func (p *Publisher) resume(ctx context.Context) {
 	}
 }
 
-// publish sends one advertisement and records the outcome.
-func (p *Publisher) publish(ctx context.Context) error {
+// publish sends one advertisement, or a heartbeat when the measurement is
+// within the band of the advertisement the broker holds, and records the
+// outcome. On a tick (or a retry) something is always sent, to keep the
+// cluster live; otherwise a change within the band sends nothing.
+func (p *Publisher) publish(ctx context.Context, tick bool) error {
 	// Changes signalled so far are in this measurement: drop the signal,
 	// so that only a later change causes another publish.
 	select {
@@ -306,10 +341,46 @@ func (p *Publisher) publish(ctx context.Context) error {
 		Nodes: nodesOf(m.NodeSummary), ReservationsOnNodes: m.ReservationsOnNodes,
 	}
 	began := time.Now()
+	if p.digest != "" && withinBand(p.stored, spec, p.cfg.Band) {
+		if !tick && p.failures == 0 {
+			return nil // the broker's copy still stands: the next tick's heartbeat keeps it live
+		}
+		ack, err := p.heartbeat(ctx)
+		if !brokerclient.IsAdvertisementNeeded(err) {
+			return p.outcome(ctx, m, p.stored, ack, err, time.Since(began), true)
+		}
+		// The broker wants the advertisement itself: send it now.
+		p.log.V(1).Info("the broker does not hold the advertisement a heartbeat named: advertising in full", "digest", p.digest, "err", err.Error())
+		p.digest = ""
+	}
 	actx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	ack, err := p.cfg.Broker.Advertise(actx, p.cfg.ClusterID, toWire(spec))
 	cancel()
-	elapsed := time.Since(began)
+	if err == nil {
+		p.stored, p.digest = spec, ack.Digest
+	}
+	return p.outcome(ctx, m, spec, ack, err, time.Since(began), false)
+}
+
+// heartbeat sends a heartbeat naming the advertisement the broker holds,
+// and answers as an advertisement would.
+func (p *Publisher) heartbeat(ctx context.Context) (api.Cluster, error) {
+	actx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	hb, err := p.cfg.Broker.Heartbeat(actx, p.cfg.ClusterID, p.digest)
+	cancel()
+	switch {
+	case err == nil:
+		p.metrics.heartbeats.WithLabelValues(HeartbeatAccepted).Inc()
+	case brokerclient.IsAdvertisementNeeded(err):
+		p.metrics.heartbeats.WithLabelValues(HeartbeatAdvertisementNeeded).Inc()
+	}
+	return api.Cluster{ClusterID: hb.ClusterID, SeenAt: hb.SeenAt, Digest: hb.Digest,
+		Resources: api.ClusterResources{Reserved: &hb.Reserved, Available: &hb.Available}}, err
+}
+
+// outcome records a publish, an advertisement of spec or a heartbeat
+// naming it, that took elapsed.
+func (p *Publisher) outcome(ctx context.Context, m collector.Measurement, spec rbv1.AdvertisementSpec, ack api.Cluster, err error, elapsed time.Duration, heartbeat bool) error {
 	if ctx.Err() != nil {
 		return ctx.Err() // stopping: not a failure of the broker
 	}
@@ -334,7 +405,7 @@ func (p *Publisher) publish(ctx context.Context) error {
 		p.failures = 0
 		p.metrics.duration.WithLabelValues("success").Observe(elapsed.Seconds())
 		p.metrics.published.SetToCurrentTime()
-		p.log.V(1).Info("published", "took", elapsed, "nodes", m.Nodes, "pods", m.Pods,
+		p.log.V(1).Info("published", "took", elapsed, "heartbeat", heartbeat, "nodes", m.Nodes, "pods", m.Pods,
 			"allocatable", m.Allocatable, "allocated", m.Allocated,
 			"nodesListed", len(m.NodeSummary), "nodeSummaryExact", m.NodeSummaryExact, "reservationsOnNodes", len(m.ReservationsOnNodes))
 	}
@@ -553,6 +624,7 @@ type metrics struct {
 	failures    *prometheus.CounterVec
 	published   prometheus.Gauge
 	consecutive prometheus.Gauge
+	heartbeats  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -574,6 +646,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rb_agent_publish_consecutive_failures",
 			Help: "Failed publishes since the last one the broker accepted.",
 		}),
+		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rb_agent_heartbeats_total",
+			Help: "Heartbeats the broker answered (publishes that named the advertisement it holds instead of sending it), by outcome: accepted, advertisement_needed (followed at once by the full advertisement).",
+		}, []string{"outcome"}),
 	}
 	var err error
 	if m.duration, err = register(reg, m.duration); err != nil {
@@ -588,12 +664,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.consecutive, err = register(reg, m.consecutive); err != nil {
 		return nil, err
 	}
+	if m.heartbeats, err = register(reg, m.heartbeats); err != nil {
+		return nil, err
+	}
 	// Export every series from the start, so rates and alerts see zeros.
 	for _, r := range []string{"success", "failure"} {
 		m.duration.WithLabelValues(r)
 	}
 	for _, r := range []string{ReasonBrokerUnreachable, ReasonBrokerUnavailable, ReasonBrokerBusy, ReasonBrokerRejected} {
 		m.failures.WithLabelValues(r)
+	}
+	for _, o := range []string{HeartbeatAccepted, HeartbeatAdvertisementNeeded} {
+		m.heartbeats.WithLabelValues(o)
 	}
 	return m, nil
 }

@@ -41,6 +41,7 @@ const clusterID = "rome"
 type attempt struct {
 	began, at time.Time // the call's start and end
 	err       error
+	heartbeat bool
 }
 
 // recordingBroker records every publish attempt and forwards it to the
@@ -58,9 +59,21 @@ func (r *recordingBroker) Advertise(ctx context.Context, id string, a api.Advert
 	began := time.Now()
 	cl, err := inner.Advertise(ctx, id, a)
 	r.mu.Lock()
-	r.attempts = append(r.attempts, attempt{began, time.Now(), err})
+	r.attempts = append(r.attempts, attempt{began, time.Now(), err, false})
 	r.mu.Unlock()
 	return cl, err
+}
+
+func (r *recordingBroker) Heartbeat(ctx context.Context, id, digest string) (api.Heartbeat, error) {
+	r.mu.Lock()
+	inner := r.inner
+	r.mu.Unlock()
+	began := time.Now()
+	hb, err := inner.Heartbeat(ctx, id, digest)
+	r.mu.Lock()
+	r.attempts = append(r.attempts, attempt{began, time.Now(), err, true})
+	r.mu.Unlock()
+	return hb, err
 }
 
 func (r *recordingBroker) swap(b publisher.Broker) {
@@ -285,7 +298,9 @@ func (tb *bed) pod(name, cpu string) {
 // the broker's used_cpu within the debounce window (1 s); a burst of pods is
 // coalesced into few publishes.
 func TestChangeReachesBrokerWithinDebounce(t *testing.T) {
-	tb := newBed(t, nil, func(b *brokertest.Broker) publisher.Broker { return realClient(t, b) })
+	tb := newBed(t, func(c *publisher.Config) {
+		c.Band = -1 // every change is sent: the exact figures reach the broker
+	}, func(b *brokertest.Broker) publisher.Broker { return realClient(t, b) })
 
 	tb.waitStored(30*time.Second, "first advertisement", func(c model.Cluster) bool { return c.Allocatable.CPU == 8000 })
 	c, _ := tb.stored()
@@ -471,11 +486,16 @@ func (s staticSource) WaitForSync(context.Context) bool { return true }
 type okBroker struct{}
 
 func (okBroker) Advertise(context.Context, string, api.Advertisement) (api.Cluster, error) {
-	return api.Cluster{SeenAt: time.Now()}, nil
+	return api.Cluster{SeenAt: time.Now(), Digest: "0123456789abcdef"}, nil
+}
+
+func (okBroker) Heartbeat(context.Context, string, string) (api.Heartbeat, error) {
+	return api.Heartbeat{SeenAt: time.Now()}, nil
 }
 
 // TestPeriodicPublishesOnWallClock: with nothing changing, the publisher
-// publishes at every multiple of the period on the wall clock.
+// publishes at every multiple of the period on the wall clock: the
+// advertisement at start, then heartbeats naming it.
 func TestPeriodicPublishesOnWallClock(t *testing.T) {
 	scheme := runtime.NewScheme()
 	require.NoError(t, rbv1.AddToScheme(scheme))
@@ -500,7 +520,9 @@ func TestPeriodicPublishesOnWallClock(t *testing.T) {
 
 	as := rec.since(began)
 	require.GreaterOrEqual(t, len(as), 4, "one at start, then one per period")
+	require.False(t, as[0].heartbeat, "the advertisement first")
 	for _, a := range as[1:] {
+		require.True(t, a.heartbeat, "nothing changed: a heartbeat")
 		off := a.began.Sub(a.began.Truncate(period))
 		require.Less(t, off, 150*time.Millisecond, "attempt at %s is not on a multiple of %s", a.began.Format("15:04:05.000"), period)
 	}
@@ -597,4 +619,48 @@ func TestAdvertisementNodesValidation(t *testing.T) {
 	} {
 		require.Error(t, kc.Create(ctx, a), name)
 	}
+}
+
+// TestHeartbeatsWithinBand (real broker): once the broker holds the
+// advertisement, a pod that moves n1's used cpu within the band (5 % of 8
+// cores) publishes nothing and the ticks send heartbeats that keep the
+// cluster live; a pod past the band is advertised within the debounce
+// interval; after the broker lost its state, the next heartbeat is refused
+// and the full advertisement follows at once.
+func TestHeartbeatsWithinBand(t *testing.T) {
+	const period = time.Second
+	tb := newBed(t, func(c *publisher.Config) { c.Period = period }, func(b *brokertest.Broker) publisher.Broker { return realClient(t, b) })
+	tb.waitStored(30*time.Second, "first advertisement", func(c model.Cluster) bool { return c.Allocatable.CPU == 8000 })
+	tb.waitAdvertisement(10*time.Second, "acknowledged", published(metav1.ConditionTrue, publisher.ReasonAcknowledged))
+
+	began := time.Now()
+	tb.pod("small", "300m") // 3.75 % of n1
+	time.Sleep(3 * period)
+	c, _ := tb.stored()
+	require.Zero(t, c.Allocated.CPU, "within the band: the broker keeps the figures it has")
+	require.Less(t, time.Since(c.SeenAt), 2*period, "kept live by heartbeats")
+	as := tb.broker.since(began)
+	require.GreaterOrEqual(t, len(as), 2)
+	for _, a := range as {
+		require.True(t, a.heartbeat, "heartbeats only")
+		require.NoError(t, a.err)
+	}
+	require.GreaterOrEqual(t, tb.metric("rb_agent_heartbeats_total", "outcome", publisher.HeartbeatAccepted), 2.0)
+	adv := tb.waitAdvertisement(5*time.Second, "status follows heartbeats", func(a *rbv1.Advertisement) bool {
+		return a.Status.LastPublished != nil && a.Status.LastPublished.After(began.Add(-time.Second))
+	})
+	require.Zero(t, adv.Spec.Allocated.Cpu().Value(), "the spec is what the broker holds")
+
+	tb.pod("big", "1") // 300m + 1 = 16 % of n1: past the band
+	moved := time.Now()
+	tb.waitStored(period/2+2*time.Second, "past the band", func(c model.Cluster) bool { return c.Allocated.CPU == 1300 })
+	t.Logf("a pod past the band -> stored in %s", time.Since(moved).Round(time.Millisecond))
+
+	// The broker lost its state: the next heartbeat is refused, and the
+	// advertisement is sent again at once.
+	require.NoError(t, tb.b.RDB.FlushAll(tb.ctx).Err())
+	tb.waitStored(period+5*time.Second, "advertised again", func(c model.Cluster) bool { return c.Allocated.CPU == 1300 })
+	require.GreaterOrEqual(t, tb.metric("rb_agent_heartbeats_total", "outcome", publisher.HeartbeatAdvertisementNeeded), 1.0)
+	require.Zero(t, tb.metric("rb_agent_publish_failures_total", "reason", publisher.ReasonBrokerRejected), "a refused heartbeat is no failure")
+	tb.waitAdvertisement(5*time.Second, "acknowledged", published(metav1.ConditionTrue, publisher.ReasonAcknowledged))
 }

@@ -251,6 +251,10 @@ type Cluster struct {
 	Prices      *Prices           `json:"prices,omitempty"`
 	SeenAt      time.Time         `json:"seenAt"`
 	Live        bool              `json:"live"`
+	// Digest names the advertisement stored: heartbeats (PUT
+	// .../heartbeat) repeat it by this name while the cluster's figures stay
+	// as advertised.
+	Digest string `json:"digest,omitempty"`
 }
 
 // ClusterFromStore renders a stored cluster; live is judged by the caller.
@@ -268,6 +272,7 @@ func ClusterFromStore(c model.Cluster, live bool) Cluster {
 		},
 		SeenAt: c.SeenAt,
 		Live:   live,
+		Digest: c.Digest,
 	}
 	for _, n := range c.StoredNodes() {
 		reserved, available := FromResources(n.Reserved), FromResources(n.Free())

@@ -281,6 +281,19 @@ func (c *Client) Advertise(ctx context.Context, id string, a api.Advertisement) 
 	return out, err
 }
 
+// Heartbeat tells the broker that cluster id's advertisement is still the
+// one it stored under digest (api.Cluster.Digest, from Advertise): only the
+// cluster's liveness is refreshed. IsAdvertisementNeeded(err): the broker
+// wants the full advertisement now.
+func (c *Client) Heartbeat(ctx context.Context, id, digest string) (api.Heartbeat, error) {
+	var out api.Heartbeat
+	if err := requireID("cluster id", id); err != nil {
+		return out, err
+	}
+	err := c.call(ctx, http.MethodPut, "/api/v2/clusters/"+url.PathEscape(id)+"/heartbeat", nil, api.HeartbeatRequest{Digest: digest}, true, &out)
+	return out, err
+}
+
 // Clusters lists every cluster the broker knows, live or stale, by id. It
 // reads the broker's pages (api.DefaultPageSize clusters each) one after the
 // other; each page is retried on its own.

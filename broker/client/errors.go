@@ -148,11 +148,20 @@ func RetryAfter(err error) (time.Duration, bool) {
 	return ae.RetryAfter, true
 }
 
-// IsConflict reports a 409 other than NoCapacity: the reservation id belongs
-// to another requester, or the reservation has ended (a grant came too late).
+// IsConflict reports a 409 other than NoCapacity and AdvertisementNeeded:
+// the reservation id belongs to another requester, or the reservation has
+// ended (a grant came too late).
 func IsConflict(err error) bool {
 	ae, ok := asAPIError(err)
-	return ok && ae.StatusCode == http.StatusConflict && ae.Reason != api.ReasonNoCapacity
+	return ok && ae.StatusCode == http.StatusConflict && ae.Reason != api.ReasonNoCapacity && ae.Reason != api.ReasonAdvertisementNeeded
+}
+
+// IsAdvertisementNeeded reports the broker's 409 AdvertisementNeeded to a
+// heartbeat: it does not hold the advertisement named, or the cluster went
+// stale; nothing was written, advertise in full now.
+func IsAdvertisementNeeded(err error) bool {
+	ae, ok := asAPIError(err)
+	return ok && ae.StatusCode == http.StatusConflict && ae.Reason == api.ReasonAdvertisementNeeded
 }
 
 // IsRetryable reports whether trying the same call again later may succeed:

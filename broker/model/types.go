@@ -86,6 +86,8 @@ type Cluster struct {
 	// NodesReserved are the broker's debits by node (Node.Reserved), for
 	// the advertised nodes and any node a live reservation still debits.
 	NodesReserved map[string]Resources
+	// Digest names the advertisement stored (Ack.Digest).
+	Digest string
 }
 
 // StoredNodes are the advertised nodes with the broker's debits, by name.
@@ -127,11 +129,20 @@ func (c Cluster) Free() Resources {
 	}
 }
 
+// DigestLength is the length of an advertisement's digest (Ack.Digest), in
+// lowercase hex digits.
+const DigestLength = 16
+
 // Ack is the broker's answer to an advertisement.
 type Ack struct {
 	SeenAt        time.Time
 	Reserved      Resources
-	NodesReserved map[string]Resources // the broker's debits by node
+	NodesReserved map[string]Resources // the broker's debits by node (not on a heartbeat)
+	// Digest names the advertisement stored, for the heartbeats that repeat it.
+	Digest string
+	// Allocatable and Allocated are the stored figures, on a heartbeat only
+	// (an advertisement's are those it sent).
+	Allocatable, Allocated Resources
 }
 
 // ReserveRequest asks for capacity on the best cluster other than the requester.

@@ -20,12 +20,15 @@
 -- ARGV[1]  cluster id
 -- ARGV[2]  event stream max length (for the waiting requests it notifies)
 -- ARGV[3]  event stream TTL (ms)
--- ARGV[4]  N, how many nodes follow (0: none advertised)
--- ARGV[5 .. 4+9N]  per node: name, alloc_cpu, alloc_mem, alloc_gpu, alloc_sto,
+-- ARGV[4]  digest of this advertisement (the store's, of all the arguments
+--          below): stored as the cluster's `digest`, which a heartbeat names
+--          (heartbeat.lua)
+-- ARGV[5]  N, how many nodes follow (0: none advertised)
+-- ARGV[6 .. 5+9N]  per node: name, alloc_cpu, alloc_mem, alloc_gpu, alloc_sto,
 --          used_cpu, used_mem, used_gpu, used_sto (integers as decimal strings)
--- ARGV[5+9N]  M, how many reservation ids follow
--- ARGV[6+9N .. 5+9N+M]  ids of the reservations whose pods the node figures include
--- ARGV[6+9N+M ..] field, value, field, value, ... (integers as decimal strings)
+-- ARGV[6+9N]  M, how many reservation ids follow
+-- ARGV[7+9N .. 6+9N+M]  ids of the reservations whose pods the node figures include
+-- ARGV[7+9N+M ..] field, value, field, value, ... (integers as decimal strings)
 -- Reply:   {seen_ms, resv_cpu, resv_mem, resv_gpu, resv_sto, node_debits}
 --          node_debits: flat node, "cpu=.. mem=.. gpu=.. sto=.." array of node-resv
 --          or an error reply "ERR unknown field <f>" / "ERR bad node name <n>" (nothing written)
@@ -45,10 +48,11 @@ end
 -- (index.lua index_cluster), labels last.
 local FIXED = {'alloc_cpu', 'alloc_mem', 'alloc_gpu', 'alloc_sto', 'price_cpu', 'price_mem', 'price_gpu', 'labels'}
 
-local prefix, id = KEYS[1], ARGV[1]
-local n_nodes = tonumber(ARGV[4])
+local prefix, id, digest = KEYS[1], ARGV[1], ARGV[4]
+local n_nodes = tonumber(ARGV[5])
+local FIRST_NODE = 6 -- the first node's first argument
 local node_fields = {} -- the node hash's fields and values
-for i = 5, 4 + 9 * n_nodes, 9 do
+for i = FIRST_NODE, FIRST_NODE - 1 + 9 * n_nodes, 9 do
   local name = ARGV[i]
   -- Names are DNS subdomains (the API checks); a space would break idx:nrec.
   if not string.match(name, '^[%w%.%-]+$') then
@@ -64,7 +68,7 @@ end
 -- from the arguments rather than read back (only to index the cluster).
 local function advertised()
   local nodes = {}
-  for i = 5, 4 + 9 * n_nodes, 9 do
+  for i = FIRST_NODE, FIRST_NODE - 1 + 9 * n_nodes, 9 do
     nodes[#nodes + 1] = {ARGV[i], {
       alloc_cpu = tonumber(ARGV[i + 1]), alloc_mem = tonumber(ARGV[i + 2]), alloc_gpu = tonumber(ARGV[i + 3]),
       alloc_sto = tonumber(ARGV[i + 4]), used_cpu = tonumber(ARGV[i + 5]), used_mem = tonumber(ARGV[i + 6]),
@@ -72,7 +76,7 @@ local function advertised()
   end
   return nodes
 end
-local at = 5 + 9 * n_nodes
+local at = FIRST_NODE + 9 * n_nodes
 local listed_ids = {}
 for i = at + 1, at + tonumber(ARGV[at]) do listed_ids[#listed_ids + 1] = ARGV[i] end
 local fields = {}
@@ -175,9 +179,9 @@ if in_index and not heartbeat then
   end
 end
 if heartbeat then
-  redis.call('HSET', ck, 'seen_ms', now)
+  redis.call('HSET', ck, 'seen_ms', now, 'digest', digest)
 else
-  redis.call('HSET', ck, 'seen_ms', now, 'nodes', n_nodes, unpack(fields))
+  redis.call('HSET', ck, 'seen_ms', now, 'digest', digest, 'nodes', n_nodes, unpack(fields))
   redis.call('HSETNX', ck, 'first_seen_ms', now)
   redis.call('DEL', nk)
   if #node_fields > 0 then redis.call('HSET', nk, unpack(node_fields)) end

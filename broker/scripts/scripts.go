@@ -75,6 +75,9 @@ func load(name string) *redis.Script {
 // EVAL after a Redis restart has flushed the script cache).
 var (
 	Advertise = load("advertise")
+	// Heartbeat refreshes the liveness of a cluster whose stored
+	// advertisement it names by digest (heartbeat.lua).
+	Heartbeat = load("heartbeat")
 	Reserve   = load("reserve")
 	Release   = load("release")
 	Expire    = load("expire")
@@ -97,6 +100,7 @@ var (
 // All lists every script, for loading at start-up and readiness checks.
 var All = map[string]*redis.Script{
 	"advertise":     Advertise,
+	"heartbeat":     Heartbeat,
 	"reserve":       Reserve,
 	"release":       Release,
 	"expire":        Expire,

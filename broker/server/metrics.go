@@ -32,6 +32,12 @@ const (
 	renewError     = "error"
 )
 
+// Heartbeat outcomes, the label of rb_broker_heartbeats_total.
+const (
+	heartbeatAccepted            = "accepted"
+	heartbeatAdvertisementNeeded = "advertisement_needed"
+)
+
 // renewOutcomes are the outcomes of postRenewals' counts, in their order.
 var renewOutcomes = [4]string{renewRenewed, renewNotFound, renewEnded, renewNotALease}
 
@@ -54,6 +60,8 @@ type metrics struct {
 	rateLimited  *prometheus.CounterVec
 	// advertisementsShed counts advertisements answered 503 Busy (advertGate).
 	advertisementsShed prometheus.Counter
+	// heartbeats counts heartbeats by outcome (heartbeatAccepted, heartbeatAdvertisementNeeded).
+	heartbeats *prometheus.CounterVec
 
 	outcomes      map[string]*lazyCounter        // reservations' children by outcome; read-only once built
 	renewOutcomes map[string]*lazyCounter        // renewals' children by outcome; read-only once built
@@ -132,9 +140,13 @@ func newMetrics(stores []*store.Store, memory *redisMemory, advertising *advertG
 			Name: "rb_broker_advertisements_shed_total",
 			Help: "Advertisements answered 503 Busy with a Retry-After: their turn to reach Redis (two at a time per replica) did not come within 3s.",
 		}),
+		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rb_broker_heartbeats_total",
+			Help: "Heartbeats (PUT /api/v2/clusters/{id}/heartbeat) by outcome: accepted (liveness refreshed), advertisement_needed (409: the broker does not hold the advertisement named, or the cluster went stale).",
+		}, []string{"outcome"}),
 	}
 	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.requests, m.latency, m.streams,
-		m.renewals, m.renewBatch, m.v1Capped, m.rateLimited, m.advertisementsShed,
+		m.renewals, m.renewBatch, m.v1Capped, m.rateLimited, m.advertisementsShed, m.heartbeats,
 		&clusterCollector{stores: stores}, &redisMemoryCollector{memory: memory},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rb_broker_advertisements_waiting",
@@ -154,6 +166,9 @@ func newMetrics(stores []*store.Store, memory *redisMemory, advertising *advertG
 	m.renewOutcomes = map[string]*lazyCounter{}
 	for _, o := range []string{renewRenewed, renewNotFound, renewEnded, renewNotALease, renewError} {
 		m.renewOutcomes[o] = &lazyCounter{vec: m.renewals, values: []string{o}}
+	}
+	for _, o := range []string{heartbeatAccepted, heartbeatAdvertisementNeeded} {
+		m.heartbeats.WithLabelValues(o)
 	}
 	return m
 }

@@ -147,6 +147,12 @@ func TestOperatorOpenAPI(t *testing.T) {
 	c.with("id", "paris").call("paris", http.MethodPut, adv, "/api/v2/clusters/paris/advertisement", ad("paris"), http.StatusOK)
 	c.with("id", "paris").call("rome", http.MethodPut, adv, "/api/v2/clusters/paris/advertisement", ad("paris"), http.StatusForbidden)
 	c.with("id", "rome").call("rome", http.MethodPut, adv, "/api/v2/clusters/rome/advertisement", map[string]any{"resources": "none"}, http.StatusBadRequest)
+	const hb = "/api/v2/clusters/{id}/heartbeat"
+	stored := brokertest.Decode[api.Cluster](t, c.with("id", "paris").call("rome", http.MethodGet, "/api/v2/clusters/{id}", "/api/v2/clusters/paris", nil, http.StatusOK))
+	c.with("id", "paris").call("paris", http.MethodPut, hb, "/api/v2/clusters/paris/heartbeat", api.HeartbeatRequest{Digest: stored.Digest}, http.StatusOK)
+	c.with("id", "paris").call("paris", http.MethodPut, hb, "/api/v2/clusters/paris/heartbeat", api.HeartbeatRequest{Digest: "0123456789abcdef"}, http.StatusConflict)
+	c.with("id", "paris").call("paris", http.MethodPut, hb, "/api/v2/clusters/paris/heartbeat", map[string]any{"digest": 7}, http.StatusBadRequest)
+	c.with("id", "paris").call("rome", http.MethodPut, hb, "/api/v2/clusters/paris/heartbeat", api.HeartbeatRequest{Digest: stored.Digest}, http.StatusForbidden)
 	c.call("rome", http.MethodGet, "/api/v2/clusters", "/api/v2/clusters?limit=10", nil, http.StatusOK)
 	c.call("rome", http.MethodGet, "/api/v2/clusters", "/api/v2/clusters?continue=garbage", nil, http.StatusBadRequest)
 	c.with("id", "paris").call("rome", http.MethodGet, "/api/v2/clusters/{id}", "/api/v2/clusters/paris", nil, http.StatusOK)

@@ -173,6 +173,7 @@ type route struct {
 func (s *Server) routes() []route {
 	return []route{
 		{"PUT /api/v2/clusters/{id}/advertisement", s.putAdvertisement, api.MaxBodyBytes},
+		{"PUT /api/v2/clusters/{id}/heartbeat", s.putHeartbeat, api.MaxBodyBytes},
 		{"GET /api/v2/clusters", s.gated(s.listClusters), api.MaxBodyBytes},
 		{"GET /api/v2/clusters/{id}", s.getCluster, api.MaxBodyBytes},
 		{"DELETE /api/v2/clusters/{id}", s.deleteCluster, api.MaxBodyBytes},

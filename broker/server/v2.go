@@ -62,7 +62,45 @@ func (s *Server) advertise(w http.ResponseWriter, ctx context.Context, id string
 		return
 	}
 	writeJSON(w, http.StatusOK, view(model.Cluster{ID: id, Advertisement: ad, Reserved: ack.Reserved, SeenAt: ack.SeenAt,
-		NodesReserved: ack.NodesReserved}))
+		NodesReserved: ack.NodesReserved, Digest: ack.Digest}))
+}
+
+// putHeartbeat serves PUT /api/v2/clusters/{id}/heartbeat: the caller's
+// advertisement is still the one stored under the digest it names, so only
+// its liveness is refreshed (store.Heartbeat); 409 AdvertisementNeeded when
+// it must advertise in full. A heartbeat counts against the advertisements'
+// rate but takes no advertisement turn: it costs Redis tens of µs, not the
+// milliseconds of an advertisement of many nodes.
+func (s *Server) putHeartbeat(w http.ResponseWriter, r *http.Request, caller string) {
+	id := r.PathValue("id")
+	if id != caller {
+		writeError(w, http.StatusForbidden, api.ReasonForbidden, "cluster "+caller+" may only send its own heartbeat, not "+id)
+		return
+	}
+	if !s.throttle(w, r, caller, model.Charge{Kind: store.RateAdvertisements, Rate: s.rates(caller).Advertisements, Cost: 1}) {
+		return
+	}
+	var body api.HeartbeatRequest
+	if err := api.Decode(r.Body, &body); err != nil {
+		writeDecodeError(w, err)
+		return
+	}
+	if err := body.Validate(); err != nil {
+		writeDecodeError(w, err)
+		return
+	}
+	ack, err := s.storeOf(r.Context(), id).Heartbeat(r.Context(), id, body.Digest)
+	if errors.Is(err, store.ErrAdvertisementNeeded) {
+		s.metrics.heartbeats.WithLabelValues(heartbeatAdvertisementNeeded).Inc()
+		writeError(w, http.StatusConflict, api.ReasonAdvertisementNeeded, err.Error())
+		return
+	}
+	if err != nil {
+		s.writeStoreError(w, "heartbeat", err)
+		return
+	}
+	s.metrics.heartbeats.WithLabelValues(heartbeatAccepted).Inc()
+	writeJSON(w, http.StatusOK, api.HeartbeatFromStore(id, ack))
 }
 
 func (s *Server) getCluster(w http.ResponseWriter, r *http.Request, _ string) {

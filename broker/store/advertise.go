@@ -2,7 +2,11 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 
 	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/scripts"
@@ -29,7 +33,8 @@ func (s *Store) Advertise(ctx context.Context, id string, ad model.Advertisement
 		labels = string(b)
 	}
 	args := make([]any, 0, 40+9*len(ad.Nodes)+len(ad.ReservationsOnNodes))
-	args = append(args, id, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(), len(ad.Nodes))
+	args = append(args, id, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(), "", len(ad.Nodes))
+	const digestArg, contentArgs = 3, 4 // the digest's place, and where what it digests begins
 	for _, n := range ad.Nodes {
 		a, u := n.Allocatable, n.Allocated
 		args = append(args, n.Name, a.CPU, a.Memory, a.GPU, a.Storage, u.CPU, u.Memory, u.GPU, u.Storage)
@@ -46,6 +51,8 @@ func (s *Store) Advertise(ctx context.Context, id string, ad model.Advertisement
 	args = appendResources(args, "cap_", ad.Capacity)
 	args = appendResources(args, "alloc_", ad.Allocatable)
 	args = appendResources(args, "used_", ad.Allocated)
+	digest := digestOf(args[contentArgs:])
+	args[digestArg] = digest
 	reply, err := s.run(ctx, scripts.Advertise, args...)
 	if err != nil {
 		return model.Ack{}, err
@@ -57,6 +64,50 @@ func (s *Store) Advertise(ctx context.Context, id string, ad model.Advertisement
 		SeenAt:        msTime(atoi(f[0])),
 		Reserved:      model.Resources{CPU: atoi(f[1]), Memory: atoi(f[2]), GPU: atoi(f[3]), Storage: atoi(f[4])},
 		NodesReserved: nodes.NodesReserved,
+		Digest:        digest,
+	}, nil
+}
+
+// digestOf names an advertisement by its script arguments: the same
+// advertisement gets the same digest on every replica, and a changed one
+// another (64 bits of SHA-256: a collision between two successive
+// advertisements of one cluster is out of reach).
+func digestOf(args []any) string {
+	h := sha256.New()
+	for _, a := range args {
+		fmt.Fprint(h, a)
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:model.DigestLength]
+}
+
+// ErrAdvertisementNeeded answers a heartbeat whose cluster must advertise
+// in full: the broker does not hold the advertisement it names, or the
+// cluster is no candidate any more (stale).
+var ErrAdvertisementNeeded = errors.New("the broker does not hold the advertisement this heartbeat names, or the cluster went stale: advertise in full")
+
+// Heartbeat refreshes the liveness of cluster id, whose advertisement is
+// still the one stored under digest (heartbeat.lua), and answers as
+// Advertise does but for the node debits. ErrAdvertisementNeeded: nothing
+// was written, the cluster must advertise in full.
+func (s *Store) Heartbeat(ctx context.Context, id, digest string) (model.Ack, error) {
+	reply, err := s.run(ctx, scripts.Heartbeat, id, digest)
+	if err != nil {
+		return model.Ack{}, err
+	}
+	if len(reply) == 0 {
+		return model.Ack{}, ErrAdvertisementNeeded
+	}
+	f := toStrings(reply)
+	figures := func(at int) model.Resources {
+		return model.Resources{CPU: atoi(f[at]), Memory: atoi(f[at+1]), GPU: atoi(f[at+2]), Storage: atoi(f[at+3])}
+	}
+	return model.Ack{
+		SeenAt:      msTime(atoi(f[0])),
+		Reserved:    figures(1),
+		Allocatable: figures(5),
+		Allocated:   figures(9),
+		Digest:      digest,
 	}, nil
 }
 

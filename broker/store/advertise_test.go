@@ -26,7 +26,7 @@ func TestAdvertiseCannotSetBrokerOwnedFields(t *testing.T) {
 	require.NoError(t, err)
 
 	// Call the script directly, as a buggy or hostile caller would.
-	err = scripts.Advertise.Run(ctx, rdb, []string{store.DefaultPrefix}, "paris", 100, 60_000, 0, 0, "alloc_cpu", "1", "resv_cpu", "0").Err()
+	err = scripts.Advertise.Run(ctx, rdb, []string{store.DefaultPrefix}, "paris", 100, 60_000, "digest", 0, 0, "alloc_cpu", "1", "resv_cpu", "0").Err()
 	require.ErrorContains(t, err, "unknown field resv_cpu")
 	after, err := rdb.HGetAll(ctx, s.Key("cluster:", "paris")).Result()
 	require.NoError(t, err)

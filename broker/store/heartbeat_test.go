@@ -198,3 +198,109 @@ func TestListingAnIDTwiceCountsOnce(t *testing.T) {
 	assert.Equal(t, int64(1000), ack.NodesReserved["p1"].CPU, "b is still debited")
 	require.NoError(t, s.CheckInvariant(ctx))
 }
+
+// heartbeatWrites runs a heartbeat and counts the Redis commands it wrote.
+func heartbeatWrites(t *testing.T, s *store.Store, id, digest string) (model.Ack, error, map[string]int64) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, admin(t, s).ConfigResetStat(ctx).Err())
+	ack, err := s.Heartbeat(ctx, id, digest)
+	counts := map[string]int64{}
+	for cmd, st := range readStats(t, s.Client().(*redis.Client)) {
+		counts[cmd] = st.calls
+	}
+	return ack, err, writesOf(counts)
+}
+
+// TestHeartbeatByDigest: an advertisement is answered with its digest (the
+// same advertisement, the same digest); a heartbeat naming the digest stored
+// refreshes the cluster's liveness and writes nothing else; one naming
+// another digest, or for a cluster the broker does not hold, or for one a
+// decision dropped as stale, or after Redis lost its state, writes nothing
+// and asks for the full advertisement.
+func TestHeartbeatByDigest(t *testing.T) {
+	ctx := context.Background()
+	const stale = time.Second
+	s := newStore(t, store.Config{StaleThreshold: stale})
+	nodes := []model.NodeCapacity{node("p1", 4000, 3000, 0), node("p2", 4000, 1000, 0)}
+	ad := withNodes(10_000, nodes...)
+	first, err := s.Advertise(ctx, "paris", ad)
+	require.NoError(t, err)
+	assert.Regexp(t, `^[0-9a-f]{16}$`, first.Digest)
+	again, err := s.Advertise(ctx, "paris", ad)
+	require.NoError(t, err)
+	assert.Equal(t, first.Digest, again.Digest, "the same advertisement, the same digest")
+	c, err := s.Cluster(ctx, "paris")
+	require.NoError(t, err)
+	assert.Equal(t, first.Digest, c.Digest, "stored with the cluster")
+	placed, err := s.Reserve(ctx, request("placed", "lyon", 500, 1, 0))
+	require.NoError(t, err)
+
+	// The digest stored: liveness only, and the answer an advertisement gives.
+	before, seen := indexEntries(t, s, "paris"), liveScore(t, s, "paris")
+	time.Sleep(5 * time.Millisecond)
+	ack, err, writes := heartbeatWrites(t, s, "paris", first.Digest)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int64{"hset": 1, "zadd": 2}, writes, "seen_ms, clusters, idx:live")
+	assert.Equal(t, before, indexEntries(t, s, "paris"), "the index entries are those of before")
+	assert.Greater(t, liveScore(t, s, "paris"), seen, "liveness refreshed")
+	c, err = s.Cluster(ctx, "paris")
+	require.NoError(t, err)
+	assert.Equal(t, ack.SeenAt, c.SeenAt)
+	assert.True(t, ack.SeenAt.After(again.SeenAt))
+	assert.Equal(t, placed.Reservation.Resources, ack.Reserved)
+	assert.Equal(t, ad.Allocatable, ack.Allocatable)
+	assert.Equal(t, ad.Allocated, ack.Allocated)
+	assert.Equal(t, first.Digest, ack.Digest)
+	require.NoError(t, s.CheckInvariant(ctx))
+
+	// A newer advertisement (another replica, or the agent itself after its
+	// figures moved): the old digest is refused, nothing written.
+	nodes[0].Allocated.CPU += 500
+	changed, err := s.Advertise(ctx, "paris", withNodes(10_000, nodes...))
+	require.NoError(t, err)
+	assert.NotEqual(t, first.Digest, changed.Digest)
+	_, err, writes = heartbeatWrites(t, s, "paris", first.Digest)
+	require.ErrorIs(t, err, store.ErrAdvertisementNeeded)
+	assert.Empty(t, writes)
+	_, err = s.Heartbeat(ctx, "paris", changed.Digest)
+	require.NoError(t, err)
+
+	// A cluster the broker never heard of.
+	_, err, writes = heartbeatWrites(t, s, "rome", changed.Digest)
+	require.ErrorIs(t, err, store.ErrAdvertisementNeeded)
+	assert.Empty(t, writes)
+	_, err = s.Cluster(ctx, "rome")
+	require.ErrorIs(t, err, store.ErrNotFound, "a heartbeat creates no cluster")
+
+	// Stale: a decision dropped paris from the index; its heartbeats no
+	// longer keep it, a full advertisement indexes it again.
+	time.Sleep(stale + 100*time.Millisecond)
+	var nf *store.NoFitError
+	_, err = s.Reserve(ctx, request("probe", "lyon", 100, 1, 0))
+	require.ErrorAs(t, err, &nf)
+	assert.Equal(t, int64(1), nf.Rejected["stale"])
+	_, err, writes = heartbeatWrites(t, s, "paris", changed.Digest)
+	require.ErrorIs(t, err, store.ErrAdvertisementNeeded, "a stale cluster stays no candidate")
+	assert.Empty(t, writes)
+	_, err = s.Reserve(ctx, request("probe2", "lyon", 100, 1, 0))
+	require.ErrorAs(t, err, &nf, "still stale")
+	back, err := s.Advertise(ctx, "paris", withNodes(10_000, nodes...))
+	require.NoError(t, err)
+	assert.Equal(t, changed.Digest, back.Digest)
+	_, err = s.Heartbeat(ctx, "paris", back.Digest)
+	require.NoError(t, err)
+	_, err = s.Reserve(ctx, request("probe3", "lyon", 100, 1, 0))
+	require.NoError(t, err, "a candidate again")
+	require.NoError(t, s.CheckInvariant(ctx))
+
+	// Redis lost its state: the heartbeat asks for the advertisement, which
+	// stores the cluster again.
+	require.NoError(t, admin(t, s).FlushAll(ctx).Err())
+	_, err = s.Heartbeat(ctx, "paris", back.Digest)
+	require.ErrorIs(t, err, store.ErrAdvertisementNeeded)
+	_, err = s.Advertise(ctx, "paris", withNodes(10_000, nodes...))
+	require.NoError(t, err)
+	_, err = s.Heartbeat(ctx, "paris", back.Digest)
+	require.NoError(t, err)
+}

@@ -125,6 +125,7 @@ func clusterFromMap(id string, m map[string]string) (model.Cluster, error) {
 		Reserved:  resourcesFrom(m, "resv_"),
 		SeenAt:    msTime(atoi(m["seen_ms"])),
 		FirstSeen: msTime(atoi(m["first_seen_ms"])),
+		Digest:    m["digest"],
 	}
 	if l := m["labels"]; l != "" && l != "{}" {
 		if err := json.Unmarshal([]byte(l), &c.Labels); err != nil {

@@ -60,6 +60,8 @@ type options struct {
 	fillInFlight, maxInFlight         int
 	slowlogUsec                       int
 	seed                              uint64
+	heartbeats                        bool
+	moves                             float64
 }
 
 func main() {
@@ -88,6 +90,8 @@ func main() {
 	f.IntVar(&o.slowlogUsec, "slowlog-usec", 50, "attribute Redis' time to scripts through SLOWLOG, logging the commands of the window that take at least this many µs "+
 		"(0 logs every command, those the scripts call too, which slows Redis at scale); negative: off")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated clusters and requests")
+	f.BoolVar(&o.heartbeats, "heartbeats", true, "members send a heartbeat naming the advertisement the broker holds while their figures stay within the agent's band of it, as agent/publisher does; false: a full advertisement every period")
+	f.Float64Var(&o.moves, "advert-moves", 0.1, "the share of a member's periods in which pods come or go: one node's used figures move past the band (8-12 % of the node), so its next publish is a full advertisement")
 	var klogFlags flag.FlagSet
 	klog.InitFlags(&klogFlags)
 	f.AddGoFlag(klogFlags.Lookup("v")) // -v=4 shows the brokers' set-up logs
@@ -114,8 +118,8 @@ type sim struct {
 func (s *sim) recorder() *recorder { return s.rec.Load() }
 
 func run(ctx context.Context, o options, command string) (err error) {
-	if o.clusters < 2 || o.nodesPerCluster < 1 || o.nodesPerCluster > 100 || o.replicas < 1 || o.decisionsPerSecond < 0 || o.leases < 0 {
-		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second >= 0, --leases >= 0")
+	if o.clusters < 2 || o.nodesPerCluster < 1 || o.nodesPerCluster > 100 || o.replicas < 1 || o.decisionsPerSecond < 0 || o.leases < 0 || o.moves < 0 || o.moves > 1 {
+		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second >= 0, --leases >= 0, --advert-moves 0 to 1")
 	}
 	tb := &programTB{}
 	defer tb.runCleanups()
@@ -129,7 +133,7 @@ func run(ctx context.Context, o options, command string) (err error) {
 		}
 	}()
 	rep := &Report{Command: command, Commit: gitCommit(), CPUs: runtime.NumCPU(), LoadAverageStart: loadAverage(), Options: o,
-		Config: Config{Clusters: o.clusters, NodesPerCluster: o.nodesPerCluster, Leases: o.leases, DecisionsPerSecond: o.decisionsPerSecond,
+		Config: Config{Clusters: o.clusters, NodesPerCluster: o.nodesPerCluster, Leases: o.leases, DecisionsPerSecond: o.decisionsPerSecond, Heartbeats: o.heartbeats, AdvertMoves: o.moves,
 			DurationSeconds: o.duration.Seconds(), Replicas: o.replicas}}
 	s := &sim{o: o, leases: &leaseQueue{}, rng: rand.New(rand.NewPCG(o.seed, 7))}
 
@@ -267,12 +271,30 @@ func (s *sim) forEachMember(ctx context.Context, n int, f func(context.Context, 
 	_ = g.Wait()
 }
 
+// advertise publishes what m's agent would: a heartbeat naming the
+// advertisement the broker holds while m's figures stay within the band of
+// it (--heartbeats), else, or when the broker asks for it, the full
+// advertisement. Without churn, always the full one (the last, least used).
 func (s *sim) advertise(ctx context.Context, m *member, churn bool) error {
+	ad, cpus, mems := m.advertisement(churn, s.o.moves)
+	if s.o.heartbeats && churn && m.withinBand(cpus, mems) {
+		start := time.Now()
+		_, err := m.client.Heartbeat(ctx, m.id, m.digest)
+		s.recorder().observe("heartbeat", time.Since(start), err)
+		if !brokerclient.IsAdvertisementNeeded(err) {
+			if err == nil {
+				m.advertised.Store(time.Now().UnixNano())
+			}
+			return err
+		}
+		m.digest = "" // the broker wants the advertisement itself: at once
+	}
 	start := time.Now()
-	_, err := m.client.Advertise(ctx, m.id, m.advertisement(churn))
+	ack, err := m.client.Advertise(ctx, m.id, ad)
 	s.recorder().observe("advertise", time.Since(start), err)
 	if err == nil {
 		m.advertised.Store(time.Now().UnixNano())
+		m.digest, m.storedCPU, m.storedMem = ack.Digest, cpus, mems
 	}
 	return err
 }

@@ -22,8 +22,16 @@ type member struct {
 	labels map[string]string
 	price  string // EUR per core-hour
 
-	// advertised is when the broker last stored its advertisement (Unix ns).
+	// advertised is when the broker last stored its advertisement or took
+	// its heartbeat (Unix ns).
 	advertised atomic.Int64
+
+	// digest names the advertisement the broker holds ("": none) and
+	// storedCPU, storedMem its nodes' used figures: the member sends a
+	// heartbeat while its figures stay within the band of them, as
+	// agent/publisher does. Used by the member's own loop only.
+	digest               string
+	storedCPU, storedMem []int64
 
 	mu        sync.Mutex
 	rng       *rand.Rand
@@ -36,11 +44,13 @@ type member struct {
 }
 
 // node is one advertised node: its size and what its own pods use (base),
-// to which each advertisement adds a little.
+// to which each advertisement adds a little; the base moves when pods come
+// and go (move). minCPU and minMem are the lowest base it had.
 type node struct {
 	name                   string
 	cpuMilli, memory, gpus int64
 	baseCPU, baseMem       int64
+	minCPU, minMem         int64
 }
 
 // nodeShapes are the node sizes of the simulated clusters.
@@ -59,28 +69,39 @@ func newMember(id string, nodes int, seed uint64) *member {
 		cpu, mem := s.cpu*1000, s.memGi<<30
 		// Its own pods use 20 to 50 %.
 		used := 0.2 + 0.3*m.rng.Float64()
-		m.nodes = append(m.nodes, node{name: fmt.Sprintf("%s-n%02d", id, i), cpuMilli: cpu, memory: mem, gpus: s.gpus,
-			baseCPU: int64(float64(cpu) * used), baseMem: int64(float64(mem) * used)})
+		base := node{name: fmt.Sprintf("%s-n%02d", id, i), cpuMilli: cpu, memory: mem, gpus: s.gpus,
+			baseCPU: int64(float64(cpu) * used), baseMem: int64(float64(mem) * used)}
+		base.minCPU, base.minMem = base.baseCPU, base.baseMem
+		m.nodes = append(m.nodes, base)
 	}
 	return m
 }
 
-// advertisement is what the member's agent would publish now. With churn,
-// each node's own pods use up to 3 % of the node more than their base, as
-// a real cluster's figures move; without, exactly the base: the most free
-// any advertisement offered, so that the broker's debits, each made against
-// a free no larger, cannot exceed it (CheckInvariant's overbooking test).
-func (m *member) advertisement(churn bool) api.Advertisement {
+// advertisement is what the member's agent would publish now, with its
+// nodes' used cpu and memory. With churn, each node's own pods use up to
+// 3 % of the node more than their base, as a real cluster's figures move
+// from one measurement to the next, and, with probability moves, pods came
+// or went: one node's base moves by 8-12 % of the node, past the band of
+// the advertisement the broker holds. Without churn, every node at its
+// lowest base: the most free any advertisement offered, so that the
+// broker's debits, each made against a free no larger, cannot exceed it
+// (CheckInvariant's overbooking test).
+func (m *member) advertisement(churn bool, moves float64) (api.Advertisement, []int64, []int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if churn && m.rng.Float64() < moves {
+		m.move(&m.nodes[m.rng.IntN(len(m.nodes))])
+	}
 	var capCPU, capMem, capGPU, usedCPU, usedMem int64
 	nodes := make([]api.NodeResources, len(m.nodes))
+	cpus, mems := make([]int64, len(m.nodes)), make([]int64, len(m.nodes))
 	for i, n := range m.nodes {
-		cpu, mem := n.baseCPU, n.baseMem
+		cpu, mem := n.minCPU, n.minMem
 		if churn {
-			cpu += int64(m.rng.Float64() * 0.03 * float64(n.cpuMilli))
-			mem += int64(m.rng.Float64() * 0.03 * float64(n.memory))
+			cpu = n.baseCPU + int64(m.rng.Float64()*0.03*float64(n.cpuMilli))
+			mem = n.baseMem + int64(m.rng.Float64()*0.03*float64(n.memory))
 		}
+		cpus[i], mems[i] = cpu, mem
 		nodes[i] = api.NodeResources{Name: n.name, Allocatable: quantities(n.cpuMilli, n.memory, n.gpus), Allocated: quantities(cpu, mem, 0)}
 		capCPU, capMem, capGPU = capCPU+n.cpuMilli, capMem+n.memory, capGPU+n.gpus
 		usedCPU, usedMem = usedCPU+cpu, usedMem+mem
@@ -90,7 +111,42 @@ func (m *member) advertisement(churn bool) api.Advertisement {
 		ClusterName: m.id, Endpoint: "https://" + m.id + ".example:6443", Labels: m.labels,
 		Resources: api.ClusterResources{Capacity: total, Allocatable: total, Allocated: quantities(usedCPU, usedMem, 0), Nodes: nodes},
 		Prices:    &api.Prices{Currency: "EUR", CPU: mustQ(m.price), Memory: mustQ("0.004"), GPU: mustQ("1.2")},
+	}, cpus, mems
+}
+
+// move shifts n's base by 8-12 % of the node, up or down, within 10-70 %
+// of it: pods started or ended there.
+func (m *member) move(n *node) {
+	shift := 0.08 + 0.04*m.rng.Float64()
+	if m.rng.IntN(2) == 0 {
+		shift = -shift
 	}
+	clamp := func(base, size int64) int64 {
+		v := float64(base) + shift*float64(size)
+		return int64(min(max(v, 0.1*float64(size)), 0.7*float64(size)))
+	}
+	n.baseCPU, n.baseMem = clamp(n.baseCPU, n.cpuMilli), clamp(n.baseMem, n.memory)
+	n.minCPU, n.minMem = min(n.minCPU, n.baseCPU), min(n.minMem, n.baseMem)
+}
+
+// band is the agent's (agent/publisher DefaultBand): a heartbeat stands for
+// the advertisement stored while every used figure stays within 5 % of its
+// node's allocatable of it.
+const band = 0.05
+
+// withinBand tells whether the figures cpus, mems are within the band of
+// those the broker holds (nothing else of the member's advertisement moves).
+func (m *member) withinBand(cpus, mems []int64) bool {
+	if m.digest == "" || len(m.storedCPU) != len(cpus) {
+		return false
+	}
+	for i, n := range m.nodes {
+		dc, dm := cpus[i]-m.storedCPU[i], mems[i]-m.storedMem[i]
+		if float64(max(dc, -dc)) > band*float64(n.cpuMilli) || float64(max(dm, -dm)) > band*float64(n.memory) {
+			return false
+		}
+	}
+	return true
 }
 
 // Request sizes: a pod's requests, small ones the most common.

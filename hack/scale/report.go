@@ -8,7 +8,7 @@ import (
 )
 
 // activityOrder is the report's order of the activities.
-var activityOrder = []string{"advertise", "reserve", "renew", "release", "list", "lost"}
+var activityOrder = []string{"advertise", "heartbeat", "reserve", "renew", "release", "list", "lost"}
 
 // Report is what a run measured; Table prints it, --out writes it as JSON.
 type Report struct {
@@ -46,6 +46,8 @@ type Config struct {
 	DecisionsPerSecond float64 `json:"decisionsPerSecond"`
 	DurationSeconds    float64 `json:"durationSeconds"`
 	Replicas           int     `json:"replicas"`
+	Heartbeats         bool    `json:"heartbeats"`
+	AdvertMoves        float64 `json:"advertMoves"`
 }
 
 // FillStats is the bulk fill before the window.
