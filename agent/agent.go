@@ -51,6 +51,10 @@ type Options struct {
 	TokenTTL time.Duration
 	// Debounce and PublishPeriod pace the advertisement (defaults 1s and 30s).
 	Debounce, PublishPeriod time.Duration
+	// AdvertiseBand: how far (a fraction of allocatable) used figures may
+	// drift from the advertisement the broker holds before it is sent
+	// again; until then a period sends a heartbeat (publisher.Config.Band).
+	AdvertiseBand float64
 	// MinBackoff and MaxBackoff pace retries of refused reservations (defaults 1s, 30s);
 	// one refused for lack of capacity is retried at least every 2s
 	// (reservation.DefaultWaitingRetry) to keep its place on the broker's waiting list.
@@ -323,7 +327,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	pub, err := publisher.New(publisher.Config{
 		ClusterID: o.ClusterID, Endpoint: o.Endpoint, Labels: labels, Prices: publisher.PricesFromWire(o.Prices),
-		Debounce: o.Debounce, Period: o.PublishPeriod, Source: coll, Broker: o.Broker,
+		Debounce: o.Debounce, Period: o.PublishPeriod, Band: o.AdvertiseBand, Source: coll, Broker: o.Broker,
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("rb-agent"),
 	})
 	if err != nil {

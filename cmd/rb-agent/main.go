@@ -35,6 +35,7 @@ import (
 	"github.com/fluidos-project/resource-broker/agent/home"
 	"github.com/fluidos-project/resource-broker/agent/metrics"
 	"github.com/fluidos-project/resource-broker/agent/provider"
+	"github.com/fluidos-project/resource-broker/agent/publisher"
 	"github.com/fluidos-project/resource-broker/agent/reservation"
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -58,6 +59,7 @@ type options struct {
 	tokenTTL           time.Duration
 	debounce           time.Duration
 	publishPeriod      time.Duration
+	advertiseBand      float64
 	leaderElect        bool
 	bridge             string
 	nodeIP             string
@@ -138,6 +140,8 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.tokenTTL, "token-ttl", time.Hour, "lifetime of the tokens granted to requesters (at least 10m; renewed after two thirds)")
 	f.DurationVar(&o.debounce, "debounce", time.Second, "how long a change settles before it is advertised")
 	f.DurationVar(&o.publishPeriod, "publish-period", 30*time.Second, "advertise at least this often, aligned to the wall clock")
+	f.Float64Var(&o.advertiseBand, "advertise-band", publisher.DefaultBand,
+		"send the advertisement again once a node's or the cluster's used cpu, memory or storage moved by more than this fraction of its allocatable (anything else that changes always sends it); until then each period sends a heartbeat. Negative: every publish is a full advertisement")
 	f.BoolVar(&o.leaderElect, "leader-elect", true, "elect one active agent among replicas")
 	f.StringVar(&o.bridge, "bridge", bridge.ModeVirtualKubelet, "how won reservations become nodes: virtual-kubelet, liqo, or none")
 	f.StringVar(&o.nodeIP, "node-ip", os.Getenv("POD_IP"), "address the API server uses to reach the virtual nodes' kubelet endpoint (this pod's IP)")
@@ -265,6 +269,9 @@ func (o options) validate() error {
 	if _, err := o.prices(); err != nil {
 		errs = append(errs, err)
 	}
+	if o.advertiseBand >= 1 {
+		errs = append(errs, errors.New("--advertise-band must be below 1 (a fraction of allocatable; negative turns heartbeats off)"))
+	}
 	if o.debounce <= 0 || o.publishPeriod <= 0 {
 		errs = append(errs, errors.New("--debounce and --publish-period must be positive"))
 	}
@@ -340,7 +347,7 @@ func run(o options) error {
 	}
 	ao := agent.Options{
 		ClusterID: o.clusterID, Broker: bc, Namespace: o.namespace,
-		Labels: o.labels, Prices: prices, TokenTTL: o.tokenTTL, Debounce: o.debounce, PublishPeriod: o.publishPeriod,
+		Labels: o.labels, Prices: prices, TokenTTL: o.tokenTTL, Debounce: o.debounce, PublishPeriod: o.publishPeriod, AdvertiseBand: o.advertiseBand,
 		ReservationWorkers: o.reserveWorkers, LeaseLength: o.leaseLength, HoldTime: o.holdTime, RenewInterval: o.renewInterval,
 		NoProviderHold: !o.providerHold, HoldPriority: o.holdPriority, PlaceholderImage: o.placeholderImage,
 		// 0 means the default there: a nanosecond is "at once".

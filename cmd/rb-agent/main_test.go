@@ -57,6 +57,7 @@ current-context: c
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--home-api-token-ttl=5m"}, "--home-api-token-ttl 5m0s: at least 10m0s"},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--provider-metrics-period=500ms"}, "--provider-metrics-period 500ms: want at least 1s"},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--lease-renew-interval=0s"}, "must be positive"},
+		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--advertise-band=1"}, "--advertise-band must be below 1"},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--lease-renew-interval=1m"}, "want at most a third of --lease-length 2m0s"},
 		{[]string{"--cluster-id=paris", "--broker-url=https://b", "--lease-length=10m", "--hold-time=1m"}, "want at most a third of --hold-time 1m0s"},
 	} {
