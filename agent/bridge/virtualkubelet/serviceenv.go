@@ -172,18 +172,13 @@ func (s *serviceEnvs) ensure(ctx context.Context, rc *remoteCluster, ns string) 
 	api := rc.client.CoreV1().ConfigMaps(rc.namespace)
 	if _, ok := s.written[ns]; !ok {
 		// The first time since the agent started: an earlier run may have
-		// written more ConfigMaps, which copies still name.
+		// written more ConfigMaps, which copies still name. They are
+		// numbered from 0 and only ever deleted all together.
 		list, err := api.List(ctx, metav1.ListOptions{LabelSelector: ServiceEnvLabel + "=" + ns})
 		if err != nil {
 			return nil, err
 		}
-		for _, cm := range list.Items {
-			for i := range len(list.Items) {
-				if cm.Name == serviceEnvName(ns, i) {
-					s.written[ns] = max(s.written[ns], i+1)
-				}
-			}
-		}
+		s.written[ns] = len(list.Items)
 	}
 	for len(chunks) < s.written[ns] {
 		chunks = append(chunks, map[string]string{})
