@@ -126,9 +126,13 @@ func (vk *vkLifecycle) homeAPIToken(t *testing.T) {
 		ServiceAccountName: "default", Containers: []corev1.Container{{Name: "c", Image: "nginx"}},
 		Volumes: []corev1.Volume{{Name: "t", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}}}}}
-	err = paris.Client.Create(ctx, own, client.DryRunAll)
-	assert.True(t, apierrors.IsForbidden(err), "%v", err)
-	assert.ErrorContains(t, err, "no token of this cluster's ServiceAccounts")
+	// The API server enforces a ValidatingAdmissionPolicy once its informer
+	// has it, a moment after the agent wrote it.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		err := paris.Client.Create(ctx, own, client.DryRunAll)
+		assert.True(c, apierrors.IsForbidden(err), "%v", err)
+		assert.ErrorContains(c, err, "no token of this cluster's ServiceAccounts")
+	}, 10*time.Second, 200*time.Millisecond)
 
 	// Replaced before it expires (here every homeTokenRefresh), still bound to web-0.
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
