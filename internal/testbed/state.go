@@ -5,15 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fluidos-project/resource-broker/agent/publisher"
 )
 
 // Capacity is the brokers' accounting as stored: cluster id -> the fields of
 // rb:{b}:cluster:<id>, without seen_ms (every advertisement moves it) and
-// with absent resv_* counted as "0" (they appear with the first reservation).
+// digest (it names the content, compared field by field), and with absent
+// resv_* counted as "0" (they appear with the first reservation).
 type Capacity map[string]map[string]string
 
 // Capacity reads every rb:{b}:cluster:* hash.
@@ -29,6 +34,7 @@ func (b *Bed) Capacity(ctx context.Context) (Capacity, error) {
 			return nil, err
 		}
 		delete(m, "seen_ms")
+		delete(m, "digest")
 		for _, r := range []string{"cpu", "mem", "gpu", "sto"} {
 			if _, ok := m["resv_"+r]; !ok {
 				m["resv_"+r] = "0"
@@ -59,7 +65,7 @@ func (c Capacity) Diff(want Capacity) string {
 			continue
 		}
 		for f, wv := range w {
-			if g[f] != wv {
+			if g[f] != wv && !withinBand(f, g[f], wv, w) {
 				d = append(d, fmt.Sprintf("%s.%s=%q, want %q", id, f, g[f], wv))
 			}
 		}
@@ -75,6 +81,24 @@ func (c Capacity) Diff(want Capacity) string {
 		}
 	}
 	return strings.Join(d, "; ")
+}
+
+// withinBand tells whether the stored used figure f, got, may stand for
+// want: an agent sends its used cpu, memory and storage again only once
+// they moved past publisher.DefaultBand of the allocatable (it heartbeats
+// otherwise), so the broker may hold figures that old, by design.
+func withinBand(f, got, want string, wantFields map[string]string) bool {
+	r, ok := strings.CutPrefix(f, "used_")
+	if !ok || r == "gpu" {
+		return false
+	}
+	g, err1 := strconv.ParseFloat(got, 64)
+	w, err2 := strconv.ParseFloat(want, 64)
+	alloc, err3 := strconv.ParseFloat(wantFields["alloc_"+r], 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return false
+	}
+	return math.Abs(g-w) <= publisher.DefaultBand*alloc
 }
 
 // LiveIndexes returns the size of every non-empty index of live
