@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -64,12 +66,54 @@ func (s *Store) eval(ctx context.Context, sc *redis.Script, args ...any) (any, e
 }
 
 // evalReplicated sends the script, the mark and WAIT in one pipeline (one
-// connection: WAIT waits for the writes of its own connection).
+// connection: WAIT waits for the writes of its own connection). On a Redis
+// Cluster the pipeline goes to the primary of the prefix's slot itself: a
+// cluster client's pipeline sends a command without a key, WAIT, to any
+// node, where it would wait for nothing of ours.
 func (s *Store) evalReplicated(ctx context.Context, send func(context.Context, redis.Scripter, []string, ...any) *redis.Cmd,
+	keys []string, args []any) (any, error) {
+	conn := redis.Cmdable(s.rdb)
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		primary, err := cc.MasterForKey(ctx, s.cfg.Prefix)
+		if err != nil {
+			return nil, err
+		}
+		conn = primary
+	}
+	v, err := s.pipelineReplicated(ctx, conn, send, keys, args)
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok && slotMayHaveMoved(err) {
+		// A failover or a resharding: the cluster client learns the new
+		// slot map in the background, and the caller's retry (503) goes
+		// to the new primary.
+		cc.ReloadState(ctx)
+	}
+	return v, err
+}
+
+// slotMayHaveMoved tells whether err says the primary we asked no longer
+// serves the slot: a redirection (MOVED, ASK), a node that is a replica now
+// (READONLY) or a cluster without that slot (CLUSTERDOWN), or a node that
+// cannot be reached.
+func slotMayHaveMoved(err error) bool {
+	if err == nil {
+		return false
+	}
+	if _, ok := redis.IsMovedError(err); ok {
+		return true
+	}
+	if _, ok := redis.IsAskError(err); ok {
+		return true
+	}
+	var netErr net.Error
+	return redis.HasErrorPrefix(err, "READONLY") || redis.HasErrorPrefix(err, "CLUSTERDOWN") ||
+		errors.As(err, &netErr) || errors.Is(err, io.EOF)
+}
+
+func (s *Store) pipelineReplicated(ctx context.Context, conn redis.Cmdable, send func(context.Context, redis.Scripter, []string, ...any) *redis.Cmd,
 	keys []string, args []any) (any, error) {
 	var script *redis.Cmd
 	var acked *redis.Cmd
-	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, _ = conn.Pipelined(ctx, func(p redis.Pipeliner) error {
 		script = send(ctx, p, keys, args...)
 		p.Set(ctx, s.Key(replicationMark), "1", 0)
 		acked = p.Do(ctx, "wait", s.cfg.Replicas, s.cfg.ReplicaTimeout.Milliseconds())

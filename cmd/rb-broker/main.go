@@ -130,8 +130,9 @@ func newCommand() *cobra.Command {
 	f.StringVar(&o.cellLabel, "cell-label", "", "the cluster label whose value names a member's cell (e.g. region); a member without it, "+
 		"or whose value names no cell, is in the first of --cells. Empty: every member is in the first cell")
 	f.IntVar(&o.waitReplicas, "redis-wait-replicas", 0, "how many Redis replicas must hold a decision (reserve, release, grant, renew, advertise, ...) "+
-		"before the broker answers it (WAIT; else 503 with Retry-After), so that a failover loses no answered decision; "+
-		"default 1 with --redis-sentinel-master, 0 (no wait) with --redis-url")
+		"before the broker answers it (WAIT; else 503 with Retry-After), so that a failover loses no answered decision "+
+		"(with --redis-cluster-addrs: the replicas of the primary of the decision's cell); "+
+		"default 1 with --redis-sentinel-master, 0 (no wait) with --redis-url and --redis-cluster-addrs")
 	f.DurationVar(&o.waitTimeout, "redis-wait-timeout", store.DefaultReplicaTimeout, "how long a decision waits for --redis-wait-replicas replicas "+
 		"(less than the Redis read timeout, 3s)")
 	f.IntVar(&o.redisPoolSize, "redis-pool-size", 256, "Redis connections per replica (the event streams of a replica share one)")
@@ -278,11 +279,6 @@ func (o options) validateCluster() []error {
 		}
 		if u, err := parseRedisURL(o.redisURL); err == nil && u.DB != 0 {
 			errs = append(errs, fmt.Errorf("--redis-url names database %d: a Redis Cluster has database 0 only", u.DB))
-		}
-		if o.waitReplicas > 0 {
-			// WAIT must follow the write on its connection, which a cluster
-			// client's pipeline does not promise.
-			errs = append(errs, errors.New("--redis-wait-replicas is not supported with --redis-cluster-addrs yet: leave it 0"))
 		}
 	}
 	if _, err := store.NewCells(nil, store.Config{}, o.cells, o.cellRule()); err != nil {

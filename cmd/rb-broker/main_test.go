@@ -59,7 +59,6 @@ func TestInvalidFlagsRefuseToStart(t *testing.T) {
 		{[]string{"--redis-cluster-addrs=r0:6379", "--redis-sentinel-master=m", "--redis-sentinel-addrs=s:26379"}, "--redis-cluster-addrs and --redis-sentinel-master exclude each other"},
 		{[]string{"--redis-cluster-addrs=r0"}, `--redis-cluster-addrs: "r0" is not host:port`},
 		{[]string{"--redis-cluster-addrs=r0:6379", "--redis-url=redis://x:6379/2"}, "a Redis Cluster has database 0 only"},
-		{[]string{"--redis-cluster-addrs=r0:6379", "--redis-wait-replicas=1"}, "--redis-wait-replicas is not supported with --redis-cluster-addrs"},
 		{[]string{"--cells=eu,eu"}, `--cells: cells: cell "eu" named twice`},
 		{[]string{"--cells=e{u}"}, `--cells: cells: cell name "e{u}"`},
 		{[]string{"--cell-label=not a label"}, `--cell-label "not a label"`},

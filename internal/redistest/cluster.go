@@ -18,13 +18,16 @@ import (
 	redismanifest "github.com/fluidos-project/resource-broker/manifests/redis"
 )
 
-// Cluster is a running Redis Cluster of primaries without replicas, each a
-// redis-server of this package (same users, protected mode, ACL check at
-// cleanup), its slots assigned by `redis-cli --cluster create`.
+// Cluster is a running Redis Cluster of primaries, with or without a
+// replica each, every node a redis-server of this package (same users,
+// protected mode, ACL check at cleanup), its slots assigned by `redis-cli
+// --cluster create`.
 type Cluster struct {
 	Primaries []*Server
-	Users     *Users
-	t         testing.TB
+	// Replicas[i] replicates Primaries[i] (StartClusterWithReplicas).
+	Replicas []*Server
+	Users    *Users
+	t        testing.TB
 }
 
 // StartCluster runs a Redis Cluster of n primaries for t, whose broker's
@@ -32,6 +35,18 @@ type Cluster struct {
 // returns once every primary says cluster_state:ok. It stops them at
 // cleanup.
 func StartCluster(t testing.TB, n int, cells []string) *Cluster {
+	t.Helper()
+	return startCluster(t, n, false, cells)
+}
+
+// StartClusterWithReplicas is StartCluster with one replica per primary; it
+// returns once every replica's link to its primary is up.
+func StartClusterWithReplicas(t testing.TB, n int, cells []string) *Cluster {
+	t.Helper()
+	return startCluster(t, n, true, cells)
+}
+
+func startCluster(t testing.TB, n int, withReplicas bool, cells []string) *Cluster {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
@@ -61,7 +76,50 @@ func StartCluster(t testing.TB, n int, cells []string) *Cluster {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	c.waitOK()
+	if withReplicas {
+		for _, p := range c.Primaries {
+			c.Replicas = append(c.Replicas, c.addReplica(bin, cli, p))
+		}
+	}
 	return c
+}
+
+// addReplica starts a node and makes it primary's replica (`redis-cli
+// --cluster add-node --cluster-slave`), then waits until it has synced.
+func (c *Cluster) addReplica(bin, cli string, primary *Server) *Server {
+	c.t.Helper()
+	ctx := context.Background()
+	r := c.startNode(bin)
+	a := redis.NewClient(c.Users.AdminOptions(primary.Addr))
+	defer a.Close()
+	id, err := a.ClusterMyID(ctx).Result()
+	if err != nil {
+		c.t.Fatalf("cluster myid of %s: %v", primary.Addr, err)
+	}
+	add := exec.Command(cli, "--user", AdminUser, "--cluster", "add-node", r.Addr, primary.Addr,
+		"--cluster-slave", "--cluster-master-id", id)
+	add.Env = append(os.Environ(), "REDISCLI_AUTH="+c.Users.AdminPassword)
+	if out, err := add.CombinedOutput(); err != nil {
+		c.t.Fatalf("redis-cli --cluster add-node %s as replica of %s: %v\n%s", r.Addr, primary.Addr, err, out)
+	}
+	ra := redis.NewClient(c.Users.AdminOptions(r.Addr))
+	defer ra.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		info, err := ra.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") && strings.Contains(info, "master_port:"+primaryPort(primary.Addr)) {
+			return r
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("replica %s of %s not synced within 30s: %v\n%s", r.Addr, primary.Addr, err, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func primaryPort(addr string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	return port
 }
 
 // startNode starts one cluster-enabled redis-server on a free port, with a
@@ -82,7 +140,9 @@ func (c *Cluster) startNode(bin string) *Server {
 		s := &Server{Dir: c.t.TempDir(), Users: c.Users, t: c.t, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
 		s.args = append([]string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", strconv.Itoa(bus),
-			"--cluster-node-timeout", "2000"}, c.Users.ServerArgs()...)
+			"--cluster-node-timeout", "2000", "--repl-diskless-sync-delay", "0",
+			// A replica (or a primary demoted by a failover) syncs as the administrator.
+			"--masteruser", AdminUser, "--masterauth", c.Users.AdminPassword}, c.Users.ServerArgs()...)
 		if lastErr = s.start(bin); lastErr == nil {
 			c.t.Cleanup(func() {
 				s.checkDenials()

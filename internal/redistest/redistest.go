@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -284,6 +285,19 @@ func (s *Server) Stop() {
 		}
 	}
 }
+
+// Freeze stops the server's process (SIGSTOP) until Thaw or the test's end:
+// a replica that acknowledges nothing, a primary that answers nothing.
+func (s *Server) Freeze() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("freeze redis-server %s: %v", s.Addr, err)
+	}
+	s.t.Cleanup(s.Thaw)
+}
+
+// Thaw resumes a frozen server (SIGCONT; idempotent).
+func (s *Server) Thaw() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
 
 // Restart stops the server and starts it again on the same port and data dir
 // (with appendonly, the data survives).
