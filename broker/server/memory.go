@@ -24,14 +24,18 @@ const redisMemoryMaxAge = 5 * time.Second
 const redisNearFull = 0.95
 
 // redisMemory is the last reading of how far Redis is from its maxmemory
-// (store.RedisMemory), read again when older than redisMemoryMaxAge.
+// (store.RedisMemory), read again when older than redisMemoryMaxAge. With
+// cells on a Redis Cluster each cell's primary is read, and the reading is
+// the fullest one's: the first to refuse writes.
 type redisMemory struct {
-	store *store.Store
-	log   logr.Logger
+	stores []*store.Store // every cell's (one without cells)
+	names  []string       // the cells' names, as stores (none without cells)
+	log    logr.Logger
 
 	mu   sync.Mutex
 	at   time.Time
 	last store.RedisMemory
+	cell string // the cell whose primary is the fullest (with cells)
 	err  error
 	near bool // the last reading was at redisNearFull or more
 }
@@ -44,7 +48,7 @@ func (r *redisMemory) read(ctx context.Context) (store.RedisMemory, error) {
 		return r.last, r.err
 	}
 	failing := r.err != nil
-	r.last, r.err = r.store.RedisMemory(ctx)
+	r.last, r.cell, r.err = r.fullest(ctx)
 	r.at = time.Now()
 	if r.err != nil {
 		if !failing { // once, not at every reading
@@ -55,12 +59,49 @@ func (r *redisMemory) read(ctx context.Context) (store.RedisMemory, error) {
 	if near := r.last.Max > 0 && r.last.Share() >= redisNearFull; near != r.near {
 		r.near = near
 		r.log.Info("Redis memory", "nearMaxmemory", near, "usedBytes", r.last.Used, "maxmemoryBytes", r.last.Max,
-			"share", fmt.Sprintf("%.3f", r.last.Share()), "warnAt", redisNearFull)
+			"share", fmt.Sprintf("%.3f", r.last.Share()), "warnAt", redisNearFull, "cell", r.cell)
 	}
 	return r.last, nil
 }
 
-// describeRedisMemory is /readyz's line about Redis' memory.
+// fullest reads every store's Redis and returns the reading nearest its
+// maxmemory (without one anywhere, the largest), with its cell's name.
+func (r *redisMemory) fullest(ctx context.Context) (store.RedisMemory, string, error) {
+	var best store.RedisMemory
+	var cell string
+	for i, st := range r.stores {
+		name := ""
+		if i < len(r.names) {
+			name = r.names[i]
+		}
+		m, err := st.RedisMemory(ctx)
+		if err != nil {
+			if name != "" {
+				err = fmt.Errorf("cell %s: %w", name, err)
+			}
+			return store.RedisMemory{}, "", err
+		}
+		if i == 0 || m.Share() > best.Share() || (m.Share() == best.Share() && m.Used > best.Used) {
+			best, cell = m, name
+		}
+	}
+	return best, cell, nil
+}
+
+// describe is /readyz's line about Redis' memory.
+func (r *redisMemory) describe(ctx context.Context) string {
+	m, err := r.read(ctx)
+	line := describeRedisMemory(m, err)
+	if err == nil && len(r.stores) > 1 {
+		r.mu.Lock()
+		cell := r.cell
+		r.mu.Unlock()
+		line += fmt.Sprintf(" (the primary of cell %s, the fullest of %d cells)", cell, len(r.stores))
+	}
+	return line
+}
+
+// describeRedisMemory is the line about one reading.
 func describeRedisMemory(m store.RedisMemory, err error) string {
 	mib := func(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 	switch {

@@ -139,7 +139,13 @@ func New(cfg Config) *Server {
 	newHub := func(st *store.Store) *eventHub {
 		return newEventHub(st, cfg.Log.WithName("events"), min(hubBlock, cfg.EventKeepAlive), cfg.MaxStreamsPerCluster)
 	}
-	memory := &redisMemory{store: cfg.Store, log: cfg.Log.WithName("redis-memory")}
+	memory := &redisMemory{stores: []*store.Store{cfg.Store}, log: cfg.Log.WithName("redis-memory")}
+	if cells != nil {
+		memory.stores, memory.names = memory.stores[:0], cells.Names()
+		for _, n := range memory.names {
+			memory.stores = append(memory.stores, cells.Cell(n))
+		}
+	}
 	advertising := newAdvertGate(maxConcurrentAdvertisements)
 	s := &Server{store: cfg.Store, cells: cells, limits: cfg.Limits, log: cfg.Log, memory: memory, keepAlive: cfg.EventKeepAlive,
 		hub:   newHub(cfg.Store),
@@ -275,7 +281,7 @@ func (s *Server) health(mux *http.ServeMux) {
 		// Ready, and how far Redis is from maxmemory (a warning near it: see
 		// redisNearFull).
 		w.Header().Set("Content-Type", "text/plain")
-		_, _ = w.Write([]byte("ok\n" + describeRedisMemory(s.memory.read(ctx)) + "\n"))
+		_, _ = w.Write([]byte("ok\n" + s.memory.describe(ctx) + "\n"))
 	})
 	mux.Handle(metricsRoute, promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc(openAPIRoute, func(w http.ResponseWriter, _ *http.Request) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // RedisMemory is what Redis holds against its maxmemory (INFO memory).
@@ -28,9 +30,18 @@ func (m RedisMemory) Share() float64 {
 }
 
 // RedisMemory reads how far Redis is from its maxmemory, past which it
-// refuses every write (the broker's Redis runs with noeviction).
+// refuses every write (the broker's Redis runs with noeviction). On a Redis
+// Cluster, the primary that holds this store's keys (its cell's).
 func (s *Store) RedisMemory(ctx context.Context) (RedisMemory, error) {
-	info, err := s.rdb.InfoMap(ctx, "memory").Result()
+	node := redis.Cmdable(s.rdb)
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		primary, err := cc.MasterForKey(ctx, s.cfg.Prefix)
+		if err != nil {
+			return RedisMemory{}, err
+		}
+		node = primary
+	}
+	info, err := node.InfoMap(ctx, "memory").Result()
 	if err != nil {
 		return RedisMemory{}, err
 	}
