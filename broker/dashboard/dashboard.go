@@ -21,6 +21,7 @@ import (
 	"io/fs"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -37,6 +38,10 @@ const Path = "/dashboard/"
 // Config configures a Dashboard.
 type Config struct {
 	Store *store.Store
+	// Cells, when the broker is split into more than one, are shown one at
+	// a time: ?cell=<name> on any page (the default cell without it), with
+	// a link to each cell in the header. Store is then ignored.
+	Cells *store.Cells
 	// Operators are the common names of the client certificates that may
 	// read the dashboard.
 	Operators []string
@@ -53,8 +58,15 @@ const DefaultSampleInterval = 10 * time.Second
 
 // Dashboard serves the pages.
 type Dashboard struct {
-	store     *store.Store
-	operators map[string]bool
+	store *store.Store
+	// cell is the name of store's cell, when there are several: cells
+	// (sorted) with the default first in defaultCell; byCell holds a copy of
+	// the dashboard per cell, its store that cell's, whose mux serves the
+	// requests that name it.
+	cell, defaultCell string
+	cells             []string
+	byCell            map[string]*Dashboard
+	operators         map[string]bool
 	log       logr.Logger
 	every     time.Duration
 	window    time.Duration
@@ -90,6 +102,23 @@ func New(cfg Config) (*Dashboard, error) {
 		}
 		d.pages[page] = t
 	}
+	if cfg.Cells != nil && len(cfg.Cells.Names()) > 1 {
+		d.cells, d.defaultCell = cfg.Cells.Names(), cfg.Cells.Default()
+		d.byCell = map[string]*Dashboard{}
+		for _, n := range d.cells {
+			c := *d
+			c.store, c.cell = cfg.Cells.Cell(n), n
+			c.mux = c.routes()
+			d.byCell[n] = &c
+		}
+		d.store, d.cell = d.byCell[d.defaultCell].store, d.defaultCell
+	}
+	d.mux = d.routes()
+	return d, nil
+}
+
+// routes are the pages of d's store.
+func (d *Dashboard) routes() *http.ServeMux {
 	static, _ := fs.Sub(assets, "assets/static")
 	mux := http.NewServeMux()
 	mux.Handle("GET /dashboard/static/", http.StripPrefix("/dashboard/static/", http.FileServerFS(static)))
@@ -107,8 +136,7 @@ func New(cfg Config) (*Dashboard, error) {
 		}
 		d.fail(w, r, http.StatusNotFound, "no page "+r.URL.Path)
 	})
-	d.mux = mux
-	return d, nil
+	return mux
 }
 
 // IsOperator reports whether cn names an operator's certificate.
@@ -142,6 +170,15 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"the client certificate %q is not an operator's: the dashboard is for the operators the broker names (--dashboard-operators), never for a member's certificate", cn))
 		return
 	}
+	if name := r.URL.Query().Get("cell"); name != "" && d.byCell != nil {
+		c, ok := d.byCell[name]
+		if !ok {
+			d.fail(w, r, http.StatusNotFound, fmt.Sprintf("no cell %q: the broker's cells are %s", name, strings.Join(d.cells, ", ")))
+			return
+		}
+		c.mux.ServeHTTP(w, r)
+		return
+	}
 	d.mux.ServeHTTP(w, r)
 }
 
@@ -159,7 +196,10 @@ type page struct {
 	Title    string
 	Nav      string // the page's name, to mark its link
 	Fragment bool   // only <main>'s content: the live script's reload
-	Data     any
+	// Cell is the cell shown, and Cells every cell, when there are several.
+	Cell  string
+	Cells []string
+	Data  any
 }
 
 // render answers a page with code; with ?fragment=1 only its main
@@ -167,7 +207,10 @@ type page struct {
 func (d *Dashboard) render(w http.ResponseWriter, r *http.Request, code int, name, title string, data any) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(code)
-	p := page{Title: title, Nav: name, Fragment: r.URL.Query().Get("fragment") == "1", Data: data}
+	p := page{Title: title, Nav: name, Fragment: r.URL.Query().Get("fragment") == "1", Data: data, Cells: d.cells}
+	if d.cells != nil {
+		p.Cell = d.cell
+	}
 	tmpl := "layout.html"
 	if p.Fragment {
 		tmpl = "main"
@@ -192,9 +235,18 @@ func (d *Dashboard) Run(ctx context.Context) {
 	defer close(d.stopped)
 	t := time.NewTicker(d.every)
 	defer t.Stop()
+	each := []*Dashboard{d}
+	if d.byCell != nil {
+		each = each[:0]
+		for _, n := range d.cells {
+			each = append(each, d.byCell[n])
+		}
+	}
 	for {
-		if err := d.sample(ctx); err != nil && ctx.Err() == nil {
-			d.log.Error(err, "dashboard: capacity sample")
+		for _, c := range each {
+			if err := c.sample(ctx); err != nil && ctx.Err() == nil {
+				d.log.Error(err, "dashboard: capacity sample", "cell", c.cell)
+			}
 		}
 		select {
 		case <-ctx.Done():

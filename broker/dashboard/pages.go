@@ -49,6 +49,19 @@ var funcs = template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05Z")
 	},
+	// cell is the link made of parts on the cell p shows: with ?cell= or
+	// &cell= when the broker has several cells, as is without.
+	"cell": func(p page, parts ...any) template.URL {
+		u := fmt.Sprint(parts...)
+		if p.Cell == "" {
+			return template.URL(u)
+		}
+		sep := "?"
+		if strings.Contains(u, "?") {
+			sep = "&"
+		}
+		return template.URL(u + sep + "cell=" + url.QueryEscape(p.Cell))
+	},
 	"query": func(kv ...string) template.URL {
 		v := url.Values{}
 		for i := 0; i+1 < len(kv); i += 2 {

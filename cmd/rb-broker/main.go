@@ -536,13 +536,13 @@ func run(ctx context.Context, o options) error {
 	cfg := server.Config{Cells: cells, Log: log, MaxStreamsPerCluster: o.maxStreams, MaxListsPerCluster: o.maxLists,
 		Limits: api.Limits{DefaultDuration: o.defaultDuration, MaxDuration: o.maxDuration}}
 	if len(o.operators) > 0 {
-		dash, err := dashboard.New(dashboard.Config{Store: st, Operators: o.operators, Log: log.WithName("dashboard")})
+		dash, err := dashboard.New(dashboard.Config{Store: st, Cells: cells, Operators: o.operators, Log: log.WithName("dashboard")})
 		if err != nil {
 			return err
 		}
 		cfg.Dashboard = dash
 		go dash.Run(ctx)
-		log.Info("dashboard", "path", dashboard.Path, "operators", dash.Operators(), "cell", cells.Default()) // the default cell's only, as yet
+		log.Info("dashboard", "path", dashboard.Path, "operators", dash.Operators(), "cells", cells.Names(), "defaultCell", cells.Default())
 	}
 	srv := server.New(cfg)
 

@@ -147,7 +147,7 @@ func start(t testing.TB, o Options, cfg server.Config) *Broker {
 	ctx, cancel := context.WithCancel(context.Background())
 	var dash *dashboard.Dashboard
 	if len(o.Operators) > 0 {
-		dash, err = dashboard.New(dashboard.Config{Store: st, Operators: o.Operators, Log: log.WithName("dashboard"), SampleInterval: o.DashboardSample})
+		dash, err = dashboard.New(dashboard.Config{Store: st, Cells: cfg.Cells, Operators: o.Operators, Log: log.WithName("dashboard"), SampleInterval: o.DashboardSample})
 		require.NoError(t, err)
 		cfg.Dashboard = dash
 		go dash.Run(ctx)

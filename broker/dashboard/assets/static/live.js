@@ -35,7 +35,8 @@
     });
   }
 
-  var es = new EventSource("/dashboard/events");
+  var cell = document.body.dataset.cell;
+  var es = new EventSource("/dashboard/events" + (cell ? "?cell=" + encodeURIComponent(cell) : ""));
   es.addEventListener("open", function () { status.textContent = "live"; status.classList.add("on"); });
   es.addEventListener("error", function () { status.textContent = "reconnecting"; status.classList.remove("on"); });
   function update() {
