@@ -53,7 +53,9 @@ func TestDashboardCells(t *testing.T) {
 	// The filter form keeps the cell (typed, as an operator does: the live
 	// reload leaves a focused form alone).
 	bd.run(t, chromedp.SendKeys(chromedp.CSS(`input[name=requester]`), "us-2\r"))
-	require.Eventually(t, func() bool { return eval[string](t, bd, `location.search`) == "?cell=us&requester=us-2&provider=&state=" },
+	require.Eventually(t, func() bool {
+		return eval[string](t, bd, `location.search`) == "?cell=us&requester=us-2&provider=&state="
+	},
 		10*time.Second, 50*time.Millisecond, "the filter's page, in us: %s", eval[string](t, bd, `location.search`))
 	bd.run(t, chromedp.WaitVisible(chromedp.CSS(`body[data-cell=us] #live.on`)))
 	assert.Equal(t, []string{"us-2/us-web"}, eval[[]string](t, bd, rows))

@@ -67,11 +67,11 @@ type Dashboard struct {
 	cells             []string
 	byCell            map[string]*Dashboard
 	operators         map[string]bool
-	log       logr.Logger
-	every     time.Duration
-	window    time.Duration
-	pages     map[string]*template.Template
-	mux       *http.ServeMux
+	log               logr.Logger
+	every             time.Duration
+	window            time.Duration
+	pages             map[string]*template.Template
+	mux               *http.ServeMux
 	// stopped is closed when Run returns: the live streams end with it (a
 	// server's graceful shutdown would wait for them), and the pages
 	// reconnect to a replica still serving.
