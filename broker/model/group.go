@@ -30,8 +30,11 @@ type GroupRequest struct {
 	// group (nil: none).
 	Spread *Spread
 	// Limits are the requester's; Store.ReserveGroup sets them from
-	// Config.Policy when it has one.
+	// Config.Policy when it has one, less HeldElsewhere.
 	Limits Limits
+	// HeldElsewhere is what the requester holds in the federation's other
+	// cells (store.Cells sets it), so that its limits hold federation-wide.
+	HeldElsewhere Usage
 }
 
 // Spread places a reservation among the live reservations of its spread

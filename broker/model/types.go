@@ -167,8 +167,11 @@ type ReserveRequest struct {
 	// others back until it expired.
 	NoWait bool
 	// Limits are the requester's; Store.Reserve sets them from
-	// Config.Policy when it has one.
+	// Config.Policy when it has one, less HeldElsewhere.
 	Limits Limits
+	// HeldElsewhere is what the requester holds in the federation's other
+	// cells (store.Cells sets it), so that its limits hold federation-wide.
+	HeldElsewhere Usage
 	// Spread, with a topology key or under the broker's share policy, has
 	// the request decided among its spread group's replicas
 	// (scripts/reserve_group.lua): its provider is chosen by the spread

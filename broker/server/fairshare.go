@@ -42,10 +42,16 @@ func writeFairShareError(w http.ResponseWriter, err error) bool {
 }
 
 // getUsage lists what each member holds as a requester against its limits,
-// and the ended reservations it keeps (store.MemberUsages). Any member may
-// read it, as it may read every cluster's advertisement.
+// and the ended reservations it keeps (store.MemberUsages), over every cell.
+// Any member may read it, as it may read every cluster's advertisement.
 func (s *Server) getUsage(w http.ResponseWriter, r *http.Request, caller string) {
-	members, err := s.storeOf(r.Context(), caller).MemberUsages(r.Context())
+	var members []store.MemberUsage
+	var err error
+	if s.cells == nil {
+		members, err = s.store.MemberUsages(r.Context())
+	} else {
+		members, err = s.cells.MemberUsages(r.Context())
+	}
 	if err != nil {
 		s.writeStoreError(w, "", err)
 		return

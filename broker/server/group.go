@@ -33,7 +33,12 @@ func (s *Server) postGroup(w http.ResponseWriter, r *http.Request, caller string
 		writeFairShareError(w, le)
 		return
 	}
-	d, err := s.storeOf(r.Context(), req.Requester).ReserveGroup(r.Context(), req)
+	var d model.GroupDecision
+	if s.cells == nil {
+		d, err = s.store.ReserveGroup(r.Context(), req)
+	} else {
+		d, err = s.cells.ReserveGroup(r.Context(), s.cellOf(r.Context(), req.Requester), req)
+	}
 	took := time.Since(start)
 	s.rateRefused.record(req.Requester, start, err, nil)
 	var noFit *store.GroupNoFitError

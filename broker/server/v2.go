@@ -208,7 +208,7 @@ func (s *Server) decide(ctx context.Context, req model.ReserveRequest, across bo
 	}
 	home := s.cellOf(ctx, req.Requester)
 	if !across {
-		d, err := s.cells.Cell(home).Reserve(ctx, req)
+		d, err := s.cells.Reserve(ctx, home, req)
 		return d, home, err
 	}
 	d, err := s.cells.ReserveAcross(ctx, home, req)

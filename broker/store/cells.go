@@ -37,8 +37,11 @@ type CellRule struct {
 // its own prefix, CellPrefix(name), one Store each over one client (a
 // redis.ClusterClient sends each cell's scripts to the primary that holds
 // its slot). Nothing is global: a script touches one cell, so no call spans
-// two slots. A requester's limits therefore hold per cell: asked of several
-// cells (ReserveAcross), it may hold up to its limits in each.
+// two slots. A requester's limits hold across the cells all the same: a
+// decision in one cell is given the policy's limits less what the requester
+// holds in the others (Reserve, ReserveGroup, ReserveAcross), read just
+// before; two decisions of one requester in flight in two cells at once may
+// together go past them by what the other one asked.
 type Cells struct {
 	rule   CellRule
 	names  []string
@@ -229,6 +232,108 @@ type CellDecision struct {
 	model.Decision
 }
 
+// Reserve decides req in cell, within its requester's limits less what it
+// holds in the other cells.
+func (c *Cells) Reserve(ctx context.Context, cell string, req model.ReserveRequest) (model.Decision, error) {
+	st := c.stores[cell]
+	if st == nil {
+		return model.Decision{}, fmt.Errorf("cells: no cell %q", cell)
+	}
+	held, err := c.heldElsewhere(ctx, req.Requester, cell)
+	if err != nil {
+		return model.Decision{}, err
+	}
+	req.HeldElsewhere = held
+	d, err := st.Reserve(ctx, req)
+	return d, federationWide(err, held)
+}
+
+// ReserveGroup decides req in cell, as Reserve does.
+func (c *Cells) ReserveGroup(ctx context.Context, cell string, req model.GroupRequest) (model.GroupDecision, error) {
+	st := c.stores[cell]
+	if st == nil {
+		return model.GroupDecision{}, fmt.Errorf("cells: no cell %q", cell)
+	}
+	held, err := c.heldElsewhere(ctx, req.Requester, cell)
+	if err != nil {
+		return model.GroupDecision{}, err
+	}
+	req.HeldElsewhere = held
+	d, err := st.ReserveGroup(ctx, req)
+	return d, federationWide(err, held)
+}
+
+// heldElsewhere sums what requester holds in every cell but cell (one
+// read of each cell's usage field); nothing is read without a policy.
+func (c *Cells) heldElsewhere(ctx context.Context, requester, cell string) (model.Usage, error) {
+	var held model.Usage
+	if len(c.names) == 1 || c.stores[cell].cfg.Policy == nil {
+		return held, nil
+	}
+	cmds := map[string]*redis.StringCmd{}
+	pipe := c.stores[cell].rdb.Pipeline()
+	for _, n := range c.names {
+		if n != cell {
+			cmds[n] = pipe.HGet(ctx, c.stores[n].Key("usage"), requester)
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return held, fmt.Errorf("cells: usage of %s in the other cells: %w", requester, err)
+	}
+	for _, cmd := range cmds {
+		if v, err := cmd.Result(); err == nil {
+			a := amountsOf(v)
+			held.Reservations += atoi(a["n"])
+			held.Resources = held.Resources.Add(resourcesFrom(a, ""))
+		}
+	}
+	return held, nil
+}
+
+// federationWide restates a refusal by a limit (its cell's script saw the
+// limit less held, against the cell's usage) as the whole federation's:
+// the limit and what the requester holds in every cell.
+func federationWide(err error, held model.Usage) error {
+	var le *LimitError
+	if !errors.As(err, &le) {
+		return err
+	}
+	add := map[string]int64{"reservations": held.Reservations, "cpu": held.Resources.CPU, "memory": held.Resources.Memory, "gpu": held.Resources.GPU}[le.Limit]
+	le.Max += float64(add)
+	le.Used += add
+	return err
+}
+
+// MemberUsages is Store.MemberUsages over the whole federation: each
+// member's live and ended reservations summed over every cell.
+func (c *Cells) MemberUsages(ctx context.Context) ([]MemberUsage, error) {
+	byID := map[string]*MemberUsage{}
+	var ids []string
+	for _, n := range c.names {
+		ms, err := c.stores[n].MemberUsages(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("cell %s: %w", n, err)
+		}
+		for _, m := range ms {
+			sum := byID[m.Cluster]
+			if sum == nil {
+				sum = &MemberUsage{Cluster: m.Cluster, Limits: m.Limits}
+				byID[m.Cluster] = sum
+				ids = append(ids, m.Cluster)
+			}
+			sum.Usage.Reservations += m.Usage.Reservations
+			sum.Usage.Resources = sum.Usage.Resources.Add(m.Usage.Resources)
+			sum.Ended += m.Ended
+		}
+	}
+	slices.Sort(ids)
+	out := make([]MemberUsage, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, *byID[id])
+	}
+	return out, nil
+}
+
 // ReserveAcross asks every cell for req, whose requester's cell is home,
 // and reserves in the cell of the best candidate over all of them:
 //  1. an id already decided in some cell is decided there again (a replay,
@@ -252,11 +357,11 @@ func (c *Cells) ReserveAcross(ctx context.Context, home string, req model.Reserv
 		return CellDecision{}, fmt.Errorf("cells: no cell %q", home)
 	}
 	if req.Spread != nil || len(c.names) == 1 {
-		d, err := homeStore.Reserve(ctx, req)
+		d, err := c.Reserve(ctx, home, req)
 		return CellDecision{Cell: home, Decision: d}, err
 	}
 	if cell, err := c.Find(ctx, req.Requester, req.ID); err == nil {
-		d, err := c.stores[cell].Reserve(ctx, req)
+		d, err := c.Reserve(ctx, cell, req)
 		return CellDecision{Cell: cell, Decision: d}, err
 	} else if !errors.Is(err, ErrNotFound) {
 		return CellDecision{}, err
@@ -274,14 +379,14 @@ func (c *Cells) ReserveAcross(ctx context.Context, home string, req model.Reserv
 		tried[cand.Cell] = true
 		once := req
 		once.NoWait = true
-		d, err := c.stores[cand.Cell].Reserve(ctx, once)
+		d, err := c.Reserve(ctx, cand.Cell, once)
 		var nf *NoFitError
 		if errors.As(err, &nf) {
 			continue // taken meanwhile: the next cell
 		}
 		return CellDecision{Cell: cand.Cell, Decision: d}, err
 	}
-	d, err := homeStore.Reserve(ctx, req)
+	d, err := c.Reserve(ctx, home, req)
 	return CellDecision{Cell: home, Decision: d}, err
 }
 

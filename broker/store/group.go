@@ -34,7 +34,7 @@ func (s *Store) ReserveGroup(ctx context.Context, req model.GroupRequest) (model
 		return model.GroupDecision{}, err
 	}
 	if s.cfg.Policy != nil {
-		req.Limits = s.cfg.Policy.Limits(req.Requester)
+		req.Limits = s.policyLimits(req.Requester, req.HeldElsewhere)
 	}
 	arg, err := s.encodeGroupArg(req)
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 func (s *Store) Reserve(ctx context.Context, req model.ReserveRequest) (model.Decision, error) {
 	if sp := req.Spread; sp != nil && (sp.TopologyKey != "" || s.cfg.MaxOwnerShare > 0) {
 		if s.cfg.Policy != nil {
-			req.Limits = s.cfg.Policy.Limits(req.Requester)
+			req.Limits = s.policyLimits(req.Requester, req.HeldElsewhere)
 		}
 		return s.reserveSpread(ctx, req)
 	}
@@ -64,12 +64,30 @@ func (s *Store) preemptFor(ctx context.Context, req model.ReserveRequest, nf *No
 // preferences from the requester's defaults there when it carries none.
 func (s *Store) withLimits(req model.ReserveRequest) model.ReserveRequest {
 	if s.cfg.Policy != nil {
-		req.Limits = s.cfg.Policy.Limits(req.Requester)
+		req.Limits = s.policyLimits(req.Requester, req.HeldElsewhere)
 		if len(req.Preferences) == 0 {
 			req.Preferences = s.cfg.Policy.Preferences(req.Requester)
 		}
 	}
 	return req
+}
+
+// policyLimits are requester's limits in the policy less what it holds in
+// other cells (none at 0: the script refuses whatever would exceed them).
+func (s *Store) policyLimits(requester string, elsewhere model.Usage) model.Limits {
+	l := s.cfg.Policy.Limits(requester)
+	less := func(limit *int64, held int64) *int64 {
+		if limit == nil || held == 0 {
+			return limit
+		}
+		left := max(*limit-held, 0)
+		return &left
+	}
+	l.Reservations = less(l.Reservations, elsewhere.Reservations)
+	l.CPU = less(l.CPU, elsewhere.Resources.CPU)
+	l.Memory = less(l.Memory, elsewhere.Resources.Memory)
+	l.GPU = less(l.GPU, elsewhere.Resources.GPU)
+	return l
 }
 
 func newPendingReserve(ctx context.Context, req model.ReserveRequest) (*pendingReserve, error) {
