@@ -22,8 +22,9 @@ import (
 // asked of every cell (cells: all), the cell of its provider. So the calls
 // on one reservation (get, release, grant) find its cell first
 // (store.Cells.Find), renewals try the caller's cell and then the others
-// for the ids it does not hold, and a provider's reservations (its list,
-// v1 instructions, protections) are in its own cell.
+// for the ids it does not hold, a provider's reservations (its list,
+// v1 instructions, protections) are in its own cell, and a member's event
+// stream follows its events in every cell (events.go).
 
 // memberCellsRefresh is how often a replica rebuilds its member -> cell
 // map: how late it may see a member's move to another cell that another

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -50,10 +51,12 @@ func TestCellsEventStream(t *testing.T) {
 	// Every event of both cells, each cell's in order.
 	want := map[string][]string{"across": {"Reserved", "Granted", "Released"}, "home": {"Reserved", "Released"}}
 	cursor := regexp.MustCompile(`^eu:[0-9]+-[0-9]+,us:[0-9]+-[0-9]+$`)
+	documented := sincePattern(t)
 	var seen []sseEvent
 	for range 5 {
 		ev := next(t, live)
 		assert.Regexp(t, cursor, ev.id, "a cursor of both cells' positions")
+		assert.Regexp(t, documented, ev.id, "as broker/api/openapi.yaml says")
 		assert.Equal(t, "eu-1", ev.data.Requester)
 		seen = append(seen, ev)
 	}
@@ -128,4 +131,14 @@ func quiet(t *testing.T, ch <-chan sseEvent, msg string, args ...any) {
 		t.Fatalf("%s: got %+v", fmt.Sprintf(msg, args...), ev)
 	case <-time.After(700 * time.Millisecond):
 	}
+}
+
+// sincePattern is the pattern broker/api/openapi.yaml gives since.
+func sincePattern(t *testing.T) *regexp.Regexp {
+	t.Helper()
+	doc, err := openapi3.NewLoader().LoadFromData(api.OpenAPI())
+	require.NoError(t, err)
+	param := doc.Paths.Find("/api/v2/events").Get.Parameters.GetByInAndName("query", "since")
+	require.NotNil(t, param)
+	return regexp.MustCompile(param.Schema.Value.Pattern)
 }
