@@ -25,7 +25,7 @@ func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 // With cells, the caller has a stream in every cell (a reservation asked of
 // every cell lives in its provider's, one made before a move in the old
 // cell): the stream follows them all, and its SSE id is a cursor holding the
-// last id sent of each (streamCursor). Each cell's events come in order;
+// last id sent of each (appendStreamCursor). Each cell's events come in order;
 // across cells, as they arrive.
 //
 // The events come from the replica's eventHub (one per cell); those before
@@ -116,7 +116,7 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, caller str
 			events, err := f.store.ReadEvents(ctx, caller, f.last, hubReadCount, 0)
 			if err != nil {
 				if ctx.Err() == nil {
-					s.log.Error(err, "read event stream", "cluster", caller)
+					s.log.Error(err, "read event stream", "cluster", caller, "cell", f.cell)
 					fail(err.Error())
 				}
 				return
@@ -197,15 +197,13 @@ type cellFeed struct {
 	last  string // the events up to it were sent (or not asked for)
 }
 
-// streamCursor: the SSE id of a stream. With one cell it is the Redis stream
-// id of the last event sent, as it always was. With cells it holds the last
-// id sent of every cell, in the cells' sorted order:
-// "<cell>:<stream id>,<cell>:<stream id>,...", e.g.
-// "eu:1700000000000-0,us:1700000000000-3". Cell names hold neither "," (the
-// flag --cells splits on it) nor, in practice, ":"; a cursor is split on its
-// last ":" anyway. Clients treat it as opaque.
-
-// appendStreamCursor appends the cursor of feeds to b.
+// appendStreamCursor appends the SSE id of a stream at feeds to b. With one
+// cell it is the Redis stream id of the last event sent, as it always was.
+// With cells it holds the last id sent of every cell, in the cells' sorted
+// order: "<cell>:<stream id>,<cell>:<stream id>,...", e.g.
+// "eu:1700000000000-0,us:1700000000000-3" (a cell name holds no ",": the
+// flag --cells splits on it; parseStreamCursor splits each pair on its last
+// ":"). Clients treat it as opaque.
 func appendStreamCursor(b []byte, feeds []*cellFeed) []byte {
 	if len(feeds) == 1 {
 		return append(b, feeds[0].last...)
