@@ -142,3 +142,32 @@ func sincePattern(t *testing.T) *regexp.Regexp {
 	require.NotNil(t, param)
 	return regexp.MustCompile(param.Schema.Value.Pattern)
 }
+
+// TestCellsEventStreamCap: a stream that follows every cell counts once
+// against --max-streams-per-cluster, and closing it frees its place in every
+// cell's reader.
+func TestCellsEventStreamCap(t *testing.T) {
+	b := brokertest.StartCells(t, brokertest.Options{MaxStreamsPerCluster: 1}, []string{"eu", "us"},
+		store.CellRule{Label: "region", Default: "eu"})
+	open := func() (*http.Response, context.CancelFunc) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.URL+"/api/v2/events", nil)
+		require.NoError(t, err)
+		resp, err := b.Client("eu-1").Do(req)
+		require.NoError(t, err)
+		return resp, func() { cancel(); resp.Body.Close() }
+	}
+	first, closeFirst := open()
+	require.Equal(t, http.StatusOK, first.StatusCode)
+	second, closeSecond := open()
+	assert.Equal(t, http.StatusTooManyRequests, second.StatusCode)
+	assert.NotEmpty(t, second.Header.Get("Retry-After"))
+	closeSecond()
+	closeFirst()
+	require.Eventually(t, func() bool {
+		again, closeAgain := open()
+		defer closeAgain()
+		return again.StatusCode == http.StatusOK
+	}, 5*time.Second, 50*time.Millisecond, "the closed stream's place is free in every cell")
+}
