@@ -63,7 +63,8 @@ var (
 //
 // since is where to start: "" for only the events from now on, "0" for every
 // event the broker retains, or an id received earlier for exactly the events
-// after it. When the stream is cut off Events returns a *StreamError wrapping
+// after it. Ids are opaque (a broker split into cells sends a cursor of
+// every cell's position): pass them back as they came. When the stream is cut off Events returns a *StreamError wrapping
 // the transport error (IsRetryable is true); the caller resumes by calling
 // Events again with since set to the last id its handler saw, or to the
 // StreamError's LastEventID (which is also right before any event arrived):

@@ -22,8 +22,9 @@ import (
 // asked of every cell (cells: all), the cell of its provider. So the calls
 // on one reservation (get, release, grant) find its cell first
 // (store.Cells.Find), renewals try the caller's cell and then the others
-// for the ids it does not hold, and a provider's reservations (its list,
-// v1 instructions, protections) are in its own cell.
+// for the ids it does not hold, a provider's reservations (its list,
+// v1 instructions, protections) are in its own cell, and a member's event
+// stream follows its events in every cell (events.go).
 
 // memberCellsRefresh is how often a replica rebuilds its member -> cell
 // map: how late it may see a member's move to another cell that another
@@ -62,12 +63,34 @@ func (s *Server) storeOf(ctx context.Context, member string) *store.Store {
 	return s.cells.Cell(s.cellOf(ctx, member))
 }
 
-// hubOf is the event hub of member's cell.
-func (s *Server) hubOf(ctx context.Context, member string) *eventHub {
+// streamCells are the cells an event stream follows, sorted: with one cell,
+// the one "".
+func (s *Server) streamCells() []string {
 	if s.cells == nil {
-		return s.hub
+		return []string{""}
 	}
-	return s.hubs[s.cellOf(ctx, member)]
+	return s.cells.Names()
+}
+
+// subscribeCells subscribes member's event stream to the hub of each of
+// cells (streamCells), all notifying notify. An error closes those opened.
+func (s *Server) subscribeCells(ctx context.Context, member string, cells []string, notify chan struct{}) ([]*cellFeed, error) {
+	feeds := make([]*cellFeed, 0, len(cells))
+	for _, cell := range cells {
+		hub, st := s.hub, s.store
+		if s.cells != nil {
+			hub, st = s.hubs[cell], s.cells.Cell(cell)
+		}
+		sub, start, err := hub.subscribe(ctx, member, notify)
+		if err != nil {
+			for _, f := range feeds {
+				f.sub.close()
+			}
+			return nil, err
+		}
+		feeds = append(feeds, &cellFeed{cell: cell, store: st, sub: sub, start: start})
+	}
+	return feeds, nil
 }
 
 // stores are the stores of every cell.

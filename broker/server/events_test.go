@@ -103,6 +103,11 @@ func TestEventStreamResumes(t *testing.T) {
 	// Events published while a client is away are delivered when it resumes.
 	first := next(t, openStream(t, b, "paris", "?since=0", nil))
 	assert.Equal(t, "e1", first.data.Reservation)
+	// With one cell, an event's id is its Redis stream id, as it always was.
+	entries, err := b.RDB.XRange(context.Background(), "rb:{b}:events:paris", "-", "+").Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, entries)
+	assert.Equal(t, entries[0].ID, first.id)
 	code, _ = b.Do("rome", http.MethodDelete, "/api/v2/reservations/e1", nil)
 	require.Equal(t, http.StatusOK, code)
 	resumed := openStream(t, b, "paris", "", http.Header{"Last-Event-ID": {first.id}})
@@ -117,6 +122,9 @@ func TestEventStreamResumes(t *testing.T) {
 
 	code, data = b.Do("paris", http.MethodGet, "/api/v2/events?since=not-an-id", nil)
 	assert.Equal(t, http.StatusBadRequest, code, "%s", data)
+	assert.Contains(t, string(data), "since: not-an-id is not a stream id such as 1700000000000-0")
+	code, data = b.Do("paris", http.MethodGet, "/api/v2/events?since=b:1-0", nil)
+	assert.Equal(t, http.StatusBadRequest, code, "one cell takes stream ids only: %s", data)
 }
 
 // TestEventStreamsExactUnderLoad opens streams of one cluster at every kind

@@ -74,7 +74,7 @@ type subscription struct {
 	cluster string
 	topic   *topic
 	next    uint64        // number of the next event to take
-	notify  chan struct{} // a token when the topic has new events or ended
+	notify  chan struct{} // a token when the topic has new events or ended (shared by a stream's cells)
 }
 
 const (
@@ -108,8 +108,11 @@ func (h *eventHub) shard(cluster string) *hubShard {
 // subscribe adds an open stream of cluster and returns it with the id the
 // hub hands it events after: every later event of the cluster comes through
 // the subscription, and those up to that id are the caller's to read from
-// Redis. errTooManyStreams: the cluster has maxSubs streams open here.
-func (h *eventHub) subscribe(ctx context.Context, cluster string) (*subscription, string, error) {
+// Redis. notify (capacity 1) gets a token when there are events to take: a
+// stream that follows several cells gives each cell's subscription the same
+// one, and waits on it alone. errTooManyStreams: the cluster has maxSubs
+// streams open here.
+func (h *eventHub) subscribe(ctx context.Context, cluster string, notify chan struct{}) (*subscription, string, error) {
 	sh := h.shard(cluster)
 	sh.start.Do(func() {
 		h.running.Add(1)
@@ -141,7 +144,7 @@ func (h *eventHub) subscribe(ctx context.Context, cluster string) (*subscription
 	if h.maxSubs > 0 && len(t.subs) >= h.maxSubs {
 		return nil, "", errTooManyStreams
 	}
-	s := &subscription{shard: sh, cluster: cluster, topic: t, next: t.n(), notify: make(chan struct{}, 1)}
+	s := &subscription{shard: sh, cluster: cluster, topic: t, next: t.n(), notify: notify}
 	t.subs[s] = struct{}{}
 	return s, t.last, nil
 }

@@ -23,10 +23,10 @@ func TestHubStreamBehind(t *testing.T) {
 	h := newEventHub(st, logr.Discard(), hubBlock, 0)
 	t.Cleanup(h.stop)
 	ctx := context.Background()
-	slow, start, err := h.subscribe(ctx, "paris")
+	slow, start, err := h.subscribe(ctx, "paris", make(chan struct{}, 1))
 	require.NoError(t, err)
 	assert.Equal(t, "0-0", start, "an empty stream starts at 0-0")
-	fast, _, err := h.subscribe(ctx, "paris")
+	fast, _, err := h.subscribe(ctx, "paris", make(chan struct{}, 1))
 	require.NoError(t, err)
 
 	var taken []*sseEvent

@@ -200,6 +200,8 @@ func TestOperatorOpenAPI(t *testing.T) {
 	}
 	c.call("rome", http.MethodGet, "/api/v2/usage", "/api/v2/usage", nil, http.StatusOK)
 	c.call("rome", http.MethodGet, "/api/v2/events", "/api/v2/events", nil, http.StatusOK)
+	c.call("rome", http.MethodGet, "/api/v2/events", "/api/v2/events?since=0", nil, http.StatusOK)
+	c.call("rome", http.MethodGet, "/api/v2/events", "/api/v2/events?since=1700000000000-0", nil, http.StatusOK)
 	c.call("rome", http.MethodGet, "/api/v2/events", "/api/v2/events?since=yesterday", nil, http.StatusBadRequest)
 	const cl = "/api/v2/clusters/{id}"
 	c.with("id", "paris").call("paris", http.MethodDelete, cl, "/api/v2/clusters/paris", nil, http.StatusConflict) // provides r1
