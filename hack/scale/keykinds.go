@@ -35,11 +35,20 @@ type KindMemory struct {
 	Encodings map[string]int `json:"encodings"`
 }
 
+// clientsKind is the kind that stands for the clients' buffers (INFO
+// memory mem_clients_normal): what the calls in flight hold at the instant.
+const clientsKind = "(client buffers)"
+
 // memoryByKind reads every broker key's MEMORY USAGE and OBJECT ENCODING,
-// summed per kind. It scans the whole keyspace: a second or two at 100,000
-// leases, run between the steps, not in the measured window.
+// summed per kind, and the clients' buffers. It scans the whole keyspace: a
+// second or two at 100,000 leases, run between the steps, not in the
+// measured window.
 func memoryByKind(ctx context.Context, rdb *redis.Client) (map[string]*KindMemory, error) {
-	out := map[string]*KindMemory{}
+	clients, err := memoryField(ctx, rdb, "mem_clients_normal")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*KindMemory{clientsKind: {Kind: clientsKind, Bytes: clients}}
 	var cursor uint64
 	for {
 		keys, next, err := rdb.Scan(ctx, cursor, "rb:*", 1000).Result()
@@ -85,9 +94,9 @@ type LeaseMemory struct {
 }
 
 // leaseMemory is the growth of each kind from before to after the fill,
-// per live lease, the largest first; what the keys' MEMORY USAGE does not
-// account for (Redis' keyspace and expiry tables, the allocator) is the
-// kind "(other)", from used_memory.
+// per live lease, the largest first; what neither the keys' MEMORY USAGE
+// nor the clients' buffers account for (Redis' keyspace and expiry tables,
+// the Lua scripts' memory) is the kind "(other)", from used_memory.
 func leaseMemory(before, after map[string]*KindMemory, usedBefore, usedAfter, leases int64) []LeaseMemory {
 	var out []LeaseMemory
 	var summed int64

@@ -124,7 +124,7 @@ func (r *Report) Table() string {
 	fmt.Fprintf(&b, "Redis used_memory: empty %s, advertised %s (%.0f B per cluster), filled %s (%.0f B per lease), end of window %s\n",
 		mib(m.Empty), mib(m.Advertised), m.BytesPerCluster, mib(m.Filled), m.BytesPerLease, mib(m.Steady))
 	if len(m.PerLease) > 0 {
-		b.WriteString("\nWhat the fill added, by key kind (MEMORY USAGE after the fill less before it; (other): used_memory less the keys'):\n")
+		b.WriteString("\nWhat the fill added, by key kind (MEMORY USAGE after the fill less before it; (client buffers): INFO mem_clients_normal; (other): used_memory less both):\n")
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "kind\tkeys\tbytes added\tB per lease\tencodings\t")
 		for _, k := range m.PerLease {
