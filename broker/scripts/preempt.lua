@@ -81,6 +81,7 @@ if #existing > 0 then
   if r.cpu ~= str.cpu or r.mem ~= str.mem or r.gpu ~= str.gpu or r.sto ~= str.sto then
     return {'conflict', {}, '[]', '{}', now}
   end
+  with_live_end(prefix, qid, r, existing)
   return {'replay', existing, '[]', '{}', now}
 end
 

@@ -13,6 +13,8 @@
 --               earlier than a lease after it (clock.lua last_outage)
 --   "notalease" a fixed-duration reservation (no lease_ms: v1, or no lease
 --               asked for), never renewed
+-- A renewal moves only the lease's expiry score, its end while it is live:
+-- its record keeps the end as decided until it ends (core.lua with_live_end).
 -- No event is emitted per renewal: renewals are frequent (every lease, every
 -- 30 s by default) and change nothing anyone acts on (the capacity, the
 -- provider and the phase stay as they are); the provider acts on ended
@@ -34,35 +36,51 @@
 --   broker clock; 0 unless renewed)
 -- @include clock
 local prefix, requester, provider = KEYS[1], ARGV[1], ARGV[2]
+local ek = prefix .. 'expiry'
 local now = now_ms()
 local from, to = last_outage(prefix, now)
+
+-- A live lease's end is its expiry score (core.lua with_live_end): one
+-- ZMSCORE reads the ends of a chunk of ids, one HMGET per id what decides
+-- it, and one ZADD GT moves the ends of the chunk's renewed ids (GT: never
+-- an earlier end, even for an id named twice). Chunks of CHUNK ids keep
+-- each command's arguments within what Lua's unpack takes.
+local CHUNK = 1000
 local reply = {now}
-for i = 3, #ARGV do
-  local qid = qualify(requester, ARGV[i])
-  local rk = prefix .. 'resv:' .. qid
-  local v = redis.call('HMGET', rk, 'phase', 'expires_ms', 'lease_ms', 'target')
-  local status, remaining = 'renewed', 0
-  if not v[1] or (provider ~= '' and v[4] ~= provider) then
-    status = 'notfound'
-  elseif not is_live(v[1]) then
-    status = 'ended'
-  else
-    local lease, stored = tonumber(v[3] or '0'), tonumber(v[2])
-    local expires = credited_end(stored, lease, from, to)
-    if expires <= now then
+for first = 3, #ARGV, CHUNK do
+  local last = math.min(#ARGV, first + CHUNK - 1)
+  local qids = {}
+  for i = first, last do qids[#qids + 1] = qualify(requester, ARGV[i]) end
+  local ends = redis.call('ZMSCORE', ek, unpack(qids))
+  local raised = {}
+  for j, qid in ipairs(qids) do
+    local v = redis.call('HMGET', prefix .. 'resv:' .. qid, 'phase', 'expires_ms', 'lease_ms', 'target')
+    local status, remaining = 'renewed', 0
+    if not v[1] or (provider ~= '' and v[4] ~= provider) then
+      status = 'notfound'
+    elseif not is_live(v[1]) then
       status = 'ended'
-    elseif lease <= 0 then
-      status = 'notalease'
     else
-      expires = math.max(expires, now + lease)
-      if expires > stored then
-        redis.call('HSET', rk, 'expires_ms', string.format('%d', expires))
-        redis.call('ZADD', prefix .. 'expiry', string.format('%d', expires), qid)
+      -- A live reservation missing from expiry (a broken invariant) is
+      -- judged by its record, and the ZADD below puts it back.
+      local lease, stored = tonumber(v[3] or '0'), tonumber(ends[j] or v[2])
+      local expires = credited_end(stored, lease, from, to)
+      if expires <= now then
+        status = 'ended'
+      elseif lease <= 0 then
+        status = 'notalease'
+      else
+        expires = math.max(expires, now + lease)
+        if expires > stored or not ends[j] then
+          raised[#raised + 1] = string.format('%d', expires)
+          raised[#raised + 1] = qid
+        end
+        remaining = expires - now
       end
-      remaining = expires - now
     end
+    reply[#reply + 1] = status
+    reply[#reply + 1] = remaining
   end
-  reply[#reply + 1] = status
-  reply[#reply + 1] = remaining
+  if #raised > 0 then redis.call('ZADD', ek, 'GT', unpack(raised)) end
 end
 return reply

@@ -121,6 +121,7 @@ for i, m in ipairs(members) do
     if (r.group or '') ~= group or r.cpu ~= m.str.cpu or r.mem ~= m.str.mem or r.gpu ~= m.str.gpu or r.sto ~= m.str.sto then
       return {'conflict', {}, '{}', now}
     end
+    with_live_end(prefix, m.qid, r, flat)
     found = found + 1
   end
 end

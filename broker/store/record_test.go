@@ -54,3 +54,57 @@ func TestReservationRecordIsListpack(t *testing.T) {
 	assert.Equal(t, audited, got.Candidates, "earlier layout")
 	assertInvariant(t, s)
 }
+
+// TestRenewMovesOnlyTheEnd: a renewal writes only the lease's expiry score;
+// its record is left as it was, yet every read shows the renewed end: the
+// store's, a replay's, the Granted event's; and the reservation ends with it
+// written to its record and its Released event.
+func TestRenewMovesOnlyTheEnd(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
+	require.NoError(t, err)
+	req := lease("web-0", "rome", 500, 200*time.Millisecond, time.Hour)
+	first, err := s.Reserve(ctx, req)
+	require.NoError(t, err)
+	rdb := admin(t, s)
+	key := s.Key("resv:", "rome/web-0")
+	before := rdb.HGetAll(ctx, key).Val()
+
+	rn, err := s.Renew(ctx, "rome", []string{"web-0"})
+	require.NoError(t, err)
+	require.Equal(t, model.Renewed, rn[0].Outcome)
+	assert.Equal(t, before, rdb.HGetAll(ctx, key).Val(), "the record is not written")
+	end := int64(rdb.ZScore(ctx, s.Key("expiry"), "rome/web-0").Val())
+	assert.Greater(t, end, first.Reservation.ExpiresAt.UnixMilli()+50*60*1000, "renewed by the hour's lease")
+
+	got, err := s.Reservation(ctx, "rome", "web-0")
+	require.NoError(t, err)
+	assert.Equal(t, end, got.ExpiresAt.UnixMilli(), "read back")
+	assert.Greater(t, got.Remaining, 59*time.Minute)
+	replay, err := s.Reserve(ctx, req)
+	require.NoError(t, err)
+	assert.True(t, replay.Replayed)
+	assert.Equal(t, end, replay.Reservation.ExpiresAt.UnixMilli(), "a replay")
+	granted, err := s.Grant(ctx, "rome", "web-0", "paris", json.RawMessage(`{"token":"t"}`))
+	require.NoError(t, err)
+	assert.Equal(t, end, granted.ExpiresAt.UnixMilli(), "the grant's answer")
+
+	// Past the hold time, the renewed lease is still live.
+	time.Sleep(300 * time.Millisecond)
+	n, _, err := s.Expire(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	released, err := s.Release(ctx, "rome", "web-0", "rome")
+	require.NoError(t, err)
+	assert.Equal(t, end, released.Reservation.ExpiresAt.UnixMilli(), "the release's answer")
+	assert.Equal(t, fmt.Sprint(end), rdb.HGet(ctx, key, "expires_ms").Val(), "written when it ends")
+	events, err := s.ReadEvents(ctx, "rome", "0", 10, 0)
+	require.NoError(t, err)
+	ends := map[string]int64{}
+	for _, e := range events {
+		ends[e.Type] = e.ExpiresAt.UnixMilli()
+	}
+	assert.Equal(t, map[string]int64{"Reserved": first.Reservation.ExpiresAt.UnixMilli(), "Granted": end, "Released": end}, ends)
+	assertInvariant(t, s)
+}

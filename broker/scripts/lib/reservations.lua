@@ -70,6 +70,7 @@ end
 -- its capacity back to the target exactly once: the cluster's counters, and
 -- the debit of its node unless the target's last advertisement listed it
 -- (then the broker holds no debit for it), and to its requester's usage. Its
+-- record gets its last end (the expiry score: core.lua with_live_end), its
 -- grant goes (the provider's token is of no use any more), and the record is
 -- kept as ended.lua keep_ended says (eo: ended_opts). Returns 1 when a
 -- counter had to be clamped at zero (a broken invariant worth a metric),
@@ -108,9 +109,10 @@ local function end_reservation(prefix, qid, r, phase, now, so, eo)
   if u.n < 0 then clamped = 1 end
   write_usage(prefix, r.requester, u)
   local rk = prefix .. 'resv:' .. qid
+  with_live_end(prefix, qid, r)
   r.phase = phase
   r.ended_ms = tostring(now)
-  redis.call('HSET', rk, 'phase', phase, 'ended_ms', r.ended_ms)
+  redis.call('HSET', rk, 'phase', phase, 'ended_ms', r.ended_ms, 'expires_ms', r.expires_ms)
   redis.call('HDEL', rk, 'grant')
   keep_ended(prefix, r.requester, qid, now, eo)
   redis.call('ZREM', prefix .. 'expiry', qid)
