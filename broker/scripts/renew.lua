@@ -13,8 +13,12 @@
 --               earlier than a lease after it (clock.lua last_outage)
 --   "notalease" a fixed-duration reservation (no lease_ms: v1, or no lease
 --               asked for), never renewed
--- A renewal moves only the lease's expiry score, its end while it is live:
--- its record keeps the end as decided until it ends (core.lua with_live_end).
+-- A renewal moves the lease's expiry score, its end while it is live (core.lua
+-- with_live_end). Its record's expires_ms is written only when it would come
+-- within half a lease of now (about every other renewal): the record's end
+-- is then never past for a renewed lease, so a replica of an earlier
+-- release, which judges renewals by the record, never refuses one as ended
+-- during a rolling update.
 -- No event is emitted per renewal: renewals are frequent (every lease, every
 -- 30 s by default) and change nothing anyone acts on (the capacity, the
 -- provider and the phase stay as they are); the provider acts on ended
@@ -42,8 +46,9 @@ local from, to = last_outage(prefix, now)
 
 -- A live lease's end is its expiry score (core.lua with_live_end): one
 -- ZMSCORE reads the ends of a chunk of ids, one HMGET per id what decides
--- it, and one ZADD GT moves the ends of the chunk's renewed ids (GT: never
--- an earlier end, even for an id named twice). Chunks of CHUNK ids keep
+-- it, one ZADD GT moves the ends of the chunk's renewed ids (GT: never an
+-- earlier end, even for an id named twice), and an HSET of the record's end
+-- every other renewal or so (above). Chunks of CHUNK ids keep
 -- each command's arguments within what Lua's unpack takes.
 local CHUNK = 1000
 local reply = {now}
@@ -74,6 +79,9 @@ for first = 3, #ARGV, CHUNK do
         if expires > stored or not ends[j] then
           raised[#raised + 1] = string.format('%d', expires)
           raised[#raised + 1] = qid
+        end
+        if tonumber(v[2] or '0') < now + lease / 2 then
+          redis.call('HSET', prefix .. 'resv:' .. qid, 'expires_ms', string.format('%d', expires))
         end
         remaining = expires - now
       end

@@ -55,11 +55,12 @@ func TestReservationRecordIsListpack(t *testing.T) {
 	assertInvariant(t, s)
 }
 
-// TestRenewMovesOnlyTheEnd: a renewal writes only the lease's expiry score;
-// its record is left as it was, yet every read shows the renewed end: the
-// store's, a replay's, the Granted event's; and the reservation ends with it
-// written to its record and its Released event.
-func TestRenewMovesOnlyTheEnd(t *testing.T) {
+// TestRenewMovesTheEndAndTheRecordTrails: a renewal writes the lease's
+// expiry score, and its record's end only when that would come within half
+// a lease of now; every read shows the renewed end: the store's, a replay's,
+// the Granted event's; and the reservation ends with it written to its
+// record and its Released event.
+func TestRenewMovesTheEndAndTheRecordTrails(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, store.Config{})
 	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
@@ -69,13 +70,24 @@ func TestRenewMovesOnlyTheEnd(t *testing.T) {
 	require.NoError(t, err)
 	rdb := admin(t, s)
 	key := s.Key("resv:", "rome/web-0")
-	before := rdb.HGetAll(ctx, key).Val()
 
+	// The hold time's end is within half a lease: the first renewal writes
+	// the record's end too, so that a broker of an earlier release (which
+	// judges renewals by the record) would renew it as well.
 	rn, err := s.Renew(ctx, "rome", []string{"web-0"})
+	require.NoError(t, err)
+	require.Equal(t, model.Renewed, rn[0].Outcome)
+	written := int64(rdb.ZScore(ctx, s.Key("expiry"), "rome/web-0").Val())
+	assert.Equal(t, fmt.Sprint(written), rdb.HGet(ctx, key, "expires_ms").Val(), "the record's end, written with the score")
+	// Now the record's end is more than half a lease ahead: the next
+	// renewal moves only the score.
+	before := rdb.HGetAll(ctx, key).Val()
+	rn, err = s.Renew(ctx, "rome", []string{"web-0"})
 	require.NoError(t, err)
 	require.Equal(t, model.Renewed, rn[0].Outcome)
 	assert.Equal(t, before, rdb.HGetAll(ctx, key).Val(), "the record is not written")
 	end := int64(rdb.ZScore(ctx, s.Key("expiry"), "rome/web-0").Val())
+	assert.GreaterOrEqual(t, end, written)
 	assert.Greater(t, end, first.Reservation.ExpiresAt.UnixMilli()+50*60*1000, "renewed by the hour's lease")
 
 	got, err := s.Reservation(ctx, "rome", "web-0")
