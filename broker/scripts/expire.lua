@@ -1,6 +1,6 @@
--- expire: end every live reservation whose expires_ms has passed (broker
--- clock), sweep the waiting list of the requests whose wait expired, and trim
--- the audit stream and the requesters with ended reservations kept
+-- expire: end every live reservation whose end (its expiry score) has
+-- passed (broker clock), sweep the waiting list of the requests whose wait
+-- expired, and trim the audit stream and the requesters with ended reservations kept
 -- (ended.lua) to their retention. Every broker replica runs it on a timer;
 -- running it concurrently is safe because each call is atomic and ended
 -- reservations leave the index. Freed capacity notifies the first waiting
@@ -40,23 +40,26 @@ end
 redis.call('HSET', prefix .. 'clock', 'tick_ms', now, 'gap_ms', ARGV[6])
 local from, to = last_outage(prefix, now)
 
-local due = redis.call('ZRANGEBYSCORE', prefix .. 'expiry', '-inf', now, 'LIMIT', 0, limit)
+-- A live reservation's end is its expiry score (core.lua with_live_end):
+-- an outage credit moves only the score.
+local due = redis.call('ZRANGEBYSCORE', prefix .. 'expiry', '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
 local clamped, credited, ended = 0, 0, 0
-for _, qid in ipairs(due) do
+for i = 1, #due, 2 do
+  local qid, score = due[i], due[i + 1]
   local rk = prefix .. 'resv:' .. qid
   local flat = redis.call('HGETALL', rk)
   if #flat == 0 then
     redis.call('ZREM', prefix .. 'expiry', qid)
   else
     local r = to_map(flat)
-    local until_ms = credited_end(tonumber(r.expires_ms), tonumber(r.lease_ms or '0'), from, to)
+    local until_ms = credited_end(tonumber(score), tonumber(r.lease_ms or '0'), from, to)
     if not is_live(r.phase) then
       redis.call('ZREM', prefix .. 'expiry', qid)
     elseif until_ms > now then
-      redis.call('HSET', rk, 'expires_ms', string.format('%d', until_ms))
       redis.call('ZADD', prefix .. 'expiry', string.format('%d', until_ms), qid)
       credited = credited + 1
     else
+      r.expires_ms = score
       clamped = clamped + end_reservation(prefix, qid, r, 'Expired', now, so, eo)
       ended = ended + 1
     end

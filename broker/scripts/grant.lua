@@ -15,14 +15,18 @@
 --   status  "granted" | "ended" | "notfound" | "forbidden"
 -- @include reservations
 local prefix, id, caller = KEYS[1], ARGV[2], ARGV[3]
-local rk = prefix .. 'resv:' .. qualify(ARGV[1], id)
+local qid = qualify(ARGV[1], id)
+local rk = prefix .. 'resv:' .. qid
 local now = now_ms()
 local flat = redis.call('HGETALL', rk)
 if #flat == 0 then return {'notfound', {}, now} end
 local r = to_map(flat)
 if caller ~= r.target then return {'forbidden', {}, now} end
 if not is_live(r.phase) then return {'ended', flat, now} end
+with_live_end(prefix, qid, r)
 r.phase = 'Active'
 redis.call('HSET', rk, 'phase', 'Active', 'grant', ARGV[4], 'granted_ms', now)
 emit(prefix, r.requester, stream_opts(ARGV[5], ARGV[6]), event_fields('Granted', id, r, now))
-return {'granted', redis.call('HGETALL', rk), now}
+flat = redis.call('HGETALL', rk)
+with_live_end(prefix, qid, r, flat)
+return {'granted', flat, now}

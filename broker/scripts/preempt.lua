@@ -81,6 +81,7 @@ if #existing > 0 then
   if r.cpu ~= str.cpu or r.mem ~= str.mem or r.gpu ~= str.gpu or r.sto ~= str.sto then
     return {'conflict', {}, '[]', '{}', now}
   end
+  with_live_end(prefix, qid, r, existing)
   return {'replay', existing, '[]', '{}', now}
 end
 
@@ -174,7 +175,7 @@ local prices = redis.call('HMGET', ck, 'price_cpu', 'price_mem', 'price_gpu')
 local price = price_of(req, tonumber(prices[1] or '0'), tonumber(prices[2] or '0'), tonumber(prices[3] or '0'))
 local hash, r = new_reservation({requester = requester, target = cid,
   cpu = str.cpu, mem = str.mem, gpu = str.gpu, sto = str.sto, duration = duration, lease = lease,
-  score = '0', price = price, owner = owner, priority = priority_str, selector = selector_json, candidates = '[]',
+  score = '0', price = price, owner = owner, priority = priority_str, selector = selector_json,
   node = node ~= '' and node or nil, extra = {'preempted', tostring(#report)}}, now)
 redis.call('HSET', rk, unpack(hash))
 redis.call('ZADD', prefix .. 'expiry', r.expires_ms, qid)

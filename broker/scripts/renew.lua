@@ -13,6 +13,12 @@
 --               earlier than a lease after it (clock.lua last_outage)
 --   "notalease" a fixed-duration reservation (no lease_ms: v1, or no lease
 --               asked for), never renewed
+-- A renewal moves the lease's expiry score, its end while it is live (core.lua
+-- with_live_end). Its record's expires_ms is written only when it would come
+-- within half a lease of now (about every other renewal): the record's end
+-- is then never past for a renewed lease, so a replica of an earlier
+-- release, which judges renewals by the record, never refuses one as ended
+-- during a rolling update.
 -- No event is emitted per renewal: renewals are frequent (every lease, every
 -- 30 s by default) and change nothing anyone acts on (the capacity, the
 -- provider and the phase stay as they are); the provider acts on ended
@@ -34,35 +40,55 @@
 --   broker clock; 0 unless renewed)
 -- @include clock
 local prefix, requester, provider = KEYS[1], ARGV[1], ARGV[2]
+local ek = prefix .. 'expiry'
 local now = now_ms()
 local from, to = last_outage(prefix, now)
+
+-- A live lease's end is its expiry score (core.lua with_live_end): one
+-- ZMSCORE reads the ends of a chunk of ids, one HMGET per id what decides
+-- it, one ZADD GT moves the ends of the chunk's renewed ids (GT: never an
+-- earlier end, even for an id named twice), and an HSET of the record's end
+-- every other renewal or so (above). Chunks of CHUNK ids keep
+-- each command's arguments within what Lua's unpack takes.
+local CHUNK = 1000
 local reply = {now}
-for i = 3, #ARGV do
-  local qid = qualify(requester, ARGV[i])
-  local rk = prefix .. 'resv:' .. qid
-  local v = redis.call('HMGET', rk, 'phase', 'expires_ms', 'lease_ms', 'target')
-  local status, remaining = 'renewed', 0
-  if not v[1] or (provider ~= '' and v[4] ~= provider) then
-    status = 'notfound'
-  elseif not is_live(v[1]) then
-    status = 'ended'
-  else
-    local lease, stored = tonumber(v[3] or '0'), tonumber(v[2])
-    local expires = credited_end(stored, lease, from, to)
-    if expires <= now then
+for first = 3, #ARGV, CHUNK do
+  local last = math.min(#ARGV, first + CHUNK - 1)
+  local qids = {}
+  for i = first, last do qids[#qids + 1] = qualify(requester, ARGV[i]) end
+  local ends = redis.call('ZMSCORE', ek, unpack(qids))
+  local raised = {}
+  for j, qid in ipairs(qids) do
+    local v = redis.call('HMGET', prefix .. 'resv:' .. qid, 'phase', 'expires_ms', 'lease_ms', 'target')
+    local status, remaining = 'renewed', 0
+    if not v[1] or (provider ~= '' and v[4] ~= provider) then
+      status = 'notfound'
+    elseif not is_live(v[1]) then
       status = 'ended'
-    elseif lease <= 0 then
-      status = 'notalease'
     else
-      expires = math.max(expires, now + lease)
-      if expires > stored then
-        redis.call('HSET', rk, 'expires_ms', string.format('%d', expires))
-        redis.call('ZADD', prefix .. 'expiry', string.format('%d', expires), qid)
+      -- A live reservation missing from expiry (a broken invariant) is
+      -- judged by its record, and the ZADD below puts it back.
+      local lease, stored = tonumber(v[3] or '0'), tonumber(ends[j] or v[2])
+      local expires = credited_end(stored, lease, from, to)
+      if expires <= now then
+        status = 'ended'
+      elseif lease <= 0 then
+        status = 'notalease'
+      else
+        expires = math.max(expires, now + lease)
+        if expires > stored or not ends[j] then
+          raised[#raised + 1] = string.format('%d', expires)
+          raised[#raised + 1] = qid
+        end
+        if tonumber(v[2] or '0') < now + lease / 2 then
+          redis.call('HSET', prefix .. 'resv:' .. qid, 'expires_ms', string.format('%d', expires))
+        end
+        remaining = expires - now
       end
-      remaining = expires - now
     end
+    reply[#reply + 1] = status
+    reply[#reply + 1] = remaining
   end
-  reply[#reply + 1] = status
-  reply[#reply + 1] = remaining
+  if #raised > 0 then redis.call('ZADD', ek, 'GT', unpack(raised)) end
 end
 return reply

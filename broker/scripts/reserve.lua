@@ -118,6 +118,8 @@
 --               field node names the node debited (absent: the target
 --               advertises no nodes)
 --   candidates  JSON array of the best candidates {cluster, score, resource_score, cost_score, price}
+--               (a replay: "[]" unless the record is of the layout that held them
+--               as JSON; the reservation's cand_<i> fields hold them)
 --   rejections  JSON object: how many clusters were excluded, by reason
 --               (outcome "error": the error message instead)
 --   now_ms      the Redis clock of the call (for the reservation's remaining time)

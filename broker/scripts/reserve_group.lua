@@ -121,6 +121,7 @@ for i, m in ipairs(members) do
     if (r.group or '') ~= group or r.cpu ~= m.str.cpu or r.mem ~= m.str.mem or r.gpu ~= m.str.gpu or r.sto ~= m.str.sto then
       return {'conflict', {}, '{}', now}
     end
+    with_live_end(prefix, m.qid, r, flat)
     found = found + 1
   end
 end
@@ -232,7 +233,7 @@ for i, m in ipairs(members) do
     local hash, r = new_reservation({requester = requester, target = c.id,
       cpu = m.str.cpu, mem = m.str.mem, gpu = m.str.gpu, sto = m.str.sto, duration = duration, lease = lease,
       score = '0', price = price_at(m, c.rec), owner = owner, priority = priority_str, selector = selector_json,
-      candidates = '[]', node = m.node, extra = extra}, now)
+      node = m.node, extra = extra}, now)
     redis.call('HSET', prefix .. 'resv:' .. m.qid, unpack(hash))
     redis.call('ZADD', prefix .. 'expiry', r.expires_ms, m.qid)
     redis.call('SADD', prefix .. 'by-target:' .. c.id, m.qid)

@@ -56,16 +56,17 @@ func snapshot(t *testing.T, s *store.Store) map[string]string {
 	return out
 }
 
-// expiryOf reads a reservation's expiry: its score in the expiry zset and its hash's expires_ms.
-func expiryOf(t *testing.T, s *store.Store, requester, id string) (score float64, hash int64) {
+// expiryOf reads a reservation's end: its score in the expiry zset and the
+// end the store reads back (what the API shows).
+func expiryOf(t *testing.T, s *store.Store, requester, id string) (score float64, shown int64) {
 	t.Helper()
 	ctx := context.Background()
 	qid := model.QualifiedID(requester, id)
 	score, err := s.Client().ZScore(ctx, s.Key("expiry"), qid).Result()
 	require.NoError(t, err, "%s in the expiry zset", qid)
-	hash, err = s.Client().HGet(ctx, s.Key("resv:", qid), "expires_ms").Int64()
+	r, err := s.Reservation(ctx, requester, id)
 	require.NoError(t, err)
-	return score, hash
+	return score, r.ExpiresAt.UnixMilli()
 }
 
 // TestScopedIDs: two requesters may use the same id and get two
@@ -121,8 +122,8 @@ func TestScopedIDs(t *testing.T) {
 	assertInvariant(t, s)
 }
 
-// TestRenew: a renewal extends a lease to broker-now + lease (the expiry
-// zset and the hash), never shortens it, and refuses ended, fixed-duration
+// TestRenew: a renewal extends a lease to broker-now + lease (its expiry
+// score, which every read shows), never shortens it, and refuses ended, fixed-duration
 // and unknown ids without changing them, all in one batch.
 func TestRenew(t *testing.T) {
 	ctx := context.Background()
@@ -144,8 +145,8 @@ func TestRenew(t *testing.T) {
 	_, err = s.Reserve(ctx, lease("milans", "milan", 500, time.Hour, time.Minute))
 	require.NoError(t, err)
 
-	_, longHash := expiryOf(t, s, "rome", "long-hold")
-	fixedScore, fixedHash := expiryOf(t, s, "rome", "fixed")
+	_, longShown := expiryOf(t, s, "rome", "long-hold")
+	fixedScore, fixedShown := expiryOf(t, s, "rome", "fixed")
 	shortScore, _ := expiryOf(t, s, "rome", "short-hold")
 	gone := s.Client().HGetAll(ctx, s.Key("resv:", "rome/gone")).Val()
 	milans := s.Client().HGetAll(ctx, s.Key("resv:", "milan/milans")).Val()
@@ -165,13 +166,13 @@ func TestRenew(t *testing.T) {
 		assert.Zero(t, r.Remaining, r.ID)
 	}
 
-	score, hash := expiryOf(t, s, "rome", "short-hold")
-	assert.Equal(t, float64(hash), score, "zset and hash agree")
+	score, shown := expiryOf(t, s, "rome", "short-hold")
+	assert.Equal(t, float64(shown), score, "the end read back is the expiry score")
 	assert.Greater(t, score, shortScore+5000, "extended")
-	_, hash = expiryOf(t, s, "rome", "long-hold")
-	assert.Equal(t, longHash, hash, "a renewal never shortens an expiry")
-	score, hash = expiryOf(t, s, "rome", "fixed")
-	assert.Equal(t, [2]int64{int64(fixedScore), fixedHash}, [2]int64{int64(score), hash}, "fixed: unchanged")
+	_, shown = expiryOf(t, s, "rome", "long-hold")
+	assert.Equal(t, longShown, shown, "a renewal never shortens an expiry")
+	score, shown = expiryOf(t, s, "rome", "fixed")
+	assert.Equal(t, [2]int64{int64(fixedScore), fixedShown}, [2]int64{int64(score), shown}, "fixed: unchanged")
 	assert.Equal(t, gone, s.Client().HGetAll(ctx, s.Key("resv:", "rome/gone")).Val(), "ended: unchanged")
 	assert.Equal(t, milans, s.Client().HGetAll(ctx, s.Key("resv:", "milan/milans")).Val(), "milan's: unchanged")
 	assert.Equal(t, events, len(eventTypes(t, s, "rome"))+len(eventTypes(t, s, "paris")), "no event per renewal")

@@ -131,8 +131,15 @@ func (s *Store) LiveReservations(ctx context.Context, role, cluster string) ([]m
 
 // reservations reads reservations by qualified id, in one pipeline with the
 // Redis clock (TIME) for their remaining time; those gone are left out.
+// A live reservation's end is its expiry score (renewals move only that:
+// scripts/lib/core.lua with_live_end), read first: a record then read live
+// was live at that read too, and one ended between the two has its last end.
 func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reservation, error) {
+	if len(qids) == 0 {
+		return []model.Reservation{}, nil
+	}
 	pipe := s.rdb.Pipeline()
+	ends := pipe.ZMScore(ctx, s.Key("expiry"), qids...)
 	cmds := make([]*redis.MapStringStringCmd, len(qids))
 	for i, qid := range qids {
 		cmds[i] = pipe.HGetAll(ctx, s.Key("resv:", qid))
@@ -151,7 +158,11 @@ func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reserv
 		if !ok {
 			return nil, fmt.Errorf("reservation key %q has no requester", qids[i])
 		}
-		r, err := s.readReservation(id, cmd.Val(), nowMs)
+		m := cmd.Val()
+		if end := ends.Val()[i]; end > 0 && (m["phase"] == model.PhaseReserved || m["phase"] == model.PhaseActive) {
+			m["expires_ms"] = strconv.FormatInt(int64(end), 10)
+		}
+		r, err := s.readReservation(id, m, nowMs)
 		if err != nil {
 			return nil, err
 		}

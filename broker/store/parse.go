@@ -90,11 +90,23 @@ func reservationFromMap(id string, m map[string]string, nowMs int64) (model.Rese
 			return r, fmt.Errorf("reservation %s: selector: %w", id, err)
 		}
 	}
-	// cjson encodes an empty array as {}; both mean no candidates.
+	// cjson encodes an empty array as {}; both mean no candidates. Records
+	// of earlier versions hold them as one JSON field, newer ones one field each.
 	if c := m["candidates"]; c != "" && c != "{}" {
 		if err := json.Unmarshal([]byte(c), &r.Candidates); err != nil {
 			return r, fmt.Errorf("reservation %s: candidates: %w", id, err)
 		}
+	}
+	for i := 1; ; i++ {
+		f, ok := m["cand_"+strconv.Itoa(i)]
+		if !ok {
+			break
+		}
+		c, err := candidateFrom(f)
+		if err != nil {
+			return r, fmt.Errorf("reservation %s: cand_%d: %w", id, i, err)
+		}
+		r.Candidates = append(r.Candidates, c)
 	}
 	if p := m["preference"]; p != "" {
 		r.Preference = &model.PreferenceOutcome{}
@@ -106,6 +118,28 @@ func reservationFromMap(id string, m map[string]string, nowMs int64) (model.Rese
 		r.Grant = json.RawMessage(g)
 	}
 	return r, nil
+}
+
+// candidateFrom reads a candidate field of a reservation hash,
+// "<cluster> <score> <resource_score> <cost_score> <price>"
+// (scripts/lib/reservations.lua new_reservation).
+func candidateFrom(f string) (model.Candidate, error) {
+	parts := strings.Fields(f)
+	if len(parts) != 5 {
+		return model.Candidate{}, fmt.Errorf("%q: want 5 values", f)
+	}
+	c := model.Candidate{Cluster: parts[0]}
+	var errs [4]error
+	c.Score, errs[0] = strconv.ParseFloat(parts[1], 64)
+	c.ResourceScore, errs[1] = strconv.ParseFloat(parts[2], 64)
+	c.CostScore, errs[2] = strconv.ParseFloat(parts[3], 64)
+	c.Price, errs[3] = strconv.ParseInt(parts[4], 10, 64)
+	for _, err := range errs {
+		if err != nil {
+			return c, fmt.Errorf("%q: %w", f, err)
+		}
+	}
+	return c, nil
 }
 
 func clusterFromMap(id string, m map[string]string) (model.Cluster, error) {

@@ -165,6 +165,10 @@ func run(ctx context.Context, o options, command string) (err error) {
 	if err != nil {
 		return err
 	}
+	kinds1, err := memoryByKind(ctx, s.b.RDB)
+	if err != nil {
+		return err
+	}
 	loopCtx, stopLoops := context.WithCancel(ctx)
 	defer stopLoops()
 	loops := s.startMemberLoops(loopCtx)
@@ -178,9 +182,14 @@ func run(ctx context.Context, o options, command string) (err error) {
 	if err != nil {
 		return err
 	}
+	kinds2, err := memoryByKind(ctx, s.b.RDB)
+	if err != nil {
+		return err
+	}
 	rep.Memory = MemoryStats{Empty: mem0, Advertised: mem1, Filled: mem2, BytesPerCluster: float64(mem1-mem0) / float64(o.clusters)}
 	if n := s.live.Load(); n > 0 {
 		rep.Memory.BytesPerLease = float64(mem2-mem1) / float64(n)
+		rep.Memory.PerLease = leaseMemory(kinds1, kinds2, mem1, mem2, n)
 	}
 	if ctx.Err() != nil {
 		stopLoops()

@@ -44,11 +44,16 @@ func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
 
 // usedMemory is INFO memory's used_memory, in bytes.
 func usedMemory(ctx context.Context, rdb *redis.Client) (int64, error) {
+	return memoryField(ctx, rdb, "used_memory")
+}
+
+// memoryField is one figure of INFO memory, in bytes.
+func memoryField(ctx context.Context, rdb *redis.Client, name string) (int64, error) {
 	info, err := rdb.Info(ctx, "memory").Result()
 	if err != nil {
 		return 0, err
 	}
-	v, _ := infoField(info, "used_memory")
+	v, _ := infoField(info, name)
 	return strconv.ParseInt(v, 10, 64)
 }
 

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -71,6 +73,8 @@ type MemoryStats struct {
 	Empty, Advertised, Filled, Steady int64
 	BytesPerCluster                   float64 `json:"bytesPerCluster"`
 	BytesPerLease                     float64 `json:"bytesPerLease"`
+	// PerLease splits BytesPerLease by key kind (what the fill added).
+	PerLease []LeaseMemory `json:"perLease,omitempty"`
 }
 
 // BrokerStats is one rb-broker replica's CPU over the window.
@@ -119,6 +123,15 @@ func (r *Report) Table() string {
 	m := r.Memory
 	fmt.Fprintf(&b, "Redis used_memory: empty %s, advertised %s (%.0f B per cluster), filled %s (%.0f B per lease), end of window %s\n",
 		mib(m.Empty), mib(m.Advertised), m.BytesPerCluster, mib(m.Filled), m.BytesPerLease, mib(m.Steady))
+	if len(m.PerLease) > 0 {
+		b.WriteString("\nWhat the fill added, by key kind (MEMORY USAGE after the fill less before it; (client buffers): INFO mem_clients_normal; (other): used_memory less both):\n")
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "kind\tkeys\tbytes added\tB per lease\tencodings\t")
+		for _, k := range m.PerLease {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t\n", k.Kind, k.Keys, k.BytesAdded, k.BytesPerLease, encodings(k.Encodings))
+		}
+		tw.Flush()
+	}
 	if len(r.Redis.Scripts) > 0 {
 		b.WriteString("\nRedis' own time by script or command over the window (SLOWLOG; wall time inside Redis; est. CPU = share x Redis CPU):\n")
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -149,6 +162,15 @@ func writeActivities(b *strings.Builder, acts []ActivityStats) {
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.2f\t%.2f\t%.2f\t%d\t%.2f\t%.2f\t%s\n", a.Name, a.Count, a.PerSec, a.P50Ms, a.P99Ms, a.MaxMs, a.OK, a.OKP50Ms, a.OKP99Ms, strings.Join(kinds, ", "))
 	}
 	tw.Flush()
+}
+
+// encodings lists how many keys have each encoding: "listpack 20000, hashtable 3".
+func encodings(m map[string]int) string {
+	parts := make([]string, 0, len(m))
+	for _, e := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", e, m[e]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

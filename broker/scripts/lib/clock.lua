@@ -1,8 +1,8 @@
 -- clock: leases and broker outages, on the Redis server's clock.
 --
--- Leases (renew.lua): a reservation with lease_ms ends at expires_ms unless its
--- requester renews it; a renewal sets expires_ms (and its expiry score) to
--- now + lease_ms when that is later. All times are the Redis server's (TIME).
+-- Leases (renew.lua): a reservation with lease_ms ends at its expiry score
+-- (first its expires_ms) unless its requester renews it; a renewal raises the
+-- score to now + lease_ms when that is later. All times are the Redis server's (TIME).
 --
 -- Broker outages (expire.lua, renew.lua):
 --   P.."clock"              hash    tick_ms: the last expire run of any replica; gap_ms: how
@@ -31,7 +31,7 @@ local function last_outage(prefix, now)
   return tonumber(c[3]) or 0, tonumber(c[4]) or 0
 end
 
--- credited_end is when a lease (expires_ms, lease_ms) really ends, given the
+-- credited_end is when a lease (its end expires, lease_ms) really ends, given the
 -- last outage [from, to): later than expires_ms only if the lease was live
 -- when the outage began.
 local function credited_end(expires, lease, from, to)

@@ -13,14 +13,15 @@
 --   P.."cluster:"..id       hash    advertised fields + broker-owned resv_*
 --   P.."clusters"           zset    cluster id -> seen_ms (liveness index)
 --   P.."resv:"..qid         hash    one reservation: requester, target, phase, cpu, mem, gpu,
---                                   sto, created_ms, expires_ms, duration_ms (the hold time),
+--                                   sto, created_ms, expires_ms (the end as decided; while live
+--                                   the expiry score is the end: with_live_end), duration_ms (the hold time),
 --                                   lease_ms (absent: a fixed duration, never renewed), score,
 --                                   price, owner, priority, selector, candidates, node,
 --                                   grant (sealed by the broker, store.GrantKeys; removed when
 --                                   the reservation ends), granted_ms, ended_ms; an ended one
 --                                   expires after the retention, or goes earlier beyond its
 --                                   requester's cap (ended.lua)
---   P.."expiry"             zset    live reservation qid -> expires_ms
+--   P.."expiry"             zset    live reservation qid -> its end (ms): what renewals move
 --   P.."by-target:"..id     set     live reservation qids provided by a cluster
 --   P.."by-requester:"..id  set     live reservation qids requested by a cluster
 --   P.."events:"..id        stream  notifications for one cluster, capped near the events max
@@ -88,4 +89,19 @@ end
 
 local function is_live(phase)
   return phase == 'Reserved' or phase == 'Active'
+end
+
+-- with_live_end reads a live reservation's end from its expiry score into
+-- its map r and, when given, its flat HGETALL array: while it is live the
+-- score is its end (renew.lua and expire.lua's outage credit move only the
+-- score), and its record's expires_ms is the end as decided, rewritten
+-- when it ends (reservations.lua end_reservation).
+local function with_live_end(prefix, qid, r, flat)
+  if not is_live(r.phase) then return end
+  local score = redis.call('ZSCORE', prefix .. 'expiry', qid)
+  if not score then return end
+  r.expires_ms = score
+  for i = 1, #(flat or {}) - 1, 2 do
+    if flat[i] == 'expires_ms' then flat[i + 1] = score end
+  end
 end

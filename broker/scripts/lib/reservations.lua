@@ -26,15 +26,26 @@ end
 -- takes it and the reply carries it) and the map event_fields reads. p:
 -- requester, target, cpu, mem, gpu, sto (decimal strings), duration and
 -- lease (ms; lease 0: a fixed duration), score, price, owner, priority,
--- selector, candidates, node (nil: the target advertises no nodes) and
--- extra, field/value pairs of the script placing it (group, preempted).
+-- selector, candidates (reserve_commit.lua candidates_of; nil: none), node
+-- (nil: the target advertises no nodes) and extra, field/value pairs of the
+-- script placing it (group, preempted).
+--
+-- Each candidate is a field of its own, cand_<i> = "<cluster> <score>
+-- <resource_score> <cost_score> <price>", not one JSON array: a hash whose
+-- values all fit in hash-max-listpack-value (64 bytes) stays a listpack,
+-- about a third of the memory of a hash table (docs/redis.md).
 local function new_reservation(p, now)
   local expires = tostring(now + tonumber(p.duration))
   local hash = {'requester', p.requester, 'target', p.target, 'phase', 'Reserved',
     'cpu', p.cpu, 'mem', p.mem, 'gpu', p.gpu, 'sto', p.sto,
     'created_ms', tostring(now), 'expires_ms', expires, 'duration_ms', p.duration,
     'score', p.score, 'price', tostring(price_micros(p.price)),
-    'owner', p.owner, 'priority', p.priority, 'selector', p.selector, 'candidates', p.candidates}
+    'owner', p.owner, 'priority', p.priority, 'selector', p.selector}
+  for i, c in ipairs(p.candidates or {}) do
+    hash[#hash + 1] = 'cand_' .. i
+    hash[#hash + 1] = string.format('%s %s %s %s %d', c.cluster, tostring(c.score),
+      tostring(c.resource_score), tostring(c.cost_score), c.price)
+  end
   for _, x in ipairs(p.extra or {}) do hash[#hash + 1] = x end
   if tonumber(p.lease) > 0 then
     hash[#hash + 1] = 'lease_ms'
@@ -59,6 +70,7 @@ end
 -- its capacity back to the target exactly once: the cluster's counters, and
 -- the debit of its node unless the target's last advertisement listed it
 -- (then the broker holds no debit for it), and to its requester's usage. Its
+-- record gets its last end (the expiry score: core.lua with_live_end), its
 -- grant goes (the provider's token is of no use any more), and the record is
 -- kept as ended.lua keep_ended says (eo: ended_opts). Returns 1 when a
 -- counter had to be clamped at zero (a broken invariant worth a metric),
@@ -97,9 +109,10 @@ local function end_reservation(prefix, qid, r, phase, now, so, eo)
   if u.n < 0 then clamped = 1 end
   write_usage(prefix, r.requester, u)
   local rk = prefix .. 'resv:' .. qid
+  with_live_end(prefix, qid, r)
   r.phase = phase
   r.ended_ms = tostring(now)
-  redis.call('HSET', rk, 'phase', phase, 'ended_ms', r.ended_ms)
+  redis.call('HSET', rk, 'phase', phase, 'ended_ms', r.ended_ms, 'expires_ms', r.expires_ms)
   redis.call('HDEL', rk, 'grant')
   keep_ended(prefix, r.requester, qid, now, eo)
   redis.call('ZREM', prefix .. 'expiry', qid)

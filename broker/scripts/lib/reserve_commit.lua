@@ -42,15 +42,21 @@ local function no_fit(d, arrival_us)
   return {'nofit', {}, '[]', cjson.encode(d.rejected), now}
 end
 
--- report is the candidates JSON of the reply, the audit and the reservation.
-local function report(top)
+-- candidates_of is the best candidates (top) as the API shows them,
+-- scores rounded to hundredths: the list new_reservation records.
+local function candidates_of(top)
   local function round2(x) return math.floor(x * 100 + 0.5) / 100 end
   local out = {}
   for i, c in ipairs(top) do
     out[i] = {cluster = c.cluster, score = round2(c.score), resource_score = round2(c.resource_score),
       cost_score = round2(c.cost_score), price = price_micros(c.price)}
   end
-  return cjson.encode(out)
+  return out
+end
+
+-- report is the candidates JSON of the reply and the audit.
+local function report(top)
+  return cjson.encode(candidates_of(top))
 end
 
 -- winner_node names the node the winner's reservation takes (nodes.lua
@@ -71,7 +77,8 @@ end
 -- reservation recorded, both clusters notified, the decision audited.
 local function commit(d)
   local q, win = d.q, d.top[1]
-  local candidates_json = report(d.top)
+  local candidates = candidates_of(d.top)
+  local candidates_json = cjson.encode(candidates)
   local score = string.format('%.2f', win.score)
   local node = winner_node(d, win.cluster)
   take(win.cluster, q.req, node)
@@ -81,7 +88,7 @@ local function commit(d)
   local hash, r = new_reservation({requester = q.requester, target = win.cluster,
     cpu = q.cpu, mem = q.mem, gpu = q.gpu, sto = q.sto, duration = q.duration, lease = q.lease,
     score = score, price = win.price, owner = q.owner, priority = q.priority, selector = q.selector,
-    candidates = candidates_json, node = node, extra = d.pref and {'preference', cjson.encode(d.pref)}}, now)
+    candidates = candidates, node = node, extra = d.pref and {'preference', cjson.encode(d.pref)}}, now)
   redis.call('HSET', q.rk, unpack(hash))
   expiry_add[#expiry_add + 1] = r.expires_ms
   expiry_add[#expiry_add + 1] = q.qid

@@ -154,6 +154,7 @@ local function gate(q, arrival_us)
     if r.cpu ~= q.cpu or r.mem ~= q.mem or r.gpu ~= q.gpu or r.sto ~= q.sto then
       return {'conflict', {}, '[]', '{}', now}
     end
+    with_live_end(prefix, q.qid, r, existing)
     return {'replay', existing, r.candidates or '[]', '{}', now}
   end
   local over, max, used, asked = over_limit(usage(q.requester), lim, q.req)
