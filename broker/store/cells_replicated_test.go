@@ -24,7 +24,9 @@ import (
 func TestCellsReplicated(t *testing.T) {
 	ctx := context.Background()
 	rc := redistest.StartClusterWithReplicas(t, 3, cellNames)
-	const timeout = 500 * time.Millisecond
+	// Long enough for a replica on a loaded machine; short beside the
+	// client's 3 s read timeout.
+	const timeout = 2 * time.Second
 	cells, err := store.NewCells(rc.Client(), store.Config{Replicas: 1, ReplicaTimeout: timeout}, cellNames, store.CellRule{Label: "region"})
 	require.NoError(t, err)
 	require.NoError(t, cells.LoadScripts(ctx))
