@@ -53,7 +53,7 @@ func TestRealLiqo(t *testing.T) {
 	ctx := context.Background()
 	began := time.Now()
 	bed := testbed.Start(t, testbed.Options{RealNodes: true,
-		Clusters:  []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis},
+		Clusters: []testbed.ClusterSpec{testbed.RealRome, testbed.RealParis},
 		// Every publish in full (no heartbeat band): "counted once" below
 		// compares paris's used figures at the broker exactly.
 		AgentArgs: func(string) []string { return []string{"--bridge=liqo", "--advertise-band=-1"} }})
