@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -112,15 +111,7 @@ func TestAbuseEndedReservationsBounded(t *testing.T) {
 func TestAbuseRedisMemoryShown(t *testing.T) {
 	ctx := context.Background()
 	b := brokertest.Start(t, brokertest.Options{})
-	get := func(path string) string {
-		resp, err := http.Get(b.Health + path)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		data, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, data)
-		return string(data)
-	}
+	get := func(path string) string { return healthGet(t, b, path) }
 	metric := func(name string) (float64, bool) {
 		for _, line := range strings.Split(get("/metrics"), "\n") {
 			if v, ok := strings.CutPrefix(line, name+" "); ok {

@@ -2,8 +2,6 @@ package server_test
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,15 +22,7 @@ import (
 func TestCellsRedisMemoryShown(t *testing.T) {
 	ctx := context.Background()
 	b := brokertest.StartCells(t, brokertest.Options{}, []string{"eu", "us"}, store.CellRule{Label: "region", Default: "eu"})
-	get := func(path string) string {
-		resp, err := http.Get(b.Health + path)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		data, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", path, data)
-		return string(data)
-	}
+	get := func(path string) string { return healthGet(t, b, path) }
 	body := get("/readyz")
 	assert.Contains(t, body, "no maxmemory (unlimited)")
 	assert.Regexp(t, `\(the primary of cell (eu|us), the fullest of 2 cells\)`, body)

@@ -84,13 +84,8 @@ func (s *Server) putProtections(w http.ResponseWriter, r *http.Request, caller s
 	if !s.throttle(w, r, caller, model.Charge{Kind: store.RateProtections, Rate: s.rates(caller).Protections, Cost: 1}) {
 		return
 	}
-	var body api.ProtectRequest
-	if err := api.Decode(r.Body, &body); err != nil {
-		writeDecodeError(w, err)
-		return
-	}
-	if err := body.Validate(); err != nil {
-		writeDecodeError(w, err)
+	body, ok := decodeValid[api.ProtectRequest](w, r)
+	if !ok {
 		return
 	}
 	n, err := s.storeOf(r.Context(), caller).Protect(r.Context(), caller, body.IDs)

@@ -445,6 +445,24 @@ func writeError(w http.ResponseWriter, code int, reason, msg string) {
 	writeJSON(w, code, api.Error{Error: msg, Reason: reason})
 }
 
+// decodeValid decodes the request's body into a T and validates it; false:
+// it answered 400 with why.
+func decodeValid[T any, PT interface {
+	*T
+	Validate() error
+}](w http.ResponseWriter, r *http.Request) (T, bool) {
+	var v T
+	if err := api.Decode(r.Body, &v); err != nil {
+		writeDecodeError(w, err)
+		return v, false
+	}
+	if err := PT(&v).Validate(); err != nil {
+		writeDecodeError(w, err)
+		return v, false
+	}
+	return v, true
+}
+
 // writeDecodeError answers a body that failed api.Decode or validation.
 func writeDecodeError(w http.ResponseWriter, err error) {
 	var tooBig *http.MaxBytesError

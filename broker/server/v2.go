@@ -80,13 +80,8 @@ func (s *Server) putHeartbeat(w http.ResponseWriter, r *http.Request, caller str
 	if !s.throttle(w, r, caller, model.Charge{Kind: store.RateAdvertisements, Rate: s.rates(caller).Advertisements, Cost: 1}) {
 		return
 	}
-	var body api.HeartbeatRequest
-	if err := api.Decode(r.Body, &body); err != nil {
-		writeDecodeError(w, err)
-		return
-	}
-	if err := body.Validate(); err != nil {
-		writeDecodeError(w, err)
+	body, ok := decodeValid[api.HeartbeatRequest](w, r)
+	if !ok {
 		return
 	}
 	ack, err := s.storeOf(r.Context(), id).Heartbeat(r.Context(), id, body.Digest)
@@ -301,13 +296,8 @@ func (s *Server) postGrant(w http.ResponseWriter, r *http.Request, caller string
 	if !s.throttle(w, r, caller, s.write(caller)) {
 		return
 	}
-	var g api.Grant
-	if err := api.Decode(r.Body, &g); err != nil {
-		writeDecodeError(w, err)
-		return
-	}
-	if err := g.Validate(); err != nil {
-		writeDecodeError(w, err)
+	g, ok := decodeValid[api.Grant](w, r)
+	if !ok {
 		return
 	}
 	raw, err := jsonMarshal(g)
