@@ -2,6 +2,7 @@ package realnode
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -85,7 +86,12 @@ func hostState() string {
 
 func TestANodeThatCannotStartFailsWithItsStepAndLeavesNothing(t *testing.T) {
 	requireHost(t)
-	forward, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	// The host's own setting: the one a run killed before restoring it saved
+	// (Acquire restores it), else the current one.
+	forward, err := os.ReadFile(filepath.Join(runDir, "ip_forward.orig"))
+	if errors.Is(err, os.ErrNotExist) {
+		forward, err = os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	}
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
