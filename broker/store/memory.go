@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // RedisMemory is what Redis holds against its maxmemory (INFO memory).
@@ -33,13 +31,9 @@ func (m RedisMemory) Share() float64 {
 // refuses every write (the broker's Redis runs with noeviction). On a Redis
 // Cluster, the primary that holds this store's keys (its cell's).
 func (s *Store) RedisMemory(ctx context.Context) (RedisMemory, error) {
-	node := redis.Cmdable(s.rdb)
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		primary, err := cc.MasterForKey(ctx, s.cfg.Prefix)
-		if err != nil {
-			return RedisMemory{}, err
-		}
-		node = primary
+	node, err := s.primary(ctx)
+	if err != nil {
+		return RedisMemory{}, err
 	}
 	info, err := node.InfoMap(ctx, "memory").Result()
 	if err != nil {

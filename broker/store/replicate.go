@@ -72,13 +72,9 @@ func (s *Store) eval(ctx context.Context, sc *redis.Script, args ...any) (any, e
 // node, where it would wait for nothing of ours.
 func (s *Store) evalReplicated(ctx context.Context, send func(context.Context, redis.Scripter, []string, ...any) *redis.Cmd,
 	keys []string, args []any) (any, error) {
-	conn := redis.Cmdable(s.rdb)
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		primary, err := cc.MasterForKey(ctx, s.cfg.Prefix)
-		if err != nil {
-			return nil, err
-		}
-		conn = primary
+	conn, err := s.primary(ctx)
+	if err != nil {
+		return nil, err
 	}
 	v, err := s.pipelineReplicated(ctx, conn, send, keys, args)
 	if cc, ok := s.rdb.(*redis.ClusterClient); ok && slotMayHaveMoved(err) {
@@ -88,6 +84,16 @@ func (s *Store) evalReplicated(ctx context.Context, send func(context.Context, r
 		cc.ReloadState(ctx)
 	}
 	return v, err
+}
+
+// primary is the connection to the node that holds this store's keys: the
+// client itself, or on a Redis Cluster the primary of the prefix's slot (a
+// command without a key, WAIT or INFO, would otherwise go to any node).
+func (s *Store) primary(ctx context.Context) (redis.Cmdable, error) {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		return cc.MasterForKey(ctx, s.cfg.Prefix)
+	}
+	return s.rdb, nil
 }
 
 // slotMayHaveMoved tells whether err says the primary we asked no longer
