@@ -43,6 +43,11 @@ type member struct {
 	releasing map[string]struct{}
 }
 
+// memberLabel is the label naming a member, which it carries with
+// --fill-pinned: real clusters carry labels of their own name too (Liqo's
+// cluster id), and a selector on it leaves one candidate.
+const memberLabel = "scale.resource-broker.io/member"
+
 // node is one advertised node: its size and what its own pods use (base),
 // to which each advertisement adds a little; the base moves when pods come
 // and go (move). minCPU and minMem are the lowest base it had.
@@ -167,6 +172,11 @@ func (m *member) request() api.ReservationRequest {
 		q.GPU = resource.NewQuantity(int64(1+m.rng.IntN(2)), resource.DecimalSI)
 	}
 	return api.ReservationRequest{ID: id, Resources: q, Duration: "2m", Lease: "2m", Owner: "default/pod-" + id}
+}
+
+// selector selects m alone (by memberLabel, with --fill-pinned).
+func (m *member) selector() *api.LabelSelector {
+	return &api.LabelSelector{MatchLabels: map[string]string{memberLabel: m.id}}
 }
 
 func (m *member) hold(id string) {

@@ -304,6 +304,10 @@ func (s *sim) check(ctx context.Context) Checks {
 		mu.Unlock()
 	})
 	c.InvariantLive = errString(s.b.Store.CheckInvariant(ctx))
+	if !s.o.releaseAtEnd {
+		c.NotReleased = true
+		return c
+	}
 	s.forEachMember(ctx, 128, func(ctx context.Context, m *member) {
 		for _, id := range m.liveIDs() {
 			s.release(ctx, m, id)
