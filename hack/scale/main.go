@@ -27,6 +27,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,7 +45,6 @@ import (
 // The agents' schedules (agent/publisher, agent/reservation/renewer.go).
 const (
 	advertisePeriod = 30 * time.Second
-	renewPeriod     = 30 * time.Second
 	renewBatch      = 5000
 	// staleThreshold is rb-broker's default --stale-threshold: a cluster
 	// not advertised for this long is no candidate.
@@ -53,7 +53,8 @@ const (
 
 type options struct {
 	clusters, nodesPerCluster, leases int
-	decisionsPerSecond                float64
+	decisionsPerSecond                []float64
+	leaseLength, renewInterval        time.Duration
 	duration                          time.Duration
 	replicas                          int
 	out                               string
@@ -82,8 +83,11 @@ func main() {
 	f.IntVar(&o.clusters, "clusters", 1000, "simulated member clusters, each a provider and a requester with its own identity")
 	f.IntVar(&o.nodesPerCluster, "nodes-per-cluster", 50, "nodes each member advertises (at most 100)")
 	f.IntVar(&o.leases, "leases", 100_000, "live leases: filled in bulk before the window, then kept at about this many")
-	f.Float64Var(&o.decisionsPerSecond, "decisions-per-second", 500, "reservations offered per second in the window (an open loop), each released after a random hold; 0: none, the leases are held through the window")
-	f.DurationVar(&o.duration, "duration", time.Minute, "the steady window measured")
+	f.Float64SliceVar(&o.decisionsPerSecond, "decisions-per-second", []float64{500}, "reservations offered per second in the window (an open loop), each released after a random hold; 0: none, the leases are held through the window. "+
+		"A list (0,500,2000) measures a window at each rate, one after the other, on the same filled leases")
+	f.DurationVar(&o.duration, "duration", time.Minute, "each steady window measured")
+	f.DurationVar(&o.leaseLength, "lease-length", 2*time.Minute, "the lease (and hold time) each reservation asks for, as rb-agent's --lease-length")
+	f.DurationVar(&o.renewInterval, "renew-interval", 30*time.Second, "how often each member renews its leases, as rb-agent's --lease-renew-interval")
 	f.IntVar(&o.replicas, "replicas", 2, "rb-broker processes; member i talks to replica i mod replicas")
 	f.StringVar(&o.out, "out", "", "write the report as JSON to this file")
 	f.IntVar(&o.fillInFlight, "fill-in-flight", 128, "reservations in flight while filling")
@@ -115,6 +119,7 @@ type sim struct {
 	rec        atomic.Pointer[recorder] // the current phase's
 	live       atomic.Int64             // leases the members hold
 	renewedIDs atomic.Int64
+	rate       float64 // decisions per second offered in the current window
 	rngMu      sync.Mutex
 	rng        *rand.Rand
 }
@@ -122,8 +127,10 @@ type sim struct {
 func (s *sim) recorder() *recorder { return s.rec.Load() }
 
 func run(ctx context.Context, o options, command string) (err error) {
-	if o.clusters < 2 || o.nodesPerCluster < 1 || o.nodesPerCluster > 100 || o.replicas < 1 || o.decisionsPerSecond < 0 || o.leases < 0 || o.moves < 0 || o.moves > 1 {
-		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second >= 0, --leases >= 0, --advert-moves 0 to 1")
+	if o.clusters < 2 || o.nodesPerCluster < 1 || o.nodesPerCluster > 100 || o.replicas < 1 || len(o.decisionsPerSecond) == 0 || slices.Min(o.decisionsPerSecond) < 0 ||
+		o.leases < 0 || o.moves < 0 || o.moves > 1 || o.renewInterval <= 0 || o.renewInterval > o.leaseLength/3 {
+		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second >= 0, --leases >= 0, --advert-moves 0 to 1, " +
+			"--renew-interval at most a third of --lease-length (as rb-agent)")
 	}
 	tb := &programTB{}
 	defer tb.runCleanups()
@@ -137,7 +144,8 @@ func run(ctx context.Context, o options, command string) (err error) {
 		}
 	}()
 	rep := &Report{Command: command, Commit: gitCommit(), CPUs: runtime.NumCPU(), LoadAverageStart: loadAverage(), Options: o,
-		Config: Config{Clusters: o.clusters, NodesPerCluster: o.nodesPerCluster, Leases: o.leases, DecisionsPerSecond: o.decisionsPerSecond, Heartbeats: o.heartbeats, AdvertMoves: o.moves,
+		Config: Config{Clusters: o.clusters, NodesPerCluster: o.nodesPerCluster, Leases: o.leases, DecisionsPerSecond: o.decisionsPerSecond,
+			LeaseSeconds: o.leaseLength.Seconds(), RenewIntervalSeconds: o.renewInterval.Seconds(), Heartbeats: o.heartbeats, AdvertMoves: o.moves,
 			DurationSeconds: o.duration.Seconds(), Replicas: o.replicas}}
 	s := &sim{o: o, leases: &leaseQueue{}, rng: rand.New(rand.NewPCG(o.seed, 7))}
 
@@ -201,17 +209,20 @@ func run(ctx context.Context, o options, command string) (err error) {
 		return ctx.Err()
 	}
 
-	step("steady window: %s at %g decisions/s", o.duration, o.decisionsPerSecond)
-	if err := s.steady(ctx, rep); err != nil {
-		stopLoops()
-		loops.Wait()
-		return err
+	for _, rate := range o.decisionsPerSecond {
+		step("steady window: %s at %g decisions/s", o.duration, rate)
+		w, err := s.steady(ctx, rate)
+		if err != nil {
+			stopLoops()
+			loops.Wait()
+			return err
+		}
+		rep.Windows = append(rep.Windows, w)
+		// The window's figures now: the checks of a large federation take minutes.
+		var window strings.Builder
+		writeActivities(&window, w.Activities)
+		step("window done: %d clusters stale at its end, redis-server %.2f of a core\n%s", w.StaleAtEnd, w.Redis.CPUShare, window.String())
 	}
-	rep.Memory.Steady, _ = usedMemory(ctx, s.b.RDB)
-	// The window's figures now: the checks of a large federation take minutes.
-	var window strings.Builder
-	writeActivities(&window, rep.Activities)
-	step("window done: %d clusters stale at its end, redis-server %.2f of a core\n%s", rep.StaleAtEnd, rep.Redis.CPUShare, window.String())
 
 	stopLoops() // the calls it cuts count in the window's recorder, already summed up
 	loops.Wait()
@@ -347,7 +358,7 @@ func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
 			first := phase(i, len(s.members), advertisePeriod)
 			nextTick := time.Now().Add(first)
 			adv := time.NewTimer(first)
-			ren := time.NewTimer(phase((i+len(s.members)/2)%len(s.members), len(s.members), renewPeriod))
+			ren := time.NewTimer(phase((i+len(s.members)/2)%len(s.members), len(s.members), s.o.renewInterval))
 			defer adv.Stop()
 			defer ren.Stop()
 			for {
@@ -366,7 +377,7 @@ func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
 					adv.Reset(wait)
 				case <-ren.C:
 					s.renew(ctx, m)
-					ren.Reset(renewPeriod)
+					ren.Reset(s.o.renewInterval)
 				}
 			}
 		})
@@ -382,7 +393,7 @@ func (s *sim) reserve(ctx context.Context, m *member, queue bool) {
 
 // reserveOn is reserve on provider (any provider when nil).
 func (s *sim) reserveOn(ctx context.Context, m *member, queue bool, provider *member) {
-	req := m.request()
+	req := m.request(s.o.leaseLength)
 	if provider != nil {
 		req.Selector = provider.selector()
 	}
@@ -433,12 +444,12 @@ func (s *sim) release(ctx context.Context, m *member, id string) {
 // no decisions, the leases are held past the window: the steady state of
 // advertisements and renewals alone.
 func (s *sim) holdTime() time.Duration {
-	if s.o.decisionsPerSecond == 0 {
-		return 24 * time.Hour
-	}
 	s.rngMu.Lock()
 	defer s.rngMu.Unlock()
-	mean := float64(s.o.leases) / s.o.decisionsPerSecond
+	if s.rate == 0 {
+		return 24 * time.Hour
+	}
+	mean := float64(s.o.leases) / s.rate
 	return time.Duration(s.rng.ExpFloat64() * mean * float64(time.Second))
 }
 

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -162,7 +163,7 @@ var (
 
 // request is the member's next lease request: lease 2m, hold 2m, as the
 // agent asks for a pod's reservation; 2 % of them ask for 1 or 2 GPUs.
-func (m *member) request() api.ReservationRequest {
+func (m *member) request(lease time.Duration) api.ReservationRequest {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.next++
@@ -171,7 +172,7 @@ func (m *member) request() api.ReservationRequest {
 	if m.rng.IntN(50) == 0 {
 		q.GPU = resource.NewQuantity(int64(1+m.rng.IntN(2)), resource.DecimalSI)
 	}
-	return api.ReservationRequest{ID: id, Resources: q, Duration: "2m", Lease: "2m", Owner: "default/pod-" + id}
+	return api.ReservationRequest{ID: id, Resources: q, Duration: lease.String(), Lease: lease.String(), Owner: "default/pod-" + id}
 }
 
 // selector selects m alone (by memberLabel, with --fill-pinned).

@@ -22,34 +22,45 @@ type Report struct {
 	Options          options `json:"-"`
 	Config           Config  `json:"config"`
 
-	Fill          FillStats       `json:"fill"`
-	WindowSeconds float64         `json:"windowSeconds"`
-	Activities    []ActivityStats `json:"activities"`
-	LiveAtEnd     int64           `json:"liveLeasesAtEnd"`
+	Fill    FillStats       `json:"fill"`
+	Windows []Window        `json:"windows"` // one per --decisions-per-second rate, in order
+	Memory  MemoryStats     `json:"memory"`
+	End     []ActivityStats `json:"endActivities"`
+	Checks  Checks          `json:"checks"`
+}
+
+// Window is one steady window's figures.
+type Window struct {
+	DecisionsPerSecond float64         `json:"decisionsPerSecond"`
+	LoadAverageStart   string          `json:"loadAverageStart"`
+	LoadAverageEnd     string          `json:"loadAverageEnd"`
+	Seconds            float64         `json:"seconds"`
+	Activities         []ActivityStats `json:"activities"`
+	LiveAtEnd          int64           `json:"liveLeasesAtEnd"`
 	// StaleAtEnd are the members whose last stored advertisement was older
 	// than the broker's stale threshold at the window's end: not candidates.
 	StaleAtEnd int           `json:"staleClustersAtEnd"`
 	RenewedIDs int64         `json:"renewedIds"`
 	Redis      RedisStats    `json:"redis"`
-	Memory     MemoryStats   `json:"memory"`
 	Brokers    []BrokerStats `json:"brokers"`
 	// SimulatorCPUShare is this process's CPU: the members' clients (and
 	// the idle in-process broker of brokertest).
-	SimulatorCPUShare float64         `json:"simulatorCpuShare"`
-	End               []ActivityStats `json:"endActivities"`
-	Checks            Checks          `json:"checks"`
+	SimulatorCPUShare float64 `json:"simulatorCpuShare"`
+	MemoryAtEnd       int64   `json:"memoryAtEnd"` // Redis used_memory
 }
 
 // Config is the run's size.
 type Config struct {
-	Clusters           int     `json:"clusters"`
-	NodesPerCluster    int     `json:"nodesPerCluster"`
-	Leases             int     `json:"leases"`
-	DecisionsPerSecond float64 `json:"decisionsPerSecond"`
-	DurationSeconds    float64 `json:"durationSeconds"`
-	Replicas           int     `json:"replicas"`
-	Heartbeats         bool    `json:"heartbeats"`
-	AdvertMoves        float64 `json:"advertMoves"`
+	Clusters             int       `json:"clusters"`
+	NodesPerCluster      int       `json:"nodesPerCluster"`
+	Leases               int       `json:"leases"`
+	DecisionsPerSecond   []float64 `json:"decisionsPerSecond"`
+	DurationSeconds      float64   `json:"durationSeconds"`
+	LeaseSeconds         float64   `json:"leaseSeconds"`
+	RenewIntervalSeconds float64   `json:"renewIntervalSeconds"`
+	Replicas             int       `json:"replicas"`
+	Heartbeats           bool      `json:"heartbeats"`
+	AdvertMoves          float64   `json:"advertMoves"`
 }
 
 // FillStats is the bulk fill before the window.
@@ -70,9 +81,9 @@ type RedisStats struct {
 
 // MemoryStats is Redis' used_memory at each step.
 type MemoryStats struct {
-	Empty, Advertised, Filled, Steady int64
-	BytesPerCluster                   float64 `json:"bytesPerCluster"`
-	BytesPerLease                     float64 `json:"bytesPerLease"`
+	Empty, Advertised, Filled int64
+	BytesPerCluster           float64 `json:"bytesPerCluster"`
+	BytesPerLease             float64 `json:"bytesPerLease"`
 	// PerLease splits BytesPerLease by key kind (what the fill added).
 	PerLease []LeaseMemory `json:"perLease,omitempty"`
 }
@@ -110,20 +121,12 @@ func (c Checks) OK() bool {
 func (r *Report) Table() string {
 	var b strings.Builder
 	o := r.Options
-	fmt.Fprintf(&b, "\n%d clusters x %d nodes, %d leases, %g decisions/s offered, %d replicas; commit %s, %d CPUs, load %s -> %s\n",
-		o.clusters, o.nodesPerCluster, o.leases, o.decisionsPerSecond, o.replicas, r.Commit, r.CPUs, r.LoadAverageStart, r.LoadAverageEnd)
+	fmt.Fprintf(&b, "\n%d clusters x %d nodes, %d leases (%s, renewed every %s), %d replicas; commit %s, %d CPUs, load %s -> %s\n",
+		o.clusters, o.nodesPerCluster, o.leases, o.leaseLength, o.renewInterval, o.replicas, r.Commit, r.CPUs, r.LoadAverageStart, r.LoadAverageEnd)
 	fmt.Fprintf(&b, "fill: %d leases in %.1f s (%.0f/s)\n", r.Fill.Leases, r.Fill.Seconds, r.Fill.PerSecond)
-	fmt.Fprintf(&b, "steady window %.1f s, %d live leases at its end, %d lease renewals (ids), %d clusters stale at its end (last advertisement stored over %s before)\n\n",
-		r.WindowSeconds, r.LiveAtEnd, r.RenewedIDs, r.StaleAtEnd, staleThreshold)
-	writeActivities(&b, r.Activities)
-	fmt.Fprintf(&b, "\nCPU over the window (share of one core): redis-server %.2f", r.Redis.CPUShare)
-	for _, br := range r.Brokers {
-		fmt.Fprintf(&b, ", rb-broker %d %.2f", br.Replica, br.CPUShare)
-	}
-	fmt.Fprintf(&b, ", simulator %.2f\n", r.SimulatorCPUShare)
 	m := r.Memory
-	fmt.Fprintf(&b, "Redis used_memory: empty %s, advertised %s (%.0f B per cluster), filled %s (%.0f B per lease), end of window %s\n",
-		mib(m.Empty), mib(m.Advertised), m.BytesPerCluster, mib(m.Filled), m.BytesPerLease, mib(m.Steady))
+	fmt.Fprintf(&b, "Redis used_memory: empty %s, advertised %s (%.0f B per cluster), filled %s (%.0f B per lease)\n",
+		mib(m.Empty), mib(m.Advertised), m.BytesPerCluster, mib(m.Filled), m.BytesPerLease)
 	if len(m.PerLease) > 0 {
 		b.WriteString("\nWhat the fill added, by key kind (MEMORY USAGE after the fill less before it; (client buffers): INFO mem_clients_normal; (other): used_memory less both):\n")
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -133,17 +136,8 @@ func (r *Report) Table() string {
 		}
 		tw.Flush()
 	}
-	if len(r.Redis.Scripts) > 0 {
-		b.WriteString("\nRedis' own time by script or command over the window (SLOWLOG; wall time inside Redis; est. CPU = share x Redis CPU):\n")
-		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "script\tcalls\tµs per call\tseconds\tshare\test. CPU, core\t")
-		for i, s := range r.Redis.Scripts {
-			if i == 10 {
-				break
-			}
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.0f %%\t%.3f\t\n", s.Script, s.Calls, s.UsecPerCall, float64(s.Usec)/1e6, 100*s.Share, s.Share*r.Redis.CPUShare)
-		}
-		tw.Flush()
+	for _, w := range r.Windows {
+		w.write(&b)
 	}
 	c := r.Checks
 	if c.NotReleased {
@@ -186,4 +180,28 @@ func orOK(s string) string {
 		return "ok"
 	}
 	return s
+}
+
+// write prints the window's figures.
+func (w Window) write(b *strings.Builder) {
+	fmt.Fprintf(b, "\nsteady window at %g decisions/s offered: %.1f s (load %s -> %s), %d live leases at its end, %d lease renewals (ids), %d clusters stale at its end (last advertisement stored over %s before)\n\n",
+		w.DecisionsPerSecond, w.Seconds, w.LoadAverageStart, w.LoadAverageEnd, w.LiveAtEnd, w.RenewedIDs, w.StaleAtEnd, staleThreshold)
+	writeActivities(b, w.Activities)
+	fmt.Fprintf(b, "\nCPU over the window (share of one core): redis-server %.2f", w.Redis.CPUShare)
+	for _, br := range w.Brokers {
+		fmt.Fprintf(b, ", rb-broker %d %.2f", br.Replica, br.CPUShare)
+	}
+	fmt.Fprintf(b, ", simulator %.2f; Redis used_memory at its end %s\n", w.SimulatorCPUShare, mib(w.MemoryAtEnd))
+	if len(w.Redis.Scripts) > 0 {
+		b.WriteString("\nRedis' own time by script or command over the window (SLOWLOG; wall time inside Redis; est. CPU = share x Redis CPU):\n")
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "script\tcalls\tµs per call\tseconds\tshare\test. CPU, core\t")
+		for i, s := range w.Redis.Scripts {
+			if i == 10 {
+				break
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.0f %%\t%.3f\t\n", s.Script, s.Calls, s.UsecPerCall, float64(s.Usec)/1e6, 100*s.Share, s.Share*w.Redis.CPUShare)
+		}
+		tw.Flush()
+	}
 }

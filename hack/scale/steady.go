@@ -43,6 +43,13 @@ func (q *leaseQueue) push(due time.Time, m *member, id string) {
 	heap.Push(&q.items, leaseDue{due, m, id})
 }
 
+// clear forgets every lease queued.
+func (q *leaseQueue) clear() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.items = nil
+}
+
 // pop returns the lease that ends first if it ends by now (any, with a zero now).
 func (q *leaseQueue) pop(now time.Time) (leaseDue, bool) {
 	q.mu.Lock()
@@ -53,11 +60,17 @@ func (q *leaseQueue) pop(now time.Time) (leaseDue, bool) {
 	return heap.Pop(&q.items).(leaseDue), true
 }
 
-// steady runs the measured window: the open loop of decisions and the
-// releases on top of the members' schedules, and reads the CPU and Redis
-// figures around it.
-func (s *sim) steady(ctx context.Context, rep *Report) error {
-	// The filled leases end from now on, each after its own random hold.
+// steady runs one measured window: the open loop of rate decisions a
+// second and the releases on top of the members' schedules, and reads the
+// CPU and Redis figures around it.
+func (s *sim) steady(ctx context.Context, rate float64) (Window, error) {
+	w := Window{DecisionsPerSecond: rate, LoadAverageStart: loadAverage()}
+	// The live leases end from now on, each after its own random hold at
+	// this window's rate.
+	s.rngMu.Lock()
+	s.rate = rate
+	s.rngMu.Unlock()
+	s.leases.clear()
 	now := time.Now()
 	for _, m := range s.members {
 		for _, id := range m.liveIDs() {
@@ -66,20 +79,21 @@ func (s *sim) steady(ctx context.Context, rep *Report) error {
 	}
 	rdb := s.b.RDB
 	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
-		return err
+		return w, err
 	}
 	var slow *slowlogSampler
 	if s.o.slowlogUsec >= 0 {
 		var err error
 		if slow, err = startSlowlog(ctx, rdb, s.o.slowlogUsec); err != nil {
-			return err
+			return w, err
 		}
 	}
 	steadyRec := newRecorder()
 	s.rec.Store(steadyRec)
+	renewed0 := s.renewedIDs.Load()
 	cpu0, err := s.readCPU(ctx)
 	if err != nil {
-		return err
+		return w, err
 	}
 	winCtx, stop := context.WithTimeout(ctx, s.o.duration)
 	defer stop()
@@ -128,7 +142,7 @@ func (s *sim) steady(ctx context.Context, rep *Report) error {
 			case <-winCtx.Done():
 				return
 			case now := <-t.C:
-				n := dueTicks(now.Sub(start), s.o.decisionsPerSecond, issued)
+				n := dueTicks(now.Sub(start), rate, issued)
 				issued += n
 				for range n {
 					m := s.randomMember()
@@ -163,42 +177,44 @@ func (s *sim) steady(ctx context.Context, rep *Report) error {
 	<-winCtx.Done()
 	for _, m := range s.members {
 		if time.Since(time.Unix(0, m.advertised.Load())) > staleThreshold {
-			rep.StaleAtEnd++
+			w.StaleAtEnd++
 		}
 	}
 	cpu1, err := s.readCPU(ctx)
 	if err != nil {
-		return err
+		return w, err
 	}
 	window := cpu1.at.Sub(cpu0.at)
 	stats, err := rdb.Info(ctx, "commandstats").Result()
 	if err != nil {
-		return err
+		return w, err
 	}
 	loops.Wait()
 	if slow != nil {
 		if err := slow.drain(ctx); err != nil {
-			return err
+			return w, err
 		}
 		_ = slow.stop(ctx)
 	}
 	calls.Wait()
 
-	rep.WindowSeconds = window.Seconds()
-	rep.Activities = steadyRec.summary(window, activityOrder)
-	rep.LiveAtEnd = s.live.Load()
-	rep.RenewedIDs = s.renewedIDs.Load()
+	w.Seconds = window.Seconds()
+	w.Activities = steadyRec.summary(window, activityOrder)
+	w.LiveAtEnd = s.live.Load()
+	w.RenewedIDs = s.renewedIDs.Load() - renewed0
 	redisCPU := cpu1.redis - cpu0.redis
-	rep.Redis = RedisStats{CPUShare: share(redisCPU, window), Commands: commandStats(stats)}
+	w.Redis = RedisStats{CPUShare: share(redisCPU, window), Commands: commandStats(stats)}
 	if slow != nil {
-		rep.Redis.Scripts = slow.stats(rep.Redis.Commands)
-		rep.Redis.SlowlogOverflowed = slow.lost
+		w.Redis.Scripts = slow.stats(w.Redis.Commands)
+		w.Redis.SlowlogOverflowed = slow.lost
 	}
 	for i, p := range s.procs {
-		rep.Brokers = append(rep.Brokers, BrokerStats{Replica: i, Pid: p.Pid, CPUShare: share(cpu1.brokers[i]-cpu0.brokers[i], window)})
+		w.Brokers = append(w.Brokers, BrokerStats{Replica: i, Pid: p.Pid, CPUShare: share(cpu1.brokers[i]-cpu0.brokers[i], window)})
 	}
-	rep.SimulatorCPUShare = share(cpu1.self-cpu0.self, window)
-	return nil
+	w.SimulatorCPUShare = share(cpu1.self-cpu0.self, window)
+	w.MemoryAtEnd, _ = usedMemory(ctx, rdb)
+	w.LoadAverageEnd = loadAverage()
+	return w, nil
 }
 
 func (s *sim) randomMember() *member {
