@@ -393,7 +393,7 @@ func (s *sim) reserve(ctx context.Context, m *member, queue bool) {
 
 // reserveOn is reserve on provider (any provider when nil).
 func (s *sim) reserveOn(ctx context.Context, m *member, queue bool, provider *member) {
-	req := m.request(s.o.leaseLength)
+	req := m.request(s.o.leaseLength, provider == nil || provider.hasGPUs())
 	if provider != nil {
 		req.Selector = provider.selector()
 	}
@@ -468,7 +468,7 @@ func (s *sim) fill(ctx context.Context) {
 			case <-done:
 				return
 			case <-t.C:
-				fmt.Fprintf(os.Stderr, "scale: %d of %d leases live\n", s.live.Load(), s.o.leases)
+				fmt.Fprintf(os.Stderr, "scale: %d of %d leases live; errors so far: %s\n", s.live.Load(), s.o.leases, s.recorder().errorsSoFar())
 			}
 		}
 	}()
