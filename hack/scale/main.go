@@ -172,7 +172,7 @@ func run(ctx context.Context, o options, command string) (err error) {
 	fill := newRecorder()
 	s.rec.Store(fill)
 	step("advertising %d clusters of %d nodes", o.clusters, o.nodesPerCluster)
-	s.forEachMember(ctx, 32, func(ctx context.Context, m *member) { s.advertise(ctx, m, true) })
+	s.forEachMember(ctx, 32, func(ctx context.Context, m *member) { s.advertiseUntilStored(ctx, m, true) })
 	mem1, err := usedMemory(ctx, s.b.RDB)
 	if err != nil {
 		return err
@@ -324,6 +324,27 @@ func (s *sim) advertise(ctx context.Context, m *member, churn bool) error {
 		m.digest, m.storedCPU, m.storedMem = ack.Digest, cpus, mems
 	}
 	return err
+}
+
+// advertiseUntilStored advertises m until the broker stores it: one shed
+// (503 Busy) is sent again after its Retry-After, any other failure after a
+// second, as an agent starting would.
+func (s *sim) advertiseUntilStored(ctx context.Context, m *member, churn bool) {
+	for {
+		err := s.advertise(ctx, m, churn)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		wait, ok := brokerclient.RetryAfter(err)
+		if !ok {
+			wait = time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
 }
 
 // renew renews every lease the member holds, in batches, as the renewer
