@@ -185,6 +185,7 @@ func run(ctx context.Context, o options, command string) (err error) {
 	defer stopLoops()
 	loops := s.startMemberLoops(loopCtx)
 
+	s.waitAllLive(ctx, step)
 	step("filling %d leases, %d in flight", o.leases, o.fillInFlight)
 	start := time.Now()
 	s.fill(ctx)
@@ -324,6 +325,35 @@ func (s *sim) advertise(ctx context.Context, m *member, churn bool) error {
 		m.digest, m.storedCPU, m.storedMem = ack.Digest, cpus, mems
 	}
 	return err
+}
+
+// waitAllLive waits, at most 5 minutes, until every member's advertisement
+// or heartbeat was taken within the last period and a few seconds: a large
+// federation's first advertisements take longer than the stale threshold,
+// so the first members are stale until their loop's turn comes round again
+// (and one shed then, later still), and a pinned fill would find them no
+// candidate.
+func (s *sim) waitAllLive(ctx context.Context, step func(string, ...any)) {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		late := 0
+		for _, m := range s.members {
+			if time.Since(time.Unix(0, m.advertised.Load())) > advertisePeriod+5*time.Second {
+				late++
+			}
+		}
+		if late == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			if late > 0 {
+				step("%d members not advertised within the last %s; filling anyway", late, advertisePeriod+5*time.Second)
+			}
+			return
+		}
+		step("waiting for %d members' advertisements to be taken again", late)
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
 }
 
 // advertiseUntilStored advertises m until the broker stores it: one shed
