@@ -399,7 +399,9 @@ func (s *sim) renew(ctx context.Context, m *member) {
 }
 
 // startMemberLoops runs each member's agent schedule: advertise every 30 s
-// and renew every 30 s, the members' phases spread over the period. An
+// and renew every --renew-interval, the members' phases spread over the
+// period, each in a loop of its own as rb-agent's publisher and renewer are
+// (a slow renewal does not hold the next advertisement back). An
 // advertisement the broker shed is sent again after its Retry-After, as
 // agent/publisher does, if that comes before the next one.
 func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
@@ -409,9 +411,7 @@ func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
 			first := phase(i, len(s.members), advertisePeriod)
 			nextTick := time.Now().Add(first)
 			adv := time.NewTimer(first)
-			ren := time.NewTimer(phase((i+len(s.members)/2)%len(s.members), len(s.members), s.o.renewInterval))
 			defer adv.Stop()
-			defer ren.Stop()
 			for {
 				select {
 				case <-ctx.Done():
@@ -426,6 +426,16 @@ func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
 						wait = ra
 					}
 					adv.Reset(wait)
+				}
+			}
+		})
+		wg.Go(func() {
+			ren := time.NewTimer(phase((i+len(s.members)/2)%len(s.members), len(s.members), s.o.renewInterval))
+			defer ren.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
 				case <-ren.C:
 					s.renew(ctx, m)
 					ren.Reset(s.o.renewInterval)
