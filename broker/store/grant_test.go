@@ -217,6 +217,14 @@ func TestGrantRecordOfThePreviousRelease(t *testing.T) {
 	require.NoError(t, err)
 	assert.JSONEq(t, string(fresh), string(r.Grant))
 
+	// A replica of the previous release grants it again during a rolling
+	// update: its own grant, the newer, is what reads.
+	rolled := grantOf(t, "token-through-an-old-replica", time.Now().Add(time.Hour), "n3")
+	require.NoError(t, a.HSet(ctx, s.Key("resv:rome/regranted"), "grant", s.SealGrantOfRecord("rome/regranted", rolled)).Err())
+	r, err = s.Reservation(ctx, "rome", "regranted")
+	require.NoError(t, err)
+	assert.JSONEq(t, string(rolled), string(r.Grant))
+
 	_, err = s.Release(ctx, "rome", "old", "paris")
 	require.NoError(t, err)
 	assert.False(t, a.HExists(ctx, s.Key("resv:rome/old"), "grant").Val(), "its grant goes when it ends")

@@ -181,10 +181,16 @@ func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reserv
 // readReservation reads a reservation hash (reservationFromMap) and opens its
 // grant: the access of its pair (field "access", which the reader adds:
 // scripts/lib/grants.lua with_access, Store.withAccesses) with the record's
-// placement, or the sealed grant of a record of the previous release.
+// placement. A record granted by a broker of the previous release holds its
+// own sealed grant instead; one that a replica of that release granted again
+// during a rolling update holds both, its own the newer.
 func (s *Store) readReservation(id string, m map[string]string, nowMs int64) (model.Reservation, error) {
 	r, err := reservationFromMap(id, m, nowMs)
 	if err != nil {
+		return r, err
+	}
+	if len(r.Grant) > 0 {
+		r.Grant, err = s.cfg.GrantKeys.open(r.QID(), string(r.Grant))
 		return r, err
 	}
 	if access := m["access"]; access != "" {
@@ -195,14 +201,6 @@ func (s *Store) readReservation(id string, m map[string]string, nowMs int64) (mo
 		r.Grant, err = composeGrant(plain, m)
 		return r, err
 	}
-	if len(r.Grant) == 0 {
-		return r, nil
-	}
-	grant, err := s.cfg.GrantKeys.open(r.QID(), string(r.Grant))
-	if err != nil {
-		return r, err
-	}
-	r.Grant = grant
 	return r, nil
 }
 
