@@ -180,6 +180,7 @@ local hash, r = new_reservation({requester = requester, target = cid,
   score = '0', price = price, owner = owner, priority = priority_str, selector = selector_json,
   node = node ~= '' and node or nil, extra = {'preempted', tostring(#report)}}, now)
 redis.call('HSET', rk, unpack(hash))
+note_lease(prefix, qid, r)
 redis.call('ZADD', prefix .. 'expiry', r.expires_ms, qid)
 redis.call('SADD', prefix .. 'by-target:' .. cid, qid)
 redis.call('SADD', prefix .. 'by-requester:' .. requester, qid)

@@ -44,31 +44,58 @@ local ek = prefix .. 'expiry'
 local now = now_ms()
 local from, to = last_outage(prefix, now)
 
--- A live lease's end is its expiry score (core.lua with_live_end): one
--- ZMSCORE reads the ends of a chunk of ids, one HMGET per id what decides
--- it, one ZADD GT moves the ends of the chunk's renewed ids (GT: never an
--- earlier end, even for an id named twice), and an HSET of the record's end
--- every other renewal or so (above). Chunks of CHUNK ids keep
--- each command's arguments within what Lua's unpack takes.
+-- A live lease's end is its expiry score (core.lua with_live_end). Per chunk
+-- of ids, one ZMSCORE reads their ends and one HMGET of the requester's
+-- leases hash their lease and their record's end (core.lua); an id found in
+-- both is a live lease of the requester and is judged from those alone. Any
+-- other id (a provider renewing, a lease of an earlier release, not a lease,
+-- ended, unknown, or a broken invariant) is judged from its record, and the
+-- leases hash is mended on the way. One ZADD GT moves the ends of the
+-- chunk's renewed ids (GT: never an earlier end, even for an id named
+-- twice), one HSET the leases hash's entries that changed, and an HSET of
+-- the record's end every other renewal or so (above). Chunks of CHUNK ids
+-- keep each command's arguments within what Lua's unpack takes.
 local CHUNK = 1000
+local lk = prefix .. 'leases:' .. requester
 local reply = {now}
 for first = 3, #ARGV, CHUNK do
   local last = math.min(#ARGV, first + CHUNK - 1)
   local qids = {}
   for i = first, last do qids[#qids + 1] = qualify(requester, ARGV[i]) end
   local ends = redis.call('ZMSCORE', ek, unpack(qids))
-  local raised = {}
+  local known = redis.call('HMGET', lk, unpack(qids))
+  local raised, noted, stale = {}, {}, {}
   for j, qid in ipairs(qids) do
-    local v = redis.call('HMGET', prefix .. 'resv:' .. qid, 'phase', 'expires_ms', 'lease_ms', 'target')
     local status, remaining = 'renewed', 0
-    if not v[1] or (provider ~= '' and v[4] ~= provider) then
-      status = 'notfound'
-    elseif not is_live(v[1]) then
-      status = 'ended'
-    else
+    -- lease and rec_end: the lease's length and its record's expires_ms
+    -- (nil: not a live lease, status says why).
+    local lease, rec_end
+    if provider == '' and known[j] and ends[j] then
+      local l, e = string.match(known[j], '^(%d+) (%d+)$')
+      lease, rec_end = tonumber(l), tonumber(e)
+    end
+    if not lease then
+      local v = redis.call('HMGET', prefix .. 'resv:' .. qid, 'phase', 'expires_ms', 'lease_ms', 'target')
+      local gone = not v[1] or not is_live(v[1])
+      if not v[1] or (provider ~= '' and v[4] ~= provider) then
+        status = 'notfound'
+      elseif gone then
+        status = 'ended'
+      else
+        lease, rec_end = tonumber(v[3] or '0'), tonumber(v[2] or '0')
+      end
+      if known[j] and (gone or lease == 0) then
+        stale[#stale + 1] = qid -- left by a replica of an earlier release, which ended it
+      elseif lease and lease > 0 and not known[j] then
+        known[j] = string.format('%d %d', lease, rec_end)
+        noted[#noted + 1] = qid
+        noted[#noted + 1] = known[j]
+      end
+    end
+    if lease then
       -- A live reservation missing from expiry (a broken invariant) is
       -- judged by its record, and the ZADD below puts it back.
-      local lease, stored = tonumber(v[3] or '0'), tonumber(ends[j] or v[2])
+      local stored = tonumber(ends[j] or rec_end)
       local expires = credited_end(stored, lease, from, to)
       if expires <= now then
         status = 'ended'
@@ -80,8 +107,10 @@ for first = 3, #ARGV, CHUNK do
           raised[#raised + 1] = string.format('%d', expires)
           raised[#raised + 1] = qid
         end
-        if tonumber(v[2] or '0') < now + lease / 2 then
+        if rec_end < now + lease / 2 then
           redis.call('HSET', prefix .. 'resv:' .. qid, 'expires_ms', string.format('%d', expires))
+          noted[#noted + 1] = qid
+          noted[#noted + 1] = string.format('%d %d', lease, expires)
         end
         remaining = expires - now
       end
@@ -90,5 +119,7 @@ for first = 3, #ARGV, CHUNK do
     reply[#reply + 1] = remaining
   end
   if #raised > 0 then redis.call('ZADD', ek, 'GT', unpack(raised)) end
+  if #noted > 0 then redis.call('HSET', lk, unpack(noted)) end
+  if #stale > 0 then redis.call('HDEL', lk, unpack(stale)) end
 end
 return reply

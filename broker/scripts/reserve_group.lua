@@ -237,6 +237,7 @@ for i, m in ipairs(members) do
       score = '0', price = price_at(m, c.rec), owner = owner, priority = priority_str, selector = selector_json,
       node = m.node, extra = extra}, now)
     redis.call('HSET', prefix .. 'resv:' .. m.qid, unpack(hash))
+    note_lease(prefix, m.qid, r)
     redis.call('ZADD', prefix .. 'expiry', r.expires_ms, m.qid)
     redis.call('SADD', prefix .. 'by-target:' .. c.id, m.qid)
     redis.call('SADD', prefix .. 'by-requester:' .. requester, m.qid)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -110,6 +111,11 @@ func (s *Store) checkInvariantOnce(ctx context.Context) error {
 		return err
 	}
 	errs = append(errs, grantErrs...)
+	leaseErrs, err := s.checkLeases(ctx)
+	if err != nil {
+		return err
+	}
+	errs = append(errs, leaseErrs...)
 	return errors.Join(errs...)
 }
 
@@ -185,6 +191,77 @@ func (s *Store) checkGrants(ctx context.Context) ([]error, error) {
 		}
 		if atoi(n) != byGen[gen] {
 			errs = append(errs, fmt.Errorf("access %s: counts %s shares, %d live reservations hold one", k, n, byGen[gen]))
+		}
+	}
+	return errs, nil
+}
+
+// checkLeases verifies the requesters' leases hashes (scripts/lib/core.lua),
+// what renewals read instead of the records: every live lease has an entry
+// in its requester's, holding its lease and its record's end, and every
+// entry is such a lease's.
+func (s *Store) checkLeases(ctx context.Context) ([]error, error) {
+	qids, err := s.rdb.ZRange(ctx, s.Key("expiry"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	pipe := s.rdb.Pipeline()
+	records := make([]*redis.SliceCmd, len(qids))
+	for i, qid := range qids {
+		records[i] = pipe.HMGet(ctx, s.Key("resv:", qid), "requester", "phase", "lease_ms", "expires_ms")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	want := map[string]map[string]string{} // requester -> qid -> entry
+	for i, qid := range qids {
+		v := records[i].Val()
+		requester, _ := v[0].(string)
+		phase, _ := v[1].(string)
+		lease, _ := v[2].(string)
+		end, _ := v[3].(string)
+		if requester == "" || !(model.Reservation{Phase: phase}).Live() || lease == "" || lease == "0" {
+			continue
+		}
+		if want[requester] == nil {
+			want[requester] = map[string]string{}
+		}
+		want[requester][qid] = lease + " " + end
+	}
+	// Every requester that may hold a leases hash: the clusters, the
+	// requesters with usage and those with live leases (the broker's user
+	// may not SCAN).
+	requesters := maps.Clone(want)
+	clusters, err := s.rdb.ZRange(ctx, s.Key("clusters"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	usage, err := s.Usage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range slices.Concat(clusters, slices.Collect(maps.Keys(usage))) {
+		if _, ok := requesters[id]; !ok {
+			requesters[id] = nil
+		}
+	}
+	var errs []error
+	for requester := range requesters {
+		got, err := s.rdb.HGetAll(ctx, s.Key("leases:", requester)).Result()
+		if err != nil {
+			return nil, err
+		}
+		for qid, entry := range got {
+			if w, ok := want[requester][qid]; !ok {
+				errs = append(errs, fmt.Errorf("requester %s: leases entry %s = %q names no live lease of it", requester, qid, entry))
+			} else if entry != w {
+				errs = append(errs, fmt.Errorf("requester %s: leases entry %s = %q, its record says %q", requester, qid, entry, w))
+			}
+		}
+		for qid := range want[requester] {
+			if _, ok := got[qid]; !ok {
+				errs = append(errs, fmt.Errorf("requester %s: live lease %s has no leases entry", requester, qid))
+			}
 		}
 	}
 	return errs, nil

@@ -120,3 +120,83 @@ func TestRenewMovesTheEndAndTheRecordTrails(t *testing.T) {
 	assert.Equal(t, map[string]int64{"Reserved": first.Reservation.ExpiresAt.UnixMilli(), "Granted": end, "Released": end}, ends)
 	assertInvariant(t, s)
 }
+
+// TestRenewReadsTheLeasesHash: a lease is entered in its requester's leases
+// hash with its lease and its record's end, which a renewal reads instead
+// of the record and keeps equal to it; the entry goes with the lease. A
+// lease without an entry (made by an earlier release) is renewed from its
+// record and entered; an entry whose lease an earlier release ended is
+// removed by the next renewal naming it; a provider's renewal leaves the
+// entries of other providers' leases alone; a fixed reservation has none.
+func TestRenewReadsTheLeasesHash(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	for _, p := range []string{"paris", "berlin"} {
+		_, err := s.Advertise(ctx, p, cluster(8, 32, 0, 1_000, nil))
+		require.NoError(t, err)
+	}
+	rdb := admin(t, s)
+	leases := s.Key("leases:", "rome")
+	entry := func(id string) string {
+		return rdb.HGet(ctx, leases, "rome/"+id).Val()
+	}
+	record := func(id string) string {
+		v := rdb.HMGet(ctx, s.Key("resv:", "rome/"+id), "lease_ms", "expires_ms").Val()
+		return fmt.Sprintf("%v %v", v[0], v[1])
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		_, err := s.Reserve(ctx, lease(id, "rome", 500, time.Hour, 2*time.Minute))
+		require.NoError(t, err)
+		assert.Equal(t, record(id), entry(id), "entered with its reservation")
+	}
+	fixed := request("fixed", "rome", 500, 1, 0)
+	fixed.Duration = time.Hour
+	_, err := s.Reserve(ctx, fixed)
+	require.NoError(t, err)
+	assert.Empty(t, entry("fixed"), "not a lease")
+	assertInvariant(t, s)
+
+	// An earlier release made b (no entry) and ended c (entry left).
+	require.NoError(t, rdb.HDel(ctx, leases, "rome/b").Err())
+	stale := entry("c")
+	_, err = s.Release(ctx, "rome", "c", "rome")
+	require.NoError(t, err)
+	require.NoError(t, rdb.HSet(ctx, leases, "rome/c", stale).Err())
+
+	rn, err := s.Renew(ctx, "rome", []string{"a", "b", "c", "fixed"})
+	require.NoError(t, err)
+	outcomes := []model.RenewOutcome{rn[0].Outcome, rn[1].Outcome, rn[2].Outcome, rn[3].Outcome}
+	assert.Equal(t, []model.RenewOutcome{model.Renewed, model.Renewed, model.RenewEnded, model.RenewNotALease}, outcomes)
+	assert.Equal(t, record("a"), entry("a"), "the record's end and the entry move together")
+	assert.Equal(t, record("b"), entry("b"), "entered by its first renewal")
+	assert.False(t, rdb.HExists(ctx, leases, "rome/c").Val(), "the ended lease's entry goes")
+	assertInvariant(t, s)
+
+	// A provider renewing for the requester: another provider's lease is
+	// not found, and its entry stays.
+	var onParis, other string
+	for _, id := range []string{"a", "b"} {
+		r, err := s.Reservation(ctx, "rome", id)
+		require.NoError(t, err)
+		if r.Target == "paris" {
+			onParis = id
+		} else {
+			other = id
+		}
+	}
+	require.NotEmpty(t, onParis, "the two leases went to paris and berlin, as the cost decides")
+	require.NotEmpty(t, other)
+	rn, err = s.RenewFor(ctx, "paris", "rome", []string{onParis, other})
+	require.NoError(t, err)
+	assert.Equal(t, model.Renewed, rn[0].Outcome)
+	assert.Equal(t, model.RenewNotFound, rn[1].Outcome)
+	assert.Equal(t, record(other), entry(other), "another provider's lease keeps its entry")
+	assertInvariant(t, s)
+
+	for _, id := range []string{"a", "b"} {
+		_, err := s.Release(ctx, "rome", id, "rome")
+		require.NoError(t, err)
+	}
+	assert.Zero(t, rdb.Exists(ctx, leases).Val(), "no lease, no hash")
+	assertInvariant(t, s)
+}

@@ -180,7 +180,7 @@ func run(ctx context.Context, o options, command string) (err error) {
 	fill := newRecorder()
 	s.rec.Store(fill)
 	step("advertising %d clusters of %d nodes", o.clusters, o.nodesPerCluster)
-	s.forEachMember(ctx, 32, func(ctx context.Context, m *member) { s.advertise(ctx, m, true) })
+	s.forEachMember(ctx, 32, func(ctx context.Context, m *member) { s.advertiseUntilStored(ctx, m, true) })
 	mem1, err := usedMemory(ctx, s.b.RDB)
 	if err != nil {
 		return err
@@ -193,6 +193,7 @@ func run(ctx context.Context, o options, command string) (err error) {
 	defer stopLoops()
 	loops := s.startMemberLoops(loopCtx)
 
+	s.waitAllLive(ctx, step)
 	step("filling %d leases, %d in flight", o.leases, o.fillInFlight)
 	start := time.Now()
 	s.fill(ctx)
@@ -334,6 +335,56 @@ func (s *sim) advertise(ctx context.Context, m *member, churn bool) error {
 	return err
 }
 
+// waitAllLive waits, at most 5 minutes, until every member's advertisement
+// or heartbeat was taken within the last period and a few seconds: a large
+// federation's first advertisements take longer than the stale threshold,
+// so the first members are stale until their loop's turn comes round again
+// (and one shed then, later still), and a pinned fill would find them no
+// candidate.
+func (s *sim) waitAllLive(ctx context.Context, step func(string, ...any)) {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		late := 0
+		for _, m := range s.members {
+			if time.Since(time.Unix(0, m.advertised.Load())) > advertisePeriod+5*time.Second {
+				late++
+			}
+		}
+		if late == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			if late > 0 {
+				step("%d members not advertised within the last %s; filling anyway", late, advertisePeriod+5*time.Second)
+			}
+			return
+		}
+		step("waiting for %d members' advertisements to be taken again", late)
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// advertiseUntilStored advertises m until the broker stores it: one shed
+// (503 Busy) is sent again after its Retry-After, any other failure after a
+// second, as an agent starting would.
+func (s *sim) advertiseUntilStored(ctx context.Context, m *member, churn bool) {
+	for {
+		err := s.advertise(ctx, m, churn)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		wait, ok := brokerclient.RetryAfter(err)
+		if !ok {
+			wait = time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
 // renew renews every lease the member holds, in batches, as the renewer
 // does; a lease the broker refuses is lost.
 func (s *sim) renew(ctx context.Context, m *member) {
@@ -401,7 +452,7 @@ func (s *sim) reserve(ctx context.Context, m *member, queue bool) {
 
 // reserveOn is reserve on provider (any provider when nil).
 func (s *sim) reserveOn(ctx context.Context, m *member, queue bool, provider *member) {
-	req := m.request(s.o.leaseLength)
+	req := m.request(s.o.leaseLength, provider == nil || provider.hasGPUs())
 	if provider != nil {
 		req.Selector = provider.selector()
 	}
@@ -479,7 +530,7 @@ func (s *sim) fill(ctx context.Context) {
 			case <-done:
 				return
 			case <-t.C:
-				fmt.Fprintf(os.Stderr, "scale: %d of %d leases live\n", s.live.Load(), s.o.leases)
+				fmt.Fprintf(os.Stderr, "scale: %d of %d leases live; errors so far: %s\n", s.live.Load(), s.o.leases, s.recorder().errorsSoFar())
 			}
 		}
 	}()

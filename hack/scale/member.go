@@ -163,17 +163,22 @@ var (
 
 // request is the member's next lease request: lease 2m, hold 2m, as the
 // agent asks for a pod's reservation; 2 % of them ask for 1 or 2 GPUs.
-func (m *member) request(lease time.Duration) api.ReservationRequest {
+// request is m's next reservation request, a lease; it asks for GPUs
+// (one in fifty) only when gpus.
+func (m *member) request(lease time.Duration, gpus bool) api.ReservationRequest {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.next++
 	id := fmt.Sprintf("%s-r%d", m.id, m.next)
 	q := api.Quantities{CPU: mustQ(requestCPU[m.rng.IntN(len(requestCPU))]), Memory: mustQ(requestMemory[m.rng.IntN(len(requestMemory))])}
-	if m.rng.IntN(50) == 0 {
+	if m.rng.IntN(50) == 0 && gpus {
 		q.GPU = resource.NewQuantity(int64(1+m.rng.IntN(2)), resource.DecimalSI)
 	}
 	return api.ReservationRequest{ID: id, Resources: q, Duration: lease.String(), Lease: lease.String(), Owner: "default/pod-" + id}
 }
+
+// hasGPUs says whether m's nodes have GPUs (one shape of five).
+func (m *member) hasGPUs() bool { return m.nodes[0].gpus > 0 }
 
 // selector selects m alone (by memberLabel, with --fill-pinned).
 func (m *member) selector() *api.LabelSelector {

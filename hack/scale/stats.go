@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,6 +62,21 @@ func (r *recorder) count(name, kind string) {
 		r.acts[name] = a
 	}
 	a.errors[kind]++
+}
+
+// errorsSoFar is every error counted so far, by activity and kind, on one
+// line (a long phase's progress).
+func (r *recorder) errorsSoFar() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var parts []string
+	for name, a := range r.acts {
+		for kind, n := range a.errors {
+			parts = append(parts, fmt.Sprintf("%s %s: %d", name, kind, n))
+		}
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, "; ")
 }
 
 // ActivityStats is one activity's line of the report.

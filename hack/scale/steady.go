@@ -267,7 +267,7 @@ func share(cpu, wall time.Duration) float64 {
 func (s *sim) check(ctx context.Context) Checks {
 	var c Checks
 	var mu sync.Mutex
-	s.forEachMember(ctx, 32, func(ctx context.Context, m *member) { s.advertise(ctx, m, false) })
+	s.forEachMember(ctx, 32, func(ctx context.Context, m *member) { s.advertiseUntilStored(ctx, m, false) })
 	s.forEachMember(ctx, 32, func(ctx context.Context, m *member) {
 		start := time.Now()
 		listed, err := m.client.Reservations(ctx, client.RoleRequester)

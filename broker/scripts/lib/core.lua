@@ -26,6 +26,10 @@
 --   P.."expiry"             zset    live reservation qid -> its end (ms): what renewals move
 --   P.."by-target:"..id     set     live reservation qids provided by a cluster
 --   P.."by-requester:"..id  set     live reservation qids requested by a cluster
+--   P.."leases:"..id        hash    live lease qid of a requester -> "<lease_ms> <expires_ms of
+--                                   its record>": what a renewal reads, a chunk of ids per HMGET
+--                                   (renew.lua); a lease made by an earlier release is absent
+--                                   until its first renewal
 --   P.."events:"..id        stream  notifications for one cluster, capped near the events max
 --                                   length (MAXLEN ~); it expires (PEXPIRE) once no event was added
 --                                   for the events TTL

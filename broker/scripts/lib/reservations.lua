@@ -58,7 +58,18 @@ local function new_reservation(p, now)
   end
   local r = {requester = p.requester, target = p.target, phase = 'Reserved',
     cpu = p.cpu, mem = p.mem, gpu = p.gpu, sto = p.sto, expires_ms = expires, node = p.node}
+  if tonumber(p.lease) > 0 then r.lease_ms = p.lease end
   return hash, r
+end
+
+-- note_lease enters a new reservation (qualified id qid, map r of
+-- new_reservation) in its requester's leases hash if it is a lease: a
+-- renewal then reads its lease and its record's end with the other ids of
+-- its chunk, not from its record (renew.lua).
+local function note_lease(prefix, qid, r)
+  if r.lease_ms then
+    redis.call('HSET', prefix .. 'leases:' .. r.requester, qid, r.lease_ms .. ' ' .. r.expires_ms)
+  end
 end
 
 -- add_usage adds n reservations holding amounts (numbers) to usage u.
@@ -122,6 +133,7 @@ local function end_reservation(prefix, qid, r, phase, now, so, eo)
   redis.call('ZREM', prefix .. 'expiry', qid)
   redis.call('SREM', prefix .. 'by-target:' .. r.target, qid)
   redis.call('SREM', prefix .. 'by-requester:' .. r.requester, qid)
+  redis.call('HDEL', prefix .. 'leases:' .. r.requester, qid)
   local fields = event_fields(phase, bare_id(qid), r, now)
   emit(prefix, r.requester, so, fields)
   emit(prefix, r.target, so, fields)

@@ -90,6 +90,7 @@ local function commit(d)
     score = score, price = win.price, owner = q.owner, priority = q.priority, selector = q.selector,
     candidates = candidates, node = node, extra = d.pref and {'preference', cjson.encode(d.pref)}}, now)
   redis.call('HSET', q.rk, unpack(hash))
+  note_lease(prefix, q.qid, r)
   expiry_add[#expiry_add + 1] = r.expires_ms
   expiry_add[#expiry_add + 1] = q.qid
   add_to_set(prefix .. 'by-target:' .. win.cluster, q.qid)
