@@ -56,7 +56,8 @@
 -- ARGV[18] how many ended reservations of one requester to keep at most (ended.lua)
 -- Reply: {outcome, reservation, victims_json, detail_json, now_ms}
 --   outcome      "preempted", "replay", "conflict", "fits", "wait", "nofit"
---   reservation  flat field/value array of the reservation hash ({} unless preempted or replay)
+--   reservation  flat field/value array of the reservation hash ({} unless preempted or replay;
+--                a replay of a granted one adds its pair's sealed access: grants.lua with_access)
 --   victims      JSON array of {reservation, requester, provider, node, priority, cpu, mem, gpu, sto}
 --   detail       JSON object: wait: {provider, node}; nofit: {candidates, lower_priority}
 -- @include reservations
@@ -82,6 +83,7 @@ if #existing > 0 then
     return {'conflict', {}, '[]', '{}', now}
   end
   with_live_end(prefix, qid, r, existing)
+  with_access(prefix, r, existing)
   return {'replay', existing, '[]', '{}', now}
 end
 

@@ -116,7 +116,8 @@
 --               before writing anything; the batch's other requests are decided)
 --   reservation flat field/value array of the reservation hash ({} if none);
 --               field node names the node debited (absent: the target
---               advertises no nodes)
+--               advertises no nodes); a replay of a granted one adds its
+--               pair's sealed access (grants.lua with_access)
 --   candidates  JSON array of the best candidates {cluster, score, resource_score, cost_score, price}
 --               (a replay: "[]" unless the record is of the layout that held them
 --               as JSON; the reservation's cand_<i> fields hold them)

@@ -72,7 +72,8 @@
 --               written), "limited" (rejections {limit, max, used, asked})
 --   members     per member, in order, the flat field/value array of its
 --               reservation hash ({}: not placed; always {} unless reserved
---               or replay)
+--               or replay; a replay of a granted one adds its pair's sealed
+--               access: grants.lua with_access)
 --   rejections  JSON object: members, min_member, placeable (how many the
 --               providers could hold together), and, per reason, how many
 --               live providers were excluded (stale, requester, selector,
@@ -122,6 +123,7 @@ for i, m in ipairs(members) do
       return {'conflict', {}, '{}', now}
     end
     with_live_end(prefix, m.qid, r, flat)
+    with_access(prefix, r, flat)
     found = found + 1
   end
 end

@@ -2,7 +2,7 @@
 // operation, and the includes they are composed of. Each script file
 // documents its KEYS, ARGV and reply; the helpers they share live in lib/,
 // one include per concern (core, records, nodes, index, limits, events,
-// waiting, ended, reservations, and the stages of a reserve decision).
+// waiting, ended, grants, reservations, and the stages of a reserve decision).
 //
 // A line "-- @include name" is replaced by lib/name.lua, once per script
 // (an include already pulled in, directly or through another include, is

@@ -39,3 +39,9 @@ func (s *Store) ReserveBatch(ctx context.Context, reqs []model.ReserveRequest) (
 	}
 	return decisions, errs
 }
+
+// SealGrantOfRecord seals grant as a broker of the previous release wrote it
+// into reservation qid's record (field grant, bound to the qualified id).
+func (s *Store) SealGrantOfRecord(qid string, grant []byte) string {
+	return s.cfg.GrantKeys.seal(qid, grant)
+}

@@ -106,12 +106,94 @@ func (s *Store) checkInvariantOnce(ctx context.Context) error {
 		return err
 	}
 	errs = append(errs, endedErrs...)
+	grantErrs, err := s.checkGrants(ctx)
+	if err != nil {
+		return err
+	}
+	errs = append(errs, grantErrs...)
 	leaseErrs, err := s.checkLeases(ctx)
 	if err != nil {
 		return err
 	}
 	errs = append(errs, leaseErrs...)
 	return errors.Join(errs...)
+}
+
+// checkGrants verifies the pairs' accesses (scripts/lib/grants.lua): the
+// key of every pair a live reservation or an ended one kept names holds an
+// access and counts in n exactly the live records holding a share of it
+// (their grant_gen is its gen), and a key no live reservation holds a share
+// of is gone. A share of a key that is gone is no error: the key expires past
+// its access' expiry (a dead token), whatever its count. (The broker's Redis
+// user may not SCAN: a key of a pair named by no reservation kept is not
+// looked for.)
+func (s *Store) checkGrants(ctx context.Context) ([]error, error) {
+	qids, err := s.rdb.ZRange(ctx, s.Key("expiry"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	requesters, err := s.rdb.ZRange(ctx, s.Key("ended-requesters"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	for _, requester := range requesters {
+		ended, err := s.rdb.ZRange(ctx, s.Key("ended:", requester), 0, -1).Result()
+		if err != nil {
+			return nil, err
+		}
+		qids = append(qids, ended...)
+	}
+	pipe := s.rdb.Pipeline()
+	records := make([]*redis.SliceCmd, len(qids))
+	for i, qid := range qids {
+		records[i] = pipe.HMGet(ctx, s.Key("resv:", qid), "phase", "target", "requester", "grant_gen")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	shares := map[string]map[string]int64{} // pair key -> gen -> live records holding a share of it
+	for _, rec := range records {
+		v := rec.Val()
+		phase, _ := v[0].(string)
+		target, _ := v[1].(string)
+		requester, _ := v[2].(string)
+		gen, _ := v[3].(string)
+		if target == "" {
+			continue // gone
+		}
+		k := s.grantKey(target, requester)
+		if shares[k] == nil {
+			shares[k] = map[string]int64{}
+		}
+		if gen != "" && (model.Reservation{Phase: phase}).Live() {
+			shares[k][gen]++
+		}
+	}
+	pipe = s.rdb.Pipeline()
+	held := map[string]*redis.SliceCmd{}
+	for k := range shares {
+		held[k] = pipe.HMGet(ctx, k, "n", "gen", "sealed")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	var errs []error
+	for k, byGen := range shares {
+		v := held[k].Val()
+		n, _ := v[0].(string)
+		gen, _ := v[1].(string)
+		sealed, _ := v[2].(string)
+		if n == "" && gen == "" && sealed == "" {
+			continue // no key
+		}
+		if sealed == "" {
+			errs = append(errs, fmt.Errorf("access %s: holds no sealed access", k))
+		}
+		if atoi(n) != byGen[gen] {
+			errs = append(errs, fmt.Errorf("access %s: counts %s shares, %d live reservations hold one", k, n, byGen[gen]))
+		}
+	}
+	return errs, nil
 }
 
 // checkLeases verifies the requesters' leases hashes (scripts/lib/core.lua),

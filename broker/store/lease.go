@@ -39,11 +39,22 @@ func (s *Store) Release(ctx context.Context, requester, id, caller string) (Rele
 }
 
 // Grant attaches the provider's access grant to a live reservation,
-// requester's id (Active); caller must be its provider. The grant is sealed
-// (Config.GrantKeys) before it reaches Redis.
+// requester's id (Active); caller must be its provider. The grant's access
+// is stored once for the pair of provider and requester, sealed
+// (Config.GrantKeys) before it reaches Redis, the newest by its expiry
+// winning; its placement goes to the reservation's record (grant.go).
 func (s *Store) Grant(ctx context.Context, requester, id, caller string, grant json.RawMessage) (model.Reservation, error) {
-	sealed := s.cfg.GrantKeys.seal(model.QualifiedID(requester, id), grant)
-	reply, err := s.run(ctx, scripts.Grant, requester, id, caller, sealed, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds())
+	g, err := splitGrant(grant)
+	if err != nil {
+		return model.Reservation{}, err
+	}
+	sealed := s.cfg.GrantKeys.sealAccess(caller, requester, g.access)
+	placed := ""
+	if g.placed {
+		placed = "placed"
+	}
+	reply, err := s.run(ctx, scripts.Grant, requester, id, caller, sealed, g.expiresMs, placed, g.placement.Node, g.placement.PriorityClassName,
+		s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds())
 	if err != nil {
 		return model.Reservation{}, err
 	}

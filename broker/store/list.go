@@ -149,6 +149,13 @@ func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reserv
 		return nil, err
 	}
 	nowMs := now.Val().UnixMilli()
+	records := make([]map[string]string, len(qids))
+	for i, cmd := range cmds {
+		records[i] = cmd.Val()
+	}
+	if err := s.withAccesses(ctx, records); err != nil {
+		return nil, err
+	}
 	out := make([]model.Reservation, 0, len(qids))
 	for i, cmd := range cmds {
 		if len(cmd.Val()) == 0 {
@@ -171,17 +178,29 @@ func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reserv
 	return out, nil
 }
 
-// readReservation reads a reservation hash (reservationFromMap) and opens its grant.
+// readReservation reads a reservation hash (reservationFromMap) and opens its
+// grant: the access of its pair (field "access", which the reader adds:
+// scripts/lib/grants.lua with_access, Store.withAccesses) with the record's
+// placement. A record granted by a broker of the previous release holds its
+// own sealed grant instead; one that a replica of that release granted again
+// during a rolling update holds both, its own the newer.
 func (s *Store) readReservation(id string, m map[string]string, nowMs int64) (model.Reservation, error) {
 	r, err := reservationFromMap(id, m, nowMs)
-	if err != nil || len(r.Grant) == 0 {
-		return r, err
-	}
-	grant, err := s.cfg.GrantKeys.open(r.QID(), string(r.Grant))
 	if err != nil {
 		return r, err
 	}
-	r.Grant = grant
+	if len(r.Grant) > 0 {
+		r.Grant, err = s.cfg.GrantKeys.open(r.QID(), string(r.Grant))
+		return r, err
+	}
+	if access := m["access"]; access != "" {
+		plain, err := s.cfg.GrantKeys.openAccess(r.Target, r.Requester, access)
+		if err != nil {
+			return r, err
+		}
+		r.Grant, err = composeGrant(plain, m)
+		return r, err
+	}
 	return r, nil
 }
 

@@ -19,9 +19,12 @@ import (
 // new key is rolled out by putting it first and keeping the old one after it
 // until the grants it sealed have ended (at most --max-duration).
 //
-// A sealed grant is "v1.<key id>.<base64url(nonce || ciphertext)>", bound to
-// its reservation (the qualified id is the additional data): copied to
-// another reservation's record, it does not open.
+// A sealed value is "v1.<key id>.<nonce || ciphertext>" (those bytes in
+// base64url in a record's own grant, as they are in a pair's access), bound to
+// where it is stored by its additional data: a pair's access (what a
+// provider grants every reservation of a requester) to the pair, the grant a
+// broker of the previous release wrote into a record to its reservation's
+// qualified id. Copied elsewhere, it does not open.
 type GrantKeys struct {
 	keys []grantKey
 }
@@ -113,13 +116,11 @@ func RandomGrantKeys() *GrantKeys {
 	return k
 }
 
-// seal seals reservation qid's grant.
+// seal seals reservation qid's grant (brokers of the previous release
+// stored grants so; tests write such records).
 func (k *GrantKeys) seal(qid string, grant []byte) string {
-	key := k.keys[0]
-	nonce := make([]byte, key.aead.NonceSize(), key.aead.NonceSize()+len(grant)+key.aead.Overhead())
-	_, _ = rand.Read(nonce)
-	sealed := key.aead.Seal(nonce, nonce, grant, []byte(qid))
-	return sealedPrefix + key.id + "." + base64.RawURLEncoding.EncodeToString(sealed)
+	id, sealed := k.sealWith([]byte(qid), grant)
+	return sealedPrefix + id + "." + base64.RawURLEncoding.EncodeToString(sealed)
 }
 
 // open opens reservation qid's stored grant. A grant in clear (JSON, as
@@ -129,25 +130,79 @@ func (k *GrantKeys) open(qid, stored string) ([]byte, error) {
 	if strings.HasPrefix(stored, "{") {
 		return []byte(stored), nil
 	}
+	what := "grant of " + qid
+	id, body, err := cutSealed(stored, what)
+	if err != nil {
+		return nil, err
+	}
+	sealed, err := base64.RawURLEncoding.DecodeString(body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: malformed sealed value", what)
+	}
+	return k.openWith([]byte(qid), id, sealed, what, "another reservation")
+}
+
+// pairData is the additional data of a pair's sealed access, which names the
+// pair: copied to another pair's key, it does not open. (A reservation's
+// qualified id never starts with "pair:": cluster ids hold no ':'.)
+func pairData(provider, requester string) []byte {
+	return []byte("pair:" + provider + "/" + requester)
+}
+
+// sealAccess seals the access provider grants requester (a grant without its
+// placement), stored once for the pair (scripts/lib/grants.lua). The sealed
+// bytes follow "v1.<key id>." as they are, not in base64: a quarter less
+// of Redis for the largest value it holds per pair.
+func (k *GrantKeys) sealAccess(provider, requester string, access []byte) string {
+	id, sealed := k.sealWith(pairData(provider, requester), access)
+	return sealedPrefix + id + "." + string(sealed)
+}
+
+// openAccess opens the access stored for the pair of provider and requester.
+func (k *GrantKeys) openAccess(provider, requester, stored string) ([]byte, error) {
+	what := "access of " + provider + " to " + requester
+	id, body, err := cutSealed(stored, what)
+	if err != nil {
+		return nil, err
+	}
+	return k.openWith(pairData(provider, requester), id, []byte(body), what, "another pair's key")
+}
+
+// cutSealed splits a sealed value into its key id and its body.
+func cutSealed(stored, what string) (id, body string, err error) {
 	rest, ok := strings.CutPrefix(stored, sealedPrefix)
 	id, body, ok2 := strings.Cut(rest, ".")
 	if !ok || !ok2 {
-		return nil, errors.New("grant: not a sealed grant")
+		return "", "", fmt.Errorf("%s: not sealed", what)
 	}
+	return id, body, nil
+}
+
+// sealWith seals plain with the first key and additional data data: the
+// key's id and nonce || ciphertext.
+func (k *GrantKeys) sealWith(data, plain []byte) (string, []byte) {
+	key := k.keys[0]
+	nonce := make([]byte, key.aead.NonceSize(), key.aead.NonceSize()+len(plain)+key.aead.Overhead())
+	_, _ = rand.Read(nonce)
+	return key.id, key.aead.Seal(nonce, nonce, plain, data)
+}
+
+// openWith opens nonce || ciphertext sealed by key id with additional data
+// data; what names it in errors, elsewhere where a copy would come from.
+func (k *GrantKeys) openWith(data []byte, id string, sealed []byte, what, elsewhere string) ([]byte, error) {
 	for _, key := range k.keys {
 		if key.id != id {
 			continue
 		}
-		sealed, err := base64.RawURLEncoding.DecodeString(body)
-		if err != nil || len(sealed) < key.aead.NonceSize() {
-			return nil, errors.New("grant: malformed sealed grant")
-		}
 		n := key.aead.NonceSize()
-		plain, err := key.aead.Open(nil, sealed[:n], sealed[n:], []byte(qid))
+		if len(sealed) < n {
+			return nil, fmt.Errorf("%s: malformed sealed value", what)
+		}
+		plain, err := key.aead.Open(nil, sealed[:n], sealed[n:], data)
 		if err != nil {
-			return nil, fmt.Errorf("grant of %s does not open with key %s: altered, or copied from another reservation", qid, id)
+			return nil, fmt.Errorf("%s does not open with key %s: altered, or copied from %s", what, id, elsewhere)
 		}
 		return plain, nil
 	}
-	return nil, fmt.Errorf("grant of %s was sealed with key %s, which this broker does not have: give every replica the same --grant-key-file", qid, id)
+	return nil, fmt.Errorf("%s was sealed with key %s, which this broker does not have: give every replica the same --grant-key-file", what, id)
 }

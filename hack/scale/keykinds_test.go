@@ -10,6 +10,7 @@ func TestKeyKind(t *testing.T) {
 		"rb:{b}:rate:renewals:c00001":  "rate",
 		"rb:{eu}:events:c00002":        "events",
 		"rb:{b}:expiry":                "expiry",
+		"rb:{b}:grant:c00001:c00002":   "grant",
 		"rb:{b}:spread:c00001/web/x:y": "spread",
 	} {
 		if got := keyKind(key); got != want {

@@ -64,6 +64,7 @@ type options struct {
 	heartbeats                        bool
 	moves                             float64
 	fillPinned, releaseAtEnd          bool
+	grant                             bool
 }
 
 func main() {
@@ -99,6 +100,7 @@ func main() {
 	f.BoolVar(&o.fillPinned, "fill-pinned", false, "fill with requests that each name one provider by a label of its own (the member's "+memberLabel+"), round-robin over the providers: "+
 		"each fill decision then evaluates one candidate (the index's direct method) instead of walking the index, so that a million leases fill in minutes; the window's decisions are never pinned")
 	f.BoolVar(&o.releaseAtEnd, "release-at-end", true, "after the window's checks, release every lease and check the invariant again (at a million leases this takes longer than the rest of the run)")
+	f.BoolVar(&o.grant, "grant", false, "after each reservation granted, its provider posts a grant for it (grant.go)")
 	f.Float64Var(&o.moves, "advert-moves", 0.1, "the share of a member's periods in which pods come or go: one node's used figures move past the band (8-12 % of the node), so its next publish is a full advertisement")
 	var klogFlags flag.FlagSet
 	klog.InitFlags(&klogFlags)
@@ -115,6 +117,7 @@ type sim struct {
 	procs   []*brokertest.Process
 	members []*member
 	leases  *leaseQueue
+	grants  *grants // --grant; nil: none
 
 	rec        atomic.Pointer[recorder] // the current phase's
 	live       atomic.Int64             // leases the members hold
@@ -148,6 +151,11 @@ func run(ctx context.Context, o options, command string) (err error) {
 			LeaseSeconds: o.leaseLength.Seconds(), RenewIntervalSeconds: o.renewInterval.Seconds(), Heartbeats: o.heartbeats, AdvertMoves: o.moves,
 			DurationSeconds: o.duration.Seconds(), Replicas: o.replicas}}
 	s := &sim{o: o, leases: &leaseQueue{}, rng: rand.New(rand.NewPCG(o.seed, 7))}
+	if o.grant {
+		if s.grants, err = newGrants(); err != nil {
+			return err
+		}
+	}
 
 	step := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "scale: "+format+"\n", args...) }
 	step("building rb-broker and starting redis-server and %d replicas", o.replicas)
@@ -459,8 +467,11 @@ func (s *sim) reserveOn(ctx context.Context, m *member, queue bool, provider *me
 		req.Selector = provider.selector()
 	}
 	start := time.Now()
-	_, err := m.client.Reserve(ctx, req)
+	r, err := m.client.Reserve(ctx, req)
 	s.recorder().observe("reserve", time.Since(start), err)
+	if err == nil && s.grants != nil {
+		s.grant(ctx, m, r)
+	}
 	var ae *brokerclient.APIError
 	switch {
 	case err == nil:

@@ -16,9 +16,11 @@
 --                                   sto, created_ms, expires_ms (the end as decided; while live
 --                                   the expiry score is the end: with_live_end), duration_ms (the hold time),
 --                                   lease_ms (absent: a fixed duration, never renewed), score,
---                                   price, owner, priority, selector, candidates, node,
---                                   grant (sealed by the broker, store.GrantKeys; removed when
---                                   the reservation ends), granted_ms, ended_ms; an ended one
+--                                   price, owner, priority, selector, candidates, node, granted_ms,
+--                                   grant_gen, place_node, place_class (its share of the pair's
+--                                   access and its placement: grants.lua), ended_ms; a record of
+--                                   the previous release may hold grant (its own sealed grant,
+--                                   store.GrantKeys; removed when the reservation ends); an ended one
 --                                   expires after the retention, or goes earlier beyond its
 --                                   requester's cap (ended.lua)
 --   P.."expiry"             zset    live reservation qid -> its end (ms): what renewals move

@@ -14,6 +14,7 @@
 -- @include limits
 -- @include waiting
 -- @include ended
+-- @include grants
 
 -- spread_count adds delta to the live reservations of a requester's spread
 -- group on provider cid (P.."spread:" above); a count back at zero is removed.
@@ -82,10 +83,12 @@ end
 -- the debit of its node unless the target's last advertisement listed it
 -- (then the broker holds no debit for it), and to its requester's usage. Its
 -- record gets its last end (the expiry score: core.lua with_live_end), its
--- grant goes (the provider's token is of no use any more), and the record is
--- kept as ended.lua keep_ended says (eo: ended_opts). Returns 1 when a
--- counter had to be clamped at zero (a broken invariant worth a metric),
--- else 0.
+-- share of the pair's access goes (grants.lua drop_share: the provider's
+-- token is of no use to it any more; the last share takes the access with
+-- it), as does the sealed grant of a record of the previous release, and the
+-- record is kept as ended.lua keep_ended says (eo: ended_opts). r is the
+-- whole record (HGETALL). Returns 1 when a counter had to be clamped at zero
+-- (a broken invariant worth a metric), else 0.
 local function end_reservation(prefix, qid, r, phase, now, so, eo)
   local ck = prefix .. 'cluster:' .. r.target
   local clamped = 0
@@ -125,6 +128,7 @@ local function end_reservation(prefix, qid, r, phase, now, so, eo)
   r.ended_ms = tostring(now)
   redis.call('HSET', rk, 'phase', phase, 'ended_ms', r.ended_ms, 'expires_ms', r.expires_ms)
   redis.call('HDEL', rk, 'grant')
+  drop_share(prefix, rk, r)
   keep_ended(prefix, r.requester, qid, now, eo)
   redis.call('ZREM', prefix .. 'expiry', qid)
   redis.call('SREM', prefix .. 'by-target:' .. r.target, qid)

@@ -155,6 +155,7 @@ local function gate(q, arrival_us)
       return {'conflict', {}, '[]', '{}', now}
     end
     with_live_end(prefix, q.qid, r, existing)
+    with_access(prefix, r, existing)
     return {'replay', existing, r.candidates or '[]', '{}', now}
   end
   local over, max, used, asked = over_limit(usage(q.requester), lim, q.req)
