@@ -189,9 +189,17 @@ func run(ctx context.Context, o options, command string) (err error) {
 	if err != nil {
 		return err
 	}
-	loopCtx, stopLoops := context.WithCancel(ctx)
+	// The renewals outlast the advertisements: they run through the
+	// checks, which at a million leases take longer than a lease.
+	advCtx, stopAdverts := context.WithCancel(ctx)
+	renewCtx, stopRenewals := context.WithCancel(ctx)
+	loops := s.startMemberLoops(advCtx, renewCtx)
+	stopLoops := func() {
+		stopAdverts()
+		stopRenewals()
+		loops.Wait()
+	}
 	defer stopLoops()
-	loops := s.startMemberLoops(loopCtx)
 
 	s.waitAllLive(ctx, step)
 	step("filling %d leases, %d in flight", o.leases, o.fillInFlight)
@@ -214,7 +222,6 @@ func run(ctx context.Context, o options, command string) (err error) {
 	}
 	if ctx.Err() != nil {
 		stopLoops()
-		loops.Wait()
 		return ctx.Err()
 	}
 
@@ -223,21 +230,20 @@ func run(ctx context.Context, o options, command string) (err error) {
 		w, err := s.steady(ctx, rate)
 		if err != nil {
 			stopLoops()
-			loops.Wait()
 			return err
 		}
 		rep.Windows = append(rep.Windows, w)
 		// The window's figures now: the checks of a large federation take minutes.
 		var window strings.Builder
-		writeActivities(&window, w.Activities)
-		step("window done: %d clusters stale at its end, redis-server %.2f of a core\n%s", w.StaleAtEnd, w.Redis.CPUShare, window.String())
+		w.write(&window)
+		step("window done:%s", window.String())
 	}
 
-	stopLoops() // the calls it cuts count in the window's recorder, already summed up
-	loops.Wait()
+	stopAdverts() // the calls it cuts count in the window's recorder, already summed up
 	s.rec.Store(newRecorder())
 	step("checking: listing every member's leases, the invariant, releasing everything")
 	rep.Checks = s.check(context.WithoutCancel(ctx))
+	stopLoops()
 	rep.End = s.recorder().summary(0, activityOrder)
 	rep.LoadAverageEnd = loadAverage()
 
@@ -412,7 +418,7 @@ func (s *sim) renew(ctx context.Context, m *member) {
 // (a slow renewal does not hold the next advertisement back). An
 // advertisement the broker shed is sent again after its Retry-After, as
 // agent/publisher does, if that comes before the next one.
-func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
+func (s *sim) startMemberLoops(advCtx, renewCtx context.Context) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for i, m := range s.members {
 		wg.Go(func() {
@@ -422,13 +428,13 @@ func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
 			defer adv.Stop()
 			for {
 				select {
-				case <-ctx.Done():
+				case <-advCtx.Done():
 					return
 				case <-adv.C:
 					if !time.Now().Before(nextTick) {
 						nextTick = nextTick.Add(advertisePeriod)
 					}
-					err := s.advertise(ctx, m, true)
+					err := s.advertise(advCtx, m, true)
 					wait := time.Until(nextTick)
 					if ra, ok := brokerclient.RetryAfter(err); ok && brokerclient.IsBusy(err) && ra < wait {
 						wait = ra
@@ -442,10 +448,10 @@ func (s *sim) startMemberLoops(ctx context.Context) *sync.WaitGroup {
 			defer ren.Stop()
 			for {
 				select {
-				case <-ctx.Done():
+				case <-renewCtx.Done():
 					return
 				case <-ren.C:
-					s.renew(ctx, m)
+					s.renew(renewCtx, m)
 					ren.Reset(s.o.renewInterval)
 				}
 			}
