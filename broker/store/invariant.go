@@ -276,7 +276,11 @@ func (s *Store) checkEnded(ctx context.Context) ([]error, error) {
 	if err != nil {
 		return nil, err
 	}
-	edge := &redis.ZRangeBy{Min: "(" + strconv.FormatInt(now.Add(-s.cfg.Retention).UnixMilli(), 10), Max: "+inf"}
+	// A record expires the retention after it ended, at the instant its
+	// entry leaves the window: the entries within a few seconds of that
+	// edge may lose their records between this read and the next, so they
+	// are not judged.
+	edge := &redis.ZRangeBy{Min: "(" + strconv.FormatInt(now.Add(-s.cfg.Retention+min(s.cfg.Retention/10, 10*time.Second)).UnixMilli(), 10), Max: "+inf"}
 	requesters, err := s.rdb.ZRangeByScore(ctx, s.Key("ended-requesters"), edge).Result()
 	if err != nil {
 		return nil, err
