@@ -23,13 +23,29 @@ const DefaultBand = 0.05
 // node and of the whole cluster, within band (a fraction) of its
 // allocatable of what was sent. A negative band never holds.
 func withinBand(sent, now rbv1.AdvertisementSpec, band float64) bool {
+	return covers(sent, now, band, false)
+}
+
+// offersNoMore tells whether the broker's copy, sent, offers no more than
+// the cluster has now, give or take band: as withinBand, except that a used
+// figure (GPUs included) may also have fallen by any amount, pods having
+// ended. While the broker is too busy to store the new figures, a heartbeat
+// naming sent keeps the cluster a candidate on figures no more generous
+// than a heartbeat within the band would leave; one whose used figures rose
+// past the band must wait for its advertisement, or go stale.
+func offersNoMore(sent, now rbv1.AdvertisementSpec, band float64) bool {
+	return covers(sent, now, band, true)
+}
+
+// covers is withinBand, and with fallen offersNoMore.
+func covers(sent, now rbv1.AdvertisementSpec, band float64, fallen bool) bool {
 	if band < 0 || sent.ClusterID != now.ClusterID || sent.Endpoint != now.Endpoint ||
 		!equality.Semantic.DeepEqual(sent.Labels, now.Labels) || !equality.Semantic.DeepEqual(sent.Prices, now.Prices) ||
 		!equality.Semantic.DeepEqual(sent.Capacity, now.Capacity) || !equality.Semantic.DeepEqual(sent.Allocatable, now.Allocatable) ||
 		!sameSet(sent.ReservationsOnNodes, now.ReservationsOnNodes) || len(sent.Nodes) != len(now.Nodes) {
 		return false
 	}
-	if !usedWithinBand(listAmounts(sent.Allocatable), listAmounts(sent.Allocated), listAmounts(now.Allocated), band) {
+	if !usedWithinBand(listAmounts(sent.Allocatable), listAmounts(sent.Allocated), listAmounts(now.Allocated), band, fallen) {
 		return false
 	}
 	byName := make(map[string]rbv1.NodeResources, len(sent.Nodes))
@@ -39,7 +55,7 @@ func withinBand(sent, now rbv1.AdvertisementSpec, band float64) bool {
 	for _, n := range now.Nodes {
 		was, ok := byName[n.Name]
 		if !ok || !equality.Semantic.DeepEqual(was.Allocatable, n.Allocatable) ||
-			!usedWithinBand(was.Allocatable, was.Allocated, n.Allocated, band) {
+			!usedWithinBand(was.Allocatable, was.Allocated, n.Allocated, band, fallen) {
 			return false
 		}
 	}
@@ -47,9 +63,10 @@ func withinBand(sent, now rbv1.AdvertisementSpec, band float64) bool {
 }
 
 // usedWithinBand: GPUs used are the same count, cpu, memory and storage
-// moved by at most band of their allocatable.
-func usedWithinBand(alloc, was, now rbv1.NodeAmounts, band float64) bool {
-	if value(was.GPU, false) != value(now.GPU, false) {
+// moved by at most band of their allocatable; with fallen, any of them may
+// also have fallen by any amount.
+func usedWithinBand(alloc, was, now rbv1.NodeAmounts, band float64, fallen bool) bool {
+	if gpusWas, gpusNow := value(was.GPU, false), value(now.GPU, false); gpusNow > gpusWas || (gpusNow < gpusWas && !fallen) {
 		return false
 	}
 	for _, r := range []struct {
@@ -61,6 +78,9 @@ func usedWithinBand(alloc, was, now rbv1.NodeAmounts, band float64) bool {
 		{alloc.EphemeralStorage, was.EphemeralStorage, now.EphemeralStorage, false},
 	} {
 		moved := value(r.now, r.milli) - value(r.was, r.milli)
+		if fallen {
+			moved = max(moved, 0)
+		}
 		if float64(max(moved, -moved)) > band*float64(value(r.alloc, r.milli)) {
 			return false
 		}

@@ -122,3 +122,45 @@ func TestWithinBand(t *testing.T) {
 	}
 	require.False(t, withinBand(sent, spec(), -1), "a negative band never holds")
 }
+
+// TestOffersNoMore: the broker's copy may stand in while the broker is too
+// busy to take new figures when the cluster now uses no more than it did,
+// give or take the band: a used figure may fall by any amount, but not rise
+// past the band, and everything withinBand compares exactly stays exact.
+func TestOffersNoMore(t *testing.T) {
+	q := func(s string) *resource.Quantity { v := resource.MustParse(s); return &v }
+	spec := func() rbv1.AdvertisementSpec {
+		return rbv1.AdvertisementSpec{
+			ClusterID: "rome", Endpoint: "https://rome:6443",
+			Allocatable: corev1.ResourceList{corev1.ResourceCPU: *q("16"), corev1.ResourceMemory: *q("64Gi")},
+			Allocated:   corev1.ResourceList{corev1.ResourceCPU: *q("4"), corev1.ResourceMemory: *q("16Gi")},
+			Nodes: []rbv1.NodeResources{
+				{Name: "n1", Allocatable: rbv1.NodeAmounts{CPU: q("8"), Memory: q("32Gi")}, Allocated: rbv1.NodeAmounts{CPU: q("2"), Memory: q("8Gi")}},
+				{Name: "n2", Allocatable: rbv1.NodeAmounts{CPU: q("8"), Memory: q("32Gi"), GPU: q("2")}, Allocated: rbv1.NodeAmounts{CPU: q("2"), Memory: q("8Gi"), GPU: q("1")}},
+			},
+			ReservationsOnNodes: []string{"milan/a"},
+		}
+	}
+	sent := spec()
+	for name, c := range map[string]struct {
+		change         func(*rbv1.AdvertisementSpec)
+		within, noMore bool
+	}{
+		"the same":                           {func(*rbv1.AdvertisementSpec) {}, true, true},
+		"node cpu down 2 (25 %)":             {func(s *rbv1.AdvertisementSpec) { s.Nodes[0].Allocated.CPU = q("0") }, false, true},
+		"cluster memory down 8Gi":            {func(s *rbv1.AdvertisementSpec) { s.Allocated[corev1.ResourceMemory] = *q("8Gi") }, false, true},
+		"a GPU freed":                        {func(s *rbv1.AdvertisementSpec) { s.Nodes[1].Allocated.GPU = q("0") }, false, true},
+		"node cpu up 400m (the band)":        {func(s *rbv1.AdvertisementSpec) { s.Nodes[0].Allocated.CPU = q("2400m") }, true, true},
+		"node cpu up 401m":                   {func(s *rbv1.AdvertisementSpec) { s.Nodes[0].Allocated.CPU = q("2401m") }, false, false},
+		"one node down, another up 1 (12 %)": {func(s *rbv1.AdvertisementSpec) { s.Nodes[0].Allocated.CPU = q("0"); s.Nodes[1].Allocated.CPU = q("3") }, false, false},
+		"a GPU more":                         {func(s *rbv1.AdvertisementSpec) { s.Nodes[1].Allocated.GPU = q("2") }, false, false},
+		"a reservation listed less":          {func(s *rbv1.AdvertisementSpec) { s.ReservationsOnNodes = nil }, false, false},
+		"node allocatable":                   {func(s *rbv1.AdvertisementSpec) { s.Nodes[0].Allocatable.CPU = q("7") }, false, false},
+	} {
+		now := spec()
+		c.change(&now)
+		require.Equal(t, c.within, withinBand(sent, now, DefaultBand), name+": within the band")
+		require.Equal(t, c.noMore, offersNoMore(sent, now, DefaultBand), name+": offers no more")
+	}
+	require.False(t, offersNoMore(sent, spec(), -1), "a negative band never holds")
+}

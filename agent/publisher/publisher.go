@@ -359,6 +359,15 @@ func (p *Publisher) publish(ctx context.Context, tick bool) error {
 	if err == nil {
 		p.stored, p.digest = spec, ack.Digest
 	}
+	if brokerclient.IsBusy(err) && p.digest != "" && offersNoMore(p.stored, spec, p.cfg.Band) {
+		// The broker shed the new figures, and its copy offers no more than
+		// the cluster has: a heartbeat keeps the cluster a candidate until
+		// the advertisement is taken (after the Retry-After), rather than
+		// let it go stale while the broker is loaded.
+		if _, herr := p.heartbeat(ctx); herr != nil {
+			p.log.V(1).Info("heartbeat after a shed advertisement", "err", herr.Error())
+		}
+	}
 	return p.outcome(ctx, m, spec, ack, err, time.Since(began), false)
 }
 

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -663,4 +665,69 @@ func TestHeartbeatsWithinBand(t *testing.T) {
 	require.GreaterOrEqual(t, tb.metric("rb_agent_heartbeats_total", "outcome", publisher.HeartbeatAdvertisementNeeded), 1.0)
 	require.Zero(t, tb.metric("rb_agent_publish_failures_total", "reason", publisher.ReasonBrokerRejected), "a refused heartbeat is no failure")
 	tb.waitAdvertisement(5*time.Second, "acknowledged", published(metav1.ConditionTrue, publisher.ReasonAcknowledged))
+}
+
+// shedBroker answers every advertisement 503 Busy while shedding, as a
+// broker whose advertisement queue is full does, and passes heartbeats on.
+type shedBroker struct {
+	publisher.Broker
+	shedding atomic.Bool
+}
+
+func (s *shedBroker) Advertise(ctx context.Context, id string, a api.Advertisement) (api.Cluster, error) {
+	if s.shedding.Load() {
+		return api.Cluster{}, &brokerclient.APIError{StatusCode: http.StatusServiceUnavailable, Reason: api.ReasonBusy,
+			Message: "advertisement shed", RetryAfter: time.Second}
+	}
+	return s.Broker.Advertise(ctx, id, a)
+}
+
+// TestShedAdvertisementKeepsClusterLiveWhenItFrees (real broker behind a
+// shedding front): while the broker sheds the advertisements, a cluster
+// whose pods ended (it uses less than the broker's copy says) stays live by
+// heartbeats on that copy; one whose use rose past the band sends none and
+// would go stale; once the broker takes advertisements again, the new
+// figures are stored.
+func TestShedAdvertisementKeepsClusterLiveWhenItFrees(t *testing.T) {
+	const period = time.Second
+	var shed *shedBroker
+	tb := newBed(t, func(c *publisher.Config) { c.Period = period }, func(b *brokertest.Broker) publisher.Broker {
+		shed = &shedBroker{Broker: realClient(t, b)}
+		return shed
+	})
+	tb.pod("big", "1") // 12.5 % of n1: past the band
+	tb.waitStored(30*time.Second, "the pod advertised", func(c model.Cluster) bool { return c.Allocated.CPU == 1000 })
+	tb.waitAdvertisement(10*time.Second, "acknowledged", published(metav1.ConditionTrue, publisher.ReasonAcknowledged))
+
+	shed.shedding.Store(true)
+	freed := time.Now()
+	require.NoError(t, tb.kc.Delete(tb.ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "big"}}, client.GracePeriodSeconds(0)))
+	time.Sleep(4 * period)
+	c, _ := tb.stored()
+	require.Equal(t, int64(1000), c.Allocated.CPU, "the broker took no new figures")
+	require.Less(t, time.Since(c.SeenAt), 2*period, "kept live by heartbeats on its copy")
+	var shedAds, heartbeats int
+	for _, a := range tb.broker.since(freed) {
+		switch {
+		case a.heartbeat:
+			require.NoError(t, a.err)
+			heartbeats++
+		case brokerclient.IsBusy(a.err):
+			shedAds++
+		}
+	}
+	require.Positive(t, shedAds, "the new figures were sent, and shed")
+	require.Positive(t, heartbeats)
+
+	tb.pod("bigger", "2") // now 25 % of n1 against the copy's 12.5 %: past the band upwards
+	rose := time.Now()
+	time.Sleep(4 * period)
+	for _, a := range tb.broker.since(rose.Add(period / 2)) {
+		require.False(t, a.heartbeat, "no heartbeat stands for figures that rose past the band")
+	}
+	c, _ = tb.stored()
+	require.Greater(t, time.Since(c.SeenAt), 3*period, "not kept live: the broker's copy offers more than there is")
+
+	shed.shedding.Store(false)
+	tb.waitStored(10*time.Second, "the new figures once the broker takes them", func(c model.Cluster) bool { return c.Allocated.CPU == 2000 })
 }

@@ -338,6 +338,16 @@ func (s *sim) advertise(ctx context.Context, m *member, churn bool) error {
 		m.advertised.Store(time.Now().UnixNano())
 		m.digest, m.storedCPU, m.storedMem = ack.Digest, cpus, mems
 	}
+	if brokerclient.IsBusy(err) && s.o.heartbeats && churn && m.offersNoMore(cpus, mems) {
+		// As agent/publisher: the broker's copy offers no more than there
+		// is, so a heartbeat keeps the member live until its turn comes.
+		start := time.Now()
+		_, herr := m.client.Heartbeat(ctx, m.id, m.digest)
+		s.recorder().observe("heartbeat", time.Since(start), herr)
+		if herr == nil {
+			m.advertised.Store(time.Now().UnixNano())
+		}
+	}
 	return err
 }
 

@@ -142,12 +142,22 @@ const band = 0.05
 
 // withinBand tells whether the figures cpus, mems are within the band of
 // those the broker holds (nothing else of the member's advertisement moves).
-func (m *member) withinBand(cpus, mems []int64) bool {
+func (m *member) withinBand(cpus, mems []int64) bool { return m.covers(cpus, mems, false) }
+
+// offersNoMore is agent/publisher's: the broker's copy offers no more than
+// the member has now, give or take the band (figures that fell by any
+// amount), so a heartbeat may keep it live while its advertisement is shed.
+func (m *member) offersNoMore(cpus, mems []int64) bool { return m.covers(cpus, mems, true) }
+
+func (m *member) covers(cpus, mems []int64, fallen bool) bool {
 	if m.digest == "" || len(m.storedCPU) != len(cpus) {
 		return false
 	}
 	for i, n := range m.nodes {
 		dc, dm := cpus[i]-m.storedCPU[i], mems[i]-m.storedMem[i]
+		if fallen {
+			dc, dm = max(dc, 0), max(dm, 0)
+		}
 		if float64(max(dc, -dc)) > band*float64(n.cpuMilli) || float64(max(dm, -dm)) > band*float64(n.memory) {
 			return false
 		}
@@ -161,10 +171,9 @@ var (
 	requestMemory = []string{"128Mi", "256Mi", "512Mi", "512Mi", "1Gi", "1Gi", "2Gi", "4Gi", "8Gi"}
 )
 
-// request is the member's next lease request: lease 2m, hold 2m, as the
-// agent asks for a pod's reservation; 2 % of them ask for 1 or 2 GPUs.
-// request is m's next reservation request, a lease; it asks for GPUs
-// (one in fifty) only when gpus.
+// request is the member's next lease request, lease and hold time as the
+// agent asks for a pod's reservation; one in fifty asks for 1 or 2 GPUs,
+// only when gpus.
 func (m *member) request(lease time.Duration, gpus bool) api.ReservationRequest {
 	m.mu.Lock()
 	defer m.mu.Unlock()
