@@ -106,17 +106,42 @@ func (s *Store) checkInvariantOnce(ctx context.Context) error {
 		return err
 	}
 	errs = append(errs, endedErrs...)
-	grantErrs, err := s.checkGrants(ctx)
+	live, err := s.rdb.ZRange(ctx, s.Key("expiry"), 0, -1).Result()
+	if err != nil {
+		return err
+	}
+	grantErrs, err := s.checkGrants(ctx, live)
 	if err != nil {
 		return err
 	}
 	errs = append(errs, grantErrs...)
-	leaseErrs, err := s.checkLeases(ctx)
+	leaseErrs, err := s.checkLeases(ctx, live)
 	if err != nil {
 		return err
 	}
 	errs = append(errs, leaseErrs...)
 	return errors.Join(errs...)
+}
+
+// recordFields reads fields of the record of each of qids, in one
+// pipeline: "" for a field or a record that is not there.
+func (s *Store) recordFields(ctx context.Context, qids []string, fields ...string) ([][]string, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(qids))
+	for i, qid := range qids {
+		cmds[i] = pipe.HMGet(ctx, s.Key("resv:", qid), fields...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make([][]string, len(qids))
+	for i, cmd := range cmds {
+		out[i] = make([]string, len(fields))
+		for j, v := range cmd.Val() {
+			out[i][j], _ = v.(string)
+		}
+	}
+	return out, nil
 }
 
 // checkGrants verifies the pairs' accesses (scripts/lib/grants.lua): the
@@ -127,11 +152,8 @@ func (s *Store) checkInvariantOnce(ctx context.Context) error {
 // its access' expiry (a dead token), whatever its count. (The broker's Redis
 // user may not SCAN: a key of a pair named by no reservation kept is not
 // looked for.)
-func (s *Store) checkGrants(ctx context.Context) ([]error, error) {
-	qids, err := s.rdb.ZRange(ctx, s.Key("expiry"), 0, -1).Result()
-	if err != nil {
-		return nil, err
-	}
+func (s *Store) checkGrants(ctx context.Context, live []string) ([]error, error) {
+	qids := slices.Clone(live)
 	requesters, err := s.rdb.ZRange(ctx, s.Key("ended-requesters"), 0, -1).Result()
 	if err != nil {
 		return nil, err
@@ -143,21 +165,13 @@ func (s *Store) checkGrants(ctx context.Context) ([]error, error) {
 		}
 		qids = append(qids, ended...)
 	}
-	pipe := s.rdb.Pipeline()
-	records := make([]*redis.SliceCmd, len(qids))
-	for i, qid := range qids {
-		records[i] = pipe.HMGet(ctx, s.Key("resv:", qid), "phase", "target", "requester", "grant_gen")
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	records, err := s.recordFields(ctx, qids, "phase", "target", "requester", "grant_gen")
+	if err != nil {
 		return nil, err
 	}
 	shares := map[string]map[string]int64{} // pair key -> gen -> live records holding a share of it
-	for _, rec := range records {
-		v := rec.Val()
-		phase, _ := v[0].(string)
-		target, _ := v[1].(string)
-		requester, _ := v[2].(string)
-		gen, _ := v[3].(string)
+	for _, v := range records {
+		phase, target, requester, gen := v[0], v[1], v[2], v[3]
 		if target == "" {
 			continue // gone
 		}
@@ -169,7 +183,7 @@ func (s *Store) checkGrants(ctx context.Context) ([]error, error) {
 			shares[k][gen]++
 		}
 	}
-	pipe = s.rdb.Pipeline()
+	pipe := s.rdb.Pipeline()
 	held := map[string]*redis.SliceCmd{}
 	for k := range shares {
 		held[k] = pipe.HMGet(ctx, k, "n", "gen", "sealed")
@@ -200,26 +214,14 @@ func (s *Store) checkGrants(ctx context.Context) ([]error, error) {
 // what renewals read instead of the records: every live lease has an entry
 // in its requester's, holding its lease and its record's end, and every
 // entry is such a lease's.
-func (s *Store) checkLeases(ctx context.Context) ([]error, error) {
-	qids, err := s.rdb.ZRange(ctx, s.Key("expiry"), 0, -1).Result()
+func (s *Store) checkLeases(ctx context.Context, live []string) ([]error, error) {
+	records, err := s.recordFields(ctx, live, "requester", "phase", "lease_ms", "expires_ms")
 	if err != nil {
 		return nil, err
 	}
-	pipe := s.rdb.Pipeline()
-	records := make([]*redis.SliceCmd, len(qids))
-	for i, qid := range qids {
-		records[i] = pipe.HMGet(ctx, s.Key("resv:", qid), "requester", "phase", "lease_ms", "expires_ms")
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
-	}
 	want := map[string]map[string]string{} // requester -> qid -> entry
-	for i, qid := range qids {
-		v := records[i].Val()
-		requester, _ := v[0].(string)
-		phase, _ := v[1].(string)
-		lease, _ := v[2].(string)
-		end, _ := v[3].(string)
+	for i, qid := range live {
+		requester, phase, lease, end := records[i][0], records[i][1], records[i][2], records[i][3]
 		if requester == "" || !(model.Reservation{Phase: phase}).Live() || lease == "" || lease == "0" {
 			continue
 		}
@@ -297,17 +299,12 @@ func (s *Store) checkEnded(ctx context.Context) ([]error, error) {
 		if err != nil {
 			return nil, err
 		}
-		pipe := s.rdb.Pipeline()
-		records := make([]*redis.SliceCmd, len(qids))
-		for i, qid := range qids {
-			records[i] = pipe.HMGet(ctx, s.Key("resv:", qid), "phase", "requester")
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
+		records, err := s.recordFields(ctx, qids, "phase", "requester")
+		if err != nil {
 			return nil, err
 		}
 		for i, qid := range qids {
-			phase, _ := records[i].Val()[0].(string)
-			owner, _ := records[i].Val()[1].(string)
+			phase, owner := records[i][0], records[i][1]
 			if phase == "" || (model.Reservation{Phase: phase}).Live() || owner != requester {
 				errs = append(errs, fmt.Errorf("requester %s: ended reservation %s kept, but its record says phase %q, requester %q", requester, qid, phase, owner))
 			}
