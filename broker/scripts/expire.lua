@@ -16,11 +16,15 @@
 -- ARGV[6]  how long without any expire run counts as a broker outage (ms;
 --          clock.lua last_outage)
 -- ARGV[7]  how many ended reservations of one requester to keep at most (ended.lua)
--- Reply: {expired, clamped, swept, credited, outage_ms}  how many reservations
---        ended, how many of them needed a counter clamped, how many waiting
---        members were swept, how many due leases were given more time for the
---        last outage instead of ending, and the outage this call found (ms; 0:
---        none)
+-- ARGV[8]  how far ahead (ms) to look for leases whose requester's renewal
+--          set covers them (renew_set.lua), to move their expiry score to
+--          their end before it is due
+-- Reply: {expired, clamped, swept, credited, outage_ms, moved, more}  how
+--        many reservations ended, how many of them needed a counter clamped,
+--        how many waiting members were swept, how many due leases were given
+--        more time for the last outage instead of ending, the outage this
+--        call found (ms; 0: none), how many covered leases had their score
+--        moved, and 1 when the call stopped at its limit with more to do
 -- @include clock
 -- @include reservations
 local prefix = KEYS[1]
@@ -40,28 +44,49 @@ end
 redis.call('HSET', prefix .. 'clock', 'tick_ms', now, 'gap_ms', ARGV[6])
 local from, to = last_outage(prefix, now)
 
--- A live reservation's end is its expiry score (core.lua with_live_end):
--- an outage credit moves only the score.
-local due = redis.call('ZRANGEBYSCORE', prefix .. 'expiry', '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
-local clamped, credited, ended = 0, 0, 0
+-- A live reservation's end is its expiry score, or later while its
+-- requester's renewal set covers it (core.lua with_live_end, covered_end):
+-- a covered lease near its score has its score moved to its end, once per
+-- lease or so, here and not at every renewal (renew_set.lua); a replica of
+-- an earlier release, which knows only the score, never finds it due. An
+-- outage credit moves only the score.
+local ahead = tonumber(ARGV[8] or '0')
+local due = redis.call('ZRANGEBYSCORE', prefix .. 'expiry', '-inf', now + ahead, 'WITHSCORES', 'LIMIT', 0, limit)
+local clamped, credited, ended, moved, waits = 0, 0, 0, 0, 0
+local sets = {}
 for i = 1, #due, 2 do
-  local qid, score = due[i], due[i + 1]
-  local rk = prefix .. 'resv:' .. qid
-  local flat = redis.call('HGETALL', rk)
-  if #flat == 0 then
-    redis.call('ZREM', prefix .. 'expiry', qid)
+  local qid, score = due[i], tonumber(due[i + 1])
+  local requester = requester_of(qid)
+  local lease, rec_end, gen -- rec_end unused: the score stands for it
+  if requester then lease, rec_end, gen = lease_entry(redis.call('HGET', prefix .. 'leases:' .. requester, qid)) end
+  local live_end = score
+  if lease and gen > 0 then
+    sets[requester] = sets[requester] or renewal_set(prefix, requester)
+    live_end = covered_end(sets[requester], lease, gen, score)
+  end
+  if live_end > score and live_end > now then
+    redis.call('ZADD', prefix .. 'expiry', string.format('%d', live_end), qid)
+    moved = moved + 1
+  elseif score > now then
+    waits = waits + 1 -- not due yet, and no set covers it further
   else
-    local r = to_map(flat)
-    local until_ms = credited_end(tonumber(score), tonumber(r.lease_ms or '0'), from, to)
-    if not is_live(r.phase) then
+    local rk = prefix .. 'resv:' .. qid
+    local flat = redis.call('HGETALL', rk)
+    if #flat == 0 then
       redis.call('ZREM', prefix .. 'expiry', qid)
-    elseif until_ms > now then
-      redis.call('ZADD', prefix .. 'expiry', string.format('%d', until_ms), qid)
-      credited = credited + 1
     else
-      r.expires_ms = score
-      clamped = clamped + end_reservation(prefix, qid, r, 'Expired', now, so, eo)
-      ended = ended + 1
+      local r = to_map(flat)
+      local until_ms = credited_end(live_end, tonumber(r.lease_ms or '0'), from, to)
+      if not is_live(r.phase) then
+        redis.call('ZREM', prefix .. 'expiry', qid)
+      elseif until_ms > now then
+        redis.call('ZADD', prefix .. 'expiry', string.format('%d', until_ms), qid)
+        credited = credited + 1
+      else
+        r.expires_ms = string.format('%d', live_end)
+        clamped = clamped + end_reservation(prefix, qid, r, 'Expired', now, so, eo)
+        ended = ended + 1
+      end
     end
   end
 end
@@ -81,4 +106,8 @@ redis.call('XTRIM', prefix .. 'audit', 'MINID', '~', string.format('%d', now - t
 -- A requester whose last ended reservation is past the retention has none
 -- kept (its P.."ended:" set expired with that record).
 redis.call('ZREMRANGEBYSCORE', prefix .. 'ended-requesters', '-inf', string.format('%d', now - eo.retention))
-return {ended, clamped, #gone, credited, outage_ms}
+-- More to do when the limit cut the range and everything in it was due or
+-- moved: what is left may be too (the rest is looked at on the next run).
+local more = 0
+if #due / 2 >= limit and waits == 0 then more = 1 end
+return {ended, clamped, #gone, credited, outage_ms, moved, more}

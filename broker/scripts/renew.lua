@@ -30,35 +30,54 @@
 -- alone keeps its reservations, and the broker's books keep counting the
 -- pods that still run. Any other reservation is "notfound" to it.
 --
+-- A requester's renewals usually name the same ids period after period
+-- (its bound pods): renew_set.lua then renews them all at once, as its
+-- renewal set, and this script runs only when the set changed. It tags
+-- each lease it renews with the set's new generation (ARGV[3]) while that
+-- generation is pending; renew_commit.lua then makes them the set.
+--
 -- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
 -- ARGV[1]  requester cluster id
 -- ARGV[2]  the provider renewing for the requester, or "" (the requester itself calls)
--- ARGV[3..] reservation ids, as the requester chose them
--- Reply: {now_ms, status_1, remaining_ms_1, status_2, remaining_ms_2, ...}
---   one pair per id, in order: status "renewed" | "notfound" | "ended" |
---   "notalease", and the reservation's remaining time after the call (ms,
---   broker clock; 0 unless renewed)
+-- ARGV[3]  the generation of the requester's renewal set to tag the renewed
+--          leases with (renew_set.lua), or "0"
+-- ARGV[4..] reservation ids, as the requester chose them
+-- Reply: {now_ms, shortest_lease_ms, status_1, remaining_ms_1, status_2, remaining_ms_2, ...}
+--   the shortest lease renewed (0: none), then one pair per id, in order:
+--   status "renewed" | "notfound" | "ended" | "notalease", and the
+--   reservation's remaining time after the call (ms, broker clock; 0 unless
+--   renewed)
 -- @include clock
 local prefix, requester, provider = KEYS[1], ARGV[1], ARGV[2]
 local ek = prefix .. 'expiry'
 local now = now_ms()
 local from, to = last_outage(prefix, now)
+local set = renewal_set(prefix, requester)
+-- The generation to tag with, while it is still the one pending (a newer
+-- full renewal, or an ended lease of the set, cancels it: renew_set.lua).
+local tag = tonumber(ARGV[3])
+if provider ~= '' or tag == 0 or redis.call('HGET', prefix .. 'renewal:' .. requester, 'pending') ~= ARGV[3] then
+  tag = nil
+end
 
--- A live lease's end is its expiry score (core.lua with_live_end). Per chunk
--- of ids, one ZMSCORE reads their ends and one HMGET of the requester's
--- leases hash their lease and their record's end (core.lua); an id found in
--- both is a live lease of the requester and is judged from those alone. Any
--- other id (a provider renewing, a lease of an earlier release, not a lease,
--- ended, unknown, or a broken invariant) is judged from its record, and the
--- leases hash is mended on the way. One ZADD GT moves the ends of the
--- chunk's renewed ids (GT: never an earlier end, even for an id named
--- twice), one HSET the leases hash's entries that changed, and an HSET of
--- the record's end every other renewal or so (above). Chunks of CHUNK ids
--- keep each command's arguments within what Lua's unpack takes.
+-- A live lease's end is its expiry score, or later if the requester's
+-- renewal set covers it (core.lua with_live_end, covered_end). Per chunk
+-- of ids, one ZMSCORE reads their scores and one HMGET of the requester's
+-- leases hash their lease, their record's end and their set's generation
+-- (core.lua); an id found in both is a live lease of the requester and is
+-- judged from those alone. Any other id (a provider renewing, a lease of
+-- an earlier release, not a lease, ended, unknown, or a broken invariant)
+-- is judged from its record, and the leases hash is mended on the way. One
+-- ZADD GT moves the ends of the chunk's renewed ids (GT: never an earlier
+-- end, even for an id named twice), one HSET the leases hash's entries that
+-- changed, and an HSET of the record's end every other renewal or so
+-- (above). Chunks of CHUNK ids keep each command's arguments within what
+-- Lua's unpack takes.
 local CHUNK = 1000
 local lk = prefix .. 'leases:' .. requester
-local reply = {now}
-for first = 3, #ARGV, CHUNK do
+local reply = {now, 0}
+local shortest
+for first = 4, #ARGV, CHUNK do
   local last = math.min(#ARGV, first + CHUNK - 1)
   local qids = {}
   for i = first, last do qids[#qids + 1] = qualify(requester, ARGV[i]) end
@@ -67,14 +86,16 @@ for first = 3, #ARGV, CHUNK do
   local raised, noted, stale = {}, {}, {}
   for j, qid in ipairs(qids) do
     local status, remaining = 'renewed', 0
-    -- lease and rec_end: the lease's length and its record's expires_ms
-    -- (nil: not a live lease, status says why).
-    local lease, rec_end
-    if provider == '' and known[j] and ends[j] then
-      local l, e = string.match(known[j], '^(%d+) (%d+)$')
-      lease, rec_end = tonumber(l), tonumber(e)
-    end
-    if not lease then
+    -- lease, rec_end and gen: the lease's length, its record's expires_ms
+    -- and its set's generation (lease nil: not a live lease, status says why).
+    local lease, rec_end, gen
+    if ends[j] then lease, rec_end, gen = lease_entry(known[j]) end
+    if lease and provider ~= '' then
+      -- a provider names only the leases placed on it
+      if redis.call('HGET', prefix .. 'resv:' .. qid, 'target') ~= provider then
+        lease, status = nil, 'notfound'
+      end
+    elseif not lease then
       local v = redis.call('HMGET', prefix .. 'resv:' .. qid, 'phase', 'expires_ms', 'lease_ms', 'target')
       local gone = not v[1] or not is_live(v[1])
       if not v[1] or (provider ~= '' and v[4] ~= provider) then
@@ -82,20 +103,17 @@ for first = 3, #ARGV, CHUNK do
       elseif gone then
         status = 'ended'
       else
-        lease, rec_end = tonumber(v[3] or '0'), tonumber(v[2] or '0')
+        lease, rec_end, gen = tonumber(v[3] or '0'), tonumber(v[2] or '0'), 0
       end
       if known[j] and (gone or lease == 0) then
         stale[#stale + 1] = qid -- left by a replica of an earlier release, which ended it
-      elseif lease and lease > 0 and not known[j] then
-        known[j] = string.format('%d %d', lease, rec_end)
-        noted[#noted + 1] = qid
-        noted[#noted + 1] = known[j]
+        known[j] = nil
       end
     end
     if lease then
       -- A live reservation missing from expiry (a broken invariant) is
       -- judged by its record, and the ZADD below puts it back.
-      local stored = tonumber(ends[j] or rec_end)
+      local stored = covered_end(set, lease, gen, tonumber(ends[j] or rec_end))
       local expires = credited_end(stored, lease, from, to)
       if expires <= now then
         status = 'ended'
@@ -103,16 +121,21 @@ for first = 3, #ARGV, CHUNK do
         status = 'notalease'
       else
         expires = math.max(expires, now + lease)
-        if expires > stored or not ends[j] then
+        if not ends[j] or expires > tonumber(ends[j]) then
           raised[#raised + 1] = string.format('%d', expires)
           raised[#raised + 1] = qid
         end
         if rec_end < now + lease / 2 then
           redis.call('HSET', prefix .. 'resv:' .. qid, 'expires_ms', string.format('%d', expires))
+          rec_end = expires
+        end
+        local entry = format_lease_entry(lease, rec_end, tag or gen)
+        if entry ~= known[j] then
           noted[#noted + 1] = qid
-          noted[#noted + 1] = string.format('%d %d', lease, expires)
+          noted[#noted + 1] = entry
         end
         remaining = expires - now
+        shortest = math.min(shortest or lease, lease)
       end
     end
     reply[#reply + 1] = status
@@ -120,6 +143,10 @@ for first = 3, #ARGV, CHUNK do
   end
   if #raised > 0 then redis.call('ZADD', ek, 'GT', unpack(raised)) end
   if #noted > 0 then redis.call('HSET', lk, unpack(noted)) end
-  if #stale > 0 then redis.call('HDEL', lk, unpack(stale)) end
+  if #stale > 0 then
+    redis.call('HDEL', lk, unpack(stale))
+    if redis.call('EXISTS', lk) == 0 then redis.call('DEL', prefix .. 'renewal:' .. requester) end
+  end
 end
+reply[2] = shortest or 0
 return reply

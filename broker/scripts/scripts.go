@@ -84,7 +84,12 @@ var (
 	Grant     = load("grant")
 	Reindex   = load("reindex")
 	Renew     = load("renew")
-	Forget    = load("forget")
+	// RenewSet renews a requester's renewal set at once, or opens a new
+	// generation of it (renew_set.lua); RenewCommit makes a full renewal the
+	// set (renew_commit.lua).
+	RenewSet    = load("renew_set")
+	RenewCommit = load("renew_commit")
+	Forget      = load("forget")
 	// ReserveGroup decides a gang, all or nothing (reserve_group.lua).
 	ReserveGroup = load("reserve_group")
 	// Preempt reserves by taking lower-priority reservations' capacity (preempt.lua).
@@ -107,6 +112,8 @@ var All = map[string]*redis.Script{
 	"grant":         Grant,
 	"reindex":       Reindex,
 	"renew":         Renew,
+	"renew_set":     RenewSet,
+	"renew_commit":  RenewCommit,
 	"reserve_group": ReserveGroup,
 	"preempt":       Preempt,
 	"protect":       Protect,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fluidos-project/resource-broker/broker/api"
 	"github.com/fluidos-project/resource-broker/broker/model"
+	"github.com/fluidos-project/resource-broker/broker/store"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 )
 
@@ -196,4 +197,11 @@ func scrape(t *testing.T, b *brokertest.Broker) string {
 	data, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(data)
+}
+
+// TestRenewalSetBoundUnderTheBatch: a renewal of a full batch may be one of
+// several calls of its requester, so it is renewed id by id, not as the
+// requester's renewal set (store.RenewalSetMaxIDs).
+func TestRenewalSetBoundUnderTheBatch(t *testing.T) {
+	assert.Less(t, store.RenewalSetMaxIDs, api.MaxRenewBatch)
 }

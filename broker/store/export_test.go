@@ -6,6 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fluidos-project/resource-broker/broker/model"
+	"github.com/fluidos-project/resource-broker/broker/scripts"
 	"github.com/fluidos-project/resource-broker/broker/scripts/reference"
 )
 
@@ -44,4 +45,32 @@ func (s *Store) ReserveBatch(ctx context.Context, reqs []model.ReserveRequest) (
 // into reservation qid's record (field grant, bound to the qualified id).
 func (s *Store) SealGrantOfRecord(qid string, grant []byte) string {
 	return s.cfg.GrantKeys.seal(qid, grant)
+}
+
+// OpenRenewalSet, RenewTagged and CommitRenewalSet are the three steps of a
+// requester's full renewal (Store.renew), apart, so that a test may end a
+// lease between them.
+func (s *Store) OpenRenewalSet(ctx context.Context, requester string, ids []string) (gen int64, err error) {
+	reply, err := s.run(ctx, scripts.RenewSet, requester, renewalDigest(ids))
+	if err != nil {
+		return 0, err
+	}
+	return reply[2].(int64), nil
+}
+
+func (s *Store) RenewTagged(ctx context.Context, requester string, gen int64, ids []string) error {
+	args := []any{requester, "", gen}
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	_, err := s.run(ctx, scripts.Renew, args...)
+	return err
+}
+
+func (s *Store) CommitRenewalSet(ctx context.Context, requester string, ids []string, gen, shortestMs int64) (bool, error) {
+	reply, err := s.run(ctx, scripts.RenewCommit, requester, renewalDigest(ids), gen, shortestMs)
+	if err != nil {
+		return false, err
+	}
+	return reply[0].(int64) == 1, nil
 }

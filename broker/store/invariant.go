@@ -213,7 +213,8 @@ func (s *Store) checkGrants(ctx context.Context, live []string) ([]error, error)
 // checkLeases verifies the requesters' leases hashes (scripts/lib/core.lua),
 // what renewals read instead of the records: every live lease has an entry
 // in its requester's, holding its lease and its record's end, and every
-// entry is such a lease's.
+// entry is such a lease's; no entry names a renewal set generation the
+// requester has not opened, and no renewal set outlives the last lease.
 func (s *Store) checkLeases(ctx context.Context, live []string) ([]error, error) {
 	records, err := s.recordFields(ctx, live, "requester", "phase", "lease_ms", "expires_ms")
 	if err != nil {
@@ -253,11 +254,23 @@ func (s *Store) checkLeases(ctx context.Context, live []string) ([]error, error)
 		if err != nil {
 			return nil, err
 		}
+		set, err := s.rdb.HMGet(ctx, s.Key("renewal:", requester), "gen", "pending").Result()
+		if err != nil {
+			return nil, err
+		}
+		if len(got) == 0 && set[0] != nil {
+			errs = append(errs, fmt.Errorf("requester %s: a renewal set and no lease", requester))
+		}
+		gen, _ := strconv.ParseInt(fmt.Sprint(set[0]), 10, 64)
 		for qid, entry := range got {
+			// "<lease_ms> <record's expires_ms>[ <renewal set generation>]"
+			fields := strings.Fields(entry)
 			if w, ok := want[requester][qid]; !ok {
 				errs = append(errs, fmt.Errorf("requester %s: leases entry %s = %q names no live lease of it", requester, qid, entry))
-			} else if entry != w {
+			} else if len(fields) < 2 || len(fields) > 3 || fields[0]+" "+fields[1] != w {
 				errs = append(errs, fmt.Errorf("requester %s: leases entry %s = %q, its record says %q", requester, qid, entry, w))
+			} else if g, _ := strconv.ParseInt(fields[len(fields)-1], 10, 64); len(fields) == 3 && g > gen {
+				errs = append(errs, fmt.Errorf("requester %s: leases entry %s = %q is of a renewal set newer than %d", requester, qid, entry, gen))
 			}
 		}
 		for qid := range want[requester] {

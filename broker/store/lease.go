@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -90,14 +92,22 @@ type ExpireResult struct {
 	// Outage is the broker outage this run found (no expire run of any
 	// replica for longer than Config.OutageGap); zero: none.
 	Outage time.Duration
+	// Moved counts the leases covered by their requester's renewal set
+	// whose expiry score was moved to their end (scripts/renew_set.lua).
+	Moved int64
 }
 
 // ExpireRun is Expire with everything the run found.
 func (s *Store) ExpireRun(ctx context.Context) (ExpireResult, error) {
 	var res ExpireResult
 	for {
+		// A lease that a renewal set covers has its score moved to its end
+		// within two outage gaps of it (scripts/expire.lua): more than an
+		// expiry interval (the outage gap exceeds it), so a covered lease's
+		// score is never found due while a replica of this release runs.
 		reply, err := s.run(ctx, scripts.Expire, s.cfg.ExpireBatch, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(),
-			s.cfg.Retention.Milliseconds(), s.cfg.AuditRetention.Milliseconds(), s.cfg.OutageGap.Milliseconds(), s.cfg.MaxEndedPerMember)
+			s.cfg.Retention.Milliseconds(), s.cfg.AuditRetention.Milliseconds(), s.cfg.OutageGap.Milliseconds(), s.cfg.MaxEndedPerMember,
+			2*s.cfg.OutageGap.Milliseconds())
 		if err != nil {
 			return res, err
 		}
@@ -105,12 +115,13 @@ func (s *Store) ExpireRun(ctx context.Context) (ExpireResult, error) {
 		res.Expired += n
 		res.Clamped += c
 		res.Credited += credited
+		res.Moved += reply[5].(int64)
 		if o := reply[4].(int64); o > 0 {
 			res.Outage = time.Duration(o) * time.Millisecond
 		}
 		// A full batch may leave due reservations for the next call; the
 		// waiting members left (at most a batch per call) go at the next run.
-		if n+credited < int64(s.cfg.ExpireBatch) {
+		if reply[6].(int64) == 0 {
 			return res, nil
 		}
 	}
@@ -135,10 +146,31 @@ func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []
 }
 
 func (s *Store) renew(ctx context.Context, requester, provider string, ids []string) ([]model.Renewal, error) {
+	// A requester names its renewal set by a digest: the same ids as its
+	// last full renewal are renewed at once (scripts/renew_set.lua).
+	var digest string
+	var gen int64
+	if provider == "" && len(ids) > 0 && len(ids) <= RenewalSetMaxIDs {
+		digest = renewalDigest(ids)
+		reply, err := s.run(ctx, scripts.RenewSet, requester, digest)
+		if err != nil {
+			return nil, err
+		}
+		if reply[1] == "same" {
+			lease := time.Duration(reply[2].(int64)) * time.Millisecond
+			out := make([]model.Renewal, len(ids))
+			for i, id := range ids {
+				out[i] = model.Renewal{ID: id, Outcome: model.Renewed, Remaining: lease}
+			}
+			return out, nil
+		}
+		gen = reply[2].(int64)
+	}
 	out := make([]model.Renewal, 0, len(ids))
+	var shortest int64 // the shortest lease renewed (ms)
 	for chunk := range slices.Chunk(ids, renewChunk) {
-		args := make([]any, 0, 2+len(chunk))
-		args = append(args, requester, provider)
+		args := make([]any, 0, 3+len(chunk))
+		args = append(args, requester, provider, gen)
 		for _, id := range chunk {
 			args = append(args, id)
 		}
@@ -146,16 +178,45 @@ func (s *Store) renew(ctx context.Context, requester, provider string, ids []str
 		if err != nil {
 			return nil, err
 		}
-		if len(reply) != 1+2*len(chunk) {
+		if len(reply) != 2+2*len(chunk) {
 			return nil, fmt.Errorf("renew: %d reply values for %d ids", len(reply), len(chunk))
 		}
+		if l, _ := reply[1].(int64); l > 0 && (shortest == 0 || l < shortest) {
+			shortest = l
+		}
 		for i, id := range chunk {
-			outcome, _ := reply[1+2*i].(string)
-			ms, _ := reply[2+2*i].(int64)
+			outcome, _ := reply[2+2*i].(string)
+			ms, _ := reply[3+2*i].(int64)
 			out = append(out, model.Renewal{ID: id, Outcome: model.RenewOutcome(outcome), Remaining: time.Duration(ms) * time.Millisecond})
 		}
 	}
+	if gen == 0 || shortest == 0 || slices.ContainsFunc(out, func(r model.Renewal) bool { return r.Outcome != model.Renewed }) {
+		return out, nil
+	}
+	// Every id renewed: they are the set its next renewals renew at once. A
+	// commit that fails changes nothing (the next renewal is full again), so
+	// its error is not the renewal's.
+	_, _ = s.run(ctx, scripts.RenewCommit, requester, digest, gen, shortest)
 	return out, nil
+}
+
+// RenewalSetMaxIDs: a renewal naming more ids is renewed id by id. A
+// requester with more leases than one call takes (api.MaxRenewBatch) renews
+// them in several calls, each naming other ids: one set per requester would
+// be replaced at every call.
+const RenewalSetMaxIDs = 4999
+
+// renewalDigest names a set of ids whatever their order: 16 hex digits of a
+// SHA-256 of the sorted ids (scripts/renew_set.lua).
+func renewalDigest(ids []string) string {
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	h := sha256.New()
+	for _, id := range sorted {
+		h.Write([]byte(id))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // renewChunk bounds the ids of one renew script call. Each id is renewed on

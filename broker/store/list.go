@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -131,7 +132,8 @@ func (s *Store) LiveReservations(ctx context.Context, role, cluster string) ([]m
 
 // reservations reads reservations by qualified id, in one pipeline with the
 // Redis clock (TIME) for their remaining time; those gone are left out.
-// A live reservation's end is its expiry score (renewals move only that:
+// A live reservation's end is its expiry score (renewals move only that),
+// or later while its requester's renewal set covers it (coveredEnd,
 // scripts/lib/core.lua with_live_end), read first: a record then read live
 // was live at that read too, and one ended between the two has its last end.
 func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reservation, error) {
@@ -141,8 +143,16 @@ func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reserv
 	pipe := s.rdb.Pipeline()
 	ends := pipe.ZMScore(ctx, s.Key("expiry"), qids...)
 	cmds := make([]*redis.MapStringStringCmd, len(qids))
+	entries := make([]*redis.StringCmd, len(qids))
+	sets := map[string]*redis.SliceCmd{}
 	for i, qid := range qids {
 		cmds[i] = pipe.HGetAll(ctx, s.Key("resv:", qid))
+		if requester, _, ok := model.SplitQualifiedID(qid); ok {
+			entries[i] = pipe.HGet(ctx, s.Key("leases:", requester), qid)
+			if sets[requester] == nil {
+				sets[requester] = pipe.HMGet(ctx, s.Key("renewal:", requester), "gen", "at_ms")
+			}
+		}
 	}
 	now := pipe.Time(ctx)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
@@ -166,8 +176,11 @@ func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reserv
 			return nil, fmt.Errorf("reservation key %q has no requester", qids[i])
 		}
 		m := cmd.Val()
-		if end := ends.Val()[i]; end > 0 && (m["phase"] == model.PhaseReserved || m["phase"] == model.PhaseActive) {
-			m["expires_ms"] = strconv.FormatInt(int64(end), 10)
+		if end := int64(ends.Val()[i]); end > 0 && (m["phase"] == model.PhaseReserved || m["phase"] == model.PhaseActive) {
+			if entries[i] != nil {
+				end = coveredEnd(end, entries[i].Val(), sets[m["requester"]])
+			}
+			m["expires_ms"] = strconv.FormatInt(end, 10)
 		}
 		r, err := s.readReservation(id, m, nowMs)
 		if err != nil {
@@ -292,4 +305,21 @@ func (s *Store) CountClusters(ctx context.Context) (live, stale int64, err error
 		return 0, 0, err
 	}
 	return liveCmd.Val(), staleCmd.Val(), nil
+}
+
+// coveredEnd is a live lease's end given its expiry score, its leases entry
+// and its requester's renewal set (gen, at_ms), as scripts/lib/core.lua
+// covered_end has it: a lease after the set's last renewal when the set
+// covers it, else the score.
+func coveredEnd(score int64, entry string, set *redis.SliceCmd) int64 {
+	fields := strings.Fields(entry)
+	if len(fields) != 3 || set == nil || len(set.Val()) != 2 || set.Val()[0] != fields[2] {
+		return score
+	}
+	lease, err1 := strconv.ParseInt(fields[0], 10, 64)
+	at, err2 := strconv.ParseInt(fmt.Sprint(set.Val()[1]), 10, 64)
+	if err1 != nil || err2 != nil {
+		return score
+	}
+	return max(score, at+lease)
 }

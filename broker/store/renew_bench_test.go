@@ -3,6 +3,8 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,18 +18,22 @@ import (
 	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
-// renewLeases is how many leases BenchmarkRenew renews per op: one requester's.
-const renewLeases = 10_000
-
-// BenchmarkRenew measures renew.lua per renewed id: 10,000 leases of one
-// requester (2-minute leases and hold times, as the agent makes them), all
-// renewed once per op, one call at a time, in calls of 100 ids (the agent's
-// batch at 1,000,000 leases over 10,000 members) and of 5,000
-// (api.MaxRenewBatch). Every renewal extends its lease (now + lease is later
-// than its last end), so each id pays the write. Reports, per id: redis-us/id
-// (EVALSHA time inside Redis, INFO commandstats) and redis-cpu-us/id (the
-// server's CPU, INFO cpu: the truer figure on a loaded machine, where
-// commandstats also counts the waits for a core).
+// BenchmarkRenew measures renewals per renewed id, over 10,000 leases of
+// 100 requesters (100 each: the agent's call at 1,000,000 leases over
+// 10,000 members) and 5,000 of one more (api.MaxRenewBatch), 2-minute
+// leases and hold times as the agent makes them, one call at a time:
+//   - same-100: each of the 100 requesters renews its 100 ids, the same
+//     every op: its renewal set renews them at once (scripts/renew_set.lua);
+//   - changing-100: each names 99 of its 100 ids, another one left out every
+//     op: each call is a full renewal, id by id, opening a new set;
+//   - batch-5000: the one requester's 5,000 ids in one call, id by id
+//     (store.RenewalSetMaxIDs).
+//
+// Every renewal extends its lease (now + lease is later than its last end),
+// so each id renewed one by one pays the write. Reports, per id:
+// redis-us/id (EVALSHA time inside Redis, INFO commandstats) and
+// redis-cpu-us/id (the server's CPU, INFO cpu: the truer figure on a loaded
+// machine, where commandstats also counts the waits for a core).
 func BenchmarkRenew(b *testing.B) {
 	ctx := context.Background()
 	rdb := startRedis(b)
@@ -39,41 +45,72 @@ func BenchmarkRenew(b *testing.B) {
 			Prices: model.Prices{CPU: 30_000 + int64(i)*1000, Memory: 4_000, Currency: "EUR"}})
 		require.NoError(b, err)
 	}
-	ids := make([]string, renewLeases)
+	leases := map[string][]string{} // requester -> its lease ids
+	for r := range 100 {
+		leases[fmt.Sprintf("r%02d", r)] = make([]string, 100)
+	}
+	leases["bulk"] = make([]string, 5000)
 	var g errgroup.Group
 	g.SetLimit(64)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("pod-%05d-0f3c9a2e-6b1d-4c8e-9a7f", i)
-		g.Go(func() error {
-			_, err := st.Reserve(ctx, model.ReserveRequest{ID: ids[i], Requester: "rome", Owner: "default/pod",
-				Resources: model.Resources{CPU: 250, Memory: 256 << 20}, Duration: 2 * time.Minute, Lease: 2 * time.Minute})
-			return err
-		})
+	for requester, ids := range leases {
+		for i := range ids {
+			ids[i] = fmt.Sprintf("pod-%05d-0f3c9a2e-6b1d-4c8e-9a7f", i)
+			g.Go(func() error {
+				_, err := st.Reserve(ctx, model.ReserveRequest{ID: ids[i], Requester: requester, Owner: "default/pod",
+					Resources: model.Resources{CPU: 250, Memory: 256 << 20}, Duration: 2 * time.Minute, Lease: 2 * time.Minute})
+				return err
+			})
+		}
 	}
 	require.NoError(b, g.Wait())
+	hundreds := slices.DeleteFunc(slices.Sorted(maps.Keys(leases)), func(r string) bool { return r == "bulk" })
 
-	for _, batch := range []int{100, 5000} {
-		b.Run(fmt.Sprintf("batch-%d", batch), func(b *testing.B) {
+	renew := func(b *testing.B, requester string, ids []string) {
+		out, err := st.Renew(ctx, requester, ids)
+		require.NoError(b, err)
+		for _, r := range out {
+			if r.Outcome != model.Renewed {
+				b.Fatalf("%s: %s", r.ID, r.Outcome)
+			}
+		}
+	}
+	for _, bc := range []struct {
+		name string
+		op   func(b *testing.B, n int) int // renews once, the nth time; returns the ids renewed
+	}{
+		{"same-100", func(b *testing.B, _ int) int {
+			for _, r := range hundreds {
+				renew(b, r, leases[r])
+			}
+			return 100 * len(hundreds)
+		}},
+		{"changing-100", func(b *testing.B, n int) int {
+			for _, r := range hundreds {
+				ids := leases[r]
+				renew(b, r, slices.Delete(slices.Clone(ids), n%len(ids), n%len(ids)+1))
+			}
+			return 99 * len(hundreds)
+		}},
+		{"batch-5000", func(b *testing.B, _ int) int {
+			renew(b, "bulk", leases["bulk"])
+			return len(leases["bulk"])
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			bc.op(b, 0) // the first renewal of the set is full: not measured
 			admin := adminOf(b, rdb)
 			require.NoError(b, admin.ConfigResetStat(ctx).Err())
 			cpu0 := redisCPUSeconds(b, admin)
+			renewed, n := 0, 1
 			for b.Loop() {
-				for first := 0; first < len(ids); first += batch {
-					out, err := st.Renew(ctx, "rome", ids[first:min(first+batch, len(ids))])
-					require.NoError(b, err)
-					for _, r := range out {
-						if r.Outcome != model.Renewed {
-							b.Fatalf("%s: %s", r.ID, r.Outcome)
-						}
-					}
-				}
+				renewed += bc.op(b, n)
+				n++
 			}
-			renewed := float64(b.N * len(ids))
-			b.ReportMetric((redisCPUSeconds(b, admin)-cpu0)*1e6/renewed, "redis-cpu-us/id")
+			b.ReportMetric((redisCPUSeconds(b, admin)-cpu0)*1e6/float64(renewed), "redis-cpu-us/id")
 			if s := readStats(b, rdb)["evalsha"]; s.calls > 0 {
-				b.ReportMetric(float64(s.usec)/renewed, "redis-us/id")
+				b.ReportMetric(float64(s.usec)/float64(renewed), "redis-us/id")
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/renewed, "ns/id")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(renewed), "ns/id")
 		})
 	}
 }

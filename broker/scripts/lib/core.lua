@@ -27,9 +27,16 @@
 --   P.."by-target:"..id     set     live reservation qids provided by a cluster
 --   P.."by-requester:"..id  set     live reservation qids requested by a cluster
 --   P.."leases:"..id        hash    live lease qid of a requester -> "<lease_ms> <expires_ms of
---                                   its record>": what a renewal reads, a chunk of ids per HMGET
---                                   (renew.lua); a lease made by an earlier release is absent
---                                   until its first renewal
+--                                   its record>[ <gen>]": what a renewal reads, a chunk of ids per
+--                                   HMGET (renew.lua); gen: the generation of the requester's
+--                                   renewal set that renewed it last (lease_entry); a lease made
+--                                   by an earlier release is absent until its first renewal
+--   P.."renewal:"..id       hash    the requester's renewal set (renew_set.lua): digest (of the
+--                                   ids its last full renewal named; absent: none to repeat),
+--                                   gen, at_ms (the set's last renewal), lease_ms (its shortest
+--                                   lease), renewed (1: renewed at once since it was opened),
+--                                   pending (the generation of a full renewal under way);
+--                                   it goes with the requester's last lease (end_reservation)
 --   P.."events:"..id        stream  notifications for one cluster, capped near the events max
 --                                   length (MAXLEN ~); it expires (PEXPIRE) once no event was added
 --                                   for the events TTL
@@ -93,19 +100,60 @@ local function bare_id(qid)
   return string.match(qid, '^[^/]*/(.*)$') or qid
 end
 
+-- requester_of is the requester of a qualified id.
+local function requester_of(qid)
+  return string.match(qid, '^([^/]+)/')
+end
+
 local function is_live(phase)
   return phase == 'Reserved' or phase == 'Active'
 end
 
--- with_live_end reads a live reservation's end from its expiry score into
--- its map r and, when given, its flat HGETALL array: while it is live the
--- score is its end (renew.lua and expire.lua's outage credit move only the
--- score), and its record's expires_ms is the end as decided, rewritten
--- when it ends (reservations.lua end_reservation).
+-- lease_entry parses an entry of a leases hash: the lease's length, its
+-- record's expires_ms and the generation of its requester's renewal set
+-- that renewed it last (0: none); nil when absent or not of this layout.
+local function lease_entry(v)
+  local lease, rec_end, gen = string.match(v or '', '^(%d+) (%d+) ?(%d*)$')
+  if not lease then return nil end
+  return tonumber(lease), tonumber(rec_end), tonumber(gen) or 0
+end
+
+local function format_lease_entry(lease, rec_end, gen)
+  if gen and gen > 0 then return string.format('%d %d %d', lease, rec_end, gen) end
+  return string.format('%d %d', lease, rec_end)
+end
+
+-- renewal_set reads what decides the ends of a requester's leases covered
+-- by its renewal set: its generation and its last renewal.
+local function renewal_set(prefix, requester)
+  local v = redis.call('HMGET', prefix .. 'renewal:' .. requester, 'gen', 'at_ms')
+  return {gen = tonumber(v[1] or '0'), at = tonumber(v[2] or '0')}
+end
+
+-- covered_end is the end of a live lease whose expiry score is score: a
+-- lease its requester's renewal set covers (the entry's generation is the
+-- set's: renew_set.lua) lives a lease after the set's last renewal, which
+-- moves no score (expire.lua moves it when it comes near).
+local function covered_end(set, lease, gen, score)
+  if gen > 0 and gen == set.gen then return math.max(score, set.at + lease) end
+  return score
+end
+
+-- with_live_end reads a live reservation's end into its map r and, when
+-- given, its flat HGETALL array: while it is live its end is its expiry
+-- score (renew.lua and expire.lua's outage credit move only the score), or
+-- later if its requester's renewal set covers it (covered_end); its record's
+-- expires_ms is the end as decided, rewritten when it ends
+-- (reservations.lua end_reservation).
 local function with_live_end(prefix, qid, r, flat)
   if not is_live(r.phase) then return end
   local score = redis.call('ZSCORE', prefix .. 'expiry', qid)
   if not score then return end
+  local requester = requester_of(qid)
+  local lease, _, gen = lease_entry(redis.call('HGET', prefix .. 'leases:' .. requester, qid))
+  if lease and gen > 0 then
+    score = string.format('%d', covered_end(renewal_set(prefix, requester), lease, gen, tonumber(score)))
+  end
   r.expires_ms = score
   for i = 1, #(flat or {}) - 1, 2 do
     if flat[i] == 'expires_ms' then flat[i + 1] = score end

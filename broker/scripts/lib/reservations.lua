@@ -72,6 +72,26 @@ local function note_lease(prefix, qid, r)
   end
 end
 
+-- drop_lease takes an ended lease (qualified id qid) out of its requester's
+-- leases hash. Its requester's renewal set, if it covered it, is no longer
+-- the set the requester holds: its digest goes, so that the next renewal
+-- judges every id and tells the requester this one ended, and a full
+-- renewal under way does not commit (renew_set.lua); the set's ends stay as
+-- they are for the leases it still covers. The set goes with the last lease.
+local function drop_lease(prefix, requester, qid)
+  local lk = prefix .. 'leases:' .. requester
+  local entry = redis.call('HGET', lk, qid)
+  if not entry then return end
+  redis.call('HDEL', lk, qid)
+  local _, _, gen = lease_entry(entry)
+  local sk = prefix .. 'renewal:' .. requester
+  if redis.call('EXISTS', lk) == 0 then
+    redis.call('DEL', sk)
+  elseif gen and gen > 0 and renewal_set(prefix, requester).gen == gen then
+    redis.call('HDEL', sk, 'digest', 'pending')
+  end
+end
+
 -- add_usage adds n reservations holding amounts (numbers) to usage u.
 local function add_usage(u, n, amounts)
   u.n = u.n + n
@@ -133,7 +153,7 @@ local function end_reservation(prefix, qid, r, phase, now, so, eo)
   redis.call('ZREM', prefix .. 'expiry', qid)
   redis.call('SREM', prefix .. 'by-target:' .. r.target, qid)
   redis.call('SREM', prefix .. 'by-requester:' .. r.requester, qid)
-  redis.call('HDEL', prefix .. 'leases:' .. r.requester, qid)
+  drop_lease(prefix, r.requester, qid)
   local fields = event_fields(phase, bare_id(qid), r, now)
   emit(prefix, r.requester, so, fields)
   emit(prefix, r.target, so, fields)

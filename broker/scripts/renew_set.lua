@@ -1,0 +1,74 @@
+-- renew_set: renew every lease of a requester's renewal set at once, when
+-- its renewal names the same ids as the last full renewal did; else open a
+-- new generation of the set for a full renewal.
+--
+-- A requester renews the leases of the pods it still runs, and those are
+-- the same ids period after period. Renewing each id moves its end (a ZADD
+-- into expiry and, every other time, its record and leases entry): at a
+-- million leases that is most of what Redis does in a steady state. The
+-- renewal set makes it one write per requester: the replica names the ids
+-- by a digest; when the digest is the set's, the set's at_ms moves to now
+-- and every lease it covers lives a lease from now (core.lua covered_end),
+-- its expiry score left behind (expire.lua moves it when it comes near).
+--
+-- The set covers exactly the ids of its last full renewal: renew.lua tags
+-- each lease it renewed with the generation this script opened, and
+-- renew_commit.lua makes them the set if every id was renewed and no lease
+-- of it ended meanwhile. A lease of the set that ends takes the set's digest
+-- with it (reservations.lua drop_lease), so the next renewal is full and
+-- tells the requester which ended. Opening a generation first writes the old
+-- set's ends into expiry (XX GT) if it was ever renewed at once: a lease it
+-- covered and the new one does not keeps the end the old set gave it, a
+-- lease after its last renewal.
+--
+-- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
+-- ARGV[1]  requester cluster id
+-- ARGV[2]  digest of the ids the renewal names (store.renewalDigest)
+-- Reply: {now_ms, "same", lease_ms}  every lease of the set renewed: each
+--          lives at least lease_ms (the set's shortest lease) from now
+--        {now_ms, "changed", gen}  nothing renewed: renew the ids one by one
+--          tagging them with gen (renew.lua), then, if every one was
+--          renewed, commit them as the set (renew_commit.lua); gen 0: the
+--          requester holds no lease entry yet, no set to open
+-- @include clock
+local prefix, requester, digest = KEYS[1], ARGV[1], ARGV[2]
+local sk = prefix .. 'renewal:' .. requester
+local lk = prefix .. 'leases:' .. requester
+local now = now_ms()
+local v = redis.call('HMGET', sk, 'digest', 'gen', 'at_ms', 'lease_ms', 'renewed')
+local gen, at, lease = tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(v[4] or '0')
+
+-- Every lease of the set is live while its shortest one is: none of them
+-- ended (drop_lease would have taken the digest), and each lives at least
+-- that long after the set's last renewal.
+if v[1] == digest and lease > 0 and at + lease > now then
+  redis.call('HSET', sk, 'at_ms', now, 'renewed', '1')
+  return {now, 'same', lease}
+end
+
+if redis.call('EXISTS', lk) == 0 then
+  redis.call('DEL', sk)
+  return {now, 'changed', 0}
+end
+-- Only a set renewed at once gave its leases ends past their scores (a
+-- full renewal writes each score).
+if v[5] then
+  local entries = redis.call('HGETALL', lk)
+  local ends = {}
+  for i = 1, #entries, 2 do
+    local l, _, g = lease_entry(entries[i + 1])
+    if l and g == gen then
+      ends[#ends + 1] = string.format('%d', at + l)
+      ends[#ends + 1] = entries[i]
+      if #ends >= 2000 then
+        redis.call('ZADD', prefix .. 'expiry', 'XX', 'GT', unpack(ends))
+        ends = {}
+      end
+    end
+  end
+  if #ends > 0 then redis.call('ZADD', prefix .. 'expiry', 'XX', 'GT', unpack(ends)) end
+end
+local next_gen = math.max(now, gen + 1)
+redis.call('HSET', sk, 'gen', next_gen, 'pending', next_gen, 'at_ms', now)
+redis.call('HDEL', sk, 'digest', 'lease_ms', 'renewed')
+return {now, 'changed', next_gen}

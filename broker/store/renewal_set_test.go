@@ -1,0 +1,209 @@
+package store_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fluidos-project/resource-broker/broker/model"
+	"github.com/fluidos-project/resource-broker/broker/store"
+)
+
+// renewalSetFixture: three leases of rome on paris, lease length L, and
+// helpers to read what renewals write.
+type renewalSetFixture struct {
+	t *testing.T
+	s *store.Store
+}
+
+func newRenewalSetFixture(t *testing.T, length time.Duration, ids ...string) renewalSetFixture {
+	ctx := context.Background()
+	s := newStore(t, store.Config{})
+	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
+	require.NoError(t, err)
+	for _, id := range ids {
+		_, err := s.Reserve(ctx, lease(id, "rome", 100, length, length))
+		require.NoError(t, err)
+	}
+	return renewalSetFixture{t, s}
+}
+
+func (f renewalSetFixture) renew(ids ...string) []model.RenewOutcome {
+	f.t.Helper()
+	rn, err := f.s.Renew(context.Background(), "rome", ids)
+	require.NoError(f.t, err)
+	out := make([]model.RenewOutcome, len(rn))
+	for i, r := range rn {
+		out[i] = r.Outcome
+	}
+	return out
+}
+
+func (f renewalSetFixture) scores(ids ...string) []int64 {
+	f.t.Helper()
+	out := make([]int64, len(ids))
+	for i, id := range ids {
+		out[i] = int64(admin(f.t, f.s).ZScore(context.Background(), f.s.Key("expiry"), "rome/"+id).Val())
+	}
+	return out
+}
+
+func (f renewalSetFixture) end(id string) int64 {
+	f.t.Helper()
+	r, err := f.s.Reservation(context.Background(), "rome", id)
+	require.NoError(f.t, err)
+	return r.ExpiresAt.UnixMilli()
+}
+
+func (f renewalSetFixture) set() map[string]string {
+	return admin(f.t, f.s).HGetAll(context.Background(), f.s.Key("renewal:", "rome")).Val()
+}
+
+func renewed(n int) []model.RenewOutcome {
+	out := make([]model.RenewOutcome, n)
+	for i := range out {
+		out[i] = model.Renewed
+	}
+	return out
+}
+
+// TestRenewalSetRenewsTheSameIdsAtOnce: a renewal naming the ids of the
+// last full one, in any order, renews them all at once (scripts/renew_set.lua):
+// no score moves, every read end does; expiry moves a covered lease's score
+// to its end before it is due, and ends the set's leases a lease after its
+// last renewal once the requester stops.
+func TestRenewalSetRenewsTheSameIdsAtOnce(t *testing.T) {
+	ctx := context.Background()
+	const length = 3 * time.Second
+	f := newRenewalSetFixture(t, length, "a", "b", "c")
+
+	require.Equal(t, renewed(3), f.renew("a", "b", "c"), "the first renewal: one by one")
+	set := f.set()
+	require.NotEmpty(t, set["digest"], "every id renewed: the set is committed")
+	assert.Equal(t, "3000", set["lease_ms"])
+	assert.Empty(t, set["pending"])
+	scores := f.scores("a", "b", "c")
+	assertInvariant(t, f.s)
+
+	time.Sleep(100 * time.Millisecond)
+	rn, err := f.s.Renew(ctx, "rome", []string{"c", "a", "b"})
+	require.NoError(t, err)
+	for _, r := range rn {
+		assert.Equal(t, model.Renewed, r.Outcome)
+		assert.Equal(t, length, r.Remaining, "the set's shortest lease")
+	}
+	assert.Equal(t, scores, f.scores("a", "b", "c"), "the same ids in another order: the set, no score written")
+	at := mustInt(t, f.set()["at_ms"])
+	for _, id := range []string{"a", "b", "c"} {
+		assert.Equal(t, at+length.Milliseconds(), f.end(id), "each lease lives a lease after the set's renewal")
+	}
+	assertInvariant(t, f.s)
+
+	// Expiry moves the covered scores to their ends ahead of time, and ends nothing.
+	res, err := f.s.ExpireRun(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, res.Expired)
+	assert.EqualValues(t, 3, res.Moved)
+	want := at + length.Milliseconds()
+	assert.Equal(t, []int64{want, want, want}, f.scores("a", "b", "c"))
+
+	// The requester stops: its leases end a lease after the set's last renewal.
+	time.Sleep(time.Until(time.UnixMilli(want)) + 50*time.Millisecond)
+	res, err = f.s.ExpireRun(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, res.Expired)
+	for _, id := range []string{"a", "b", "c"} {
+		assert.Equal(t, want, f.end(id), "ended at the set's end")
+	}
+	assert.Empty(t, f.set(), "the set goes with the last lease")
+	assert.Equal(t, []model.RenewOutcome{model.RenewEnded, model.RenewEnded}, f.renew("a", "b"))
+	assertInvariant(t, f.s)
+}
+
+// TestRenewalSetChanges: a lease of the set that ends takes the set's digest
+// with it, so the next renewal is full and tells the requester; a renewal
+// naming fewer ids opens a new set, and the lease left out keeps the end the
+// old set gave it; a provider renewing for the requester keeps the set.
+func TestRenewalSetChanges(t *testing.T) {
+	ctx := context.Background()
+	const length = time.Hour
+	f := newRenewalSetFixture(t, length, "a", "b", "c")
+	require.Equal(t, renewed(3), f.renew("a", "b", "c"))
+	require.Equal(t, renewed(3), f.renew("a", "b", "c"))
+	require.NotEmpty(t, f.set()["digest"])
+
+	_, err := f.s.Release(ctx, "rome", "c", "paris")
+	require.NoError(t, err)
+	assert.Empty(t, f.set()["digest"], "a lease of the set ended")
+	assert.Equal(t, []model.RenewOutcome{model.Renewed, model.Renewed, model.RenewEnded}, f.renew("a", "b", "c"),
+		"the next renewal judges every id")
+	assert.Empty(t, f.set()["digest"], "not every id renewed: no set")
+	require.Equal(t, renewed(2), f.renew("a", "b"))
+	require.NotEmpty(t, f.set()["digest"])
+
+	// The set renews a and b at once; then a renewal names only a.
+	time.Sleep(20 * time.Millisecond)
+	require.Equal(t, renewed(2), f.renew("b", "a"))
+	endB := f.end("b")
+	assert.Greater(t, endB, f.scores("b")[0], "renewed by the set alone")
+	time.Sleep(20 * time.Millisecond)
+	require.Equal(t, renewed(1), f.renew("a"))
+	assert.Equal(t, endB, f.end("b"), "left out of the new set, b keeps the end the old one gave it")
+	assert.Equal(t, endB, f.scores("b")[0], "written to its score")
+	assert.Greater(t, f.end("a"), endB)
+	assertInvariant(t, f.s)
+
+	// A provider renewing for rome keeps rome's set.
+	require.Equal(t, renewed(1), f.renew("a"))
+	digest := f.set()["digest"]
+	rn, err := f.s.RenewFor(ctx, "paris", "rome", []string{"a"})
+	require.NoError(t, err)
+	assert.Equal(t, model.Renewed, rn[0].Outcome)
+	assert.Equal(t, digest, f.set()["digest"])
+	require.Equal(t, renewed(1), f.renew("a"))
+	assertInvariant(t, f.s)
+}
+
+// TestRenewalSetCommitRefusedWhenALeaseEnded: a full renewal under way does
+// not become the set if a lease it renewed ended before its commit, nor if a
+// newer full renewal opened another generation; the leases it renewed keep
+// their ends.
+func TestRenewalSetCommitRefusedWhenALeaseEnded(t *testing.T) {
+	ctx := context.Background()
+	f := newRenewalSetFixture(t, time.Hour, "a", "b")
+	ids := []string{"a", "b"}
+
+	gen, err := f.s.OpenRenewalSet(ctx, "rome", ids)
+	require.NoError(t, err)
+	require.Positive(t, gen)
+	require.NoError(t, f.s.RenewTagged(ctx, "rome", gen, ids))
+	_, err = f.s.Release(ctx, "rome", "b", "paris")
+	require.NoError(t, err)
+	ok, err := f.s.CommitRenewalSet(ctx, "rome", ids, gen, time.Hour.Milliseconds())
+	require.NoError(t, err)
+	assert.False(t, ok, "b ended between the renewal and its commit")
+	assert.Equal(t, []model.RenewOutcome{model.Renewed, model.RenewEnded}, f.renew("a", "b"))
+
+	first, err := f.s.OpenRenewalSet(ctx, "rome", []string{"a"})
+	require.NoError(t, err)
+	second, err := f.s.OpenRenewalSet(ctx, "rome", []string{"a"})
+	require.NoError(t, err)
+	assert.Greater(t, second, first)
+	require.NoError(t, f.s.RenewTagged(ctx, "rome", first, []string{"a"}))
+	ok, err = f.s.CommitRenewalSet(ctx, "rome", []string{"a"}, first, time.Hour.Milliseconds())
+	require.NoError(t, err)
+	assert.False(t, ok, "a newer generation was opened")
+	assert.Empty(t, f.set()["digest"])
+	assertInvariant(t, f.s)
+}
+
+func mustInt(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	require.NoError(t, err)
+	return n
+}
