@@ -52,21 +52,42 @@ local from, to = last_outage(prefix, now)
 -- outage credit moves only the score.
 local ahead = tonumber(ARGV[8] or '0')
 local due = redis.call('ZRANGEBYSCORE', prefix .. 'expiry', '-inf', now + ahead, 'WITHSCORES', 'LIMIT', 0, limit)
-local clamped, credited, ended, moved, waits = 0, 0, 0, 0, 0
-local sets = {}
+-- The range's leases entries, one HMGET per requester, and the renewal set
+-- of each requester with a covered one.
+local qids_of, requesters = {}, {}
+for i = 1, #due, 2 do
+  local requester = requester_of(due[i])
+  if requester then
+    if not qids_of[requester] then
+      qids_of[requester] = {}
+      requesters[#requesters + 1] = requester
+    end
+    table.insert(qids_of[requester], due[i])
+  end
+end
+local live_end_of, sets = {}, {}
+for _, requester in ipairs(requesters) do
+  local qids = qids_of[requester]
+  local entries = redis.call('HMGET', prefix .. 'leases:' .. requester, unpack(qids))
+  for j, qid in ipairs(qids) do
+    local lease, rec_end, gen = lease_entry(entries[j]) -- rec_end unused: the score stands for it
+    if lease and gen > 0 then
+      sets[requester] = sets[requester] or renewal_set(prefix, requester)
+      live_end_of[qid] = {sets[requester], lease, gen}
+    end
+  end
+end
+
+local clamped, credited, ended, waits = 0, 0, 0, 0
+local moves = {}
 for i = 1, #due, 2 do
   local qid, score = due[i], tonumber(due[i + 1])
-  local requester = requester_of(qid)
-  local lease, rec_end, gen -- rec_end unused: the score stands for it
-  if requester then lease, rec_end, gen = lease_entry(redis.call('HGET', prefix .. 'leases:' .. requester, qid)) end
   local live_end = score
-  if lease and gen > 0 then
-    sets[requester] = sets[requester] or renewal_set(prefix, requester)
-    live_end = covered_end(sets[requester], lease, gen, score)
-  end
+  local c = live_end_of[qid]
+  if c then live_end = covered_end(c[1], c[2], c[3], score) end
   if live_end > score and live_end > now then
-    redis.call('ZADD', prefix .. 'expiry', string.format('%d', live_end), qid)
-    moved = moved + 1
+    moves[#moves + 1] = string.format('%d', live_end)
+    moves[#moves + 1] = qid
   elseif score > now then
     waits = waits + 1 -- not due yet, and no set covers it further
   else
@@ -90,6 +111,11 @@ for i = 1, #due, 2 do
     end
   end
 end
+-- The moved leases are others than those ended; an ended one that was its
+-- requester's last took the set with it, and so no other lease of it is
+-- covered (drop_lease).
+local moved = #moves / 2
+if moved > 0 then redis.call('ZADD', prefix .. 'expiry', unpack(moves)) end
 if ended > 0 then notify_waiters(prefix, so) end
 
 -- Waiting members whose wait hash has expired (the requester stopped
