@@ -1,6 +1,7 @@
 package dashboard_test
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -236,6 +237,13 @@ func TestDashboardRefusesMemberCertificate(t *testing.T) {
 	}
 	b.open(t, "reservations/rome/granted")
 	assert.Contains(t, eval[string](t, b, `document.querySelector('dl.facts').textContent`), "(granted)")
+
+	// Its pair's access gone (expired): still Active, still granted.
+	gone, err := b.Broker.RDB.Del(context.Background(), b.Broker.Store.Key("grant:", r.Provider, ":", "rome")).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, gone)
+	b.open(t, "reservations/rome/granted")
+	assert.Contains(t, eval[string](t, b, `document.querySelector('dl.facts').textContent`), "(granted)", "the pair's access expired")
 }
 
 // TestDashboardKeyboardAndPhone: every page is reached with the keyboard

@@ -395,7 +395,10 @@ func (d *Dashboard) decision(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		a := api.ReservationFromStore(res, false)
-		p.Reservation, p.Granted, p.Candidates = &a, len(res.Grant) > 0, res.Candidates
+		// Active: its provider granted it, even if the pair's access has
+		// expired since (store.Grant keeps one per provider and requester).
+		granted := len(res.Grant) > 0 || res.Phase == model.PhaseActive
+		p.Reservation, p.Granted, p.Candidates = &a, granted, res.Candidates
 	case !errors.Is(err, store.ErrNotFound):
 		d.storeError(w, r, err)
 		return
