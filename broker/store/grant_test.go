@@ -283,3 +283,38 @@ func TestCheckInvariantCountsShares(t *testing.T) {
 	require.NoError(t, admin(t, s).HSet(ctx, pair, "n", "1", "gen", "1", "sealed", "v1.x").Err())
 	assert.ErrorContains(t, s.CheckInvariant(ctx), "access "+pair+": counts 1 shares, 0 live reservations hold one")
 }
+
+// TestGrantReplayedByGroupAndPreempt: a group's replay and a preemption's
+// replay answer each granted member with its pair's access and its own
+// placement, as a reserve replay does.
+func TestGrantReplayedByGroupAndPreempt(t *testing.T) {
+	ctx := context.Background()
+	s, _ := grantedStore(t, "solo")
+	exp := time.Now().Add(time.Hour)
+	token := "tok-" + strings.Repeat("y", 900)
+
+	g := gang("default/g", "rome", 2, 2, 1000)
+	g.Selector = map[string]string{"city": "paris"}
+	d, err := s.ReserveGroup(ctx, g)
+	require.NoError(t, err)
+	for _, r := range append(d.Reservations, model.Reservation{ID: "solo"}) {
+		_, err := s.Grant(ctx, "rome", r.ID, "paris", grantOf(t, token, exp, "node-"+r.ID))
+		require.NoError(t, err)
+	}
+
+	again, err := s.ReserveGroup(ctx, g)
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	require.Len(t, again.Reservations, 2)
+	for _, r := range again.Reservations {
+		assert.JSONEq(t, string(grantOf(t, token, exp, "node-"+r.ID)), string(r.Grant), "a group replay: %s", r.ID)
+	}
+
+	solo := request("solo", "rome", 1000, 1, 0)
+	solo.Selector = map[string]string{"city": "paris"}
+	p, err := s.Preempt(ctx, solo)
+	require.NoError(t, err)
+	require.True(t, p.Replayed)
+	assert.JSONEq(t, string(grantOf(t, token, exp, "node-solo")), string(p.Reservation.Grant), "a preemption's replay")
+	assertInvariant(t, s)
+}
