@@ -11,10 +11,10 @@
 -- and every lease it covers lives a lease from now (core.lua covered_end),
 -- its expiry score left behind (expire.lua moves it when it comes near).
 --
--- The set covers exactly the ids of its last full renewal: renew.lua tags
--- each lease it renewed with the generation this script opened, and
--- renew_commit.lua makes them the set if every id was renewed and no lease
--- of it ended meanwhile. A lease of the set that ends takes the set's digest
+-- A set is opened when a renewal names the same ids as the one before it
+-- (their digest is the candidate): renew.lua tags each lease it renews with
+-- the generation this script opened, and renew_commit.lua makes them the
+-- set if every id was renewed and no lease of it ended meanwhile. A lease of the set that ends takes the set's digest
 -- with it (reservations.lua drop_lease), so the next renewal is full and
 -- tells the requester which ended. Opening a generation first writes the old
 -- set's ends into expiry (XX GT) if it was ever renewed at once: a lease it
@@ -28,14 +28,15 @@
 --          lives at least lease_ms (the set's shortest lease) from now
 --        {now_ms, "changed", gen}  nothing renewed: renew the ids one by one
 --          tagging them with gen (renew.lua), then, if every one was
---          renewed, commit them as the set (renew_commit.lua); gen 0: the
---          requester holds no lease entry yet, no set to open
+--          renewed, commit them as the set (renew_commit.lua); gen 0: no
+--          set opened (the ids are not those of the renewal before, or the
+--          requester holds no lease entry yet): renew them one by one
 -- @include clock
 local prefix, requester, digest = KEYS[1], ARGV[1], ARGV[2]
 local sk = prefix .. 'renewal:' .. requester
 local lk = prefix .. 'leases:' .. requester
 local now = now_ms()
-local v = redis.call('HMGET', sk, 'digest', 'gen', 'at_ms', 'lease_ms', 'renewed')
+local v = redis.call('HMGET', sk, 'digest', 'gen', 'at_ms', 'lease_ms', 'renewed', 'candidate')
 local gen, at, lease = tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(v[4] or '0')
 
 -- Every lease of the set is live while its shortest one is: none of them
@@ -51,7 +52,8 @@ if redis.call('EXISTS', lk) == 0 then
   return {now, 'changed', 0}
 end
 -- Only a set renewed at once gave its leases ends past their scores (a
--- full renewal writes each score).
+-- full renewal writes each score): they are written before it may stop
+-- covering them, once.
 if v[5] then
   local entries = redis.call('HGETALL', lk)
   local ends = {}
@@ -67,8 +69,16 @@ if v[5] then
     end
   end
   if #ends > 0 then redis.call('ZADD', prefix .. 'expiry', 'XX', 'GT', unpack(ends)) end
+  redis.call('HDEL', sk, 'renewed')
+end
+-- A set is opened for ids named twice in a row: a requester whose ids
+-- change at every renewal (pods coming and going) is renewed id by id, as
+-- without sets, not tagged at every call for nothing.
+if v[6] ~= digest then
+  redis.call('HSET', sk, 'candidate', digest)
+  return {now, 'changed', 0}
 end
 local next_gen = math.max(now, gen + 1)
 redis.call('HSET', sk, 'gen', next_gen, 'pending', next_gen, 'at_ms', now)
-redis.call('HDEL', sk, 'digest', 'lease_ms', 'renewed')
+redis.call('HDEL', sk, 'digest', 'lease_ms', 'candidate')
 return {now, 'changed', next_gen}

@@ -34,8 +34,10 @@
 --   P.."renewal:"..id       hash    the requester's renewal set (renew_set.lua): digest (of the
 --                                   ids its last full renewal named; absent: none to repeat),
 --                                   gen, at_ms (the set's last renewal), lease_ms (its shortest
---                                   lease), renewed (1: renewed at once since it was opened),
---                                   pending (the generation of a full renewal under way);
+--                                   lease), renewed (1: renewed at once since its ends were last
+--                                   written to expiry), pending (the generation of a full renewal
+--                                   under way), candidate (the digest of the ids the last
+--                                   renewal named, when not the set's);
 --                                   it goes with the requester's last lease (end_reservation)
 --   P.."events:"..id        stream  notifications for one cluster, capped near the events max
 --                                   length (MAXLEN ~); it expires (PEXPIRE) once no event was added
