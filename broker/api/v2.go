@@ -646,7 +646,7 @@ type RenewedLease struct {
 // RefusedRenewal is an id that was not renewed, and why.
 type RefusedRenewal struct {
 	ID     string `json:"id"`
-	Reason string `json:"reason"` // RenewNotFound, RenewEnded, RenewNotALease
+	Reason string `json:"reason"` // RenewNotFound, RenewEnded, RenewNotALease, RenewRequesterRenews
 	Error  string `json:"error"`
 }
 
@@ -655,6 +655,10 @@ const (
 	RenewNotFound  = "NotFound"  // no reservation of the caller has this id
 	RenewEnded     = "Ended"     // it was released or expired: too late
 	RenewNotALease = "NotALease" // a fixed-duration reservation (v1, or no lease asked)
+	// RenewRequesterRenews: a provider renewing for a requester that renews
+	// its leases itself (it renewed within half a lease): not needed, nothing
+	// changed.
+	RenewRequesterRenews = "RequesterRenews"
 )
 
 // EventCapacityAvailable tells a requester that capacity was freed while one

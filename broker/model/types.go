@@ -363,6 +363,9 @@ const (
 	RenewNotFound  RenewOutcome = "notfound"
 	RenewEnded     RenewOutcome = "ended"
 	RenewNotALease RenewOutcome = "notalease"
+	// RenewByRequester: a provider's renewal not needed, its requester
+	// renews its leases itself (store.RenewFor).
+	RenewByRequester RenewOutcome = "byrequester"
 )
 
 // Renewal is the outcome of renewing one id.

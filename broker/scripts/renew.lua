@@ -149,4 +149,9 @@ for first = 4, #ARGV, CHUNK do
   end
 end
 reply[2] = shortest or 0
+-- The requester's own renewal, for a provider's to know it is not needed
+-- (store.RenewFor).
+if provider == '' and shortest then
+  redis.call('HSET', prefix .. 'renewal:' .. requester, 'called_ms', now, 'called_lease_ms', shortest)
+end
 return reply

@@ -143,13 +143,23 @@ func TestRenewals(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "%.300s", data)
 	assert.Len(t, brokertest.Decode[api.RenewResponse](t, data).Renewed, 1)
 
+	// Its provider renewing for rome, which renews itself: not needed.
+	code, data = b.Do(heldAfter.Target, http.MethodPost, "/api/v2/renewals?requester=rome", api.RenewRequest{IDs: []string{"held"}})
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	vouched := brokertest.Decode[api.RenewResponse](t, data)
+	assert.Empty(t, vouched.Renewed)
+	require.Len(t, vouched.Refused, 1)
+	assert.Equal(t, api.RenewRequesterRenews, vouched.Refused[0].Reason)
+	assert.Contains(t, vouched.Refused[0].Error, "rome renews its leases itself")
+
 	metrics := scrape(t, b)
 	for _, want := range []string{
+		`rb_broker_renewals_total{outcome="by_requester"} 1`,
 		`rb_broker_renewals_total{outcome="renewed"} 2`,
 		`rb_broker_renewals_total{outcome="not_found"} 5001`,
 		`rb_broker_renewals_total{outcome="ended"} 1`,
 		`rb_broker_renewals_total{outcome="not_a_lease"} 2`,
-		`rb_broker_renewal_batch_size_count 3`,
+		`rb_broker_renewal_batch_size_count 4`,
 	} {
 		assert.Contains(t, metrics, want)
 	}

@@ -29,7 +29,9 @@ const (
 	renewNotFound  = "not_found"
 	renewEnded     = "ended"
 	renewNotALease = "not_a_lease"
-	renewError     = "error"
+	// renewByRequester: a provider's renewal its requester made needless.
+	renewByRequester = "by_requester"
+	renewError       = "error"
 )
 
 // Heartbeat outcomes, the label of rb_broker_heartbeats_total.
@@ -39,7 +41,7 @@ const (
 )
 
 // renewOutcomes are the outcomes of postRenewals' counts, in their order.
-var renewOutcomes = [4]string{renewRenewed, renewNotFound, renewEnded, renewNotALease}
+var renewOutcomes = [5]string{renewRenewed, renewNotFound, renewEnded, renewNotALease, renewByRequester}
 
 type metrics struct {
 	registry     *prometheus.Registry
@@ -164,7 +166,7 @@ func newMetrics(stores []*store.Store, memory *redisMemory, advertising *advertG
 		m.decisions[o] = m.decision.WithLabelValues(o)
 	}
 	m.renewOutcomes = map[string]*lazyCounter{}
-	for _, o := range []string{renewRenewed, renewNotFound, renewEnded, renewNotALease, renewError} {
+	for _, o := range []string{renewRenewed, renewNotFound, renewEnded, renewNotALease, renewByRequester, renewError} {
 		m.renewOutcomes[o] = &lazyCounter{vec: m.renewals, values: []string{o}}
 	}
 	for _, o := range []string{heartbeatAccepted, heartbeatAdvertisementNeeded} {

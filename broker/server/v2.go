@@ -376,7 +376,7 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 		s.writeStoreError(w, "renew", err)
 		return
 	}
-	var counts [4]int // by renewOutcomes' order
+	var counts [5]int // by renewOutcomes' order
 	for _, rn := range renewals {
 		switch rn.Outcome {
 		case model.Renewed:
@@ -395,6 +395,10 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 			counts[3]++
 			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewNotALease,
 				Error: "reservation " + rn.ID + " has a fixed duration (no lease): it is never renewed"})
+		case model.RenewByRequester:
+			counts[4]++
+			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewRequesterRenews,
+				Error: "not renewed: " + requester + " renews its leases itself (it renewed within half a lease); a provider's renewal is needed only once it has gone quiet"})
 		default:
 			s.writeStoreError(w, "renew", errors.New("unexpected renewal outcome "+string(rn.Outcome)))
 			return

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/fluidos-project/resource-broker/broker/model"
@@ -138,11 +139,55 @@ func (s *Store) Renew(ctx context.Context, requester string, ids []string) ([]mo
 // reservations of requester placed on provider are renewed, any other id is
 // RenewNotFound. A provider that still hears a requester (scripts/renew.lua)
 // keeps its leases while the requester cannot reach the broker.
+//
+// While the requester renews its leases itself (it renewed within half of
+// its shortest lease), nothing is read or written: every id is
+// RenewByRequester. A provider renews every lease of every requester it
+// hears, period after period; its renewals matter only once the requester
+// has gone quiet, and then the lease still has half its length to be
+// renewed by the provider.
 func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []string) ([]model.Renewal, error) {
 	if provider == "" {
 		return nil, errors.New("renew: a provider renewing for a requester must be named")
 	}
+	renews, err := s.requesterRenews(ctx, requester)
+	if err != nil {
+		return nil, err
+	}
+	if renews {
+		out := make([]model.Renewal, len(ids))
+		for i, id := range ids {
+			out[i] = model.Renewal{ID: id, Outcome: model.RenewByRequester}
+		}
+		return out, nil
+	}
 	return s.renew(ctx, requester, provider, ids)
+}
+
+// requesterRenews tells whether requester renewed its leases itself within
+// half of the shortest lease it renewed, on the Redis clock: its renewal
+// set's last renewal (at_ms, lease_ms) or its last renewal id by id
+// (called_ms, called_lease_ms: scripts/renew.lua).
+func (s *Store) requesterRenews(ctx context.Context, requester string) (bool, error) {
+	pipe := s.rdb.Pipeline()
+	v := pipe.HMGet(ctx, s.Key("renewal:", requester), "at_ms", "lease_ms", "called_ms", "called_lease_ms")
+	now := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return false, err
+	}
+	nowMs := now.Val().UnixMilli()
+	f := make([]int64, 4)
+	for i, x := range v.Val() {
+		if str, ok := x.(string); ok {
+			f[i], _ = strconv.ParseInt(str, 10, 64)
+		}
+	}
+	for _, last := range [][2]int64{{f[0], f[1]}, {f[2], f[3]}} {
+		if at, lease := last[0], last[1]; lease > 0 && nowMs-at < lease/2 {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func (s *Store) renew(ctx context.Context, requester, provider string, ids []string) ([]model.Renewal, error) {

@@ -100,7 +100,8 @@ func TestOutageDoesNotCountAgainstLeases(t *testing.T) {
 
 // TestRenewForProvider: a provider renews a requester's leases placed on it
 // (it still hears the requester); another provider, or ids of reservations
-// placed elsewhere, are refused as not found and change nothing.
+// placed elsewhere, are refused as not found and change nothing; while the
+// requester renews them itself, the provider's renewal is not needed.
 func TestRenewForProvider(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t, store.Config{})
@@ -133,5 +134,23 @@ func TestRenewForProvider(t *testing.T) {
 	r, err := s.Reservation(ctx, "rome", "web")
 	require.NoError(t, err)
 	assert.True(t, r.Live())
+	assertInvariant(t, s)
+
+	// While rome renews its leases itself, a provider's renewal is not
+	// needed: nothing is read or written. Once rome has been quiet for half
+	// a lease (2 s), paris renews again.
+	rn, err = s.Renew(ctx, "rome", []string{"web"})
+	require.NoError(t, err)
+	require.Equal(t, model.Renewed, rn[0].Outcome)
+	before = snapshot(t, s)
+	rn, err = s.RenewFor(ctx, "paris", "rome", []string{"web", "nope"})
+	require.NoError(t, err)
+	assert.Equal(t, []model.RenewOutcome{model.RenewByRequester, model.RenewByRequester}, []model.RenewOutcome{rn[0].Outcome, rn[1].Outcome})
+	assert.Equal(t, before, snapshot(t, s), "nothing changed")
+	time.Sleep(2100 * time.Millisecond)
+	rn, err = s.RenewFor(ctx, "paris", "rome", []string{"web"})
+	require.NoError(t, err)
+	assert.Equal(t, model.Renewed, rn[0].Outcome, "rome quiet for half a lease")
+	assert.InDelta(t, 4*time.Second, rn[0].Remaining, float64(300*time.Millisecond))
 	assertInvariant(t, s)
 }
