@@ -656,8 +656,8 @@ const (
 	RenewEnded     = "Ended"     // it was released or expired: too late
 	RenewNotALease = "NotALease" // a fixed-duration reservation (v1, or no lease asked)
 	// RenewRequesterRenews: a provider renewing for a requester that renews
-	// its leases itself (it renewed within half a lease): not needed, nothing
-	// changed.
+	// its leases itself (it renewed within a third of a lease): not needed,
+	// nothing changed.
 	RenewRequesterRenews = "RequesterRenews"
 )
 

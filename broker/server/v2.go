@@ -398,7 +398,7 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 		case model.RenewByRequester:
 			counts[4]++
 			out.Refused = append(out.Refused, api.RefusedRenewal{ID: rn.ID, Reason: api.RenewRequesterRenews,
-				Error: "not renewed: " + requester + " renews its leases itself (it renewed within half a lease); a provider's renewal is needed only once it has gone quiet"})
+				Error: "not renewed: " + requester + " renews its leases itself (it renewed within a third of a lease); a provider's renewal is needed only once it has gone quiet"})
 		default:
 			s.writeStoreError(w, "renew", errors.New("unexpected renewal outcome "+string(rn.Outcome)))
 			return

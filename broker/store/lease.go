@@ -140,12 +140,13 @@ func (s *Store) Renew(ctx context.Context, requester string, ids []string) ([]mo
 // RenewNotFound. A provider that still hears a requester (scripts/renew.lua)
 // keeps its leases while the requester cannot reach the broker.
 //
-// While the requester renews its leases itself (it renewed within half of
-// its shortest lease), nothing is read or written: every id is
+// While the requester renews its leases itself (it renewed within a third
+// of its shortest lease), nothing is read or written: every id is
 // RenewByRequester. A provider renews every lease of every requester it
 // hears, period after period; its renewals matter only once the requester
-// has gone quiet, and then the lease still has half its length to be
-// renewed by the provider.
+// has missed its schedule (a requester renews at least every third of its
+// lease: rb-agent checks it), and then the lease still has two thirds of
+// its length for the provider's renewal.
 func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []string) ([]model.Renewal, error) {
 	if provider == "" {
 		return nil, errors.New("renew: a provider renewing for a requester must be named")
@@ -165,7 +166,7 @@ func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []
 }
 
 // requesterRenews tells whether requester renewed its leases itself within
-// half of the shortest lease it renewed, on the Redis clock: its renewal
+// a third of the shortest lease it renewed, on the Redis clock: its renewal
 // set's last renewal (at_ms, lease_ms) or its last renewal id by id
 // (called_ms, called_lease_ms: scripts/renew.lua).
 func (s *Store) requesterRenews(ctx context.Context, requester string) (bool, error) {
@@ -183,7 +184,7 @@ func (s *Store) requesterRenews(ctx context.Context, requester string) (bool, er
 		}
 	}
 	for _, last := range [][2]int64{{f[0], f[1]}, {f[2], f[3]}} {
-		if at, lease := last[0], last[1]; lease > 0 && nowMs-at < lease/2 {
+		if at, lease := last[0], last[1]; lease > 0 && nowMs-at < lease/3 {
 			return true, nil
 		}
 	}

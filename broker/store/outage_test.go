@@ -137,8 +137,8 @@ func TestRenewForProvider(t *testing.T) {
 	assertInvariant(t, s)
 
 	// While rome renews its leases itself, a provider's renewal is not
-	// needed: nothing is read or written. Once rome has been quiet for half
-	// a lease (2 s), paris renews again.
+	// needed: nothing is read or written. Once rome has been quiet for a
+	// third of a lease (1.3 s), paris renews again.
 	rn, err = s.Renew(ctx, "rome", []string{"web"})
 	require.NoError(t, err)
 	require.Equal(t, model.Renewed, rn[0].Outcome)
@@ -147,10 +147,10 @@ func TestRenewForProvider(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []model.RenewOutcome{model.RenewByRequester, model.RenewByRequester}, []model.RenewOutcome{rn[0].Outcome, rn[1].Outcome})
 	assert.Equal(t, before, snapshot(t, s), "nothing changed")
-	time.Sleep(2100 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond)
 	rn, err = s.RenewFor(ctx, "paris", "rome", []string{"web"})
 	require.NoError(t, err)
-	assert.Equal(t, model.Renewed, rn[0].Outcome, "rome quiet for half a lease")
+	assert.Equal(t, model.Renewed, rn[0].Outcome, "rome quiet for a third of a lease")
 	assert.InDelta(t, 4*time.Second, rn[0].Remaining, float64(300*time.Millisecond))
 	assertInvariant(t, s)
 }

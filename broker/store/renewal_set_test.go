@@ -223,7 +223,7 @@ func TestRenewalSetCommitRefusedWhenALeaseEnded(t *testing.T) {
 }
 
 // quiet makes requester's last renewal as old as if it had stopped renewing
-// for half a lease, so that a provider's renewal for it is made
+// for a lease, so that a provider's renewal for it is made
 // (store.RenewFor); its leases keep their ends.
 func quiet(t *testing.T, s *store.Store, requester string) {
 	t.Helper()
