@@ -123,26 +123,33 @@ func (s *Store) checkInvariantOnce(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// recordFields reads fields of the record of each of qids, in one
-// pipeline: "" for a field or a record that is not there.
+// recordFields reads fields of the record of each of qids, in pipelines
+// of recordsPerPipeline: "" for a field or a record that is not there.
 func (s *Store) recordFields(ctx context.Context, qids []string, fields ...string) ([][]string, error) {
-	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(qids))
-	for i, qid := range qids {
-		cmds[i] = pipe.HMGet(ctx, s.Key("resv:", qid), fields...)
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
-	}
-	out := make([][]string, len(qids))
-	for i, cmd := range cmds {
-		out[i] = make([]string, len(fields))
-		for j, v := range cmd.Val() {
-			out[i][j], _ = v.(string)
+	out := make([][]string, 0, len(qids))
+	for chunk := range slices.Chunk(qids, recordsPerPipeline) {
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.SliceCmd, len(chunk))
+		for i, qid := range chunk {
+			cmds[i] = pipe.HMGet(ctx, s.Key("resv:", qid), fields...)
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		for _, cmd := range cmds {
+			row := make([]string, len(fields))
+			for j, v := range cmd.Val() {
+				row[j], _ = v.(string)
+			}
+			out = append(out, row)
 		}
 	}
 	return out, nil
 }
+
+// recordsPerPipeline bounds a pipeline of CheckInvariant: a million reads in
+// one was written to Redis slower than the client's write timeout.
+const recordsPerPipeline = 10_000
 
 // checkGrants verifies the pairs' accesses (scripts/lib/grants.lua): the
 // key of every pair a live reservation or an ended one kept names holds an
