@@ -17,7 +17,7 @@
 --          clock.lua last_outage)
 -- ARGV[7]  how many ended reservations of one requester to keep at most (ended.lua)
 -- ARGV[8]  how far ahead (ms) to look for leases whose requester's renewal
---          set covers them (renew_set.lua), to move their expiry score to
+--          set covers them (lib/renew_set.lua), to move their expiry score to
 --          their end before it is due
 -- Reply: {expired, clamped, swept, credited, outage_ms, moved, more}  how
 --        many reservations ended, how many of them needed a counter clamped,
@@ -47,7 +47,7 @@ local from, to = last_outage(prefix, now)
 -- A live reservation's end is its expiry score, or later while its
 -- requester's renewal set covers it (core.lua with_live_end, covered_end):
 -- a covered lease near its score has its score moved to its end, once per
--- lease or so, here and not at every renewal (renew_set.lua); a replica of
+-- lease or so, here and not at every renewal (lib/renew_set.lua); a replica of
 -- an earlier release, which knows only the score, never finds it due. An
 -- outage credit moves only the score.
 local ahead = tonumber(ARGV[8] or '0')

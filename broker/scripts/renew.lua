@@ -31,32 +31,45 @@
 -- pods that still run. Any other reservation is "notfound" to it.
 --
 -- A requester's renewals usually name the same ids period after period
--- (its bound pods): renew_set.lua then renews them all at once, as its
--- renewal set, and this script runs only when the set changed. It tags
--- each lease it renews with the set's new generation (ARGV[3]) while that
--- generation is pending; renew_commit.lua then makes them the set.
+-- (its bound pods): given the digest of the ids, this script first checks
+-- them against the requester's renewal set (lib/renew_set.lua), which then
+-- renews them all at once; only when the ids changed are they renewed one
+-- by one, each tagged with the set's new generation when one was opened,
+-- which renew_commit.lua then makes the set.
 --
 -- KEYS[1]  prefix ("rb:{b}:"): every key touched derives from it (key layout: lib/*.lua; one hash slot)
 -- ARGV[1]  requester cluster id
 -- ARGV[2]  the provider renewing for the requester, or "" (the requester itself calls)
--- ARGV[3]  the generation of the requester's renewal set to tag the renewed
---          leases with (renew_set.lua), or "0"
--- ARGV[4..] reservation ids, as the requester chose them
--- Reply: {now_ms, shortest_lease_ms, status_1, remaining_ms_1, status_2, remaining_ms_2, ...}
---   the shortest lease renewed (0: none), then one pair per id, in order:
---   status "renewed" | "notfound" | "ended" | "notalease", and the
---   reservation's remaining time after the call (ms, broker clock; 0 unless
---   renewed)
--- @include clock
-local prefix, requester, provider = KEYS[1], ARGV[1], ARGV[2]
+-- ARGV[3]  the digest of every id of the requester's renewal (store.renewalDigest),
+--          given with its first chunk of ids; "" otherwise (a provider, a
+--          later chunk, a renewal of more ids than a set takes)
+-- ARGV[4]  the generation of the requester's renewal set to tag the renewed
+--          leases with (the reply's gen for the first chunk), or "0"
+-- ARGV[5..] reservation ids, as the requester chose them
+-- Reply: {now_ms, lease_ms, 0, "same"}  the digest is the renewal set's: every
+--          lease of it renewed (each lives at least lease_ms, the set's
+--          shortest lease, from now), no id looked at
+--        {now_ms, shortest_lease_ms, gen, "ids", status_1, remaining_ms_1, ...}
+--          the shortest lease renewed (0: none), the generation to tag the
+--          renewal's later chunks with (0: none), then one pair per id, in
+--          order: status "renewed" | "notfound" | "ended" | "notalease", and
+--          the reservation's remaining time after the call (ms, broker clock;
+--          0 unless renewed)
+-- @include renew_set
+local prefix, requester, provider, digest = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local ek = prefix .. 'expiry'
 local now = now_ms()
 local from, to = last_outage(prefix, now)
+local tag = tonumber(ARGV[4])
+if provider == '' and digest ~= '' then
+  local outcome, n = renew_set(prefix, requester, digest, now)
+  if outcome == 'same' then return {now, n, 0, 'same'} end
+  tag = n
+end
 local set = renewal_set(prefix, requester)
 -- The generation to tag with, while it is still the one pending (a newer
--- full renewal, or an ended lease of the set, cancels it: renew_set.lua).
-local tag = tonumber(ARGV[3])
-if provider ~= '' or tag == 0 or redis.call('HGET', prefix .. 'renewal:' .. requester, 'pending') ~= ARGV[3] then
+-- full renewal, or an ended lease of the set, cancels it).
+if provider ~= '' or tag == 0 or redis.call('HGET', prefix .. 'renewal:' .. requester, 'pending') ~= string.format('%d', tag) then
   tag = nil
 end
 
@@ -75,9 +88,9 @@ end
 -- Lua's unpack takes.
 local CHUNK = 1000
 local lk = prefix .. 'leases:' .. requester
-local reply = {now, 0}
+local reply = {now, 0, tag or 0, 'ids'}
 local shortest
-for first = 4, #ARGV, CHUNK do
+for first = 5, #ARGV, CHUNK do
   local last = math.min(#ARGV, first + CHUNK - 1)
   local qids = {}
   for i = first, last do qids[#qids + 1] = qualify(requester, ARGV[i]) end
@@ -90,6 +103,7 @@ for first = 4, #ARGV, CHUNK do
     -- and its set's generation (lease nil: not a live lease, status says why).
     local lease, rec_end, gen
     if ends[j] then lease, rec_end, gen = lease_entry(known[j]) end
+    local from_entry = lease ~= nil
     if lease and provider ~= '' then
       -- a provider names only the leases placed on it
       if redis.call('HGET', prefix .. 'resv:' .. qid, 'target') ~= provider then
@@ -125,14 +139,16 @@ for first = 4, #ARGV, CHUNK do
           raised[#raised + 1] = string.format('%d', expires)
           raised[#raised + 1] = qid
         end
+        -- The entry is written when it was missing or unreadable, when the
+        -- record's end is, or when the lease is tagged with a new generation.
+        local rewrite = not from_entry or (tag and tag ~= gen)
         if rec_end < now + lease / 2 then
           redis.call('HSET', prefix .. 'resv:' .. qid, 'expires_ms', string.format('%d', expires))
-          rec_end = expires
+          rec_end, rewrite = expires, true
         end
-        local entry = format_lease_entry(lease, rec_end, tag or gen)
-        if entry ~= known[j] then
+        if rewrite then
           noted[#noted + 1] = qid
-          noted[#noted + 1] = entry
+          noted[#noted + 1] = format_lease_entry(lease, rec_end, tag or gen)
         end
         remaining = expires - now
         shortest = math.min(shortest or lease, lease)

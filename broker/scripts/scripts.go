@@ -84,10 +84,8 @@ var (
 	Grant     = load("grant")
 	Reindex   = load("reindex")
 	Renew     = load("renew")
-	// RenewSet renews a requester's renewal set at once, or opens a new
-	// generation of it (renew_set.lua); RenewCommit makes a full renewal the
-	// set (renew_commit.lua).
-	RenewSet    = load("renew_set")
+	// RenewCommit makes a full renewal the requester's renewal set
+	// (renew_commit.lua).
 	RenewCommit = load("renew_commit")
 	Forget      = load("forget")
 	// ReserveGroup decides a gang, all or nothing (reserve_group.lua).
@@ -112,7 +110,6 @@ var All = map[string]*redis.Script{
 	"grant":         Grant,
 	"reindex":       Reindex,
 	"renew":         Renew,
-	"renew_set":     RenewSet,
 	"renew_commit":  RenewCommit,
 	"reserve_group": ReserveGroup,
 	"preempt":       Preempt,

@@ -51,7 +51,7 @@ func (s *Store) SealGrantOfRecord(qid string, grant []byte) string {
 // requester's full renewal (Store.renew), apart, so that a test may end a
 // lease between them.
 func (s *Store) OpenRenewalSet(ctx context.Context, requester string, ids []string) (gen int64, err error) {
-	reply, err := s.run(ctx, scripts.RenewSet, requester, renewalDigest(ids))
+	reply, err := s.run(ctx, scripts.Renew, requester, "", renewalDigest(ids), 0)
 	if err != nil {
 		return 0, err
 	}
@@ -59,7 +59,7 @@ func (s *Store) OpenRenewalSet(ctx context.Context, requester string, ids []stri
 }
 
 func (s *Store) RenewTagged(ctx context.Context, requester string, gen int64, ids []string) error {
-	args := []any{requester, "", gen}
+	args := []any{requester, "", "", gen}
 	for _, id := range ids {
 		args = append(args, id)
 	}

@@ -94,7 +94,7 @@ type ExpireResult struct {
 	// replica for longer than Config.OutageGap); zero: none.
 	Outage time.Duration
 	// Moved counts the leases covered by their requester's renewal set
-	// whose expiry score was moved to their end (scripts/renew_set.lua).
+	// whose expiry score was moved to their end (scripts/lib/renew_set.lua).
 	Moved int64
 }
 
@@ -192,31 +192,21 @@ func (s *Store) requesterRenews(ctx context.Context, requester string) (bool, er
 }
 
 func (s *Store) renew(ctx context.Context, requester, provider string, ids []string) ([]model.Renewal, error) {
-	// A requester names its renewal set by a digest: the same ids as its
-	// last full renewal are renewed at once (scripts/renew_set.lua).
+	// A requester names its renewal by a digest, with its first chunk: the
+	// same ids as its renewal set are renewed at once (scripts/lib/renew_set.lua).
 	var digest string
-	var gen int64
 	if provider == "" && len(ids) > 0 && len(ids) <= RenewalSetMaxIDs {
 		digest = renewalDigest(ids)
-		reply, err := s.run(ctx, scripts.RenewSet, requester, digest)
-		if err != nil {
-			return nil, err
-		}
-		if reply[1] == "same" {
-			lease := time.Duration(reply[2].(int64)) * time.Millisecond
-			out := make([]model.Renewal, len(ids))
-			for i, id := range ids {
-				out[i] = model.Renewal{ID: id, Outcome: model.Renewed, Remaining: lease}
-			}
-			return out, nil
-		}
-		gen = reply[2].(int64)
 	}
 	out := make([]model.Renewal, 0, len(ids))
-	var shortest int64 // the shortest lease renewed (ms)
-	for chunk := range slices.Chunk(ids, renewChunk) {
-		args := make([]any, 0, 3+len(chunk))
-		args = append(args, requester, provider, gen)
+	var gen, shortest int64 // the set's generation opened for these ids; the shortest lease renewed (ms)
+	for first, chunk := 0, []string(nil); first < len(ids); first += len(chunk) {
+		chunk = ids[first:min(first+renewChunk, len(ids))]
+		args := make([]any, 0, 4+len(chunk))
+		args = append(args, requester, provider, "", gen)
+		if first == 0 {
+			args[2] = digest
+		}
 		for _, id := range chunk {
 			args = append(args, id)
 		}
@@ -224,15 +214,23 @@ func (s *Store) renew(ctx context.Context, requester, provider string, ids []str
 		if err != nil {
 			return nil, err
 		}
-		if len(reply) != 2+2*len(chunk) {
+		if len(reply) == 4 && reply[3] == "same" {
+			lease := time.Duration(reply[1].(int64)) * time.Millisecond
+			for _, id := range ids {
+				out = append(out, model.Renewal{ID: id, Outcome: model.Renewed, Remaining: lease})
+			}
+			return out, nil
+		}
+		if len(reply) != 4+2*len(chunk) {
 			return nil, fmt.Errorf("renew: %d reply values for %d ids", len(reply), len(chunk))
 		}
+		gen = reply[2].(int64)
 		if l, _ := reply[1].(int64); l > 0 && (shortest == 0 || l < shortest) {
 			shortest = l
 		}
 		for i, id := range chunk {
-			outcome, _ := reply[2+2*i].(string)
-			ms, _ := reply[3+2*i].(int64)
+			outcome, _ := reply[4+2*i].(string)
+			ms, _ := reply[5+2*i].(int64)
 			out = append(out, model.Renewal{ID: id, Outcome: model.RenewOutcome(outcome), Remaining: time.Duration(ms) * time.Millisecond})
 		}
 	}
@@ -253,7 +251,7 @@ func (s *Store) renew(ctx context.Context, requester, provider string, ids []str
 const RenewalSetMaxIDs = 4999
 
 // renewalDigest names a set of ids whatever their order: 16 hex digits of a
-// SHA-256 of the sorted ids (scripts/renew_set.lua).
+// SHA-256 of the sorted ids (scripts/lib/renew_set.lua).
 func renewalDigest(ids []string) string {
 	sorted := slices.Clone(ids)
 	slices.Sort(sorted)

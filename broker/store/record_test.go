@@ -90,7 +90,7 @@ func TestRenewMovesTheEndAndTheRecordTrails(t *testing.T) {
 	assert.Equal(t, before, rdb.HGetAll(ctx, key).Val(), "the record is not written")
 	moved := int64(rdb.ZScore(ctx, s.Key("expiry"), "rome/web-0").Val())
 	assert.GreaterOrEqual(t, moved, written)
-	// Named again, the set renews it (scripts/renew_set.lua), writing
+	// Named again, the set renews it (scripts/lib/renew_set.lua), writing
 	// neither the record nor the score.
 	rn, err = s.Renew(ctx, "rome", []string{"web-0"})
 	require.NoError(t, err)

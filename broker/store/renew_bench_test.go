@@ -23,7 +23,7 @@ import (
 // 10,000 members) and 5,000 of one more (api.MaxRenewBatch), 2-minute
 // leases and hold times as the agent makes them, one call at a time:
 //   - same-100: each of the 100 requesters renews its 100 ids, the same
-//     every op: its renewal set renews them at once (scripts/renew_set.lua);
+//     every op: its renewal set renews them at once (scripts/lib/renew_set.lua);
 //   - changing-100: each names 99 of its 100 ids, another one left out every
 //     op: each call is a full renewal, id by id, and no set is opened;
 //   - batch-5000: the one requester's 5,000 ids in one call, id by id

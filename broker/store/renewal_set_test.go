@@ -73,7 +73,7 @@ func renewed(n int) []model.RenewOutcome {
 
 // TestRenewalSetRenewsTheSameIdsAtOnce: once two renewals in a row named
 // the same ids, a renewal naming them, in any order, renews them all at
-// once (scripts/renew_set.lua):
+// once (scripts/lib/renew_set.lua):
 // no score moves, every read end does; expiry moves a covered lease's score
 // to its end before it is due, and ends the set's leases a lease after its
 // last renewal once the requester stops.

@@ -31,7 +31,7 @@
 --                                   HMGET (renew.lua); gen: the generation of the requester's
 --                                   renewal set that renewed it last (lease_entry); a lease made
 --                                   by an earlier release is absent until its first renewal
---   P.."renewal:"..id       hash    the requester's renewal set (renew_set.lua): digest (of the
+--   P.."renewal:"..id       hash    the requester's renewal set (lib/renew_set.lua): digest (of the
 --                                   ids its last full renewal named; absent: none to repeat),
 --                                   gen, at_ms (the set's last renewal), lease_ms (its shortest
 --                                   lease), renewed (1: renewed at once since its ends were last

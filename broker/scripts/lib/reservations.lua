@@ -76,7 +76,7 @@ end
 -- leases hash. Its requester's renewal set, if it covered it, is no longer
 -- the set the requester holds: its digest goes, so that the next renewal
 -- judges every id and tells the requester this one ended, and a full
--- renewal under way does not commit (renew_set.lua); the set's ends stay as
+-- renewal under way does not commit (lib/renew_set.lua); the set's ends stay as
 -- they are for the leases it still covers. The set goes with the last lease.
 local function drop_lease(prefix, requester, qid)
   local lk = prefix .. 'leases:' .. requester
