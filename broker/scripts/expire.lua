@@ -1,5 +1,7 @@
--- expire: end every live reservation whose end (its expiry score) has
--- passed (broker clock), sweep the waiting list of the requests whose wait
+-- expire: end every live reservation whose end (its expiry score, or its
+-- requester's renewal set's: core.lua covered_end) has passed (broker
+-- clock), move the scores of the leases a renewal set covers near to their
+-- ends, sweep the waiting list of the requests whose wait
 -- expired, and trim the audit stream and the requesters with ended reservations kept
 -- (ended.lua) to their retention. Every broker replica runs it on a timer;
 -- running it concurrently is safe because each call is atomic and ended
