@@ -236,3 +236,42 @@ func mustInt(t *testing.T, s string) int64 {
 	require.NoError(t, err)
 	return n
 }
+
+// TestRenewalSetThroughAnOutage: leases a renewal set covers, live when a
+// broker outage began (no expire run for longer than the outage gap, and
+// longer than a lease), get a whole lease after the broker's return like
+// any other lease, and their next renewal renews them.
+func TestRenewalSetThroughAnOutage(t *testing.T) {
+	ctx := context.Background()
+	const gap, length = 500 * time.Millisecond, 1500 * time.Millisecond
+	s := newStore(t, store.Config{OutageGap: gap})
+	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
+	require.NoError(t, err)
+	for _, id := range []string{"a", "b"} {
+		_, err := s.Reserve(ctx, lease(id, "rome", 100, length, length))
+		require.NoError(t, err)
+	}
+	f := renewalSetFixture{t, s}
+	for range 3 {
+		require.Equal(t, renewed(2), f.renew("a", "b"))
+	}
+	require.Equal(t, "1", f.set()["renewed"], "renewed at once")
+	_, err = s.ExpireRun(ctx) // stamps the clock: the broker runs
+	require.NoError(t, err)
+
+	time.Sleep(2 * length) // the outage: nothing runs
+
+	res, err := s.ExpireRun(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, res.Expired, "covered leases live when the outage began are not ended")
+	assert.EqualValues(t, 2, res.Credited)
+	for _, id := range []string{"a", "b"} {
+		r, err := s.Reservation(ctx, "rome", id)
+		require.NoError(t, err)
+		assert.True(t, r.Live(), id)
+		assert.InDelta(t, length, r.Remaining, float64(400*time.Millisecond), "a whole lease from the broker's return: %s", id)
+	}
+	assert.Equal(t, renewed(2), f.renew("b", "a"), "renewed after the outage")
+	assert.Equal(t, renewed(2), f.renew("a", "b"))
+	assertInvariant(t, s)
+}
