@@ -143,8 +143,15 @@ func (w *Requesters) vouch(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			// RequesterRenews: the requester renews them itself, nothing to do.
+			itself := 0
+			for _, r := range out.Refused {
+				if r.Reason == api.RenewRequesterRenews {
+					itself++
+				}
+			}
 			w.Log.V(1).Info("renewed the leases of a requester heard here", "requester", requester,
-				"renewed", len(out.Renewed), "refused", len(out.Refused))
+				"renewed", len(out.Renewed), "renewedByRequester", itself, "refused", len(out.Refused)-itself)
 		}
 	}
 	return nil
