@@ -60,18 +60,19 @@ local prefix, requester, provider, digest = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local ek = prefix .. 'expiry'
 local now = now_ms()
 local from, to = last_outage(prefix, now)
+-- tag: the generation to tag the renewed leases with, nil for none. One
+-- renew_set just opened is pending; a later chunk's is, unless a newer full
+-- renewal or an ended lease of the set cancelled it.
 local tag = tonumber(ARGV[4])
 if provider == '' and digest ~= '' then
   local outcome, n = renew_set(prefix, requester, digest, now)
   if outcome == 'same' then return {now, n, 0, 'same'} end
   tag = n
+elseif tag > 0 and redis.call('HGET', prefix .. 'renewal:' .. requester, 'pending') ~= ARGV[4] then
+  tag = 0
 end
+if provider ~= '' or tag == 0 then tag = nil end
 local set = renewal_set(prefix, requester)
--- The generation to tag with, while it is still the one pending (a newer
--- full renewal, or an ended lease of the set, cancels it).
-if provider ~= '' or tag == 0 or redis.call('HGET', prefix .. 'renewal:' .. requester, 'pending') ~= string.format('%d', tag) then
-  tag = nil
-end
 
 -- A live lease's end is its expiry score, or later if the requester's
 -- renewal set covers it (core.lua with_live_end, covered_end). Per chunk

@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -200,13 +198,11 @@ func (s *Store) renew(ctx context.Context, requester, provider string, ids []str
 	}
 	out := make([]model.Renewal, 0, len(ids))
 	var gen, shortest int64 // the set's generation opened for these ids; the shortest lease renewed (ms)
-	for first, chunk := 0, []string(nil); first < len(ids); first += len(chunk) {
-		chunk = ids[first:min(first+renewChunk, len(ids))]
+	named := digest         // the digest goes with the first chunk only
+	for chunk := range slices.Chunk(ids, renewChunk) {
 		args := make([]any, 0, 4+len(chunk))
-		args = append(args, requester, provider, "", gen)
-		if first == 0 {
-			args[2] = digest
-		}
+		args = append(args, requester, provider, named, gen)
+		named = ""
 		for _, id := range chunk {
 			args = append(args, id)
 		}
@@ -250,17 +246,15 @@ func (s *Store) renew(ctx context.Context, requester, provider string, ids []str
 // be replaced at every call.
 const RenewalSetMaxIDs = 4999
 
-// renewalDigest names a set of ids whatever their order: 16 hex digits of a
-// SHA-256 of the sorted ids (scripts/lib/renew_set.lua).
+// renewalDigest names a set of ids whatever their order: the digest of the
+// sorted ids, as an advertisement's (digestOf; scripts/lib/renew_set.lua).
 func renewalDigest(ids []string) string {
-	sorted := slices.Clone(ids)
-	slices.Sort(sorted)
-	h := sha256.New()
-	for _, id := range sorted {
-		h.Write([]byte(id))
-		h.Write([]byte{0})
+	sorted := slices.Sorted(slices.Values(ids))
+	args := make([]any, len(sorted))
+	for i, id := range sorted {
+		args[i] = id
 	}
-	return hex.EncodeToString(h.Sum(nil)[:8])
+	return digestOf(args)
 }
 
 // renewChunk bounds the ids of one renew script call. Each id is renewed on

@@ -14,12 +14,13 @@
 -- A set is opened when a renewal names the same ids as the one before it
 -- (their digest is the candidate): renew.lua tags each lease it renews with
 -- the generation this script opened, and renew_commit.lua makes them the
--- set if every id was renewed and no lease of it ended meanwhile. A lease of the set that ends takes the set's digest
--- with it (reservations.lua drop_lease), so the next renewal is full and
--- tells the requester which ended. Opening a generation first writes the old
--- set's ends into expiry (XX GT) if it was ever renewed at once: a lease it
--- covered and the new one does not keeps the end the old set gave it, a
--- lease after its last renewal.
+-- set if every id was renewed and no lease of it ended meanwhile. A lease
+-- of the set that ends takes the set's digest with it (reservations.lua
+-- drop_lease), so the next renewal is full and tells the requester which
+-- ended. A renewal naming other ids first writes the set's ends into expiry
+-- (XX GT) if it was renewed at once since they were last written: a lease
+-- it covered and the next set does not keeps the end it gave it, a lease
+-- after its last renewal.
 --
 -- renew_set runs for a requester's renewal naming ids whose digest is
 -- digest (store.renewalDigest), on the broker's clock now. Returns "same"
