@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,8 +22,10 @@ import (
 const DefaultVouchPeriod = 30 * time.Second
 
 // LeaseRenewer renews a requester's leases placed on this provider
-// (broker/client Client.RenewFor).
+// (broker/client Client.RenewFor), for the requesters that have gone quiet
+// (Client.QuietRequesters).
 type LeaseRenewer interface {
+	QuietRequesters(ctx context.Context, requesters []string) ([]string, error)
 	RenewFor(ctx context.Context, requester string, ids []string) (api.RenewResponse, error)
 }
 
@@ -112,8 +115,9 @@ func (w *Requesters) Start(ctx context.Context) error {
 // NeedLeaderElection: only the leader acts for the cluster.
 func (w *Requesters) NeedLeaderElection() bool { return true }
 
-// vouch renews, for each requester heard, its live reservations whose pods
-// run here: the leases the requester itself renews (a reservation whose pod
+// vouch renews, for each requester heard that the broker finds quiet (it
+// stopped renewing its own leases), its live reservations whose pods run
+// here: the leases the requester itself renews (a reservation whose pod
 // never came ends at its hold time, as it would without this).
 func (w *Requesters) vouch(ctx context.Context) error {
 	var list rbv1.ProviderInstructionList
@@ -132,27 +136,46 @@ func (w *Requesters) vouch(ctx context.Context) error {
 		}
 		byRequester[pi.Spec.Requester] = append(byRequester[pi.Spec.Requester], pi.Spec.ReservationID)
 	}
-	for requester, ids := range byRequester {
-		if !w.Heard(ctx, requester) {
-			continue
+	var heard []string
+	for requester := range byRequester {
+		if w.Heard(ctx, requester) {
+			heard = append(heard, requester)
 		}
-		for len(ids) > 0 {
-			batch := ids[:min(len(ids), api.MaxRenewBatch)]
-			ids = ids[len(batch):]
-			out, err := w.Broker.RenewFor(ctx, requester, batch)
-			if err != nil {
+	}
+	// While a requester renews its leases itself, this provider's renewals
+	// are not needed: one call names every requester heard, and only those
+	// the broker finds quiet are renewed, so a provider hosting many
+	// requesters costs the broker one call a period, not one per requester.
+	for names := range slices.Chunk(heard, api.MaxQuietRequesters) {
+		quiet, err := w.Broker.QuietRequesters(ctx, names)
+		if err != nil {
+			return err
+		}
+		for _, requester := range quiet {
+			if err := w.renewFor(ctx, requester, byRequester[requester]); err != nil {
 				return err
 			}
-			// RequesterRenews: the requester renews them itself, nothing to do.
-			itself := 0
-			for _, r := range out.Refused {
-				if r.Reason == api.RenewRequesterRenews {
-					itself++
-				}
-			}
-			w.Log.V(1).Info("renewed the leases of a requester heard here", "requester", requester,
-				"renewed", len(out.Renewed), "renewedByRequester", itself, "refused", len(out.Refused)-itself)
 		}
+	}
+	return nil
+}
+
+// renewFor renews ids of requester, in batches the API takes.
+func (w *Requesters) renewFor(ctx context.Context, requester string, ids []string) error {
+	for batch := range slices.Chunk(ids, api.MaxRenewBatch) {
+		out, err := w.Broker.RenewFor(ctx, requester, batch)
+		if err != nil {
+			return err
+		}
+		// RequesterRenews: it renewed itself since it was found quiet.
+		itself := 0
+		for _, r := range out.Refused {
+			if r.Reason == api.RenewRequesterRenews {
+				itself++
+			}
+		}
+		w.Log.V(1).Info("renewed the leases of a quiet requester heard here", "requester", requester,
+			"renewed", len(out.Renewed), "renewedByRequester", itself, "refused", len(out.Refused)-itself)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -60,9 +61,25 @@ func TestRequestersHeard(t *testing.T) {
 	assert.True(t, w.Heard(ctx, "rome"), "changed: heard again, whatever its clock says")
 }
 
+// renewals is the broker: the requesters not in renewing are quiet.
 type renewals struct {
-	mu   sync.Mutex
-	seen map[string][]string
+	mu       sync.Mutex
+	renewing map[string]bool
+	asked    [][]string // the requesters of each QuietRequesters call
+	seen     map[string][]string
+}
+
+func (r *renewals) QuietRequesters(_ context.Context, requesters []string) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.asked = append(r.asked, slices.Sorted(slices.Values(requesters)))
+	var quiet []string
+	for _, q := range requesters {
+		if !r.renewing[q] {
+			quiet = append(quiet, q)
+		}
+	}
+	return quiet, nil
 }
 
 func (r *renewals) RenewFor(_ context.Context, requester string, ids []string) (api.RenewResponse, error) {
@@ -117,6 +134,25 @@ func TestRequestersVouch(t *testing.T) {
 	w := &Requesters{Client: c, Reader: c, Broker: b, Namespace: "resource-broker"}
 	require.NoError(t, w.vouch(context.Background()))
 	assert.Equal(t, map[string][]string{"rome": {"runs"}}, b.seen)
+	assert.Equal(t, [][]string{{"rome"}}, b.asked, "only the requesters heard are named")
+}
+
+// TestRequestersVouchQuietOnly: one call names every requester heard; only
+// those the broker finds quiet are renewed.
+func TestRequestersVouchQuietOnly(t *testing.T) {
+	c := fakeClient(
+		heartbeatLease("rome", time.Now(), 60), instruction("rome", "a", false, time.Time{}, ""), tenantPod("rome", "a", "", corev1.PodRunning),
+		heartbeatLease("oslo", time.Now(), 60), instruction("oslo", "b", false, time.Time{}, ""), tenantPod("oslo", "b", "", corev1.PodRunning),
+		heartbeatLease("lima", time.Now(), 60), instruction("lima", "c", false, time.Time{}, ""), tenantPod("lima", "c", "", corev1.PodRunning),
+		instruction("lima", "d", false, time.Time{}, ""), tenantPod("lima", "d", "", corev1.PodRunning),
+	)
+	b := &renewals{renewing: map[string]bool{"rome": true, "oslo": true}}
+	w := &Requesters{Client: c, Reader: c, Broker: b, Namespace: "resource-broker"}
+	require.NoError(t, w.vouch(context.Background()))
+	assert.Equal(t, [][]string{{"lima", "oslo", "rome"}}, b.asked)
+	require.Contains(t, b.seen, "lima")
+	assert.ElementsMatch(t, []string{"c", "d"}, b.seen["lima"])
+	assert.Len(t, b.seen, 1, "rome and oslo renew their own leases")
 }
 
 // TestHoldEviction: Released is never held; a lapse while the requester is

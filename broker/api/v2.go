@@ -661,6 +661,39 @@ const (
 	RenewRequesterRenews = "RequesterRenews"
 )
 
+// QuietRequest is the body of POST /api/v2/renewals/quiet: the requesters a
+// provider would renew leases for (those it still hears whose pods run on
+// it), at most MaxQuietRequesters.
+type QuietRequest struct {
+	Requesters []string `json:"requesters"`
+}
+
+// MaxQuietRequesters bounds the requesters of one QuietRequest; its body
+// fits MaxRenewBodyBytes.
+const MaxQuietRequesters = MaxRenewBatch
+
+// Validate checks a QuietRequest: at most MaxQuietRequesters, each a
+// cluster id.
+func (q QuietRequest) Validate() error {
+	if len(q.Requesters) > MaxQuietRequesters {
+		return invalid("requesters: %d requesters, at most %d per call (split them)", len(q.Requesters), MaxQuietRequesters)
+	}
+	for i, r := range q.Requesters {
+		if err := ValidateClusterID(r); err != nil {
+			return invalid("requesters[%d]: %v", i, err)
+		}
+	}
+	return nil
+}
+
+// QuietResponse answers a QuietRequest: the requesters named that have not
+// renewed their own leases within a third of their shortest lease. A
+// provider's renewal (POST /api/v2/renewals?requester=) is needed for them
+// alone: the others' would be refused RenewRequesterRenews.
+type QuietResponse struct {
+	Quiet []string `json:"quiet"`
+}
+
 // EventCapacityAvailable tells a requester that capacity was freed while one
 // of its requests waits (Phase "Waiting", no Provider): retry it now. The
 // broker sends it to the first waiting requests, highest priority first.

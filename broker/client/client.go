@@ -498,6 +498,19 @@ func (c *Client) RenewFor(ctx context.Context, requester string, ids []string) (
 	return out, err
 }
 
+// QuietRequesters asks, as the provider this client is, which of
+// requesters (at most api.MaxQuietRequesters) have not renewed their own
+// leases within a third of their shortest lease: RenewFor is needed for
+// those alone. Idempotent, so retried.
+func (c *Client) QuietRequesters(ctx context.Context, requesters []string) ([]string, error) {
+	if len(requesters) > api.MaxQuietRequesters {
+		return nil, fmt.Errorf("client: %d requesters, at most %d per call", len(requesters), api.MaxQuietRequesters)
+	}
+	var out api.QuietResponse
+	err := c.call(ctx, http.MethodPost, "/api/v2/renewals/quiet", nil, api.QuietRequest{Requesters: requesters}, true, &out)
+	return out.Quiet, err
+}
+
 func requireID(what, id string) error {
 	if id == "" {
 		return fmt.Errorf("client: %s must not be empty", what)

@@ -280,3 +280,50 @@ func (s *Server) renewIn(ctx context.Context, caller, requester string, ids []st
 	}
 	return out, nil
 }
+
+// requestersRenewing is store.RequestersRenewing for a provider, caller:
+// with cells, a requester's leases placed on caller live in the
+// requester's cell or in caller's (asked of every cell), and its renewals
+// reach each cell holding one of them, so it renews itself if it does in
+// either cell.
+func (s *Server) requestersRenewing(ctx context.Context, caller string, requesters []string) ([]bool, error) {
+	if s.cells == nil {
+		return s.store.RequestersRenewing(ctx, requesters)
+	}
+	out := make([]bool, len(requesters))
+	// ask asks cell about requesters[i] for each i of at.
+	ask := func(cell string, at []int) error {
+		names := make([]string, len(at))
+		for j, i := range at {
+			names[j] = requesters[i]
+		}
+		got, err := s.cells.Cell(cell).RequestersRenewing(ctx, names)
+		for j, i := range at {
+			out[i] = out[i] || (err == nil && got[j])
+		}
+		return err
+	}
+	byCell := map[string][]int{}
+	for i, r := range requesters {
+		cell := s.cellOf(ctx, r)
+		byCell[cell] = append(byCell[cell], i)
+	}
+	home := s.cellOf(ctx, caller)
+	var again []int // not renewing in their own cell, which is not caller's
+	for cell, at := range byCell {
+		if err := ask(cell, at); err != nil {
+			return nil, err
+		}
+		for _, i := range at {
+			if cell != home && !out[i] {
+				again = append(again, i)
+			}
+		}
+	}
+	if len(again) > 0 {
+		if err := ask(home, again); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}

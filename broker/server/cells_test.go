@@ -100,6 +100,28 @@ func TestCellsOverRedisCluster(t *testing.T) {
 	assert.Equal(t, "nope", renewed.Refused[0].ID)
 	assert.Equal(t, api.RenewNotFound, renewed.Refused[0].Reason)
 
+	// Its providers, in either cell, find eu-1 renewing itself; us-1 never
+	// renewed: quiet, a provider's renewal is needed for it.
+	for _, provider := range []string{far.Provider, "eu-2"} {
+		code, data = b.Do(provider, http.MethodPost, "/api/v2/renewals/quiet", api.QuietRequest{Requesters: []string{"eu-1", "us-1"}})
+		require.Equal(t, http.StatusOK, code, "%s", data)
+		assert.Equal(t, []string{"us-1"}, brokertest.Decode[api.QuietResponse](t, data).Quiet, "asked by %s", provider)
+	}
+	// eu-3 (in eu, never advertised) holds a lease in us alone: its renewal
+	// reaches us only, where its provider finds it renewing.
+	eu3 := reservationLease("only-across", "1", "1Gi", "1m")
+	eu3.Cells = api.CellsAll
+	onlyAcross := reserve("eu-3", eu3)
+	require.Equal(t, "us", cellOf("eu-3", "only-across"))
+	code, data = b.Do("eu-3", http.MethodPost, "/api/v2/renewals", api.RenewRequest{IDs: []string{"only-across"}})
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	require.Len(t, brokertest.Decode[api.RenewResponse](t, data).Renewed, 1, "%s", data)
+	code, data = b.Do(onlyAcross.Provider, http.MethodPost, "/api/v2/renewals/quiet", api.QuietRequest{Requesters: []string{"eu-3"}})
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	assert.Empty(t, brokertest.Decode[api.QuietResponse](t, data).Quiet, "renewing in its provider's cell")
+	code, data = b.Do("eu-3", http.MethodDelete, "/api/v2/reservations/only-across", nil)
+	require.Equal(t, http.StatusOK, code, "%s", data)
+
 	// Every cluster of both cells, once each.
 	code, data = b.Do("eu-1", http.MethodGet, "/api/v2/clusters", nil)
 	require.Equal(t, http.StatusOK, code, "%s", data)

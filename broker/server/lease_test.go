@@ -152,6 +152,18 @@ func TestRenewals(t *testing.T) {
 	assert.Equal(t, api.RenewRequesterRenews, vouched.Refused[0].Reason)
 	assert.Contains(t, vouched.Refused[0].Error, "rome renews its leases itself")
 
+	// Which requesters need its renewal: rome renews itself; milan never
+	// renewed, oslo holds nothing here. Bad input is a 400.
+	code, data = b.Do(heldAfter.Target, http.MethodPost, "/api/v2/renewals/quiet", api.QuietRequest{Requesters: []string{"milan", "rome", "oslo"}})
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	assert.Equal(t, []string{"milan", "oslo"}, brokertest.Decode[api.QuietResponse](t, data).Quiet)
+	code, data = b.Do(heldAfter.Target, http.MethodPost, "/api/v2/renewals/quiet", api.QuietRequest{Requesters: []string{"rome", "Not_A/Name"}})
+	require.Equal(t, http.StatusBadRequest, code, "%s", data)
+	assert.Contains(t, string(data), "requesters[1]")
+	code, data = b.Do(heldAfter.Target, http.MethodPost, "/api/v2/renewals/quiet", api.QuietRequest{Requesters: make([]string, api.MaxQuietRequesters+1)})
+	require.Equal(t, http.StatusBadRequest, code, "%s", data)
+	assert.Contains(t, string(data), "at most 5000")
+
 	metrics := scrape(t, b)
 	for _, want := range []string{
 		`rb_broker_renewals_total{outcome="by_requester"} 1`,

@@ -182,6 +182,8 @@ func TestOperatorOpenAPI(t *testing.T) {
 	require.NotNil(t, got.Grant, "the requester's view, with its grant, validated too")
 	c.call("rome", http.MethodPost, "/api/v2/renewals", "/api/v2/renewals", api.RenewRequest{IDs: []string{"r1", "nothing"}}, http.StatusOK)
 	c.call("rome", http.MethodPost, "/api/v2/renewals", "/api/v2/renewals", map[string]any{"ids": "r1"}, http.StatusBadRequest)
+	c.call("paris", http.MethodPost, "/api/v2/renewals/quiet", "/api/v2/renewals/quiet", api.QuietRequest{Requesters: []string{"rome", "oslo"}}, http.StatusOK)
+	c.call("paris", http.MethodPost, "/api/v2/renewals/quiet", "/api/v2/renewals/quiet", map[string]any{"requesters": "rome"}, http.StatusBadRequest)
 	// A gang, and the protections report.
 	member := func(id, cpu string) api.GroupMember { return api.GroupMember{ID: id, Resources: q(cpu, "1Gi", "")} }
 	const groups, protections = "/api/v2/groups", "/api/v2/protections"

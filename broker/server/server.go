@@ -190,6 +190,8 @@ func (s *Server) routes() []route {
 		{"POST /api/v2/reservations/{id}/grant", s.postGrant, api.MaxBodyBytes},
 		// A renewal carries up to api.MaxRenewBatch ids: a larger body bound.
 		{"POST /api/v2/renewals", s.postRenewals, api.MaxRenewBodyBytes},
+		// A provider names up to api.MaxQuietRequesters requesters.
+		{"POST /api/v2/renewals/quiet", s.postQuietRequesters, api.MaxRenewBodyBytes},
 		{"POST /api/v2/groups", s.postGroup, api.MaxBodyBytes},
 		// A cluster's protected reservations: as many ids as a renewal.
 		{"PUT /api/v2/protections", s.putProtections, api.MaxRenewBodyBytes},

@@ -414,3 +414,39 @@ func (s *Server) postRenewals(w http.ResponseWriter, r *http.Request, caller str
 	}
 	writeJSON(w, http.StatusOK, out)
 }
+
+// postQuietRequesters answers a provider which of the requesters it names
+// have gone quiet: not renewed their own leases within a third of their
+// shortest lease. The provider renews for those alone (postRenewals with
+// ?requester=), so while the requesters renew, a provider costs one call a
+// period however many requesters it hosts, not one per requester. It
+// learns no more than a renewal for them would tell it (RequesterRenews).
+// Charged as one renewal, each requester named as a renewed id.
+func (s *Server) postQuietRequesters(w http.ResponseWriter, r *http.Request, caller string) {
+	rates := s.rates(caller)
+	call := model.Charge{Kind: store.RateRenewals, Rate: rates.Renewals, Cost: 1}
+	bytes := model.Charge{Kind: store.RateRenewalBytes, Rate: rates.RenewalBytes, Cost: bodyCost(r, api.MaxRenewBodyBytes)}
+	if s.refusedByRate(w, r, caller, time.Now(), call, bytes) {
+		return
+	}
+	body, ok := decodeValid[api.QuietRequest](w, r)
+	if !ok {
+		return
+	}
+	if !s.throttle(w, r, caller, call, bytes,
+		model.Charge{Kind: store.RateRenewedIDs, Rate: rates.RenewedIDs, Cost: int64(len(body.Requesters))}) {
+		return
+	}
+	renewing, err := s.requestersRenewing(r.Context(), caller, body.Requesters)
+	if err != nil {
+		s.writeStoreError(w, "quiet", err)
+		return
+	}
+	out := api.QuietResponse{Quiet: []string{}}
+	for i, requester := range body.Requesters {
+		if !renewing[i] {
+			out.Quiet = append(out.Quiet, requester)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}

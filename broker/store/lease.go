@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/scripts"
 )
@@ -149,11 +151,11 @@ func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []
 	if provider == "" {
 		return nil, errors.New("renew: a provider renewing for a requester must be named")
 	}
-	renews, err := s.requesterRenews(ctx, requester)
+	renews, err := s.RequestersRenewing(ctx, []string{requester})
 	if err != nil {
 		return nil, err
 	}
-	if renews {
+	if renews[0] {
 		out := make([]model.Renewal, len(ids))
 		for i, id := range ids {
 			out[i] = model.Renewal{ID: id, Outcome: model.RenewByRequester}
@@ -163,30 +165,38 @@ func (s *Store) RenewFor(ctx context.Context, provider, requester string, ids []
 	return s.renew(ctx, requester, provider, ids)
 }
 
-// requesterRenews tells whether requester renewed its leases itself within
-// a third of the shortest lease it renewed, on the Redis clock: its renewal
-// set's last renewal (at_ms, lease_ms) or its last renewal id by id
-// (called_ms, called_lease_ms: scripts/renew.lua).
-func (s *Store) requesterRenews(ctx context.Context, requester string) (bool, error) {
+// RequestersRenewing tells, for each of requesters, whether it renewed its
+// leases itself within a third of the shortest lease it renewed, on the
+// Redis clock: its renewal set's last renewal (at_ms, lease_ms) or its last
+// renewal id by id (called_ms, called_lease_ms: scripts/renew.lua). A
+// provider's renewals for one that does are not needed (RenewFor); one that
+// never renewed here is not renewing. One round trip, one HMGET each.
+func (s *Store) RequestersRenewing(ctx context.Context, requesters []string) ([]bool, error) {
 	pipe := s.rdb.Pipeline()
-	v := pipe.HMGet(ctx, s.Key("renewal:", requester), "at_ms", "lease_ms", "called_ms", "called_lease_ms")
 	now := pipe.Time(ctx)
+	last := make([]*redis.SliceCmd, len(requesters))
+	for i, r := range requesters {
+		last[i] = pipe.HMGet(ctx, s.Key("renewal:", r), "at_ms", "lease_ms", "called_ms", "called_lease_ms")
+	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		return false, err
+		return nil, err
 	}
 	nowMs := now.Val().UnixMilli()
-	f := make([]int64, 4)
-	for i, x := range v.Val() {
-		if str, ok := x.(string); ok {
-			f[i], _ = strconv.ParseInt(str, 10, 64)
+	out := make([]bool, len(requesters))
+	for i, v := range last {
+		var f [4]int64
+		for j, x := range v.Val() {
+			if str, ok := x.(string); ok {
+				f[j], _ = strconv.ParseInt(str, 10, 64)
+			}
+		}
+		for _, l := range [][2]int64{{f[0], f[1]}, {f[2], f[3]}} {
+			if at, lease := l[0], l[1]; lease > 0 && nowMs-at < lease/3 {
+				out[i] = true
+			}
 		}
 	}
-	for _, last := range [][2]int64{{f[0], f[1]}, {f[2], f[3]}} {
-		if at, lease := last[0], last[1]; lease > 0 && nowMs-at < lease/3 {
-			return true, nil
-		}
-	}
-	return false, nil
+	return out, nil
 }
 
 func (s *Store) renew(ctx context.Context, requester, provider string, ids []string) ([]model.Renewal, error) {
