@@ -14,6 +14,7 @@ import (
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
 )
 
 // DefaultVouchPeriod is how often a provider renews, at the broker, the
@@ -148,6 +149,11 @@ func (w *Requesters) vouch(ctx context.Context) error {
 	// requesters costs the broker one call a period, not one per requester.
 	for names := range slices.Chunk(heard, api.MaxQuietRequesters) {
 		quiet, err := w.Broker.QuietRequesters(ctx, names)
+		if brokerclient.IsNotFound(err) {
+			// A broker of an earlier release (a rolling update): it has no
+			// such call, and gates each provider's renewal itself.
+			quiet, err = names, nil
+		}
 		if err != nil {
 			return err
 		}

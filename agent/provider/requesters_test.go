@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -22,6 +23,7 @@ import (
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
 	"github.com/fluidos-project/resource-broker/broker/api"
+	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
 )
 
 func fakeClient(objs ...client.Object) client.Client {
@@ -64,6 +66,7 @@ func TestRequestersHeard(t *testing.T) {
 // renewals is the broker: the requesters not in renewing are quiet.
 type renewals struct {
 	mu       sync.Mutex
+	earlier  bool // a broker without QuietRequesters: 404
 	renewing map[string]bool
 	asked    [][]string // the requesters of each QuietRequesters call
 	seen     map[string][]string
@@ -73,6 +76,9 @@ func (r *renewals) QuietRequesters(_ context.Context, requesters []string) ([]st
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.asked = append(r.asked, slices.Sorted(slices.Values(requesters)))
+	if r.earlier {
+		return nil, &brokerclient.APIError{StatusCode: http.StatusNotFound, Reason: api.ReasonNotFound, Message: "no route for POST /api/v2/renewals/quiet"}
+	}
 	var quiet []string
 	for _, q := range requesters {
 		if !r.renewing[q] {
@@ -153,6 +159,13 @@ func TestRequestersVouchQuietOnly(t *testing.T) {
 	require.Contains(t, b.seen, "lima")
 	assert.ElementsMatch(t, []string{"c", "d"}, b.seen["lima"])
 	assert.Len(t, b.seen, 1, "rome and oslo renew their own leases")
+
+	// A broker of an earlier release answers 404: each requester heard is
+	// renewed for, as that broker expects.
+	b = &renewals{earlier: true, renewing: map[string]bool{"rome": true}}
+	w.Broker = b
+	require.NoError(t, w.vouch(context.Background()))
+	assert.Len(t, b.seen, 3)
 }
 
 // TestHoldEviction: Released is never held; a lapse while the requester is
