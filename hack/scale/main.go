@@ -22,6 +22,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -38,6 +39,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/klog/v2"
 
+	"github.com/fluidos-project/resource-broker/broker/api"
 	brokerclient "github.com/fluidos-project/resource-broker/broker/client"
 	"github.com/fluidos-project/resource-broker/internal/brokertest"
 )
@@ -64,7 +66,9 @@ type options struct {
 	heartbeats                        bool
 	moves                             float64
 	fillPinned, releaseAtEnd          bool
+	fillSpread                        int
 	grant                             bool
+	vouch                             []string
 }
 
 func main() {
@@ -99,7 +103,11 @@ func main() {
 	f.BoolVar(&o.heartbeats, "heartbeats", true, "members send a heartbeat naming the advertisement the broker holds while their figures stay within the agent's band of it, as agent/publisher does; false: a full advertisement every period")
 	f.BoolVar(&o.fillPinned, "fill-pinned", false, "fill with requests that each name one provider by a label of its own (the member's "+memberLabel+"), round-robin over the providers: "+
 		"each fill decision then evaluates one candidate (the index's direct method) instead of walking the index, so that a million leases fill in minutes; the window's decisions are never pinned")
+	f.IntVar(&o.fillSpread, "fill-spread", 1, "with --fill-pinned, the providers each requester's leases are spread over (1: one provider per requester, each provider hosting one requester's leases)")
 	f.BoolVar(&o.releaseAtEnd, "release-at-end", true, "after the window's checks, release every lease and check the invariant again (at a million leases this takes longer than the rest of the run)")
+	f.StringSliceVar(&o.vouch, "vouch", []string{vouchQuiet}, "each member, as a provider, renews every 30 s the leases of the requesters whose leases it holds, as agent/provider does for the requesters it hears: "+
+		vouchQuiet+": one call asks which requesters went quiet and renews for those alone (the agent now); "+vouchEach+": one renewal call per requester (the agent before); "+vouchOff+": none. "+
+		"A list (each,quiet) measures the windows of --decisions-per-second in each mode, one after the other, on the same filled leases")
 	f.BoolVar(&o.grant, "grant", false, "after each reservation granted, its provider posts a grant for it (grant.go)")
 	f.Float64Var(&o.moves, "advert-moves", 0.1, "the share of a member's periods in which pods come or go: one node's used figures move past the band (8-12 % of the node), so its next publish is a full advertisement")
 	var klogFlags flag.FlagSet
@@ -122,7 +130,8 @@ type sim struct {
 	rec        atomic.Pointer[recorder] // the current phase's
 	live       atomic.Int64             // leases the members hold
 	renewedIDs atomic.Int64
-	rate       float64 // decisions per second offered in the current window
+	rate       float64                // decisions per second offered in the current window
+	vouch      atomic.Pointer[string] // the --vouch mode of the current window (or fill)
 	rngMu      sync.Mutex
 	rng        *rand.Rand
 }
@@ -131,9 +140,10 @@ func (s *sim) recorder() *recorder { return s.rec.Load() }
 
 func run(ctx context.Context, o options, command string) (err error) {
 	if o.clusters < 2 || o.nodesPerCluster < 1 || o.nodesPerCluster > 100 || o.replicas < 1 || len(o.decisionsPerSecond) == 0 || slices.Min(o.decisionsPerSecond) < 0 ||
-		o.leases < 0 || o.moves < 0 || o.moves > 1 || o.renewInterval <= 0 || o.renewInterval > o.leaseLength/3 {
-		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second >= 0, --leases >= 0, --advert-moves 0 to 1, " +
-			"--renew-interval at most a third of --lease-length (as rb-agent)")
+		o.leases < 0 || o.moves < 0 || o.fillSpread < 1 || o.fillSpread >= o.clusters || o.moves > 1 || o.renewInterval <= 0 || o.renewInterval > o.leaseLength/3 ||
+		len(o.vouch) == 0 || slices.ContainsFunc(o.vouch, func(v string) bool { return !slices.Contains([]string{vouchQuiet, vouchEach, vouchOff}, v) }) {
+		return errors.New("need --clusters >= 2, --nodes-per-cluster 1 to 100, --replicas >= 1, --decisions-per-second >= 0, --leases >= 0, --advert-moves 0 to 1, --fill-spread 1 to clusters-1, " +
+			"--renew-interval at most a third of --lease-length (as rb-agent), --vouch " + vouchQuiet + ", " + vouchEach + " or " + vouchOff)
 	}
 	tb := &programTB{}
 	defer tb.runCleanups()
@@ -151,6 +161,7 @@ func run(ctx context.Context, o options, command string) (err error) {
 			LeaseSeconds: o.leaseLength.Seconds(), RenewIntervalSeconds: o.renewInterval.Seconds(), Heartbeats: o.heartbeats, AdvertMoves: o.moves,
 			DurationSeconds: o.duration.Seconds(), Replicas: o.replicas}}
 	s := &sim{o: o, leases: &leaseQueue{}, rng: rand.New(rand.NewPCG(o.seed, 7))}
+	s.vouch.Store(&o.vouch[0])
 	if o.grant {
 		if s.grants, err = newGrants(); err != nil {
 			return err
@@ -225,18 +236,22 @@ func run(ctx context.Context, o options, command string) (err error) {
 		return ctx.Err()
 	}
 
-	for _, rate := range o.decisionsPerSecond {
-		step("steady window: %s at %g decisions/s", o.duration, rate)
-		w, err := s.steady(ctx, rate)
-		if err != nil {
-			stopLoops()
-			return err
+	for _, vouch := range o.vouch {
+		s.vouch.Store(&vouch)
+		for _, rate := range o.decisionsPerSecond {
+			step("steady window: %s at %g decisions/s, providers' renewals: %s", o.duration, rate, vouch)
+			w, err := s.steady(ctx, rate)
+			if err != nil {
+				stopLoops()
+				return err
+			}
+			w.Vouch = vouch
+			rep.Windows = append(rep.Windows, w)
+			// The window's figures now: the checks of a large federation take minutes.
+			var window strings.Builder
+			w.write(&window)
+			step("window done:%s", window.String())
 		}
-		rep.Windows = append(rep.Windows, w)
-		// The window's figures now: the checks of a large federation take minutes.
-		var window strings.Builder
-		w.write(&window)
-		step("window done:%s", window.String())
 	}
 
 	stopAdverts() // the calls it cuts count in the window's recorder, already summed up
@@ -410,7 +425,7 @@ func (s *sim) renew(ctx context.Context, m *member) {
 		s.recorder().observe("renew", time.Since(start), err)
 		s.renewedIDs.Add(int64(len(resp.Renewed)))
 		for _, r := range resp.Refused {
-			if m.drop(r.ID) {
+			if _, held := m.drop(r.ID); held {
 				s.live.Add(-1)
 				if m.released(r.ID) {
 					s.recorder().count("renew", "refused, released by a call whose answer was lost: "+r.Reason)
@@ -418,6 +433,48 @@ func (s *sim) renew(ctx context.Context, m *member) {
 					s.recorder().count("lost", "renewal refused: "+r.Reason)
 				}
 			}
+		}
+	}
+}
+
+// The --vouch modes.
+const (
+	vouchQuiet = "quiet"
+	vouchEach  = "each"
+	vouchOff   = "off"
+)
+
+// vouchPeriod is agent/provider's DefaultVouchPeriod.
+const vouchPeriod = 30 * time.Second
+
+// vouchFor renews, as provider p, the leases placed on it for their
+// requesters, as agent/provider's Requesters does for the requesters it
+// hears (every requester, here: all are heard): with --vouch quiet, one
+// call names them all and only those the broker finds quiet are renewed
+// for; with --vouch each, one renewal per requester, each refused
+// RequesterRenews while the requester renews itself.
+func (s *sim) vouchFor(ctx context.Context, p *member) {
+	mode := *s.vouch.Load()
+	if mode == vouchOff {
+		return
+	}
+	hosted := p.hostedIDs()
+	requesters := slices.Sorted(maps.Keys(hosted))
+	if mode == vouchQuiet {
+		var quiet []string
+		for names := range slices.Chunk(requesters, api.MaxQuietRequesters) {
+			start := time.Now()
+			q, err := p.client.QuietRequesters(ctx, names)
+			s.recorder().observe("quiet", time.Since(start), err)
+			quiet = append(quiet, q...)
+		}
+		requesters = quiet
+	}
+	for _, requester := range requesters {
+		for ids := range slices.Chunk(hosted[requester], renewBatch) {
+			start := time.Now()
+			_, err := p.client.RenewFor(ctx, requester, ids)
+			s.recorder().observe("renew-for", time.Since(start), err)
 		}
 	}
 }
@@ -453,6 +510,21 @@ func (s *sim) startMemberLoops(advCtx, renewCtx context.Context) *sync.WaitGroup
 				}
 			}
 		})
+		if slices.ContainsFunc(s.o.vouch, func(v string) bool { return v != vouchOff }) {
+			wg.Go(func() {
+				t := time.NewTimer(phase((i+len(s.members)/3)%len(s.members), len(s.members), vouchPeriod))
+				defer t.Stop()
+				for {
+					select {
+					case <-renewCtx.Done():
+						return
+					case <-t.C:
+						s.vouchFor(renewCtx, m)
+						t.Reset(vouchPeriod)
+					}
+				}
+			})
+		}
 		wg.Go(func() {
 			ren := time.NewTimer(phase((i+len(s.members)/2)%len(s.members), len(s.members), s.o.renewInterval))
 			defer ren.Stop()
@@ -491,7 +563,7 @@ func (s *sim) reserveOn(ctx context.Context, m *member, queue bool, provider *me
 	var ae *brokerclient.APIError
 	switch {
 	case err == nil:
-		m.hold(req.ID)
+		m.hold(req.ID, s.memberByID(r.Provider))
 		s.live.Add(1)
 		if queue {
 			s.leases.push(time.Now().Add(s.holdTime()), m, req.ID)
@@ -507,7 +579,8 @@ func (s *sim) reserveOn(ctx context.Context, m *member, queue bool, provider *me
 // release ends a lease as its pod ends; a failed release keeps it held (it
 // is released at the end).
 func (s *sim) release(ctx context.Context, m *member, id string) {
-	if !m.drop(id) {
+	provider, held := m.drop(id)
+	if !held {
 		return
 	}
 	s.live.Add(-1)
@@ -516,7 +589,7 @@ func (s *sim) release(ctx context.Context, m *member, id string) {
 	s.recorder().observe("release", time.Since(start), err)
 	var ae *brokerclient.APIError
 	if err != nil {
-		m.hold(id)
+		m.hold(id, provider)
 		s.live.Add(1)
 		if !errors.As(err, &ae) { // lost in transit: the broker may have released it
 			m.mu.Lock()
@@ -567,7 +640,14 @@ func (s *sim) fill(ctx context.Context) {
 		m := s.members[i%n]
 		var provider *member
 		if s.o.fillPinned {
-			provider = s.members[(i+n/2)%n]
+			// The requester's k-th lease goes to the k-th of its
+			// --fill-spread providers, spread round the ring, never itself.
+			k := i / n
+			off := (n/2 + (k%s.o.fillSpread)*max(1, n/s.o.fillSpread)) % n
+			if off == 0 {
+				off = 1
+			}
+			provider = s.members[(i+off)%n]
 		}
 		g.Go(func() error { s.reserveOn(ctx, m, false, provider); return nil })
 	}

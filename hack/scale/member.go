@@ -34,10 +34,13 @@ type member struct {
 	digest               string
 	storedCPU, storedMem []int64
 
-	mu        sync.Mutex
-	rng       *rand.Rand
-	next      int                 // the next reservation's number
-	live      map[string]struct{} // leases the broker granted and the member holds
+	mu   sync.Mutex
+	rng  *rand.Rand
+	next int                // the next reservation's number
+	live map[string]*member // leases the broker granted and the member holds -> their provider
+	// hosted are, as a provider, the leases placed on it: requester -> ids
+	// (--vouch renews them for their requesters).
+	hosted    map[string]map[string]struct{}
 	uncertain map[string]struct{} // reserve calls that failed in transit: the broker may hold them
 	// releasing are release calls that failed in transit and are tried
 	// again at the end: the broker may have ended them already.
@@ -65,7 +68,7 @@ var nodeShapes = []struct{ cpu, memGi, gpus int64 }{
 }
 
 func newMember(id string, nodes int, seed uint64) *member {
-	m := &member{id: id, rng: rand.New(rand.NewPCG(seed, 0x5ca1e)), live: map[string]struct{}{}, uncertain: map[string]struct{}{},
+	m := &member{id: id, rng: rand.New(rand.NewPCG(seed, 0x5ca1e)), live: map[string]*member{}, hosted: map[string]map[string]struct{}{}, uncertain: map[string]struct{}{},
 		releasing: map[string]struct{}{}}
 	m.labels = map[string]string{"topology.kubernetes.io/region": []string{"eu-west", "eu-south", "eu-central"}[m.rng.IntN(3)]}
 	m.price = fmt.Sprintf("0.0%d", 1+m.rng.IntN(5))
@@ -194,19 +197,59 @@ func (m *member) selector() *api.LabelSelector {
 	return &api.LabelSelector{MatchLabels: map[string]string{memberLabel: m.id}}
 }
 
-func (m *member) hold(id string) {
+// hold records lease id, placed on provider.
+func (m *member) hold(id string, provider *member) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.live[id] = struct{}{}
+	m.live[id] = provider
+	m.mu.Unlock()
+	provider.host(m.id, id, true)
 }
 
-// drop forgets a lease and says whether the member held it.
-func (m *member) drop(id string) bool {
+// drop forgets a lease and says whether the member held it, and where.
+func (m *member) drop(id string) (provider *member, held bool) {
+	m.mu.Lock()
+	provider, held = m.live[id]
+	delete(m.live, id)
+	m.mu.Unlock()
+	if held {
+		provider.host(m.id, id, false)
+	}
+	return provider, held
+}
+
+// host records (or, with on false, forgets) requester's lease id placed on
+// m, a provider; m nil (a provider not known) records nothing.
+func (m *member) host(requester, id string, on bool) {
+	if m == nil {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, ok := m.live[id]
-	delete(m.live, id)
-	return ok
+	ids := m.hosted[requester]
+	switch {
+	case on && ids == nil:
+		m.hosted[requester] = map[string]struct{}{id: {}}
+	case on:
+		ids[id] = struct{}{}
+	default:
+		delete(ids, id)
+		if len(ids) == 0 {
+			delete(m.hosted, requester)
+		}
+	}
+}
+
+// hostedIDs are, as a provider, the leases placed on m by requester.
+func (m *member) hostedIDs() map[string][]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string][]string, len(m.hosted))
+	for requester, ids := range m.hosted {
+		for id := range ids {
+			out[requester] = append(out[requester], id)
+		}
+	}
+	return out
 }
 
 // released says whether a release of id failed in transit (the broker

@@ -10,7 +10,7 @@ import (
 )
 
 // activityOrder is the report's order of the activities.
-var activityOrder = []string{"advertise", "heartbeat", "reserve", "renew", "release", "list", "lost"}
+var activityOrder = []string{"advertise", "heartbeat", "reserve", "renew", "quiet", "renew-for", "release", "list", "lost"}
 
 // Report is what a run measured; Table prints it, --out writes it as JSON.
 type Report struct {
@@ -32,6 +32,7 @@ type Report struct {
 // Window is one steady window's figures.
 type Window struct {
 	DecisionsPerSecond float64         `json:"decisionsPerSecond"`
+	Vouch              string          `json:"vouch"` // the providers' renewals (--vouch)
 	LoadAverageStart   string          `json:"loadAverageStart"`
 	LoadAverageEnd     string          `json:"loadAverageEnd"`
 	Seconds            float64         `json:"seconds"`
@@ -184,8 +185,8 @@ func orOK(s string) string {
 
 // write prints the window's figures.
 func (w Window) write(b *strings.Builder) {
-	fmt.Fprintf(b, "\nsteady window at %g decisions/s offered: %.1f s (load %s -> %s), %d live leases at its end, %d lease renewals (ids), %d clusters stale at its end (last advertisement stored over %s before)\n\n",
-		w.DecisionsPerSecond, w.Seconds, w.LoadAverageStart, w.LoadAverageEnd, w.LiveAtEnd, w.RenewedIDs, w.StaleAtEnd, staleThreshold)
+	fmt.Fprintf(b, "\nsteady window at %g decisions/s offered, providers' renewals %s: %.1f s (load %s -> %s), %d live leases at its end, %d lease renewals (ids), %d clusters stale at its end (last advertisement stored over %s before)\n\n",
+		w.DecisionsPerSecond, w.Vouch, w.Seconds, w.LoadAverageStart, w.LoadAverageEnd, w.LiveAtEnd, w.RenewedIDs, w.StaleAtEnd, staleThreshold)
 	writeActivities(b, w.Activities)
 	fmt.Fprintf(b, "\nCPU over the window (share of one core): redis-server %.2f", w.Redis.CPUShare)
 	for _, br := range w.Brokers {

@@ -288,7 +288,7 @@ func (s *sim) check(ctx context.Context) Checks {
 			seen[r.ID]++
 			if _, held := m.live[r.ID]; !held {
 				if _, maybe := m.uncertain[r.ID]; maybe {
-					m.live[r.ID] = struct{}{} // granted after all: released below
+					m.live[r.ID] = nil // granted after all: released below
 				} else {
 					extra = append(extra, r.ID)
 				}
