@@ -2,6 +2,8 @@ package provider
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -157,10 +159,15 @@ func (w *Requesters) vouch(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		// One requester's failed renewal does not hold the others' back.
+		var errs []error
 		for _, requester := range quiet {
 			if err := w.renewFor(ctx, requester, byRequester[requester]); err != nil {
-				return err
+				errs = append(errs, fmt.Errorf("renewing for %s: %w", requester, err))
 			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"sync"
@@ -66,7 +67,8 @@ func TestRequestersHeard(t *testing.T) {
 // renewals is the broker: the requesters not in renewing are quiet.
 type renewals struct {
 	mu       sync.Mutex
-	earlier  bool // a broker without QuietRequesters: 404
+	earlier  bool            // a broker without QuietRequesters: 404
+	failing  map[string]bool // RenewFor fails for these
 	renewing map[string]bool
 	asked    [][]string // the requesters of each QuietRequesters call
 	seen     map[string][]string
@@ -91,6 +93,9 @@ func (r *renewals) QuietRequesters(_ context.Context, requesters []string) ([]st
 func (r *renewals) RenewFor(_ context.Context, requester string, ids []string) (api.RenewResponse, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.failing[requester] {
+		return api.RenewResponse{}, errors.New("broker unavailable")
+	}
 	if r.seen == nil {
 		r.seen = map[string][]string{}
 	}
@@ -166,6 +171,13 @@ func TestRequestersVouchQuietOnly(t *testing.T) {
 	w.Broker = b
 	require.NoError(t, w.vouch(context.Background()))
 	assert.Len(t, b.seen, 3)
+
+	// One requester's renewal fails: the others are renewed all the same.
+	b = &renewals{failing: map[string]bool{"lima": true}}
+	w.Broker = b
+	err := w.vouch(context.Background())
+	require.ErrorContains(t, err, "renewing for lima")
+	assert.Len(t, b.seen, 2, "rome and oslo renewed")
 }
 
 // TestHoldEviction: Released is never held; a lapse while the requester is
