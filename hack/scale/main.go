@@ -510,36 +510,33 @@ func (s *sim) startMemberLoops(advCtx, renewCtx context.Context) *sync.WaitGroup
 				}
 			}
 		})
+		n := len(s.members)
 		if slices.ContainsFunc(s.o.vouch, func(v string) bool { return v != vouchOff }) {
 			wg.Go(func() {
-				t := time.NewTimer(phase((i+len(s.members)/3)%len(s.members), len(s.members), vouchPeriod))
-				defer t.Stop()
-				for {
-					select {
-					case <-renewCtx.Done():
-						return
-					case <-t.C:
-						s.vouchFor(renewCtx, m)
-						t.Reset(vouchPeriod)
-					}
-				}
+				every(renewCtx, phase((i+n/3)%n, n, vouchPeriod), vouchPeriod, func() { s.vouchFor(renewCtx, m) })
 			})
 		}
 		wg.Go(func() {
-			ren := time.NewTimer(phase((i+len(s.members)/2)%len(s.members), len(s.members), s.o.renewInterval))
-			defer ren.Stop()
-			for {
-				select {
-				case <-renewCtx.Done():
-					return
-				case <-ren.C:
-					s.renew(renewCtx, m)
-					ren.Reset(s.o.renewInterval)
-				}
-			}
+			every(renewCtx, phase((i+n/2)%n, n, s.o.renewInterval), s.o.renewInterval, func() { s.renew(renewCtx, m) })
 		})
 	}
 	return &wg
+}
+
+// every calls f after first, and then period after each call returns,
+// until ctx ends.
+func every(ctx context.Context, first, period time.Duration, f func()) {
+	t := time.NewTimer(first)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f()
+			t.Reset(period)
+		}
+	}
 }
 
 // reserve asks for one lease for m and, granted, holds it until its hold
