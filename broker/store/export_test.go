@@ -74,3 +74,6 @@ func (s *Store) CommitRenewalSet(ctx context.Context, requester string, ids []st
 	}
 	return reply[0].(int64) == 1, nil
 }
+
+// RenewalDigest is renewalDigest.
+var RenewalDigest = renewalDigest

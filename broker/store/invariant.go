@@ -221,7 +221,8 @@ func (s *Store) checkGrants(ctx context.Context, live []string) ([]error, error)
 // what renewals read instead of the records: every live lease has an entry
 // in its requester's, holding its lease and its record's end, and every
 // entry is such a lease's; no entry names a renewal set generation the
-// requester has not opened, and no renewal set outlives the last lease.
+// requester has not opened, a committed set's digest is its leases', and no
+// renewal set outlives the last lease.
 func (s *Store) checkLeases(ctx context.Context, live []string) ([]error, error) {
 	records, err := s.recordFields(ctx, live, "requester", "phase", "lease_ms", "expires_ms")
 	if err != nil {
@@ -261,7 +262,7 @@ func (s *Store) checkLeases(ctx context.Context, live []string) ([]error, error)
 		if err != nil {
 			return nil, err
 		}
-		set, err := s.rdb.HMGet(ctx, s.Key("renewal:", requester), "gen", "pending").Result()
+		set, err := s.rdb.HMGet(ctx, s.Key("renewal:", requester), "gen", "pending", "digest").Result()
 		if err != nil {
 			return nil, err
 		}
@@ -269,6 +270,17 @@ func (s *Store) checkLeases(ctx context.Context, live []string) ([]error, error)
 			errs = append(errs, fmt.Errorf("requester %s: a renewal set and no lease", requester))
 		}
 		gen, _ := strconv.ParseInt(fmt.Sprint(set[0]), 10, 64)
+		var members []string // the ids of the entries of the set's generation
+		for qid, entry := range got {
+			if f := strings.Fields(entry); len(f) == 3 && f[2] == strconv.FormatInt(gen, 10) {
+				members = append(members, strings.TrimPrefix(qid, requester+"/"))
+			}
+		}
+		// A committed set's digest names its members, as leases join and
+		// leave it (scripts/lib/reservations.lua note_lease, drop_lease).
+		if digest, ok := set[2].(string); ok && set[1] == nil && strings.Contains(digest, ":") && digest != renewalDigest(members) {
+			errs = append(errs, fmt.Errorf("requester %s: renewal set digest %s, its %d leases' %s", requester, digest, len(members), renewalDigest(members)))
+		}
 		for qid, entry := range got {
 			// "<lease_ms> <record's expires_ms>[ <renewal set generation>]"
 			fields := strings.Fields(entry)

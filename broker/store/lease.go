@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -256,15 +258,22 @@ func (s *Store) renew(ctx context.Context, requester, provider string, ids []str
 // be replaced at every call.
 const RenewalSetMaxIDs = 4999
 
-// renewalDigest names a set of ids whatever their order: the digest of the
-// sorted ids, as an advertisement's (digestOf; scripts/lib/renew_set.lua).
+// renewalDigest names a set of ids whatever their order and however often
+// each is named: for each id the first 96 bits of its SHA-1 as two 48-bit
+// numbers, summed modulo 2^48 lane by lane, "<a>:<b>". A sum, so that the
+// scripts move a set's digest by one id when a lease joins or leaves it
+// (scripts/lib/core.lua digest_move). SHA-1 names, it does not protect: a
+// requester that finds other ids of the same sum only misleads itself
+// (they are answered renewed, and its own set is).
 func renewalDigest(ids []string) string {
-	sorted := slices.Sorted(slices.Values(ids))
-	args := make([]any, len(sorted))
-	for i, id := range sorted {
-		args[i] = id
+	var a, b uint64
+	for _, id := range slices.Compact(slices.Sorted(slices.Values(ids))) {
+		h := sha1.Sum([]byte(id))
+		a += binary.BigEndian.Uint64(h[0:8]) >> 16
+		b += binary.BigEndian.Uint64(h[6:14]) >> 16
 	}
-	return digestOf(args)
+	const lane = 1<<48 - 1
+	return strconv.FormatUint(a&lane, 10) + ":" + strconv.FormatUint(b&lane, 10)
 }
 
 // renewChunk bounds the ids of one renew script call. Each id is renewed on

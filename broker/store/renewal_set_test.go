@@ -128,8 +128,9 @@ func TestRenewalSetRenewsTheSameIdsAtOnce(t *testing.T) {
 	assertInvariant(t, f.s)
 }
 
-// TestRenewalSetChanges: a lease of the set that ends takes the set's digest
-// with it, so the next renewal is full and tells the requester; renewals
+// TestRenewalSetChanges: a lease of the set that ends leaves it, so a
+// renewal still naming it is full and tells the requester, and one without
+// it is the set's; renewals
 // naming fewer ids open a new set, and the lease left out keeps the end the
 // old set gave it; a provider renewing for the requester keeps the set.
 func TestRenewalSetChanges(t *testing.T) {
@@ -143,13 +144,14 @@ func TestRenewalSetChanges(t *testing.T) {
 
 	_, err := f.s.Release(ctx, "rome", "c", "paris")
 	require.NoError(t, err)
-	assert.Empty(t, f.set()["digest"], "a lease of the set ended")
+	assert.Equal(t, store.RenewalDigest([]string{"a", "b"}), f.set()["digest"], "c left the set")
 	assert.Equal(t, []model.RenewOutcome{model.Renewed, model.Renewed, model.RenewEnded}, f.renew("a", "b", "c"),
-		"the next renewal judges every id")
-	assert.Empty(t, f.set()["digest"], "not every id renewed: no set")
+		"a renewal still naming c judges every id")
+	assertInvariant(t, f.s)
+	before := f.scores("a", "b")
+	time.Sleep(20 * time.Millisecond)
 	require.Equal(t, renewed(2), f.renew("a", "b"))
-	require.Equal(t, renewed(2), f.renew("a", "b"))
-	require.NotEmpty(t, f.set()["digest"])
+	assert.Equal(t, before, f.scores("a", "b"), "the set's ids: renewed at once, no score written")
 
 	// The set renews a and b at once; then the renewals name only a.
 	time.Sleep(20 * time.Millisecond)
@@ -177,6 +179,60 @@ func TestRenewalSetChanges(t *testing.T) {
 	assert.Equal(t, model.Renewed, rn[0].Outcome)
 	assert.Equal(t, digest, f.set()["digest"])
 	require.Equal(t, renewed(1), f.renew("a"))
+	assertInvariant(t, f.s)
+}
+
+// TestRenewalSetThroughChurn: a lease reserved while its requester holds a
+// set joins it, and one that ends leaves it: the requester's next renewal,
+// naming the leases it then holds, is still the set's (no score written),
+// however its pods come and go.
+func TestRenewalSetThroughChurn(t *testing.T) {
+	ctx := context.Background()
+	f := newRenewalSetFixture(t, time.Hour, "a", "b")
+	for range 3 {
+		require.Equal(t, renewed(2), f.renew("a", "b"))
+	}
+	gen := f.set()["gen"]
+	require.NotEmpty(t, gen)
+
+	_, err := f.s.Reserve(ctx, lease("c", "rome", 100, 30*time.Minute, 30*time.Minute))
+	require.NoError(t, err)
+	assert.Equal(t, store.RenewalDigest([]string{"a", "b", "c"}), f.set()["digest"], "c joined the set")
+	assert.Equal(t, strconv.FormatInt((30*time.Minute).Milliseconds(), 10), f.set()["lease_ms"], "the set's shortest lease")
+	entry := admin(t, f.s).HGet(ctx, f.s.Key("leases:", "rome"), "rome/c").Val()
+	assert.Regexp(t, "^[0-9]+ [0-9]+ "+gen+"$", entry, "tagged with the set's generation")
+	assertInvariant(t, f.s)
+
+	before, endC := f.scores("a", "b", "c"), f.end("c")
+	time.Sleep(20 * time.Millisecond)
+	require.Equal(t, renewed(3), f.renew("c", "a", "b"))
+	assert.Equal(t, before, f.scores("a", "b", "c"), "renewed by the set alone")
+	assert.Greater(t, f.end("c"), endC)
+
+	_, err = f.s.Release(ctx, "rome", "a", "paris")
+	require.NoError(t, err)
+	assert.Equal(t, store.RenewalDigest([]string{"b", "c"}), f.set()["digest"], "a left the set")
+	before = f.scores("b", "c")
+	time.Sleep(20 * time.Millisecond)
+	require.Equal(t, renewed(2), f.renew("b", "c"))
+	assert.Equal(t, before, f.scores("b", "c"), "renewed by the set alone")
+	assertInvariant(t, f.s)
+
+	// A lease of a requester with no set, or while a full renewal is
+	// pending, joins nothing.
+	_, err = f.s.Reserve(ctx, lease("x", "oslo", 100, time.Hour, time.Hour))
+	require.NoError(t, err)
+	assert.Empty(t, admin(t, f.s).HGetAll(ctx, f.s.Key("renewal:", "oslo")).Val())
+	pending, err := f.s.OpenRenewalSet(ctx, "rome", []string{"b"})
+	require.NoError(t, err)
+	require.Zero(t, pending)
+	pending, err = f.s.OpenRenewalSet(ctx, "rome", []string{"b"})
+	require.NoError(t, err)
+	require.Positive(t, pending)
+	_, err = f.s.Reserve(ctx, lease("d", "rome", 100, time.Hour, time.Hour))
+	require.NoError(t, err)
+	entry = admin(t, f.s).HGet(ctx, f.s.Key("leases:", "rome"), "rome/d").Val()
+	assert.Regexp(t, "^[0-9]+ [0-9]+$", entry, "no generation while a full renewal is pending")
 	assertInvariant(t, f.s)
 }
 

@@ -132,6 +132,22 @@ local function renewal_set(prefix, requester)
   return {gen = tonumber(v[1] or '0'), at = tonumber(v[2] or '0')}
 end
 
+-- digest_move moves a renewal set's digest (store.renewalDigest: "<a>:<b>",
+-- for each id the first 96 bits of its SHA-1 as two 48-bit numbers, summed
+-- modulo 2^48 lane by lane) by one id, added (sign 1) or taken out (-1):
+-- a sum rather than a hash of the sorted ids, so that a lease joining or
+-- leaving the set moves the digest without the other ids. nil when digest
+-- is not of that form (a set committed by an earlier release).
+local function digest_move(digest, id, sign)
+  local a, b = string.match(digest or '', '^(%d+):(%d+)$')
+  if not a then return nil end
+  local h = redis.sha1hex(id)
+  local lane = 2 ^ 48
+  a = (tonumber(a) + sign * tonumber(string.sub(h, 1, 12), 16)) % lane
+  b = (tonumber(b) + sign * tonumber(string.sub(h, 13, 24), 16)) % lane
+  return string.format('%d:%d', a, b)
+end
+
 -- covered_end is the end of a live lease whose expiry score is score: a
 -- lease its requester's renewal set covers (the entry's generation is the
 -- set's: renew_set.lua) lives a lease after the set's last renewal, which

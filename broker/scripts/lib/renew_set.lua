@@ -14,10 +14,12 @@
 -- A set is opened when a renewal names the same ids as the one before it
 -- (their digest is the candidate): renew.lua tags each lease it renews with
 -- the generation this script opened, and renew_commit.lua makes them the
--- set if every id was renewed and no lease of it ended meanwhile. A lease
--- of the set that ends takes the set's digest with it (reservations.lua
--- drop_lease), so the next renewal is full and tells the requester which
--- ended. A renewal naming other ids first writes the set's ends into expiry
+-- set if every id was renewed and no lease of it ended meanwhile. Leases
+-- join and leave a committed set (reservations.lua note_lease, drop_lease:
+-- the digest is a sum over the ids), so the requester's next renewal,
+-- naming the leases it then holds, is the set's whatever churn there was,
+-- and one still naming a lease that ended is full and tells the requester.
+-- A renewal naming other ids first writes the set's ends into expiry
 -- (XX GT) if it was renewed at once since they were last written: a lease
 -- it covered and the next set does not keeps the end it gave it, a lease
 -- after its last renewal.
@@ -38,8 +40,8 @@ local function renew_set(prefix, requester, digest, now)
   local gen, at, lease = tonumber(v[2] or '0'), tonumber(v[3] or '0'), tonumber(v[4] or '0')
 
   -- Every lease of the set is live while its shortest one is: none of them
-  -- ended (drop_lease would have taken the digest), and each lives at least
-  -- that long after the set's last renewal.
+  -- ended (drop_lease took each that did out of the digest), and each lives
+  -- at least that long after the set's last renewal.
   if v[1] == digest and lease > 0 and at + lease > now then
     redis.call('HSET', sk, 'at_ms', now, 'renewed', '1')
     return 'same', lease

@@ -66,18 +66,37 @@ end
 -- new_reservation) in its requester's leases hash if it is a lease: a
 -- renewal then reads its lease and its record's end with the other ids of
 -- its chunk, not from its record (renew.lua).
+--
+-- A new lease joins its requester's committed renewal set (lib/renew_set.lua):
+-- the set's digest takes its id and its entry the set's generation, so the
+-- requester's next renewal, naming it with the others, is the set's and
+-- renews them all at once; a pod started does not cost two renewals id by
+-- id. Until that renewal it ends at its own score (covered_end: the set's
+-- last renewal plus its lease is no later). Not while a full renewal is
+-- pending (its commit names the ids it renewed) nor for a set of an earlier
+-- release's digest.
 local function note_lease(prefix, qid, r)
-  if r.lease_ms then
-    redis.call('HSET', prefix .. 'leases:' .. r.requester, qid, r.lease_ms .. ' ' .. r.expires_ms)
+  if not r.lease_ms then return end
+  local entry = r.lease_ms .. ' ' .. r.expires_ms
+  local sk = prefix .. 'renewal:' .. r.requester
+  local v = redis.call('HMGET', sk, 'digest', 'gen', 'pending', 'lease_ms')
+  local digest = not v[3] and v[1] and digest_move(v[1], bare_id(qid), 1)
+  if digest then
+    -- lease_ms: the set's shortest lease, what its renewal answers
+    redis.call('HSET', sk, 'digest', digest, 'lease_ms', math.min(tonumber(v[4] or r.lease_ms), tonumber(r.lease_ms)))
+    entry = entry .. ' ' .. v[2]
   end
+  redis.call('HSET', prefix .. 'leases:' .. r.requester, qid, entry)
 end
 
 -- drop_lease takes an ended lease (qualified id qid) out of its requester's
--- leases hash. Its requester's renewal set, if it covered it, is no longer
--- the set the requester holds: its digest goes, so that the next renewal
--- judges every id and tells the requester this one ended, and a full
--- renewal under way does not commit (lib/renew_set.lua); the set's ends stay as
--- they are for the leases it still covers. The set goes with the last lease.
+-- leases hash. If its requester's renewal set covered it, it leaves the set:
+-- its id leaves the digest, so the requester's next renewal, without it,
+-- is still the set's, and one still naming it (the requester did not know
+-- it ended) judges every id and tells the requester this one ended; a full
+-- renewal under way does not commit (lib/renew_set.lua). A set of an
+-- earlier release's digest loses its digest instead. The set's ends stay as
+-- they are for the leases it still covers; the set goes with the last lease.
 local function drop_lease(prefix, requester, qid)
   local lk = prefix .. 'leases:' .. requester
   local entry = redis.call('HGET', lk, qid)
@@ -87,8 +106,13 @@ local function drop_lease(prefix, requester, qid)
   local sk = prefix .. 'renewal:' .. requester
   if redis.call('EXISTS', lk) == 0 then
     redis.call('DEL', sk)
-  elseif gen and gen > 0 and renewal_set(prefix, requester).gen == gen then
-    redis.call('HDEL', sk, 'digest', 'pending')
+  elseif gen and gen > 0 then
+    local v = redis.call('HMGET', sk, 'gen', 'digest')
+    if tonumber(v[1] or '0') == gen then
+      local digest = v[2] and digest_move(v[2], bare_id(qid), -1)
+      if digest then redis.call('HSET', sk, 'digest', digest) end
+      redis.call('HDEL', sk, 'pending', digest and 'pending' or 'digest')
+    end
   end
 end
 
