@@ -130,9 +130,10 @@ func TestRenewalSetRenewsTheSameIdsAtOnce(t *testing.T) {
 
 // TestRenewalSetChanges: a lease of the set that ends leaves it, so a
 // renewal still naming it is full and tells the requester, and one without
-// it is the set's; renewals
-// naming fewer ids open a new set, and the lease left out keeps the end the
-// old set gave it; a provider renewing for the requester keeps the set.
+// it is the set's; a renewal of fewer ids leaves the set covering the rest
+// until those ids are named again and open a new set, and the lease left
+// out keeps the end the old set gave it; a provider renewing for the
+// requester keeps the set.
 func TestRenewalSetChanges(t *testing.T) {
 	ctx := context.Background()
 	const length = time.Hour
@@ -160,13 +161,13 @@ func TestRenewalSetChanges(t *testing.T) {
 	assert.Greater(t, endB, f.scores("b")[0], "renewed by the set alone")
 	time.Sleep(20 * time.Millisecond)
 	require.Equal(t, renewed(1), f.renew("a"))
-	assert.Equal(t, endB, f.end("b"), "left out, b keeps the end the set gave it")
-	assert.Equal(t, endB, f.scores("b")[0], "written to its score")
+	assert.Equal(t, endB, f.end("b"), "left out, b is still the set's")
+	assert.Less(t, f.scores("b")[0], endB, "and its score is left behind")
 	assert.Greater(t, f.end("a"), endB)
 	time.Sleep(20 * time.Millisecond)
 	require.Equal(t, renewed(1), f.renew("a"))
-	assert.Equal(t, endB, f.end("b"), "not in the new set: b keeps its end")
-	assert.Equal(t, endB, f.scores("b")[0])
+	assert.Equal(t, endB, f.end("b"), "not in the new set: b keeps the end the old one gave it")
+	assert.Equal(t, endB, f.scores("b")[0], "written to its score")
 	assertInvariant(t, f.s)
 
 	// A provider renewing for rome keeps rome's set.
@@ -192,6 +193,8 @@ func TestRenewalSetThroughChurn(t *testing.T) {
 	for range 3 {
 		require.Equal(t, renewed(2), f.renew("a", "b"))
 	}
+	time.Sleep(20 * time.Millisecond)
+	require.Equal(t, renewed(2), f.renew("a", "b")) // the set's ends now past the scores
 	gen := f.set()["gen"]
 	require.NotEmpty(t, gen)
 
@@ -202,6 +205,12 @@ func TestRenewalSetThroughChurn(t *testing.T) {
 	entry := admin(t, f.s).HGet(ctx, f.s.Key("leases:", "rome"), "rome/c").Val()
 	assert.Regexp(t, "^[0-9]+ [0-9]+ "+gen+"$", entry, "tagged with the set's generation")
 	assertInvariant(t, f.s)
+
+	// The agent renews a pod just bound at once, alone: the set stays.
+	aBefore := f.scores("a")
+	require.Equal(t, renewed(1), f.renew("c"))
+	assert.Equal(t, store.RenewalDigest([]string{"a", "b", "c"}), f.set()["digest"])
+	assert.Equal(t, aBefore, f.scores("a"), "the set's ends not written")
 
 	before, endC := f.scores("a", "b", "c"), f.end("c")
 	time.Sleep(20 * time.Millisecond)

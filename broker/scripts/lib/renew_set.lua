@@ -19,8 +19,9 @@
 -- the digest is a sum over the ids), so the requester's next renewal,
 -- naming the leases it then holds, is the set's whatever churn there was,
 -- and one still naming a lease that ended is full and tells the requester.
--- A renewal naming other ids first writes the set's ends into expiry
--- (XX GT) if it was renewed at once since they were last written: a lease
+-- A renewal naming other ids leaves the set as it is, unless it opens a
+-- new generation: then the set's ends are first written into expiry (XX GT)
+-- if it was renewed at once since they were last written, so that a lease
 -- it covered and the next set does not keeps the end it gave it, a lease
 -- after its last renewal.
 --
@@ -51,9 +52,19 @@ local function renew_set(prefix, requester, digest, now)
     redis.call('DEL', sk)
     return 'changed', 0
   end
-  -- Only a set renewed at once gave its leases ends past their scores (a
-  -- full renewal writes each score): they are written before it may stop
-  -- covering them, once.
+  -- A set is opened for ids named twice in a row: a requester whose ids
+  -- change at every renewal (pods coming and going) is renewed id by id, as
+  -- without sets, not tagged at every call for nothing. Until then the set
+  -- still covers its leases: a renewal of a few of them (the agent renews a
+  -- pod just bound at once) or of ids the set does not know changes nothing
+  -- of it.
+  if v[6] ~= digest then
+    redis.call('HSET', sk, 'candidate', digest)
+    return 'changed', 0
+  end
+  -- The new generation ends the set's cover. Only a set renewed at once gave
+  -- its leases ends past their scores (a full renewal writes each score):
+  -- they are written first, once.
   if v[5] then
     local entries = redis.call('HGETALL', lk)
     local ends = {}
@@ -70,13 +81,6 @@ local function renew_set(prefix, requester, digest, now)
     end
     if #ends > 0 then redis.call('ZADD', prefix .. 'expiry', 'XX', 'GT', unpack(ends)) end
     redis.call('HDEL', sk, 'renewed')
-  end
-  -- A set is opened for ids named twice in a row: a requester whose ids
-  -- change at every renewal (pods coming and going) is renewed id by id, as
-  -- without sets, not tagged at every call for nothing.
-  if v[6] ~= digest then
-    redis.call('HSET', sk, 'candidate', digest)
-    return 'changed', 0
   end
   local next_gen = math.max(now, gen + 1)
   redis.call('HSET', sk, 'gen', next_gen, 'pending', next_gen, 'at_ms', now)
