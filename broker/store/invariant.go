@@ -258,11 +258,7 @@ func (s *Store) checkLeases(ctx context.Context, live []string) ([]error, error)
 	}
 	var errs []error
 	for requester := range requesters {
-		got, err := s.rdb.HGetAll(ctx, s.Key("leases:", requester)).Result()
-		if err != nil {
-			return nil, err
-		}
-		set, err := s.rdb.HMGet(ctx, s.Key("renewal:", requester), "gen", "pending", "digest").Result()
+		got, set, err := s.leasesAndSet(ctx, requester)
 		if err != nil {
 			return nil, err
 		}
@@ -284,21 +280,87 @@ func (s *Store) checkLeases(ctx context.Context, live []string) ([]error, error)
 		for qid, entry := range got {
 			// "<lease_ms> <record's expires_ms>[ <renewal set generation>]"
 			fields := strings.Fields(entry)
-			if w, ok := want[requester][qid]; !ok {
-				errs = append(errs, fmt.Errorf("requester %s: leases entry %s = %q names no live lease of it", requester, qid, entry))
-			} else if len(fields) < 2 || len(fields) > 3 || fields[0]+" "+fields[1] != w {
-				errs = append(errs, fmt.Errorf("requester %s: leases entry %s = %q, its record says %q", requester, qid, entry, w))
+			if w, ok := want[requester][qid]; !ok || len(fields) < 2 || len(fields) > 3 || fields[0]+" "+fields[1] != w {
+				// The records were read before: a renewal since moved both.
+				if err := s.checkLeaseEntry(ctx, requester, qid); err != nil {
+					errs = append(errs, err)
+				}
 			} else if g, _ := strconv.ParseInt(fields[len(fields)-1], 10, 64); len(fields) == 3 && g > gen {
 				errs = append(errs, fmt.Errorf("requester %s: leases entry %s = %q is of a renewal set newer than %d", requester, qid, entry, gen))
 			}
 		}
 		for qid := range want[requester] {
 			if _, ok := got[qid]; !ok {
-				errs = append(errs, fmt.Errorf("requester %s: live lease %s has no leases entry", requester, qid))
+				if err := s.checkLeaseEntry(ctx, requester, qid); err != nil {
+					errs = append(errs, err)
+				}
 			}
 		}
 	}
 	return errs, nil
+}
+
+// leasesAndSet reads requester's leases hash and renewal set as they were
+// at one moment while renewals may run (the simulator checks with its
+// leases live): the set read before and after the hash alike, a lease
+// joining, leaving or committed to the set did not come between.
+func (s *Store) leasesAndSet(ctx context.Context, requester string) (map[string]string, []any, error) {
+	read := func() ([]any, error) {
+		return s.rdb.HMGet(ctx, s.Key("renewal:", requester), "gen", "pending", "digest").Result()
+	}
+	for try := 0; ; try++ {
+		before, err := read()
+		if err != nil {
+			return nil, nil, err
+		}
+		got, err := s.rdb.HGetAll(ctx, s.Key("leases:", requester)).Result()
+		if err != nil {
+			return nil, nil, err
+		}
+		after, err := read()
+		if err != nil || slices.Equal(before, after) || try == 4 {
+			return got, after, err
+		}
+	}
+}
+
+// checkLeaseEntry checks one lease's entry against its record, read entry,
+// record, entry until the entry stayed the same around the record's read
+// (the scripts write both at once), a few times at most.
+func (s *Store) checkLeaseEntry(ctx context.Context, requester, qid string) error {
+	lk := s.Key("leases:", requester)
+	for try := 0; ; try++ {
+		entry, err := s.rdb.HGet(ctx, lk, qid).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		rec, err := s.rdb.HMGet(ctx, s.Key("resv:", qid), "requester", "phase", "lease_ms", "expires_ms").Result()
+		if err != nil {
+			return err
+		}
+		again, err := s.rdb.HGet(ctx, lk, qid).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		if entry != again && try < 4 {
+			continue
+		}
+		f := make([]string, 4)
+		for i, v := range rec {
+			f[i], _ = v.(string)
+		}
+		live := f[0] == requester && (model.Reservation{Phase: f[1]}).Live() && f[2] != "" && f[2] != "0"
+		fields := strings.Fields(entry)
+		switch {
+		case !live && entry != "":
+			return fmt.Errorf("requester %s: leases entry %s = %q names no live lease of it", requester, qid, entry)
+		case live && entry == "":
+			return fmt.Errorf("requester %s: live lease %s has no leases entry", requester, qid)
+		case live && (len(fields) < 2 || len(fields) > 3 || fields[0]+" "+fields[1] != f[2]+" "+f[3]):
+			return fmt.Errorf("requester %s: leases entry %s = %q, its record says %q", requester, qid, entry, f[2]+" "+f[3])
+		}
+		return nil
+	}
 }
 
 // checkEnded verifies the ended reservations kept (scripts/lib/ended.lua): no

@@ -340,3 +340,30 @@ func TestRenewalSetThroughAnOutage(t *testing.T) {
 	assert.Equal(t, renewed(2), f.renew("a", "b"))
 	assertInvariant(t, s)
 }
+
+// TestInvariantFindsBrokenLeaseEntries: CheckInvariant reports a leases
+// entry that disagrees with its record, one that names no live lease, a live
+// lease without one, and a set's digest that is not its leases'.
+func TestInvariantFindsBrokenLeaseEntries(t *testing.T) {
+	ctx := context.Background()
+	f := newRenewalSetFixture(t, time.Hour, "a", "b", "c")
+	for range 3 {
+		require.Equal(t, renewed(3), f.renew("a", "b", "c"))
+	}
+	assertInvariant(t, f.s)
+	rdb, lk := admin(t, f.s), f.s.Key("leases:", "rome")
+	require.NoError(t, rdb.HSet(ctx, lk, "rome/a", "120000 1 "+f.set()["gen"]).Err())
+	require.NoError(t, rdb.HDel(ctx, lk, "rome/b").Err())
+	require.NoError(t, rdb.HSet(ctx, lk, "rome/ghost", "120000 1").Err())
+	require.NoError(t, rdb.HSet(ctx, f.s.Key("renewal:", "rome"), "digest", store.RenewalDigest([]string{"a", "b"})).Err())
+	err := f.s.CheckInvariant(ctx)
+	require.Error(t, err)
+	for _, want := range []string{
+		`leases entry rome/a = "120000 1 `, "its record says",
+		"live lease rome/b has no leases entry",
+		`leases entry rome/ghost = "120000 1" names no live lease`,
+		"renewal set digest",
+	} {
+		assert.Contains(t, err.Error(), want)
+	}
+}
