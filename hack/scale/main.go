@@ -37,6 +37,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/fluidos-project/resource-broker/broker/api"
@@ -526,17 +527,12 @@ func (s *sim) startMemberLoops(advCtx, renewCtx context.Context) *sync.WaitGroup
 // every calls f after first, and then period after each call returns,
 // until ctx ends.
 func every(ctx context.Context, first, period time.Duration, f func()) {
-	t := time.NewTimer(first)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			f()
-			t.Reset(period)
-		}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(first):
 	}
+	wait.UntilWithContext(ctx, func(context.Context) { f() }, period)
 }
 
 // reserve asks for one lease for m and, granted, holds it until its hold
