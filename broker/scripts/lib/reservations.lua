@@ -110,8 +110,11 @@ local function drop_lease(prefix, requester, qid)
     local v = redis.call('HMGET', sk, 'gen', 'digest')
     if tonumber(v[1] or '0') == gen then
       local digest = v[2] and digest_move(v[2], bare_id(qid), -1)
-      if digest then redis.call('HSET', sk, 'digest', digest) end
-      redis.call('HDEL', sk, 'pending', digest and 'pending' or 'digest')
+      if digest then
+        redis.call('HSET', sk, 'digest', digest)
+      else
+        redis.call('HDEL', sk, 'digest', 'pending')
+      end
     end
   end
 end
