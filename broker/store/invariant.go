@@ -265,21 +265,15 @@ func (s *Store) checkLeases(ctx context.Context, live []string) ([]error, error)
 		if len(got) == 0 && set[0] != nil {
 			errs = append(errs, fmt.Errorf("requester %s: a renewal set and no lease", requester))
 		}
-		gen, _ := strconv.ParseInt(fmt.Sprint(set[0]), 10, 64)
+		genField, _ := set[0].(string)
+		gen, _ := strconv.ParseInt(genField, 10, 64)
 		var members []string // the ids of the entries of the set's generation
-		for qid, entry := range got {
-			if f := strings.Fields(entry); len(f) == 3 && f[2] == strconv.FormatInt(gen, 10) {
-				members = append(members, strings.TrimPrefix(qid, requester+"/"))
-			}
-		}
-		// A committed set's digest names its members, as leases join and
-		// leave it (scripts/lib/reservations.lua note_lease, drop_lease).
-		if digest, ok := set[2].(string); ok && set[1] == nil && strings.Contains(digest, ":") && digest != renewalDigest(members) {
-			errs = append(errs, fmt.Errorf("requester %s: renewal set digest %s, its %d leases' %s", requester, digest, len(members), renewalDigest(members)))
-		}
 		for qid, entry := range got {
 			// "<lease_ms> <record's expires_ms>[ <renewal set generation>]"
 			fields := strings.Fields(entry)
+			if len(fields) == 3 && fields[2] == genField {
+				members = append(members, strings.TrimPrefix(qid, requester+"/"))
+			}
 			if w, ok := want[requester][qid]; !ok || len(fields) < 2 || len(fields) > 3 || fields[0]+" "+fields[1] != w {
 				// The records were read before: a renewal since moved both.
 				if err := s.checkLeaseEntry(ctx, requester, qid); err != nil {
@@ -288,6 +282,11 @@ func (s *Store) checkLeases(ctx context.Context, live []string) ([]error, error)
 			} else if g, _ := strconv.ParseInt(fields[len(fields)-1], 10, 64); len(fields) == 3 && g > gen {
 				errs = append(errs, fmt.Errorf("requester %s: leases entry %s = %q is of a renewal set newer than %d", requester, qid, entry, gen))
 			}
+		}
+		// A committed set's digest names its members, as leases join and
+		// leave it (scripts/lib/reservations.lua note_lease, drop_lease).
+		if digest, ok := set[2].(string); ok && set[1] == nil && strings.Contains(digest, ":") && digest != renewalDigest(members) {
+			errs = append(errs, fmt.Errorf("requester %s: renewal set digest %s, its %d leases' %s", requester, digest, len(members), renewalDigest(members)))
 		}
 		for qid := range want[requester] {
 			if _, ok := got[qid]; !ok {
