@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	rbv1 "github.com/fluidos-project/resource-broker/api/v1alpha1"
@@ -300,7 +301,22 @@ func (c *Cluster) startControllerManager(ctx context.Context) error {
 		}
 		return p
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	// Healthy is not yet serving: until the serviceaccount controller made
+	// default/default, the ServiceAccount admission plugin refuses pods there.
+	return c.WaitServiceAccount(ctx, metav1.NamespaceDefault)
+}
+
+// WaitServiceAccount waits (up to a minute) for kube-controller-manager to
+// make namespace ns's default ServiceAccount: pods in ns are refused until it
+// exists. Only with Options.RealNodes (no controller makes it otherwise).
+func (c *Cluster) WaitServiceAccount(ctx context.Context, ns string) error {
+	return c.bed.poll(ctx, c.ControllerManager, time.Minute, "ServiceAccount "+ns+"/default in "+c.Name, func() (bool, error) {
+		err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "default"}, &corev1.ServiceAccount{})
+		return err == nil, nil
+	})
 }
 
 // addRealNode starts a real node of the given size and waits until it is

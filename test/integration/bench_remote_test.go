@@ -60,12 +60,9 @@ func benchRemoteVsLocal(b *testing.B, bed *testbed.Bed, base testbed.Capacity, r
 		if err := c.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); client.IgnoreAlreadyExists(err) != nil {
 			b.Fatal(err)
 		}
-		// A pod is refused until kube-controller-manager made the
-		// namespace's default ServiceAccount.
-		eventually(b, 30*time.Second, c.Name+": ServiceAccount "+ns+"/default", func() (bool, string) {
-			err := c.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "default"}, &corev1.ServiceAccount{})
-			return err == nil, fmt.Sprint(err)
-		})
+		if err := c.WaitServiceAccount(ctx, ns); err != nil {
+			b.Fatal(err)
+		}
 	}
 	var remoteAll, localAll []time.Duration
 	for i := 0; i < b.N; i++ {

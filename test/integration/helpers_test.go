@@ -141,6 +141,9 @@ func newNamespace(t *testing.T, c *testbed.Cluster, name string) {
 	t.Cleanup(func() {
 		_ = c.Client.Delete(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	})
+	if c.ControllerManager != nil { // pods are refused until its default ServiceAccount exists
+		require.NoError(t, c.WaitServiceAccount(context.Background(), name))
+	}
 }
 
 func reservation(ns, name, cpu, memory string) *rbv1.Reservation {
