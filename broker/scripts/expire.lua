@@ -1,7 +1,7 @@
 -- expire: end every live reservation whose end (its expiry score, or its
 -- requester's renewal set's: core.lua covered_end) has passed (broker
--- clock), move the scores of the leases a renewal set covers near to their
--- ends, sweep the waiting list of the requests whose wait
+-- clock), park the leases a renewal set covers when they come near their
+-- scores, and write their ends back when their set passes them, sweep the waiting list of the requests whose wait
 -- expired, and trim the audit stream and the requesters with ended reservations kept
 -- (ended.lua) to their retention. Every broker replica runs it on a timer;
 -- running it concurrently is safe because each call is atomic and ended
@@ -19,14 +19,16 @@
 --          clock.lua last_outage)
 -- ARGV[7]  how many ended reservations of one requester to keep at most (ended.lua)
 -- ARGV[8]  how far ahead (ms) to look for leases whose requester's renewal
---          set covers them (lib/renew_set.lua), to move their expiry score to
---          their end before it is due
--- Reply: {expired, clamped, swept, credited, outage_ms, moved, more}  how
---        many reservations ended, how many of them needed a counter clamped,
---        how many waiting members were swept, how many due leases were given
---        more time for the last outage instead of ending, the outage this
---        call found (ms; 0: none), how many covered leases had their score
---        moved, and 1 when the call stopped at its limit with more to do
+--          set covers them (lib/renew_set.lua), to park them before their
+--          score is due
+-- Reply: {expired, clamped, swept, credited, outage_ms, moved, more, parked,
+--        unparked}  how many reservations ended, how many of them needed a
+--        counter clamped, how many waiting members were swept, how many due
+--        leases were given more time for the last outage instead of ending,
+--        the outage this call found (ms; 0: none), how many covered leases
+--        had their score moved to their end (a set not committed), 1 when
+--        the call stopped at its limit with more to do, how many covered
+--        leases were parked, and how many had their end written back
 -- @include clock
 -- @include reservations
 local prefix = KEYS[1]
@@ -47,12 +49,41 @@ redis.call('HSET', prefix .. 'clock', 'tick_ms', now, 'gap_ms', ARGV[6])
 local from, to = last_outage(prefix, now)
 
 -- A live reservation's end is its expiry score, or later while its
--- requester's renewal set covers it (core.lua with_live_end, covered_end):
--- a covered lease near its score has its score moved to its end, once per
--- lease or so, here and not at every renewal (lib/renew_set.lua); a replica of
--- an earlier release, which knows only the score, never finds it due. An
--- outage credit moves only the score.
+-- requester's renewal set covers it (core.lua with_live_end, covered_end).
+-- A covered lease near its score is parked (score PARKED, +inf): no run reads
+-- it again while its set is renewed, and the set's entry in set-ends (its
+-- end: its last renewal plus its shortest lease, moved by renew_set.lua)
+-- stands for it. When that entry is due (the requester stopped renewing),
+-- its parked leases get their ends back here, before the range below reads
+-- them: they end as they did before they were parked. (A set not committed
+-- has no renewal to move set-ends: its covered leases have their scores
+-- moved to their ends instead.) An outage credit moves only the score.
 local ahead = tonumber(ARGV[8] or '0')
+local unparked = 0
+local passed = redis.call('ZRANGEBYSCORE', prefix .. 'set-ends', '-inf', now, 'LIMIT', 0, limit)
+for _, requester in ipairs(passed) do
+  local set = renewal_set(prefix, requester)
+  if set.lease > 0 and set.at + set.lease > now then
+    redis.call('ZADD', prefix .. 'set-ends', set.at + set.lease, requester)
+  else
+    -- The set's leases, and any parked lease of another generation (a
+    -- replica of an earlier release opened a new one without writing them
+    -- back): that one lives a lease from now.
+    local entries = redis.call('HGETALL', prefix .. 'leases:' .. requester)
+    local covered, lengths, others, other_lengths = {}, {}, {}, {}
+    for i = 1, #entries, 2 do
+      local l, _, g = lease_entry(entries[i + 1])
+      if l and g > 0 and g == set.gen then
+        covered[#covered + 1], lengths[#lengths + 1] = entries[i], l
+      elseif l then
+        others[#others + 1], other_lengths[#other_lengths + 1] = entries[i], l
+      end
+    end
+    unparked = unparked + write_covered_ends(prefix, covered, lengths, set.at, true)
+      + write_covered_ends(prefix, others, other_lengths, now, true)
+    redis.call('ZREM', prefix .. 'set-ends', requester)
+  end
+end
 local due = redis.call('ZRANGEBYSCORE', prefix .. 'expiry', '-inf', now + ahead, 'WITHSCORES', 'LIMIT', 0, limit)
 -- The range's leases entries, one HMGET per requester, and the renewal set
 -- of each requester with a covered one.
@@ -81,13 +112,17 @@ for _, requester in ipairs(requesters) do
 end
 
 local clamped, credited, ended, waits = 0, 0, 0, 0
-local moves = {}
+local moves, parks, set_ends = {}, {}, {}
 for i = 1, #due, 2 do
   local qid, score = due[i], tonumber(due[i + 1])
   local live_end = score
   local c = live_end_of[qid]
   if c then live_end = covered_end(c[1], c[2], c[3], score) end
-  if live_end > score and live_end > now then
+  if live_end > score and live_end > now and c[1].lease > 0 then
+    parks[#parks + 1] = 'inf'
+    parks[#parks + 1] = qid
+    set_ends[requester_of(qid)] = c[1].at + c[1].lease
+  elseif live_end > score and live_end > now then
     moves[#moves + 1] = string.format('%d', live_end)
     moves[#moves + 1] = qid
   elseif score > now then
@@ -116,8 +151,12 @@ end
 -- The moved leases are others than those ended; an ended one that was its
 -- requester's last took the set with it, and so no other lease of it is
 -- covered (drop_lease).
-local moved = #moves / 2
+local moved, parked = #moves / 2, #parks / 2
 if moved > 0 then redis.call('ZADD', prefix .. 'expiry', unpack(moves)) end
+if parked > 0 then redis.call('ZADD', prefix .. 'expiry', unpack(parks)) end
+for requester, set_end in pairs(set_ends) do
+  redis.call('ZADD', prefix .. 'set-ends', set_end, requester)
+end
 if ended > 0 then notify_waiters(prefix, so) end
 
 -- Waiting members whose wait hash has expired (the requester stopped
@@ -137,5 +176,5 @@ redis.call('ZREMRANGEBYSCORE', prefix .. 'ended-requesters', '-inf', string.form
 -- More to do when the limit cut the range and everything in it was due or
 -- moved: what is left may be too (the rest is looked at on the next run).
 local more = 0
-if #due / 2 >= limit and waits == 0 then more = 1 end
-return {ended, clamped, #gone, credited, outage_ms, moved, more}
+if (#due / 2 >= limit and waits == 0) or #passed >= limit then more = 1 end
+return {ended, clamped, #gone, credited, outage_ms, moved, more, parked, unparked}

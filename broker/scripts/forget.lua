@@ -23,5 +23,6 @@ redis.call('ZREM', prefix .. 'clusters', id)
 redis.call('DEL', prefix .. 'cluster:' .. id, prefix .. 'nodes:' .. id, prefix .. 'node-resv:' .. id,
   prefix .. 'node-listed:' .. id, prefix .. 'rate:' .. id, prefix .. 'leases:' .. id,
   prefix .. 'renewal:' .. id)
+redis.call('ZREM', prefix .. 'set-ends', id)
 redis.call('HDEL', prefix .. 'usage', id)
 return {'forgotten', 0, 0}

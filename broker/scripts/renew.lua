@@ -83,7 +83,9 @@ local set = renewal_set(prefix, requester)
 -- an earlier release, not a lease, ended, unknown, or a broken invariant)
 -- is judged from its record, and the leases hash is mended on the way. One
 -- ZADD GT moves the ends of the chunk's renewed ids (GT: never an earlier
--- end, even for an id named twice), one HSET the leases hash's entries that
+-- end, even for an id named twice), a parked lease (expire.lua) gets its own
+-- score back (a provider renewing for a requester that stopped keeps it past
+-- its set's end), one HSET the leases hash's entries that
 -- changed, and an HSET of the record's end every other renewal or so
 -- (above). Chunks of CHUNK ids keep each command's arguments within what
 -- Lua's unpack takes.
@@ -97,7 +99,7 @@ for first = 5, #ARGV, CHUNK do
   for i = first, last do qids[#qids + 1] = qualify(requester, ARGV[i]) end
   local ends = redis.call('ZMSCORE', ek, unpack(qids))
   local known = redis.call('HMGET', lk, unpack(qids))
-  local raised, noted, stale = {}, {}, {}
+  local raised, unparked, noted, stale = {}, {}, {}, {}
   for j, qid in ipairs(qids) do
     local status, remaining = 'renewed', 0
     -- lease, rec_end and gen: the lease's length, its record's expires_ms
@@ -136,7 +138,11 @@ for first = 5, #ARGV, CHUNK do
         status = 'notalease'
       else
         expires = math.max(expires, now + lease)
-        if not ends[j] or expires > tonumber(ends[j]) then
+        if tonumber(ends[j]) == PARKED then
+          -- its own end again: this renewal's, past the set's
+          unparked[#unparked + 1] = string.format('%d', expires)
+          unparked[#unparked + 1] = qid
+        elseif not ends[j] or expires > tonumber(ends[j]) then
           raised[#raised + 1] = string.format('%d', expires)
           raised[#raised + 1] = qid
         end
@@ -158,11 +164,12 @@ for first = 5, #ARGV, CHUNK do
     reply[#reply + 1] = status
     reply[#reply + 1] = remaining
   end
+  if #unparked > 0 then redis.call('ZADD', ek, unpack(unparked)) end
   if #raised > 0 then redis.call('ZADD', ek, 'GT', unpack(raised)) end
   if #noted > 0 then redis.call('HSET', lk, unpack(noted)) end
   if #stale > 0 then
     redis.call('HDEL', lk, unpack(stale))
-    if redis.call('EXISTS', lk) == 0 then redis.call('DEL', prefix .. 'renewal:' .. requester) end
+    if redis.call('EXISTS', lk) == 0 then drop_renewal_set(prefix, requester) end
   end
 end
 reply[2] = shortest or 0

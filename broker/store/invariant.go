@@ -120,7 +120,101 @@ func (s *Store) checkInvariantOnce(ctx context.Context) error {
 		return err
 	}
 	errs = append(errs, leaseErrs...)
+	parkedErrs, err := s.checkParked(ctx)
+	if err != nil {
+		return err
+	}
+	errs = append(errs, parkedErrs...)
 	return errors.Join(errs...)
+}
+
+// checkParked verifies the parked leases (score +inf in expiry:
+// scripts/expire.lua): each is covered by its requester's committed renewal
+// set, whose entry in set-ends comes no later than the lease's end under it
+// (so that expire.lua writes its end back in time), and every set-ends entry
+// has its set. A requester's set and set-ends entry are read before and
+// after its leases, and judged only when they stayed the same (renewals run
+// while the simulator checks).
+func (s *Store) checkParked(ctx context.Context) ([]error, error) {
+	parked, err := s.rdb.ZRangeByScore(ctx, s.Key("expiry"), &redis.ZRangeBy{Min: "+inf", Max: "+inf"}).Result()
+	if err != nil {
+		return nil, err
+	}
+	byRequester := map[string][]string{}
+	for _, qid := range parked {
+		requester, _, _ := model.SplitQualifiedID(qid)
+		byRequester[requester] = append(byRequester[requester], qid)
+	}
+	var errs []error
+	for requester, qids := range byRequester {
+		readSet := func() ([]any, error) {
+			pipe := s.rdb.Pipeline()
+			set := pipe.HMGet(ctx, s.Key("renewal:", requester), "gen", "at_ms", "lease_ms")
+			end := pipe.ZScore(ctx, s.Key("set-ends"), requester)
+			if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+				return nil, err
+			}
+			return append(set.Val(), end.Val(), end.Err() == nil), nil
+		}
+		for try := 0; ; try++ {
+			before, err := readSet()
+			if err != nil {
+				return nil, err
+			}
+			entries, err := s.rdb.HMGet(ctx, s.Key("leases:", requester), qids...).Result()
+			if err != nil {
+				return nil, err
+			}
+			scores, err := s.rdb.ZMScore(ctx, s.Key("expiry"), qids...).Result()
+			if err != nil {
+				return nil, err
+			}
+			after, err := readSet()
+			if err != nil {
+				return nil, err
+			}
+			if !slices.Equal(before, after) && try < 4 {
+				continue
+			}
+			gen, _ := after[0].(string)
+			at, _ := strconv.ParseInt(fmt.Sprint(after[1]), 10, 64)
+			setEnd, hasEnd := int64(after[3].(float64)), after[4].(bool)
+			for i, qid := range qids {
+				if !math.IsInf(scores[i], 1) {
+					continue // its end written back since
+				}
+				entry, _ := entries[i].(string)
+				fields := strings.Fields(entry)
+				var lease int64
+				if len(fields) > 0 {
+					lease, _ = strconv.ParseInt(fields[0], 10, 64)
+				}
+				switch {
+				case len(fields) != 3 || gen == "" || fields[2] != gen:
+					errs = append(errs, fmt.Errorf("requester %s: lease %s parked, but its entry %q is not of its renewal set (generation %q)", requester, qid, entry, gen))
+				case !hasEnd || setEnd > at+lease:
+					errs = append(errs, fmt.Errorf("requester %s: lease %s parked until %d, but set-ends has %v (present: %v)", requester, qid, at+lease, setEnd, hasEnd))
+				}
+			}
+			break
+		}
+	}
+	ends, err := s.rdb.ZRange(ctx, s.Key("set-ends"), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	for _, requester := range ends {
+		pipe := s.rdb.Pipeline()
+		set := pipe.Exists(ctx, s.Key("renewal:", requester))
+		end := pipe.ZScore(ctx, s.Key("set-ends"), requester)
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		if end.Err() == nil && set.Val() == 0 {
+			errs = append(errs, fmt.Errorf("requester %s: set-ends entry %v without a renewal set", requester, end.Val()))
+		}
+	}
+	return errs, nil
 }
 
 // recordFields reads fields of the record of each of qids, in pipelines

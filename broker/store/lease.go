@@ -95,19 +95,24 @@ type ExpireResult struct {
 	// Outage is the broker outage this run found (no expire run of any
 	// replica for longer than Config.OutageGap); zero: none.
 	Outage time.Duration
-	// Moved counts the leases covered by their requester's renewal set
+	// Moved counts the leases covered by a renewal set not committed
 	// whose expiry score was moved to their end (scripts/lib/renew_set.lua).
 	Moved int64
+	// Parked counts the leases covered by their requester's renewal set
+	// that were parked near their scores (scripts/expire.lua): their set's
+	// end stands for them. Unparked counts those whose set's end passed
+	// (the requester stopped renewing) and that got their ends back.
+	Parked, Unparked int64
 }
 
 // ExpireRun is Expire with everything the run found.
 func (s *Store) ExpireRun(ctx context.Context) (ExpireResult, error) {
 	var res ExpireResult
 	for {
-		// A lease that a renewal set covers has its score moved to its end
-		// within two outage gaps of it (scripts/expire.lua): more than an
-		// expiry interval (the outage gap exceeds it), so a covered lease's
-		// score is never found due while a replica of this release runs.
+		// A lease that a renewal set covers is parked within two outage gaps
+		// of its score (scripts/expire.lua): more than an expiry interval
+		// (the outage gap exceeds it), so a covered lease's score is never
+		// found due while a replica of this release runs.
 		reply, err := s.run(ctx, scripts.Expire, s.cfg.ExpireBatch, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(),
 			s.cfg.Retention.Milliseconds(), s.cfg.AuditRetention.Milliseconds(), s.cfg.OutageGap.Milliseconds(), s.cfg.MaxEndedPerMember,
 			2*s.cfg.OutageGap.Milliseconds())
@@ -119,6 +124,8 @@ func (s *Store) ExpireRun(ctx context.Context) (ExpireResult, error) {
 		res.Clamped += c
 		res.Credited += credited
 		res.Moved += reply[5].(int64)
+		res.Parked += reply[7].(int64)
+		res.Unparked += reply[8].(int64)
 		if o := reply[4].(int64); o > 0 {
 			res.Outage = time.Duration(o) * time.Millisecond
 		}

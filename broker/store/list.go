@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -176,11 +177,18 @@ func (s *Store) reservations(ctx context.Context, qids []string) ([]model.Reserv
 			return nil, fmt.Errorf("reservation key %q has no requester", qids[i])
 		}
 		m := cmd.Val()
-		if end := int64(ends.Val()[i]); end > 0 && (m["phase"] == model.PhaseReserved || m["phase"] == model.PhaseActive) {
+		if score := ends.Val()[i]; score > 0 && (m["phase"] == model.PhaseReserved || m["phase"] == model.PhaseActive) {
+			// A parked lease (+inf: scripts/expire.lua) ends as its set has it.
+			end := int64(0)
+			if !math.IsInf(score, 1) {
+				end = int64(score)
+			}
 			if entries[i] != nil {
 				end = coveredEnd(end, entries[i].Val(), sets[m["requester"]])
 			}
-			m["expires_ms"] = strconv.FormatInt(end, 10)
+			if end > 0 {
+				m["expires_ms"] = strconv.FormatInt(end, 10)
+			}
 		}
 		r, err := s.readReservation(id, m, nowMs)
 		if err != nil {
@@ -307,10 +315,10 @@ func (s *Store) CountClusters(ctx context.Context) (live, stale int64, err error
 	return liveCmd.Val(), staleCmd.Val(), nil
 }
 
-// coveredEnd is a live lease's end given its expiry score, its leases entry
-// and its requester's renewal set (gen, at_ms), as scripts/lib/core.lua
-// covered_end has it: a lease after the set's last renewal when the set
-// covers it, else the score.
+// coveredEnd is a live lease's end given its expiry score (0: parked), its
+// leases entry and its requester's renewal set (gen, at_ms), as
+// scripts/lib/core.lua covered_end has it: a lease after the set's last
+// renewal when the set covers it, else the score.
 func coveredEnd(score int64, entry string, set *redis.SliceCmd) int64 {
 	fields := strings.Fields(entry)
 	if len(fields) != 3 || set == nil || len(set.Val()) != 2 || set.Val()[0] != fields[2] {

@@ -2,10 +2,13 @@ package store_test
 
 import (
 	"context"
+	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -21,8 +24,12 @@ type renewalSetFixture struct {
 }
 
 func newRenewalSetFixture(t *testing.T, length time.Duration, ids ...string) renewalSetFixture {
+	return newRenewalSetFixtureWith(t, store.Config{}, length, ids...)
+}
+
+func newRenewalSetFixtureWith(t *testing.T, cfg store.Config, length time.Duration, ids ...string) renewalSetFixture {
 	ctx := context.Background()
-	s := newStore(t, store.Config{})
+	s := newStore(t, cfg)
 	_, err := s.Advertise(ctx, "paris", cluster(8, 32, 0, 1_000, nil))
 	require.NoError(t, err)
 	for _, id := range ids {
@@ -43,13 +50,26 @@ func (f renewalSetFixture) renew(ids ...string) []model.RenewOutcome {
 	return out
 }
 
+// parked is what scores reads for a parked lease (+inf: scripts/expire.lua).
+const parked = -1
+
 func (f renewalSetFixture) scores(ids ...string) []int64 {
 	f.t.Helper()
 	out := make([]int64, len(ids))
 	for i, id := range ids {
-		out[i] = int64(admin(f.t, f.s).ZScore(context.Background(), f.s.Key("expiry"), "rome/"+id).Val())
+		score := admin(f.t, f.s).ZScore(context.Background(), f.s.Key("expiry"), "rome/"+id).Val()
+		out[i] = int64(score)
+		if math.IsInf(score, 1) {
+			out[i] = parked
+		}
 	}
 	return out
+}
+
+// setEnd is rome's entry in set-ends (0: none).
+func (f renewalSetFixture) setEnd() int64 {
+	f.t.Helper()
+	return int64(admin(f.t, f.s).ZScore(context.Background(), f.s.Key("set-ends"), "rome").Val())
 }
 
 func (f renewalSetFixture) end(id string) int64 {
@@ -74,9 +94,9 @@ func renewed(n int) []model.RenewOutcome {
 // TestRenewalSetRenewsTheSameIdsAtOnce: once two renewals in a row named
 // the same ids, a renewal naming them, in any order, renews them all at
 // once (scripts/lib/renew_set.lua):
-// no score moves, every read end does; expiry moves a covered lease's score
-// to its end before it is due, and ends the set's leases a lease after its
-// last renewal once the requester stops.
+// no score moves, every read end does; expiry parks a covered lease before
+// its score is due, and ends the set's leases a lease after its last
+// renewal once the requester stops.
 func TestRenewalSetRenewsTheSameIdsAtOnce(t *testing.T) {
 	ctx := context.Background()
 	const length = 3 * time.Second
@@ -107,25 +127,150 @@ func TestRenewalSetRenewsTheSameIdsAtOnce(t *testing.T) {
 	}
 	assertInvariant(t, f.s)
 
-	// Expiry moves the covered scores to their ends ahead of time, and ends nothing.
+	// Expiry parks the covered leases ahead of their scores, and ends nothing.
 	res, err := f.s.ExpireRun(ctx)
 	require.NoError(t, err)
 	assert.Zero(t, res.Expired)
-	assert.EqualValues(t, 3, res.Moved)
+	assert.EqualValues(t, 3, res.Parked)
+	assert.Zero(t, res.Moved)
 	want := at + length.Milliseconds()
-	assert.Equal(t, []int64{want, want, want}, f.scores("a", "b", "c"))
+	assert.Equal(t, []int64{parked, parked, parked}, f.scores("a", "b", "c"))
+	assert.Equal(t, want, f.setEnd(), "the set's end stands for them")
+	for _, id := range []string{"a", "b", "c"} {
+		assert.Equal(t, want, f.end(id), "a parked lease's end is the set's")
+	}
+	assertInvariant(t, f.s)
 
 	// The requester stops: its leases end a lease after the set's last renewal.
 	time.Sleep(time.Until(time.UnixMilli(want)) + 50*time.Millisecond)
 	res, err = f.s.ExpireRun(ctx)
 	require.NoError(t, err)
+	assert.EqualValues(t, 3, res.Unparked)
 	assert.EqualValues(t, 3, res.Expired)
+	assert.Zero(t, f.setEnd())
 	for _, id := range []string{"a", "b", "c"} {
 		assert.Equal(t, want, f.end(id), "ended at the set's end")
 	}
 	assert.Empty(t, f.set(), "the set goes with the last lease")
 	assert.Equal(t, []model.RenewOutcome{model.RenewEnded, model.RenewEnded}, f.renew("a", "b"))
 	assertInvariant(t, f.s)
+}
+
+// parkedSet renews ids until they are rome's set, renews the set at once
+// (its ends past the scores) and lets expiry park them.
+func (f renewalSetFixture) parkedSet(ids ...string) {
+	f.t.Helper()
+	for range 2 {
+		require.Equal(f.t, renewed(len(ids)), f.renew(ids...))
+	}
+	time.Sleep(5 * time.Millisecond)
+	require.Equal(f.t, renewed(len(ids)), f.renew(ids...))
+	res, err := f.s.ExpireRun(context.Background())
+	require.NoError(f.t, err)
+	require.EqualValues(f.t, len(ids), res.Parked)
+	assertInvariant(f.t, f.s)
+}
+
+// TestRenewalSetParkedLeases: a parked lease's end is its set's, moved by
+// the set's renewals (set-ends with it, no score written); a provider
+// renewing for a requester that went quiet gives the lease its own end past
+// the set's, so that when the requester stops for good the set's other
+// leases end at the set's end and that one at its own.
+func TestRenewalSetParkedLeases(t *testing.T) {
+	ctx := context.Background()
+	const length = 2 * time.Second
+	f := newRenewalSetFixture(t, length, "a", "b", "c") // expiry looks 10 s ahead: every lease
+	f.parkedSet("a", "b", "c")
+
+	time.Sleep(50 * time.Millisecond)
+	require.Equal(t, renewed(3), f.renew("c", "b", "a"))
+	at := mustInt(t, f.set()["at_ms"])
+	assert.Equal(t, []int64{parked, parked, parked}, f.scores("a", "b", "c"), "no score written")
+	assert.Equal(t, at+length.Milliseconds(), f.setEnd(), "the set's end moved with its renewal")
+	assert.Equal(t, at+length.Milliseconds(), f.end("a"))
+	res, err := f.s.ExpireRun(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, res.Expired+res.Parked+res.Unparked+res.Moved, "nothing for expiry to read")
+
+	// rome goes quiet (a third of a lease): paris renews b for it.
+	time.Sleep(time.Until(time.UnixMilli(at+length.Milliseconds()/3)) + 50*time.Millisecond)
+	rn, err := f.s.RenewFor(ctx, "paris", "rome", []string{"b"})
+	require.NoError(t, err)
+	require.Equal(t, model.Renewed, rn[0].Outcome)
+	endB := f.scores("b")[0]
+	assert.Greater(t, endB, at+length.Milliseconds(), "its own end again, past the set's")
+	assert.Equal(t, endB, f.end("b"))
+	assertInvariant(t, f.s)
+
+	// rome stops: a and c end at the set's end, b at its own.
+	time.Sleep(time.Until(time.UnixMilli(at+length.Milliseconds())) + 50*time.Millisecond)
+	res, err = f.s.ExpireRun(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, res.Unparked)
+	assert.EqualValues(t, 2, res.Expired)
+	assert.Zero(t, f.setEnd())
+	for _, id := range []string{"a", "c"} {
+		assert.Equal(t, at+length.Milliseconds(), f.end(id), "%s ended at the set's end", id)
+	}
+	r, err := f.s.Reservation(ctx, "rome", "b")
+	require.NoError(t, err)
+	assert.True(t, r.Live(), "b lives on the provider's renewal")
+	assertInvariant(t, f.s)
+	time.Sleep(time.Until(time.UnixMilli(endB)) + 50*time.Millisecond)
+	res, err = f.s.ExpireRun(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, res.Expired)
+	assert.Equal(t, endB, f.end("b"))
+	assertInvariant(t, f.s)
+}
+
+// TestRenewalSetParkedLeasesGetTheirEndsBack: a renewal naming a parked
+// lease alone gives it its own end; a new generation of the set writes the
+// ends the old one gave its parked leases into their scores (set-ends goes).
+func TestRenewalSetParkedLeasesGetTheirEndsBack(t *testing.T) {
+	const length = time.Hour // expiry looks two hours ahead: every lease
+	f := newRenewalSetFixtureWith(t, store.Config{OutageGap: time.Hour}, length, "a", "b", "c")
+	f.parkedSet("a", "b", "c")
+	at := mustInt(t, f.set()["at_ms"])
+	digest := f.set()["digest"]
+
+	require.Equal(t, renewed(1), f.renew("c"))
+	assert.Equal(t, digest, f.set()["digest"], "the set stays")
+	assert.Equal(t, []int64{parked, parked}, f.scores("a", "b"))
+	assert.Greater(t, f.scores("c")[0], at+length.Milliseconds(), "named alone: its own end")
+	assertInvariant(t, f.s)
+
+	require.Equal(t, renewed(1), f.renew("a"))
+	require.Equal(t, renewed(1), f.renew("a")) // a new generation: the set of a
+	assert.NotEqual(t, digest, f.set()["digest"])
+	assert.Equal(t, at+length.Milliseconds(), f.scores("b")[0], "b keeps the end the old set gave it, written back")
+	assert.Equal(t, at+length.Milliseconds(), f.end("b"))
+	assert.Zero(t, f.setEnd(), "nothing parked")
+	assertInvariant(t, f.s)
+}
+
+// TestInvariantFindsBrokenParkedLeases: CheckInvariant reports a parked
+// lease its requester's set does not cover, one whose set has no end in
+// set-ends, and a set-ends entry without its set.
+func TestInvariantFindsBrokenParkedLeases(t *testing.T) {
+	ctx := context.Background()
+	f := newRenewalSetFixtureWith(t, store.Config{OutageGap: time.Hour}, time.Hour, "a", "b")
+	f.parkedSet("a", "b")
+	rdb := admin(t, f.s)
+	entry := strings.Fields(rdb.HGet(ctx, f.s.Key("leases:", "rome"), "rome/a").Val())
+	require.Len(t, entry, 3)
+	entry[2] = "1" // an older generation's
+	require.NoError(t, rdb.HSet(ctx, f.s.Key("leases:", "rome"), "rome/a", strings.Join(entry, " ")).Err())
+	err := f.s.CheckInvariant(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "lease rome/a parked, but its entry")
+
+	require.NoError(t, rdb.ZRem(ctx, f.s.Key("set-ends"), "rome").Err())
+	require.NoError(t, rdb.ZAdd(ctx, f.s.Key("set-ends"), redis.Z{Score: 1, Member: "oslo"}).Err())
+	err = f.s.CheckInvariant(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "lease rome/b parked until")
+	assert.Contains(t, err.Error(), "requester oslo: set-ends entry 1 without a renewal set")
 }
 
 // TestRenewalSetChanges: a lease of the set that ends leaves it, so a

@@ -23,7 +23,12 @@
 --                                   store.GrantKeys; removed when the reservation ends); an ended one
 --                                   expires after the retention, or goes earlier beyond its
 --                                   requester's cap (ended.lua)
---   P.."expiry"             zset    live reservation qid -> its end (ms): what renewals move
+--   P.."expiry"             zset    live reservation qid -> its end (ms): what renewals move;
+--                                   +inf (PARKED) for a lease parked under its requester's
+--                                   renewal set (expire.lua), which set-ends stands for
+--   P.."set-ends"           zset    requester -> its renewal set's end (at_ms + lease_ms) while
+--                                   any of its leases is parked (expire.lua unparks them when
+--                                   it passes; renew_set.lua moves it); goes with the set
 --   P.."by-target:"..id     set     live reservation qids provided by a cluster
 --   P.."by-requester:"..id  set     live reservation qids requested by a cluster
 --   P.."leases:"..id        hash    live lease qid of a requester -> "<lease_ms> <expires_ms of
@@ -126,10 +131,18 @@ local function format_lease_entry(lease, rec_end, gen)
 end
 
 -- renewal_set reads what decides the ends of a requester's leases covered
--- by its renewal set: its generation and its last renewal.
+-- by its renewal set: its generation, its last renewal and its shortest
+-- lease (0: none committed).
 local function renewal_set(prefix, requester)
-  local v = redis.call('HMGET', prefix .. 'renewal:' .. requester, 'gen', 'at_ms')
-  return {gen = tonumber(v[1] or '0'), at = tonumber(v[2] or '0')}
+  local v = redis.call('HMGET', prefix .. 'renewal:' .. requester, 'gen', 'at_ms', 'lease_ms')
+  return {gen = tonumber(v[1] or '0'), at = tonumber(v[2] or '0'), lease = tonumber(v[3] or '0')}
+end
+
+-- drop_renewal_set removes a requester's renewal set (its last lease went),
+-- and its entry in P.."set-ends" with it.
+local function drop_renewal_set(prefix, requester)
+  redis.call('DEL', prefix .. 'renewal:' .. requester)
+  redis.call('ZREM', prefix .. 'set-ends', requester)
 end
 
 -- digest_move moves a renewal set's digest (store.renewalDigest: "<a>:<b>",
@@ -148,13 +161,47 @@ local function digest_move(digest, id, sign)
   return string.format('%d:%d', a, b)
 end
 
+-- PARKED is the expiry score of a lease parked under its requester's
+-- renewal set (expire.lua): +inf, so that no expiry run reads it; the set's
+-- entry in P.."set-ends" stands for it, and expire.lua writes its end back
+-- when the set passes it, renew_set.lua when a new generation replaces the
+-- set, renew.lua when a renewal names it.
+local PARKED = math.huge
+
 -- covered_end is the end of a live lease whose expiry score is score: a
 -- lease its requester's renewal set covers (the entry's generation is the
 -- set's: renew_set.lua) lives a lease after the set's last renewal, which
--- moves no score (expire.lua moves it when it comes near).
+-- moves no score (expire.lua parks it when it comes near). A parked lease is
+-- always covered (CheckInvariant); were it not, it would end as if it were.
 local function covered_end(set, lease, gen, score)
+  if score == PARKED then return set.at + lease end
   if gen > 0 and gen == set.gen then return math.max(score, set.at + lease) end
   return score
+end
+
+-- write_covered_ends writes into expiry the ends a renewal set whose last
+-- renewal was at gave the live leases qids (of lease lengths lengths) it
+-- covered: a lease after at, unless a score is later; a parked lease gets
+-- its end back (XX: a lease that ended is not brought back). parked_only:
+-- parked leases only. Returns how many were parked.
+local function write_covered_ends(prefix, qids, lengths, at, parked_only)
+  local ek, parked = prefix .. 'expiry', 0
+  for first = 1, #qids, 1000 do
+    local chunk = {unpack(qids, first, math.min(#qids, first + 999))}
+    local scores = redis.call('ZMSCORE', ek, unpack(chunk))
+    local ends = {}
+    for j, qid in ipairs(chunk) do
+      local covered = at + lengths[first + j - 1]
+      local score = tonumber(scores[j] or '0')
+      if score == PARKED then parked = parked + 1 end
+      if scores[j] and (score == PARKED or (score < covered and not parked_only)) then
+        ends[#ends + 1] = string.format('%d', covered)
+        ends[#ends + 1] = qid
+      end
+    end
+    if #ends > 0 then redis.call('ZADD', ek, 'XX', unpack(ends)) end
+  end
+  return parked
 end
 
 -- with_live_end reads a live reservation's end into its map r and, when
@@ -169,8 +216,10 @@ local function with_live_end(prefix, qid, r, flat)
   if not score then return end
   local requester = requester_of(qid)
   local lease, _, gen = lease_entry(redis.call('HGET', prefix .. 'leases:' .. requester, qid))
-  if lease and gen > 0 then
+  if lease and (gen > 0 or tonumber(score) == PARKED) then
     score = string.format('%d', covered_end(renewal_set(prefix, requester), lease, gen, tonumber(score)))
+  elseif tonumber(score) == PARKED then
+    return -- no entry: a broken invariant; the record's end stands
   end
   r.expires_ms = score
   for i = 1, #(flat or {}) - 1, 2 do

@@ -20,10 +20,10 @@
 -- naming the leases it then holds, is the set's whatever churn there was,
 -- and one still naming a lease that ended is full and tells the requester.
 -- A renewal naming other ids leaves the set as it is, unless it opens a
--- new generation: then the set's ends are first written into expiry (XX GT)
--- if it was renewed at once since they were last written, so that a lease
--- it covered and the next set does not keeps the end it gave it, a lease
--- after its last renewal.
+-- new generation: then the set's ends are first written into expiry if it
+-- was renewed at once since they were last written, so that a lease it
+-- covered (parked ones too: expire.lua) and the next set does not keeps the
+-- end it gave it, a lease after its last renewal.
 --
 -- renew_set runs for a requester's renewal naming ids whose digest is
 -- digest (store.renewalDigest), on the broker's clock now. Returns "same"
@@ -34,6 +34,7 @@
 -- ids are not those the renewal before named, or the requester holds no
 -- lease entry yet): renew them one by one.
 -- @include clock
+
 local function renew_set(prefix, requester, digest, now)
   local sk = prefix .. 'renewal:' .. requester
   local lk = prefix .. 'leases:' .. requester
@@ -45,11 +46,13 @@ local function renew_set(prefix, requester, digest, now)
   -- at least that long after the set's last renewal.
   if v[1] == digest and lease > 0 and at + lease > now then
     redis.call('HSET', sk, 'at_ms', now, 'renewed', '1')
+    -- its parked leases' end, if it has any (expire.lua)
+    redis.call('ZADD', prefix .. 'set-ends', 'XX', now + lease, requester)
     return 'same', lease
   end
 
   if redis.call('EXISTS', lk) == 0 then
-    redis.call('DEL', sk)
+    drop_renewal_set(prefix, requester)
     return 'changed', 0
   end
   -- A set is opened for ids named twice in a row: a requester whose ids
@@ -63,24 +66,21 @@ local function renew_set(prefix, requester, digest, now)
     return 'changed', 0
   end
   -- The new generation ends the set's cover. Only a set renewed at once gave
-  -- its leases ends past their scores (a full renewal writes each score):
-  -- they are written first, once.
+  -- its leases ends past their scores (a full renewal writes each score)
+  -- and had any parked (expire.lua): they are written first, once.
   if v[5] then
     local entries = redis.call('HGETALL', lk)
-    local ends = {}
+    local qids, lengths = {}, {}
     for i = 1, #entries, 2 do
       local l, _, g = lease_entry(entries[i + 1])
       if l and g == gen then
-        ends[#ends + 1] = string.format('%d', at + l)
-        ends[#ends + 1] = entries[i]
-        if #ends >= 2000 then
-          redis.call('ZADD', prefix .. 'expiry', 'XX', 'GT', unpack(ends))
-          ends = {}
-        end
+        qids[#qids + 1] = entries[i]
+        lengths[#lengths + 1] = l
       end
     end
-    if #ends > 0 then redis.call('ZADD', prefix .. 'expiry', 'XX', 'GT', unpack(ends)) end
+    write_covered_ends(prefix, qids, lengths, at)
     redis.call('HDEL', sk, 'renewed')
+    redis.call('ZREM', prefix .. 'set-ends', requester)
   end
   local next_gen = math.max(now, gen + 1)
   redis.call('HSET', sk, 'gen', next_gen, 'pending', next_gen, 'at_ms', now)

@@ -105,7 +105,7 @@ local function drop_lease(prefix, requester, qid)
   local _, _, gen = lease_entry(entry)
   local sk = prefix .. 'renewal:' .. requester
   if redis.call('EXISTS', lk) == 0 then
-    redis.call('DEL', sk)
+    drop_renewal_set(prefix, requester)
   elseif gen and gen > 0 then
     local v = redis.call('HMGET', sk, 'gen', 'digest')
     if tonumber(v[1] or '0') == gen then
