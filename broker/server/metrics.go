@@ -53,6 +53,7 @@ type metrics struct {
 	outages      prometheus.Counter
 	outageSecs   prometheus.Counter
 	credited     prometheus.Counter
+	covered      *prometheus.CounterVec
 	requests     *prometheus.CounterVec
 	latency      *prometheus.HistogramVec
 	streams      prometheus.Gauge
@@ -103,6 +104,10 @@ func newMetrics(stores []*store.Store, memory *redisMemory, advertising *advertG
 			Name: "rb_broker_leases_credited_total",
 			Help: "Due leases given a whole lease after a broker outage instead of expiring.",
 		}),
+		covered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rb_broker_covered_leases_total",
+			Help: "Leases covered by their requester's renewal set that this replica's expiry parked (the set's end stands for them), unparked (the set's end passed: their ends written back) or moved (a set not committed: the score moved to its end).",
+		}, []string{"action"}),
 		clamps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rb_broker_invariant_clamps_total",
 			Help: "Reserved counters that would have gone below zero on release (should stay 0).",
@@ -147,7 +152,7 @@ func newMetrics(stores []*store.Store, memory *redisMemory, advertising *advertG
 			Help: "Heartbeats (PUT /api/v2/clusters/{id}/heartbeat) by outcome: accepted (liveness refreshed), advertisement_needed (409: the broker does not hold the advertisement named, or the cluster went stale).",
 		}, []string{"outcome"}),
 	}
-	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.requests, m.latency, m.streams,
+	m.registry.MustRegister(m.reservations, m.decision, m.ended, m.scriptErrors, m.clamps, m.outages, m.outageSecs, m.credited, m.covered, m.requests, m.latency, m.streams,
 		m.renewals, m.renewBatch, m.v1Capped, m.rateLimited, m.advertisementsShed, m.heartbeats,
 		&clusterCollector{stores: stores}, &redisMemoryCollector{memory: memory},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -167,6 +167,11 @@ func (s *Server) expire(ctx context.Context, st *store.Store) {
 		s.metrics.credited.Add(float64(res.Credited))
 		s.log.Info("leases due during the outage get a whole lease to renew", "count", res.Credited)
 	}
+	for action, n := range map[string]int64{"parked": res.Parked, "unparked": res.Unparked, "moved": res.Moved} {
+		if n > 0 {
+			s.metrics.covered.WithLabelValues(action).Add(float64(n))
+		}
+	}
 	n, clamped := res.Expired, res.Clamped
 	if n > 0 {
 		s.metrics.ended.WithLabelValues("expired").Add(float64(n))
