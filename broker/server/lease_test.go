@@ -152,8 +152,14 @@ func TestRenewals(t *testing.T) {
 	assert.Equal(t, api.RenewRequesterRenews, vouched.Refused[0].Reason)
 	assert.Contains(t, vouched.Refused[0].Error, "rome renews its leases itself")
 
-	// Which requesters need its renewal: rome renews itself; milan never
-	// renewed, oslo holds nothing here. Bad input is a 400.
+	// Which requesters need its renewal: rome renews itself, milan has not
+	// renewed but reserved its lease just now (a reservation vouches for its
+	// lease as a renewal does), oslo holds nothing here. Once milan's call is
+	// older than a third of its lease, it is quiet. Bad input is a 400.
+	code, data = b.Do(heldAfter.Target, http.MethodPost, "/api/v2/renewals/quiet", api.QuietRequest{Requesters: []string{"milan", "rome", "oslo"}})
+	require.Equal(t, http.StatusOK, code, "%s", data)
+	assert.Equal(t, []string{"oslo"}, brokertest.Decode[api.QuietResponse](t, data).Quiet)
+	require.NoError(t, b.RDB.HSet(ctx, b.Store.Key("renewal:", "milan"), "called_ms", 0).Err())
 	code, data = b.Do(heldAfter.Target, http.MethodPost, "/api/v2/renewals/quiet", api.QuietRequest{Requesters: []string{"milan", "rome", "oslo"}})
 	require.Equal(t, http.StatusOK, code, "%s", data)
 	assert.Equal(t, []string{"milan", "oslo"}, brokertest.Decode[api.QuietResponse](t, data).Quiet)

@@ -112,11 +112,17 @@ func TestRenewForProvider(t *testing.T) {
 	d, err := s.Reserve(ctx, lease("web", "rome", 500, 1500*time.Millisecond, 4*time.Second))
 	require.NoError(t, err)
 	require.Equal(t, "paris", d.Reservation.Target)
+	// The reservation vouches for the lease for a third of it, as a renewal
+	// does: as if rome had reserved long ago and gone quiet since.
+	rn, err := s.RenewFor(ctx, "paris", "rome", []string{"web"})
+	require.NoError(t, err)
+	assert.Equal(t, model.RenewByRequester, rn[0].Outcome, "rome reserved it just now")
+	quiet(t, s, "rome")
 	_, err = s.RenewFor(ctx, "", "rome", []string{"web"})
 	require.Error(t, err, "a provider must be named")
 
 	before := snapshot(t, s)
-	rn, err := s.RenewFor(ctx, "berlin", "rome", []string{"web"})
+	rn, err = s.RenewFor(ctx, "berlin", "rome", []string{"web"})
 	require.NoError(t, err)
 	assert.Equal(t, model.RenewNotFound, rn[0].Outcome, "berlin does not provide it")
 	assert.Equal(t, before, snapshot(t, s), "a refused renewal changes nothing")

@@ -376,7 +376,10 @@ func TestRenewalSetThroughChurn(t *testing.T) {
 	// pending, joins nothing.
 	_, err = f.s.Reserve(ctx, lease("x", "oslo", 100, time.Hour, time.Hour))
 	require.NoError(t, err)
-	assert.Empty(t, admin(t, f.s).HGetAll(ctx, f.s.Key("renewal:", "oslo")).Val())
+	oslo := admin(t, f.s).HGetAll(ctx, f.s.Key("renewal:", "oslo")).Val()
+	assert.Empty(t, oslo["digest"], "no set to join")
+	assert.Empty(t, oslo["gen"])
+	assert.NotEmpty(t, oslo["called_ms"], "the reservation vouches for its lease")
 	pending, err := f.s.OpenRenewalSet(ctx, "rome", []string{"b"})
 	require.NoError(t, err)
 	require.Zero(t, pending)

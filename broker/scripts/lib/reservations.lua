@@ -57,7 +57,8 @@ local function new_reservation(p, now)
     hash[#hash + 1] = p.node
   end
   local r = {requester = p.requester, target = p.target, phase = 'Reserved',
-    cpu = p.cpu, mem = p.mem, gpu = p.gpu, sto = p.sto, expires_ms = expires, node = p.node}
+    cpu = p.cpu, mem = p.mem, gpu = p.gpu, sto = p.sto, expires_ms = expires, node = p.node,
+    created_ms = tostring(now)}
   if tonumber(p.lease) > 0 then r.lease_ms = p.lease end
   return hash, r
 end
@@ -75,17 +76,25 @@ end
 -- last renewal plus its lease is no later). Not while a full renewal is
 -- pending (its commit names the ids it renewed) nor for a set of an earlier
 -- release's digest.
+--
+-- Placing a lease is also a call of its requester vouching for it, as a
+-- renewal id by id is: called_ms and called_lease_ms say so, and a provider
+-- asking which requesters went quiet (store.RequestersRenewing) does not
+-- renew for one that only reserved and has not renewed yet.
 local function note_lease(prefix, qid, r)
   if not r.lease_ms then return end
   local entry = r.lease_ms .. ' ' .. r.expires_ms
   local sk = prefix .. 'renewal:' .. r.requester
   local v = redis.call('HMGET', sk, 'digest', 'gen', 'pending', 'lease_ms')
   local digest = not v[3] and v[1] and digest_move(v[1], bare_id(qid), 1)
+  local called = {'called_ms', r.created_ms, 'called_lease_ms', r.lease_ms}
   if digest then
     -- lease_ms: the set's shortest lease, what its renewal answers
-    redis.call('HSET', sk, 'digest', digest, 'lease_ms', math.min(tonumber(v[4] or r.lease_ms), tonumber(r.lease_ms)))
+    called[5], called[6] = 'digest', digest
+    called[7], called[8] = 'lease_ms', math.min(tonumber(v[4] or r.lease_ms), tonumber(r.lease_ms))
     entry = entry .. ' ' .. v[2]
   end
+  redis.call('HSET', sk, unpack(called))
   redis.call('HSET', prefix .. 'leases:' .. r.requester, qid, entry)
 end
 
