@@ -1,9 +1,10 @@
 -- expire: end every live reservation whose end (its expiry score, or its
 -- requester's renewal set's: core.lua covered_end) has passed (broker
 -- clock), park the leases a renewal set covers when they come near their
--- scores, and write their ends back when their set passes them, sweep the waiting list of the requests whose wait
--- expired, and trim the audit stream and the requesters with ended reservations kept
--- (ended.lua) to their retention. Every broker replica runs it on a timer;
+-- scores and write their ends back when their set's end passes, sweep the
+-- waiting list of the requests whose wait expired, and trim the audit
+-- stream and the requesters with ended reservations kept (ended.lua) to
+-- their retention. Every broker replica runs it on a timer;
 -- running it concurrently is safe because each call is atomic and ended
 -- reservations leave the index. Freed capacity notifies the first waiting
 -- requests (waiting.lua notify_waiters).

@@ -34,7 +34,6 @@
 -- ids are not those the renewal before named, or the requester holds no
 -- lease entry yet): renew them one by one.
 -- @include clock
-
 local function renew_set(prefix, requester, digest, now)
   local sk = prefix .. 'renewal:' .. requester
   local lk = prefix .. 'leases:' .. requester
