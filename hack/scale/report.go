@@ -38,6 +38,11 @@ type Window struct {
 	Seconds            float64         `json:"seconds"`
 	Activities         []ActivityStats `json:"activities"`
 	LiveAtEnd          int64           `json:"liveLeasesAtEnd"`
+	// ParkedAtEnd are the live leases parked under their requester's
+	// renewal set at the window's end (score +inf in expiry), and SetEnds
+	// the sets standing for them (broker/scripts/expire.lua).
+	ParkedAtEnd int64 `json:"parkedLeasesAtEnd"`
+	SetEnds     int64 `json:"setEndsAtEnd"`
 	// StaleAtEnd are the members whose last stored advertisement was older
 	// than the broker's stale threshold at the window's end: not candidates.
 	StaleAtEnd int           `json:"staleClustersAtEnd"`
@@ -185,8 +190,8 @@ func orOK(s string) string {
 
 // write prints the window's figures.
 func (w Window) write(b *strings.Builder) {
-	fmt.Fprintf(b, "\nsteady window at %g decisions/s offered, providers' renewals %s: %.1f s (load %s -> %s), %d live leases at its end, %d lease renewals (ids), %d clusters stale at its end (last advertisement stored over %s before)\n\n",
-		w.DecisionsPerSecond, w.Vouch, w.Seconds, w.LoadAverageStart, w.LoadAverageEnd, w.LiveAtEnd, w.RenewedIDs, w.StaleAtEnd, staleThreshold)
+	fmt.Fprintf(b, "\nsteady window at %g decisions/s offered, providers' renewals %s: %.1f s (load %s -> %s), %d live leases at its end (%d parked under %d renewal sets), %d lease renewals (ids), %d clusters stale at its end (last advertisement stored over %s before)\n\n",
+		w.DecisionsPerSecond, w.Vouch, w.Seconds, w.LoadAverageStart, w.LoadAverageEnd, w.LiveAtEnd, w.ParkedAtEnd, w.SetEnds, w.RenewedIDs, w.StaleAtEnd, staleThreshold)
 	writeActivities(b, w.Activities)
 	fmt.Fprintf(b, "\nCPU over the window (share of one core): redis-server %.2f", w.Redis.CPUShare)
 	for _, br := range w.Brokers {

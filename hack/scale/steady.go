@@ -175,6 +175,13 @@ func (s *sim) steady(ctx context.Context, rate float64) (Window, error) {
 		})
 	}
 	<-winCtx.Done()
+	pipe := rdb.Pipeline()
+	parked := pipe.ZCount(ctx, s.b.Store.Key("expiry"), "+inf", "+inf")
+	setEnds := pipe.ZCard(ctx, s.b.Store.Key("set-ends"))
+	if _, err := pipe.Exec(ctx); err != nil {
+		return w, err
+	}
+	w.ParkedAtEnd, w.SetEnds = parked.Val(), setEnds.Val()
 	for _, m := range s.members {
 		if time.Since(time.Unix(0, m.advertised.Load())) > staleThreshold {
 			w.StaleAtEnd++
