@@ -21,8 +21,7 @@ if redis.call('EXISTS', prefix .. 'cluster:' .. id) == 0 then return {'unknown',
 unindex_cluster(prefix, id) -- reads the labels from the cluster's hash: before it goes
 redis.call('ZREM', prefix .. 'clusters', id)
 redis.call('DEL', prefix .. 'cluster:' .. id, prefix .. 'nodes:' .. id, prefix .. 'node-resv:' .. id,
-  prefix .. 'node-listed:' .. id, prefix .. 'rate:' .. id, prefix .. 'leases:' .. id,
-  prefix .. 'renewal:' .. id)
-redis.call('ZREM', prefix .. 'set-ends', id)
+  prefix .. 'node-listed:' .. id, prefix .. 'rate:' .. id, prefix .. 'leases:' .. id)
+drop_renewal_set(prefix, id)
 redis.call('HDEL', prefix .. 'usage', id)
 return {'forgotten', 0, 0}

@@ -216,10 +216,10 @@ local function with_live_end(prefix, qid, r, flat)
   if not score then return end
   local requester = requester_of(qid)
   local lease, _, gen = lease_entry(redis.call('HGET', prefix .. 'leases:' .. requester, qid))
-  if lease and (gen > 0 or tonumber(score) == PARKED) then
+  local parked = tonumber(score) == PARKED
+  if not lease and parked then return end -- no entry: a broken invariant; the record's end stands
+  if lease and (gen > 0 or parked) then
     score = string.format('%d', covered_end(renewal_set(prefix, requester), lease, gen, tonumber(score)))
-  elseif tonumber(score) == PARKED then
-    return -- no entry: a broken invariant; the record's end stands
   end
   r.expires_ms = score
   for i = 1, #(flat or {}) - 1, 2 do
