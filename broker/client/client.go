@@ -43,6 +43,7 @@ const (
 	DefaultBackoff           = 250 * time.Millisecond
 	DefaultCertCheckInterval = 30 * time.Second
 	DefaultStreamIdleTimeout = time.Minute
+	DefaultIdleConns         = 16
 
 	maxBackoff       = 5 * time.Second
 	maxRetryAfter    = 2 * maxBackoff // the longest Retry-After a call waits before retrying
@@ -57,6 +58,7 @@ type config struct {
 	certCheckInterval time.Duration
 	streamIdle        time.Duration
 	userAgent         string
+	idleConns         int
 }
 
 // Option configures a Client.
@@ -90,6 +92,12 @@ func WithCertCheckInterval(d time.Duration) Option {
 func WithStreamIdleTimeout(d time.Duration) Option {
 	return func(c *config) { c.streamIdle = d }
 }
+
+// WithIdleConns sets how many idle connections to the broker the client
+// keeps for later calls (at least 1). Default DefaultIdleConns. A process
+// holding thousands of clients (hack/scale's members) keeps one each, so that
+// the connections of its members' overlapping calls do not pile up idle.
+func WithIdleConns(n int) Option { return func(c *config) { c.idleConns = max(1, n) } }
 
 // WithUserAgent sets the User-Agent header.
 func WithUserAgent(ua string) Option { return func(c *config) { c.userAgent = ua } }
@@ -159,6 +167,7 @@ func newConfig(opts []Option) config {
 		certCheckInterval: DefaultCertCheckInterval,
 		streamIdle:        DefaultStreamIdleTimeout,
 		userAgent:         "rb-client",
+		idleConns:         DefaultIdleConns,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -184,22 +193,22 @@ func newClient(baseURL string, tlsCfg *tls.Config, cfg config) (*Client, error) 
 		return nil, fmt.Errorf("client: broker URL %q: must not have a query or fragment", baseURL)
 	}
 	base := u.Scheme + "://" + u.Host + strings.TrimRight(u.EscapedPath(), "/")
-	return &Client{base: base, cfg: cfg, tr: newTransport(tlsCfg)}, nil
+	return &Client{base: base, cfg: cfg, tr: newTransport(tlsCfg, cfg.idleConns)}, nil
 }
 
 // newTransport keeps connections alive and speaks HTTP/1.1: the broker also
 // offers HTTP/2, but on its benchmark (BenchmarkHTTPReserve in broker/server,
 // replay-https-mtls against replay-https-mtls-http2) HTTP/2 cost about a
 // quarter more CPU per request, client and server together.
-func newTransport(tlsCfg *tls.Config) *http.Transport {
+func newTransport(tlsCfg *tls.Config, idleConns int) *http.Transport {
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           d.DialContext,
 		TLSClientConfig:       tlsCfg,
 		TLSHandshakeTimeout:   10 * time.Second,
-		MaxIdleConns:          64,
-		MaxIdleConnsPerHost:   16,
+		MaxIdleConns:          max(64, idleConns),
+		MaxIdleConnsPerHost:   idleConns,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}

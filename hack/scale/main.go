@@ -300,7 +300,11 @@ func (s *sim) makeMembers() error {
 			// No retries: each call's latency and error are the broker's answer to it.
 			c, err := brokerclient.NewWithTLS(s.procs[i%len(s.procs)].URL,
 				&tls.Config{RootCAs: s.b.CA.Pool(), Certificates: []tls.Certificate{cert}},
-				brokerclient.WithRetries(0, 0), brokerclient.WithUserAgent("rb-scale"))
+				brokerclient.WithRetries(0, 0), brokerclient.WithUserAgent("rb-scale"),
+				// One idle connection a member: 10,000 members' overlapping calls (renewals,
+				// providers' calls, heartbeats, reserves) otherwise keep more than the
+				// process's descriptors allow.
+				brokerclient.WithIdleConns(1))
 			if err != nil {
 				return err
 			}
