@@ -100,7 +100,11 @@
 --          the preference terms in the order to try them (by weight,
 --          highest first), each {i (its index in the request as given), w
 --          (weight), labels (object, absent: none), clusters (array of
---          cluster ids, absent: any)}
+--          cluster ids, absent: any)}; hint (absent: none; never with
+--          prefs), {c (cluster ids, best first), lo, hi (the two of c that
+--          set the price range)}: the candidates a replica's view of the
+--          index proposes (store/view.go), decided among when lo and hi
+--          still fit (reserve_prefs.lua decide_hinted; audit method "hint")
 -- Reply: per request, in order, {outcome, reservation, candidates_json, rejections_json, now_ms}
 --   outcome     "reserved" (new), "replay" (id already decided: the first
 --               answer), "conflict" (the requester decided this id before

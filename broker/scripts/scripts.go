@@ -98,6 +98,9 @@ var (
 	Throttle = load("throttle")
 	// Score scores requests as reserve would, deciding nothing (score.lua).
 	Score = load("score")
+	// View reads what changed in the candidate index since a replica's view
+	// of it last looked (view.lua, store/view.go).
+	View = load("view")
 )
 
 // All lists every script, for loading at start-up and readiness checks.
@@ -117,4 +120,5 @@ var All = map[string]*redis.Script{
 	"forget":        Forget,
 	"throttle":      Throttle,
 	"score":         Score,
+	"view":          View,
 }

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"fmt"
+	"maps"
 
 	"github.com/redis/go-redis/v9"
 
@@ -77,3 +79,34 @@ func (s *Store) CommitRenewalSet(ctx context.Context, requester string, ids []st
 
 // RenewalDigest is renewalDigest.
 var RenewalDigest = renewalDigest
+
+// CheckView catches s's view up (Config.DecideFromView) and compares it
+// with a view read whole from the index now: the same clusters, records
+// and labels, or an error naming the first difference.
+func (s *Store) CheckView(ctx context.Context) error {
+	if err := s.catchUpView(ctx); err != nil {
+		return err
+	}
+	fresh := &Store{rdb: s.rdb, cfg: s.cfg, view: newClusterView()}
+	if err := fresh.catchUpView(ctx); err != nil {
+		return err
+	}
+	got, want := s.view, fresh.view
+	if got.seq != want.seq || got.epoch != want.epoch {
+		return fmt.Errorf("view at change %d of %q, the index at %d of %q", got.seq, got.epoch, want.seq, want.epoch)
+	}
+	if len(got.recs) != len(want.recs) {
+		return fmt.Errorf("view holds %d clusters, the index %d", len(got.recs), len(want.recs))
+	}
+	for _, w := range want.recs {
+		at, ok := got.pos[w.id]
+		if !ok {
+			return fmt.Errorf("cluster %s missing from the view", w.id)
+		}
+		g := got.recs[at]
+		if g.f != w.f || !maps.Equal(g.labels, w.labels) {
+			return fmt.Errorf("cluster %s: view %v %v, index %v %v", w.id, g.f, g.labels, w.f, w.labels)
+		}
+	}
+	return nil
+}

@@ -192,8 +192,17 @@ func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
 	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.WeightResources, s.cfg.WeightCost,
 		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
 		max(s.cfg.WaitTTL.Milliseconds(), 0), s.cfg.EventsTTL.Milliseconds())
+	hinted := s.view != nil && s.catchUpView(ctx) == nil // else every request walks the index
 	for _, p := range batch {
-		args = append(args, p.arg)
+		arg := p.arg
+		if hinted && len(p.req.Preferences) == 0 {
+			if h, ok := s.view.hint(p.req, s.cfg.WeightResources, s.cfg.WeightCost, s.cfg.TopCandidates+2); ok {
+				if a, err := withHint(arg, h); err == nil {
+					arg = a
+				}
+			}
+		}
+		args = append(args, arg)
 	}
 	replies, err := s.run(ctx, s.decide, args...)
 	if err == nil && len(replies) != len(batch) {

@@ -84,6 +84,10 @@ type Config struct {
 	// flight at once; default 2 (Redis runs one while the other's reply is
 	// read and the next batch forms).
 	ReserveInFlight int
+	// DecideFromView has this replica keep a view of the candidate index in
+	// memory (view.go) and propose each decision's candidates from it, so
+	// that reserve.lua judges a few clusters instead of walking the index.
+	DecideFromView bool
 	// Policy holds the operator's per-requester limits and the bounds of
 	// what a provider may advertise (broker/policy); nil: none.
 	Policy Policy
@@ -165,6 +169,8 @@ type Store struct {
 	// decide is the script that decides reservations: scripts.Reserve, or
 	// in tests the full-scan reference it is checked against.
 	decide *redis.Script
+	// view proposes each decision's candidates (Config.DecideFromView); nil: off.
+	view *clusterView
 }
 
 // New returns a store over rdb.
@@ -172,6 +178,9 @@ func New(rdb redis.UniversalClient, cfg Config) *Store {
 	cfg.defaults()
 	s := &Store{rdb: rdb, cfg: cfg, decide: scripts.Reserve}
 	s.reserve = &reserveBatcher{maxBatch: cfg.ReserveBatch, maxInFlight: cfg.ReserveInFlight, send: s.sendReserves}
+	if cfg.DecideFromView {
+		s.view = newClusterView()
+	}
 	return s
 }
 

@@ -24,6 +24,10 @@
 --                                   (prices are not negative), so these sets bound the
 --                                   price of unread clusters for the threshold walk
 --   P.."idx:version"        string  INDEX_VERSION once the index has been built (reindex.lua)
+--   P.."idx:feed"           hash    seq: how many changes of records and labels there have
+--                                   been; epoch: the Redis time of the first (the numbering's name)
+--   P.."idx:changes"        zset    cluster id -> the seq of its record's last change (or
+--                                   removal): what the replicas' views read from (store/view.go)
 -- @include nodes
 
 -- INDEX_VERSION names the index layout; a Redis holding another is reindexed at start-up.
@@ -83,6 +87,22 @@ local function write_free(prefix, cid, rec, resources)
   redis.call('ZADD', prefix .. 'idx:hfree:cm', num((h.cpu + h.mem) / 2), cid)
 end
 
+-- mark_changed numbers a change of cluster cid's record or labels, or its
+-- removal from the index, for the replicas' views (store/view.go), which
+-- read the clusters changed since the number they last saw.
+-- The first change names the numbering (field epoch, the Redis time then),
+-- so that a view notices a numbering started again (the keys lost) even
+-- once it has gone past the view's.
+local function mark_changed(prefix, cid)
+  local feed = prefix .. 'idx:feed'
+  local seq = redis.call('HINCRBY', feed, 'seq', 1)
+  if seq == 1 then
+    local t = redis.call('TIME')
+    redis.call('HSET', feed, 'epoch', t[1] .. '.' .. t[2])
+  end
+  redis.call('ZADD', prefix .. 'idx:changes', seq, cid)
+end
+
 -- index_free refreshes a cluster's record, node record and free-capacity
 -- entries for some resources (and the cpu+mem mean) after its advertisement,
 -- used_*, resv_* or node debits changed. A cluster out of the live index
@@ -99,6 +119,7 @@ local function index_free(prefix, cid, resources, advertised)
   if not labels or labels == '' then labels = '{}' end
   redis.call('HSET', prefix .. 'idx:labels', cid, labels)
   write_free(prefix, cid, rec, resources)
+  mark_changed(prefix, cid)
 end
 
 -- index_record rewrites a live cluster's record and free-capacity entries
@@ -114,6 +135,7 @@ local function index_record(prefix, cid, rec, taken)
   end
   redis.call('HSET', prefix .. 'idx:rec', cid, pack_rec(rec))
   write_free(prefix, cid, rec, changed)
+  mark_changed(prefix, cid)
 end
 
 -- index_cluster (re)writes every index entry of a live cluster. old_labels is
@@ -182,4 +204,5 @@ local function unindex_cluster(prefix, cid)
   for k, val in pairs(decode_labels(labels)) do
     redis.call('SREM', prefix .. 'idx:label:' .. k .. '=' .. tostring(val), cid)
   end
+  mark_changed(prefix, cid)
 end

@@ -50,10 +50,42 @@ local function decide_preferred(q)
   return d
 end
 
+-- decide_hinted decides request q among the clusters of its hint (q.hint,
+-- store/view.go): the best ones by the replica's view of the index, in
+-- order, and the clusters setting the view's price range over the fitting
+-- clusters (lo, hi; both among c), judged on the records as they are now.
+-- The view, read just before the call, is the index but for what the other
+-- replicas wrote since: the decision is the index's own unless that moved
+-- the best clusters out of the hint. nil when the clusters setting the
+-- range no longer fit (the range, which weighs every score, may have
+-- moved): the caller then decides over every candidate.
+local function decide_hinted(q)
+  local h = q.hint
+  local d = new_decision(q)
+  d.method = 'hint'
+  evaluate(d, h.c)
+  local lo, hi = false, false
+  for k = 1, d.fit_n do
+    if d.fit_id[k] == h.lo then lo = true end
+    if d.fit_id[k] == h.hi then hi = true end
+  end
+  if not (lo and hi) then return nil end
+  d.min_price, d.max_price = d.fit_min, d.fit_max
+  score_fits(d)
+  count_rejections(d)
+  local _, live = call_counts()
+  d.considered = live
+  return d
+end
+
 -- decision_of decides request q: by its preferences when it has any, else
--- over every candidate.
+-- among its hint's clusters when it has one, else over every candidate.
 local function decision_of(q)
   if q.prefs then return decide_preferred(q) end
+  if q.hint then
+    local d = decide_hinted(q)
+    if d then return d end
+  end
   local d = new_decision(q)
   candidates(d)
   return d

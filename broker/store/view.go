@@ -1,0 +1,347 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/fluidos-project/resource-broker/broker/model"
+	"github.com/fluidos-project/resource-broker/broker/scripts"
+)
+
+// clusterView is a replica's copy of the candidate index's records and
+// labels (idx:rec, idx:labels; scripts/lib/index.lua), from which it
+// proposes each decision's candidates (a hint, reserve.lua): reserve.lua
+// then judges those few clusters on their records as they are, instead of
+// walking the index, which at 10,000 clusters reads hundreds of them per
+// decision inside Redis' one thread. The replica does the walk instead,
+// over memory, and Redis keeps what must be atomic: the judgement of the
+// few, the capacity taken, the records.
+//
+// The view catches up just before each reserve call (view.lua: the
+// clusters changed since the last change it saw, idx:changes), so a
+// decision misses only what other replicas wrote in between; with no such
+// write it is exactly the index's (TestHintedDecisionsMatchFullScan).
+type clusterView struct {
+	catchingUp sync.Mutex // one catch-up at a time
+
+	mu    sync.RWMutex
+	epoch string // the numbering of the changes the view follows ("": none yet)
+	seq   int64  // the last change it holds
+	recs  []viewRecord
+	pos   map[string]int // cluster id -> its index in recs
+}
+
+// viewRecord is one cluster's record (records.lua REC_FIELDS, in order) and labels.
+type viewRecord struct {
+	id     string
+	f      [recFields]float64
+	labels map[string]string
+}
+
+// The positions of records.lua's REC_FIELDS: per resource (cpu, mem, gpu,
+// sto) alloc and free pairs, the three prices, the node count, the node
+// summary's top (the node with the most free cpu) and max (the most free
+// of each on any node).
+const (
+	recAlloc  = 0 // + 2 * resource
+	recFree   = 1 // + 2 * resource
+	recPrice  = 8 // + resource, cpu, mem and gpu
+	recNodes  = 11
+	recTop    = 12 // + resource
+	recMax    = 16 // + resource
+	recFields = 20
+)
+
+// viewPage is the most changed clusters one view.lua call returns.
+const viewPage = 2000
+
+func newClusterView() *clusterView { return &clusterView{pos: map[string]int{}} }
+
+// catchUpView brings s's view up to the index's last change.
+func (s *Store) catchUpView(ctx context.Context) error {
+	v := s.view
+	v.catchingUp.Lock()
+	defer v.catchingUp.Unlock()
+	for {
+		v.mu.RLock()
+		epoch, seq := v.epoch, v.seq
+		v.mu.RUnlock()
+		reply, err := s.run(ctx, scripts.View, epoch, seq, viewPage)
+		if err != nil {
+			return fmt.Errorf("view: %w", err)
+		}
+		page, err := parseViewReply(reply)
+		if err != nil {
+			return err
+		}
+		v.apply(page)
+		if page.whole || len(page.ids) < viewPage {
+			return nil
+		}
+	}
+}
+
+// viewReply is one view.lua reply, decoded.
+type viewReply struct {
+	epoch string
+	seq   int64
+	whole bool
+	ids   []string
+	recs  []*viewRecord // nil: the cluster left the index
+}
+
+func parseViewReply(reply []any) (viewReply, error) {
+	var p viewReply
+	if len(reply) != 6 {
+		return p, fmt.Errorf("view: unexpected reply of %d values", len(reply))
+	}
+	p.epoch, _ = reply[0].(string)
+	p.seq, _ = reply[1].(int64)
+	whole, _ := reply[2].(int64)
+	p.whole = whole == 1
+	ids, _ := reply[3].([]any)
+	recs, _ := reply[4].([]any)
+	labels, _ := reply[5].([]any)
+	if len(recs) != len(ids) || len(labels) != len(ids) {
+		return p, fmt.Errorf("view: %d records and %d labels for %d clusters", len(recs), len(labels), len(ids))
+	}
+	p.ids = make([]string, len(ids))
+	p.recs = make([]*viewRecord, len(ids))
+	for i := range ids {
+		p.ids[i], _ = ids[i].(string)
+		raw, ok := recs[i].(string)
+		if !ok {
+			continue // left the index
+		}
+		r := &viewRecord{id: p.ids[i]}
+		f, err := decodeRecord(raw) // the invariant's reader of the same records
+		if err != nil {
+			return p, fmt.Errorf("view: cluster %s: %w", p.ids[i], err)
+		}
+		copy(r.f[:], f)
+		if l, _ := labels[i].(string); l != "" && l != "{}" {
+			if err := json.Unmarshal([]byte(l), &r.labels); err != nil {
+				return p, fmt.Errorf("view: cluster %s labels: %w", p.ids[i], err)
+			}
+		}
+		p.recs[i] = r
+	}
+	return p, nil
+}
+
+// apply writes one reply into the view.
+func (v *clusterView) apply(p viewReply) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if p.whole {
+		v.recs, v.pos = v.recs[:0], make(map[string]int, len(p.ids))
+	}
+	for i, id := range p.ids {
+		at, held := v.pos[id]
+		switch r := p.recs[i]; {
+		case r != nil && held:
+			v.recs[at] = *r
+		case r != nil:
+			v.pos[id] = len(v.recs)
+			v.recs = append(v.recs, *r)
+		case held: // left the index: the last record takes its place
+			last := len(v.recs) - 1
+			v.recs[at] = v.recs[last]
+			v.pos[v.recs[at].id] = at
+			v.recs = v.recs[:last]
+			delete(v.pos, id)
+		}
+	}
+	v.epoch, v.seq = p.epoch, p.seq
+}
+
+// viewHint is a request's hint in reserve.lua's ARGV: the clusters to
+// judge, best first by the view, and the two of them that set the price
+// range over the fitting clusters.
+type viewHint struct {
+	Clusters []string `json:"c"`
+	Low      string   `json:"lo"`
+	High     string   `json:"hi"`
+}
+
+// hintUndecided bounds the clusters of a hint whose node summary cannot
+// tell whether one of their nodes holds the request (reserve.lua reads
+// their node records): a request more than that many rank among the best
+// is decided over the whole index.
+const hintUndecided = 16
+
+// rankedFit is one fitting cluster of a hint being built.
+type rankedFit struct {
+	at      int // index in recs
+	score   float64
+	decided bool // its node summary (or no nodes) says it fits; false: it may
+}
+
+// hint proposes req's candidates: the clusters reserve.lua would score
+// best if the view were the index, until want of them are sure to fit
+// (every cluster that may fit and ranks above the last of those comes
+// too), and the two setting the price range. ok is false when the view
+// cannot stand for the index's walk: nothing sure to fit, or a cluster that
+// may fit, by its node summary, priced outside the range of those that
+// surely do (the range weighs every score), or too many that may fit among
+// the best; the request is then decided over the whole index.
+func (v *clusterView) hint(req model.ReserveRequest, wRes, wCost float64, want int) (viewHint, bool) {
+	q := [4]float64{float64(req.Resources.CPU), float64(req.Resources.Memory), float64(req.Resources.GPU), float64(req.Resources.Storage)}
+	requested := 0
+	for _, x := range q {
+		if x > 0 {
+			requested++
+		}
+	}
+	if requested == 0 {
+		return viewHint{}, false
+	}
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+
+	// judge is reserve_score.lua's judgement of one record, by its totals,
+	// the selector and the node summary, and its resource score and price,
+	// computed in the same order so that they are the same doubles.
+	judge := func(r *viewRecord) (fits, decided bool, rs, price float64) {
+		if r.id == req.Requester {
+			return false, false, 0, 0
+		}
+		f := &r.f
+		sum := 0.0
+		for res, x := range q {
+			if x > 0 {
+				free := f[recFree+2*res]
+				if free < x {
+					return false, false, 0, 0
+				}
+				sum += (free - x) / f[recAlloc+2*res]
+			}
+		}
+		for k, want := range req.Selector {
+			if r.labels[k] != want {
+				return false, false, 0, 0
+			}
+		}
+		decided = true
+		if f[recNodes] > 0 {
+			top, over := true, false
+			for res, x := range q {
+				if x > 0 {
+					top = top && f[recTop+res] >= x
+					over = over || x > f[recMax+res]
+				}
+			}
+			switch {
+			case over:
+				return false, false, 0, 0
+			case !top:
+				decided = false
+			}
+		}
+		price = q[0]/1000*f[recPrice] + q[1]/1073741824*f[recPrice+1] + q[2]*f[recPrice+2]
+		return true, decided, 100 * sum / float64(requested), price
+	}
+
+	// The price range over the clusters sure to fit.
+	lo, hi := -1, -1
+	var minP, maxP float64
+	for i := range v.recs {
+		fits, decided, _, price := judge(&v.recs[i])
+		if !fits || !decided {
+			continue
+		}
+		if lo < 0 || price < minP {
+			lo, minP = i, price
+		}
+		if hi < 0 || price > maxP {
+			hi, maxP = i, price
+		}
+	}
+	if lo < 0 {
+		return viewHint{}, false
+	}
+
+	// The best, scored as offer in reserve_score.lua does, up to the want-th
+	// sure fit. A list longer than limit cannot make a hint (too many unsure
+	// fits among the best), and a fit ranked past limit only goes further
+	// down as others come: it is never needed.
+	limit := want + hintUndecided + 1
+	ranked := make([]rankedFit, 0, limit+1)
+	for i := range v.recs {
+		r := &v.recs[i]
+		fits, decided, rs, price := judge(r)
+		if !fits {
+			continue
+		}
+		if !decided && (price < minP || price > maxP) {
+			return viewHint{}, false
+		}
+		cs := 100.0
+		if maxP > minP {
+			cs = 100 * (maxP - price) / (maxP - minP)
+		}
+		fit := rankedFit{at: i, score: wRes*rs + wCost*cs, decided: decided}
+		pos := len(ranked)
+		for pos > 0 {
+			t := ranked[pos-1]
+			if fit.score > t.score || (fit.score == t.score && r.id < v.recs[t.at].id) {
+				pos--
+			} else {
+				break
+			}
+		}
+		if pos >= limit {
+			continue
+		}
+		ranked = slices.Insert(ranked, pos, fit)
+		sure := 0
+		for k, e := range ranked {
+			if e.decided {
+				if sure++; sure == want {
+					ranked = ranked[:k+1]
+					break
+				}
+			}
+		}
+		ranked = ranked[:min(len(ranked), limit)]
+	}
+	undecided := 0
+	for _, e := range ranked {
+		if !e.decided {
+			undecided++
+		}
+	}
+	if undecided > hintUndecided {
+		return viewHint{}, false
+	}
+	h := viewHint{Clusters: make([]string, 0, len(ranked)+2), Low: v.recs[lo].id, High: v.recs[hi].id}
+	inHint := func(id string) bool {
+		for _, c := range h.Clusters {
+			if c == id {
+				return true
+			}
+		}
+		return false
+	}
+	for _, e := range ranked {
+		h.Clusters = append(h.Clusters, v.recs[e.at].id)
+	}
+	for _, id := range []string{h.Low, h.High} {
+		if !inHint(id) {
+			h.Clusters = append(h.Clusters, id)
+		}
+	}
+	return h, true
+}
+
+// withHint is a request's reserveArg (a JSON object) with its hint added.
+func withHint(arg string, h viewHint) (string, error) {
+	b, err := json.Marshal(h)
+	if err != nil {
+		return "", err
+	}
+	return arg[:len(arg)-1] + `,"hint":` + string(b) + "}", nil
+}

@@ -1,0 +1,119 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/fluidos-project/resource-broker/broker/model"
+	"github.com/fluidos-project/resource-broker/broker/store"
+)
+
+// TestHintedDecisionsMatchFullScan: with its view of the index current (no
+// other replica writing between its catch-up and its call), a replica that
+// proposes each decision's candidates from its view (Config.DecideFromView)
+// decides exactly as the full scan does: the same winner, score, node and
+// candidates, and the same refusals. Random states as in
+// TestIndexMatchesFullScan: stale clusters, selectors, GPUs, nodes whose
+// summary cannot decide, releases and re-advertisements; each round starts
+// on a flushed Redis, which the view notices (a new numbering) and reads whole.
+func TestHintedDecisionsMatchFullScan(t *testing.T) {
+	ctx := context.Background()
+	rdb := startRedis(t)
+	const stale = 3 * time.Second
+	hinted := store.New(rdb, store.Config{StaleThreshold: stale, DecideFromView: true})
+	scan := store.NewFullScan(rdb, store.Config{StaleThreshold: stale})
+
+	methods := map[string]int{}
+	decided, nofit := 0, 0
+	for round, n := range []int{40, 300, 700} {
+		require.NoError(t, admin(t, hinted).FlushAll(ctx).Err())
+		require.NoError(t, hinted.LoadScripts(ctx))
+		rng := rand.New(rand.NewPCG(uint64(round), propertySeed(t)))
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("c%03d", i)
+		}
+		for _, id := range ids[:n/5] { // a fifth go stale
+			_, err := hinted.Advertise(ctx, id, randomAdvertisement(rng))
+			require.NoError(t, err)
+		}
+		time.Sleep(stale + 100*time.Millisecond)
+		ads := map[string]model.Advertisement{}
+		for _, id := range ids[n/5:] {
+			ads[id] = randomAdvertisement(rng)
+		}
+		var lastBeat time.Time
+		heartbeat := func() {
+			lastBeat = time.Now()
+			var g errgroup.Group
+			g.SetLimit(16)
+			for _, id := range ids[n/5:] {
+				g.Go(func() error {
+					_, err := hinted.Advertise(ctx, id, ads[id])
+					return err
+				})
+			}
+			require.NoError(t, g.Wait())
+		}
+		heartbeat()
+
+		var kept []model.ReserveRequest
+		for i := range 150 {
+			if time.Since(lastBeat) > stale/6 {
+				heartbeat()
+			}
+			req := randomRequest(rng, fmt.Sprintf("r%d-%d", round, i), ids[rng.IntN(n)])
+			ref := req
+			ref.ID += "-scan"
+			want, wantErr := scan.Reserve(ctx, ref)
+			if wantErr == nil {
+				_, err := scan.Release(ctx, req.Requester, ref.ID, req.Requester)
+				require.NoError(t, err)
+			}
+			got, gotErr := hinted.Reserve(ctx, req)
+			var wantNF, gotNF *store.NoFitError
+			if errors.As(wantErr, &wantNF) {
+				require.ErrorAs(t, gotErr, &gotNF, "round %d request %d: the scan finds nothing, the hinted decision %+v", round, i, got.Reservation.Target)
+				require.Equal(t, wantNF.Rejected, gotNF.Rejected, "round %d request %d: rejections", round, i)
+				nofit++
+				continue
+			}
+			require.NoError(t, wantErr)
+			require.NoError(t, gotErr, "round %d request %d: the scan chose %s", round, i, want.Reservation.Target)
+			require.Equal(t, want.Reservation.Target, got.Reservation.Target, "round %d request %d", round, i)
+			require.Equal(t, want.Reservation.Score, got.Reservation.Score, "round %d request %d", round, i)
+			require.Equal(t, want.Reservation.Candidates, got.Reservation.Candidates, "round %d request %d", round, i)
+			require.Equal(t, want.Reservation.Node, got.Reservation.Node, "round %d request %d", round, i)
+			methods[lastAuditMethod(t, hinted)]++
+			decided++
+
+			kept = append(kept, req)
+			if rng.IntN(4) == 0 {
+				k := kept[rng.IntN(len(kept))]
+				_, err := hinted.Release(ctx, k.Requester, k.ID, k.Requester)
+				require.NoError(t, err)
+			}
+			if rng.IntN(5) == 0 {
+				id := ids[n/5+rng.IntN(n-n/5)]
+				ad := randomAdvertisement(rng)
+				ad.ReservationsOnNodes = listSome(t, rng, hinted, id)
+				ads[id] = ad
+				_, err := hinted.Advertise(ctx, id, ad)
+				require.NoError(t, err)
+			}
+		}
+		require.NoError(t, hinted.CheckView(ctx), "round %d", round)
+		require.NoError(t, hinted.CheckIndex(ctx), "round %d", round)
+	}
+	t.Logf("decisions compared: %d placed, %d nofit; methods %v", decided, nofit, methods)
+	require.Greater(t, decided, 300)
+	require.Greater(t, nofit, 20)
+	require.Greater(t, methods["hint"], decided/2, "most decisions must come from the hint")
+}
