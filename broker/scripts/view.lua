@@ -4,7 +4,8 @@
 -- whole index when it has none yet or the numbering started again.
 --
 -- KEYS[1]  prefix ("rb:{b}:"): every key read derives from it (index.lua)
--- ARGV[1]  the epoch of the numbering the view holds ("" for none: read all)
+-- ARGV[1]  the epoch of the numbering the view holds ("" when the index had
+--          none yet, "-" when the view holds nothing: read all)
 -- ARGV[2]  the last change it saw (idx:feed seq)
 -- ARGV[3]  the most clusters to return when catching up
 -- Reply:   {epoch, seq, whole, ids, records, labels}: the numbering's epoch
@@ -19,7 +20,7 @@ local epoch, seq = feed[1] or '', tonumber(feed[2] or '0')
 local since = tonumber(ARGV[2])
 
 local ids, recs, labels = {}, {}, {}
-if ARGV[1] ~= '' and ARGV[1] == epoch and since <= seq then
+if ARGV[1] == epoch and since <= seq then
   local r = redis.call('ZRANGE', prefix .. 'idx:changes', '(' .. since, '+inf', 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[3]), 'WITHSCORES')
   for i = 1, #r, 2 do ids[#ids + 1] = r[i] end
   seq = since

@@ -110,3 +110,11 @@ func (s *Store) CheckView(ctx context.Context) error {
 	}
 	return nil
 }
+
+// SetViewPage sets how many changed clusters one catch-up reads at most, and
+// returns the previous value.
+func SetViewPage(n int) int {
+	old := viewPage
+	viewPage = n
+	return old
+}

@@ -28,7 +28,7 @@ type clusterView struct {
 	catchingUp sync.Mutex // one catch-up at a time
 
 	mu    sync.RWMutex
-	epoch string // the numbering of the changes the view follows ("": none yet)
+	epoch string // the numbering of the changes the view follows ("-": it holds nothing yet)
 	seq   int64  // the last change it holds
 	recs  []viewRecord
 	pos   map[string]int // cluster id -> its index in recs
@@ -55,10 +55,11 @@ const (
 	recFields = 20
 )
 
-// viewPage is the most changed clusters one view.lua call returns.
-const viewPage = 2000
+// viewPage is the most changed clusters one view.lua call returns (a
+// variable for the tests' sake).
+var viewPage = 2000
 
-func newClusterView() *clusterView { return &clusterView{pos: map[string]int{}} }
+func newClusterView() *clusterView { return &clusterView{epoch: "-", pos: map[string]int{}} }
 
 // catchUpView brings s's view up to the index's last change.
 func (s *Store) catchUpView(ctx context.Context) error {

@@ -117,3 +117,52 @@ func TestHintedDecisionsMatchFullScan(t *testing.T) {
 	require.Greater(t, nofit, 20)
 	require.Greater(t, methods["hint"], decided/2, "most decisions must come from the hint")
 }
+
+// TestViewCatchesUp: a replica's view follows the index through changes
+// read a page at a time, clusters dropped as stale and forgotten, and an
+// index written by a broker without the change feed (read whole, then whole
+// again once the feed starts).
+func TestViewCatchesUp(t *testing.T) {
+	ctx := context.Background()
+	rdb := startRedis(t)
+	const stale = time.Second
+	s := store.New(rdb, store.Config{StaleThreshold: stale, DecideFromView: true})
+	require.NoError(t, s.LoadScripts(ctx))
+	advertiseAll := func(ids []string, cores int64) {
+		for _, id := range ids {
+			_, err := s.Advertise(ctx, id, cluster(cores, 64, 0, 10, map[string]string{"region": id[:2]}))
+			require.NoError(t, err)
+		}
+	}
+	ids := make([]string, 30)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("eu%02d", i)
+	}
+	advertiseAll(ids, 16)
+	require.NoError(t, s.CheckView(ctx), "read whole")
+
+	defer store.SetViewPage(store.SetViewPage(7))
+	advertiseAll(ids[:20], 32)
+	require.NoError(t, s.CheckView(ctx), "20 changes, 7 at a time")
+	_, err := s.Reserve(ctx, request("r1", "eu00", 1000, 1, 0))
+	require.NoError(t, err)
+	require.NoError(t, s.CheckView(ctx), "a decision's capacity taken")
+
+	// Ten go stale: the next decision drops them from the index, and the view.
+	time.Sleep(stale + 200*time.Millisecond)
+	advertiseAll(ids[10:], 32)
+	_, err = s.Reserve(ctx, request("r2", "eu10", 1000, 1, 0))
+	require.NoError(t, err)
+	require.NoError(t, s.CheckView(ctx), "stale clusters dropped")
+	require.NoError(t, s.Forget(ctx, "eu03"))
+	require.NoError(t, s.CheckView(ctx), "a forgotten cluster")
+
+	// An index written by a broker without the feed: no numbering yet.
+	require.NoError(t, admin(t, s).Del(ctx, s.Key("idx:feed"), s.Key("idx:changes")).Err())
+	old := store.New(rdb, store.Config{StaleThreshold: stale, DecideFromView: true})
+	require.NoError(t, old.CheckView(ctx), "read whole, no numbering")
+	advertiseAll(ids[10:12], 8)
+	require.NoError(t, old.CheckView(ctx), "the feed starts: read whole again")
+	advertiseAll(ids[12:14], 8)
+	require.NoError(t, old.CheckView(ctx), "then changes")
+}

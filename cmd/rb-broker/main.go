@@ -63,6 +63,7 @@ type options struct {
 	maxOwnerShare   float64
 	reserveBatch    int
 	reserveInFlight int
+	decideFromView  bool
 	gcPercent       int
 	pprofAddress    string
 	policyFile      string
@@ -155,6 +156,7 @@ func newCommand() *cobra.Command {
 	f.DurationVar(&o.waitTTL, "wait-ttl", store.DefaultWaitTTL, "how long a request nothing fits keeps its place on the priority-ordered waiting list without a retry of it (must exceed the agents' waiting retry, 2s)")
 	f.IntVar(&o.reserveBatch, "reserve-batch", 64, "most reservation requests decided in one Redis script call (those that queued while earlier calls were in flight; 1: one call each)")
 	f.IntVar(&o.reserveInFlight, "reserve-in-flight", 2, "Redis script calls deciding reservations that one replica keeps in flight at once")
+	f.BoolVar(&o.decideFromView, "decide-from-view", false, "keep a view of the candidate index in this replica's memory, caught up before each decision call, and propose each decision's candidates from it: Redis judges a few clusters instead of walking the index (docs/architecture.md, \"Decisions from the replicas' views\")")
 	f.DurationVar(&o.expiryInterval, "expiry-interval", time.Second, "how often this replica releases expired reservations, sweeps the waiting list and trims the audit stream")
 	f.DurationVar(&o.outageGap, "outage-gap", store.DefaultOutageGap, "no expiry run of any replica for this long (Redis clock) is a broker outage: its time does not count against leases; must exceed --expiry-interval")
 	f.DurationVar(&o.retention, "retention", store.DefaultRetention, "how long an ended reservation stays readable (its requester's agent reads how it ended), then it is removed")
@@ -527,7 +529,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	cells, err := store.NewCells(rdb, store.Config{WeightResources: o.weightResources, WeightCost: o.weightCost, StaleThreshold: o.staleThreshold, WaitTTL: o.waitTTL, MaxOwnerShare: o.maxOwnerShare,
-		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, Retention: o.retention, AuditRetention: o.auditRetention,
+		ReserveBatch: o.reserveBatch, ReserveInFlight: o.reserveInFlight, DecideFromView: o.decideFromView, Retention: o.retention, AuditRetention: o.auditRetention,
 		MaxEndedPerMember: o.maxEnded, OutageGap: o.outageGap, Policy: pol, GrantKeys: grantKeys, Replicas: o.waitReplicas, ReplicaTimeout: o.waitTimeout}, o.cells, o.cellRule())
 	if err != nil {
 		return err
