@@ -159,6 +159,12 @@ func newMetrics(stores []*store.Store, memory *redisMemory, advertising *advertG
 			Name: "rb_broker_advertisements_waiting",
 			Help: "Advertisements waiting for their turn to reach Redis on this replica.",
 		}, func() float64 { return float64(advertising.waiting()) }),
+		viewCounter(stores, "hinted", func(v store.ViewStats) uint64 { return v.Hinted }),
+		viewCounter(stores, "walked", func(v store.ViewStats) uint64 { return v.Walked }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rb_broker_view_catchup_errors_total",
+			Help: "Failed catch-ups of this replica's view of the candidate index (--decide-from-view): the batch walked the index.",
+		}, func() float64 { return sumView(stores, func(v store.ViewStats) uint64 { return v.CatchUpErrors }) }),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.outcomes = map[string]*lazyCounter{}
 	for _, o := range []string{outcomeReserved, outcomeReplayed, outcomeNoFit, outcomeConflict, outcomeInvalid, outcomeError} {
@@ -178,6 +184,25 @@ func newMetrics(stores []*store.Store, memory *redisMemory, advertising *advertG
 		m.heartbeats.WithLabelValues(o)
 	}
 	return m
+}
+
+// viewCounter is rb_broker_view_decisions_total{how}: requests this
+// replica sent with candidates from its view (hinted), or without (walked:
+// reserve.lua walks the index), summed over its stores (cells).
+func viewCounter(stores []*store.Store, how string, of func(store.ViewStats) uint64) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "rb_broker_view_decisions_total",
+		Help:        "Reservation requests sent by this replica with --decide-from-view, by how their candidates were found: hinted (proposed by its view of the candidate index) or walked (the view could not propose them, or its catch-up failed: reserve.lua walked the index).",
+		ConstLabels: prometheus.Labels{"how": how},
+	}, func() float64 { return sumView(stores, of) })
+}
+
+func sumView(stores []*store.Store, of func(store.ViewStats) uint64) float64 {
+	var n uint64
+	for _, s := range stores {
+		n += of(s.ViewStats())
+	}
+	return float64(n)
 }
 
 // The counters of the request path are resolved once and cached: a

@@ -192,17 +192,11 @@ func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
 	args = append(args, s.cfg.StaleThreshold.Milliseconds(), s.cfg.WeightResources, s.cfg.WeightCost,
 		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
 		max(s.cfg.WaitTTL.Milliseconds(), 0), s.cfg.EventsTTL.Milliseconds())
-	hinted := s.view != nil && s.catchUpView(ctx) == nil // else every request walks the index
 	for _, p := range batch {
-		arg := p.arg
-		if hinted && len(p.req.Preferences) == 0 {
-			if h, ok := s.view.hint(p.req, s.cfg.WeightResources, s.cfg.WeightCost, s.cfg.TopCandidates+2); ok {
-				if a, err := withHint(arg, h); err == nil {
-					arg = a
-				}
-			}
-		}
-		args = append(args, arg)
+		args = append(args, p.arg)
+	}
+	if s.view != nil {
+		s.hintBatch(ctx, batch, args[len(args)-len(batch):])
 	}
 	replies, err := s.run(ctx, s.decide, args...)
 	if err == nil && len(replies) != len(batch) {
@@ -220,6 +214,29 @@ func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
 		}
 		d, err := s.parseReserveReply(p.req, reply)
 		p.done <- reserveResult{decision: d, err: err}
+	}
+}
+
+// hintBatch adds to each request of batch (its ARGV value in args) the
+// candidates the view proposes, once caught up; the others walk the index.
+func (s *Store) hintBatch(ctx context.Context, batch []*pendingReserve, args []any) {
+	v := s.view
+	if err := s.catchUpView(ctx); err != nil {
+		v.failed.Add(1)
+		v.walked.Add(uint64(len(batch)))
+		return
+	}
+	for i, p := range batch {
+		if len(p.req.Preferences) == 0 {
+			if h, ok := v.hint(p.req, s.cfg.WeightResources, s.cfg.WeightCost, s.cfg.TopCandidates+2); ok {
+				if a, err := withHint(p.arg, h); err == nil {
+					args[i] = a
+					v.hinted.Add(1)
+					continue
+				}
+			}
+		}
+		v.walked.Add(1)
 	}
 }
 

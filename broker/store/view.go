@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/scripts"
@@ -26,6 +27,9 @@ import (
 // write it is exactly the index's (TestHintedDecisionsMatchFullScan).
 type clusterView struct {
 	catchingUp sync.Mutex // one catch-up at a time
+
+	// What the view did, for the metrics (ViewStats).
+	hinted, walked, failed atomic.Uint64
 
 	mu    sync.RWMutex
 	epoch string // the numbering of the changes the view follows ("-": it holds nothing yet)
@@ -83,6 +87,22 @@ func (s *Store) catchUpView(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// ViewStats counts what this replica's view of the candidate index did
+// (Config.DecideFromView): requests sent with a hint, requests that walked
+// the index (the view could not propose, or a catch-up failed: they count
+// in CatchUpErrors too). Zero without a view.
+type ViewStats struct {
+	Hinted, Walked, CatchUpErrors uint64
+}
+
+// ViewStats returns the counts of s's view.
+func (s *Store) ViewStats() ViewStats {
+	if s.view == nil {
+		return ViewStats{}
+	}
+	return ViewStats{Hinted: s.view.hinted.Load(), Walked: s.view.walked.Load(), CatchUpErrors: s.view.failed.Load()}
 }
 
 // viewReply is one view.lua reply, decoded.
