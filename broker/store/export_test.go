@@ -98,6 +98,9 @@ func (s *Store) CheckView(ctx context.Context) error {
 	if len(got.recs) != len(want.recs) {
 		return fmt.Errorf("view holds %d clusters, the index %d", len(got.recs), len(want.recs))
 	}
+	if !maps.Equal(got.carrying, want.carrying) {
+		return fmt.Errorf("view counts labels %v, the index %v", got.carrying, want.carrying)
+	}
 	for _, w := range want.recs {
 		at, ok := got.pos[w.id]
 		if !ok {

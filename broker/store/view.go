@@ -36,6 +36,9 @@ type clusterView struct {
 	seq   int64  // the last change it holds
 	recs  []viewRecord
 	pos   map[string]int // cluster id -> its index in recs
+	// carrying counts the clusters carrying each label ("k=v"), as the
+	// index's label sets do.
+	carrying map[string]int
 }
 
 // viewRecord is one cluster's record (records.lua REC_FIELDS, in order) and labels.
@@ -63,7 +66,9 @@ const (
 // variable for the tests' sake).
 var viewPage = 2000
 
-func newClusterView() *clusterView { return &clusterView{epoch: "-", pos: map[string]int{}} }
+func newClusterView() *clusterView {
+	return &clusterView{epoch: "-", pos: map[string]int{}, carrying: map[string]int{}}
+}
 
 // catchUpView brings s's view up to the index's last change.
 func (s *Store) catchUpView(ctx context.Context) error {
@@ -158,11 +163,22 @@ func (v *clusterView) apply(p viewReply) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if p.whole {
-		v.recs, v.pos = v.recs[:0], make(map[string]int, len(p.ids))
+		v.recs, v.pos, v.carrying = v.recs[:0], make(map[string]int, len(p.ids)), map[string]int{}
+	}
+	count := func(labels map[string]string, by int) {
+		for k, val := range labels {
+			if v.carrying[k+"="+val] += by; v.carrying[k+"="+val] == 0 {
+				delete(v.carrying, k+"="+val)
+			}
+		}
 	}
 	for i, id := range p.ids {
 		at, held := v.pos[id]
-		switch r := p.recs[i]; {
+		r := p.recs[i]
+		if held {
+			count(v.recs[at].labels, -1)
+		}
+		switch {
 		case r != nil && held:
 			v.recs[at] = *r
 		case r != nil:
@@ -174,6 +190,9 @@ func (v *clusterView) apply(p viewReply) {
 			v.pos[v.recs[at].id] = at
 			v.recs = v.recs[:last]
 			delete(v.pos, id)
+		}
+		if r != nil {
+			count(r.labels, 1)
 		}
 	}
 	v.epoch, v.seq = p.epoch, p.seq
@@ -193,6 +212,11 @@ type viewHint struct {
 // their node records): a request more than that many rank among the best
 // is decided over the whole index.
 const hintUndecided = 16
+
+// hintDirectMax: a selector one of whose labels this many clusters carry,
+// or fewer, is decided without a hint: reserve.lua evaluates those clusters
+// directly (reserve_candidates.lua DIRECT_MAX).
+const hintDirectMax = 128
 
 // viewFit is one cluster that fits (or may) by the view, as a hint is built.
 type viewFit struct {
@@ -230,6 +254,11 @@ func (v *clusterView) hint(req model.ReserveRequest, wRes, wCost float64, want i
 	requested := reqd[:n]
 	v.mu.RLock()
 	defer v.mu.RUnlock()
+	for k, val := range req.Selector {
+		if v.carrying[k+"="+val] <= hintDirectMax {
+			return viewHint{}, false // reserve.lua evaluates those few directly, for less than a walk of the view
+		}
+	}
 
 	// The fits, judged as reserve_score.lua's judge does, by the totals, the
 	// selector and the node summary, with their resource score and price
