@@ -487,3 +487,50 @@ func BenchmarkReservePreferences(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRelease measures ending one reservation (release.lua) placed on
+// a node of a cluster advertising 50 (the simulator's size): the capacity
+// given back to the cluster's counters, its node's debit and its index
+// entries. Redis time per release (redis-us/op).
+func BenchmarkRelease(b *testing.B) {
+	st, rdb := benchStore(b)
+	ctx := context.Background()
+	const n, nodes = 100, 50
+	rng := rand.New(rand.NewPCG(n, 50))
+	for i := range n {
+		ad := benchCluster(rng, benchClusterID(i))
+		ad.Nodes = make([]model.NodeCapacity, nodes)
+		for k := range ad.Nodes {
+			a := model.Resources{CPU: ad.Allocatable.CPU / nodes, Memory: ad.Allocatable.Memory / nodes,
+				GPU: ad.Allocatable.GPU / nodes, Storage: ad.Allocatable.Storage / nodes}
+			pct := rng.Int64N(70)
+			ad.Nodes[k] = model.NodeCapacity{Name: fmt.Sprintf("node-%02d", k), Allocatable: a,
+				Allocated: model.Resources{CPU: a.CPU * pct / 100, Memory: a.Memory * pct / 100, Storage: a.Storage * pct / 100}}
+		}
+		_, err := st.Advertise(ctx, benchClusterID(i), ad)
+		require.NoError(b, err)
+	}
+	b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
+		type placed struct{ requester, id string }
+		held := make([]placed, b.N)
+		for i := range held {
+			seq := benchSeq.Add(1)
+			req := model.ReserveRequest{ID: "rel" + strconv.FormatInt(seq, 36), Requester: benchClusterID(int(seq) % 8),
+				Resources: model.Resources{CPU: 250, Memory: gi / 4}, Duration: time.Hour}
+			_, err := st.Reserve(ctx, req)
+			require.NoError(b, err)
+			held[i] = placed{req.Requester, req.ID}
+		}
+		require.NoError(b, adminOf(b, rdb).ConfigResetStat(ctx).Err())
+		b.ResetTimer()
+		for _, p := range held {
+			if _, err := st.Release(ctx, p.requester, p.id, p.requester); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		if st := readStats(b, rdb)["evalsha"]; st.calls > 0 {
+			b.ReportMetric(float64(st.usec)/float64(b.N), "redis-us/op")
+		}
+	})
+}

@@ -138,6 +138,41 @@ local function index_record(prefix, cid, rec, taken)
   mark_changed(prefix, cid)
 end
 
+-- index_returned gives a live cluster's record back what an ended
+-- reservation held (amounts: resource -> its decimal string) after its
+-- resv_* counters were lowered by as much, and, when node names the node
+-- whose debit was lowered too, gives that node its share back in the node
+-- record (re-sorted, the summary recomputed). It reads the record and the
+-- node record instead of the cluster's hashes: index_free parses and sorts
+-- every node, most of a release's time at 50 nodes. The same numbers
+-- (integers below 2^53 are exact in doubles), so only with struct-packed
+-- records and a node the node record holds; otherwise index_free.
+local function index_returned(prefix, cid, amounts, node)
+  if not redis.call('ZSCORE', prefix .. 'idx:live', cid) then return end
+  local raw = HAS_STRUCT and redis.call('HGET', prefix .. 'idx:rec', cid)
+  if not raw then return index_free(prefix, cid, RESOURCES) end
+  local rec, back = read_rec(raw), {}
+  for _, res in ipairs(RESOURCES) do
+    back[res] = tonumber(amounts[res] or '0')
+    rec[FREE[res]] = rec[FREE[res]] + back[res]
+  end
+  if node then
+    local nraw = redis.call('HGET', prefix .. 'idx:nrec', cid)
+    local list, found = nraw and list_of(decode_nrec(nraw)) or {}, false
+    for _, e in ipairs(list) do
+      if e.name == node then
+        for _, res in ipairs(RESOURCES) do e[res] = e[res] + back[res] end
+        found = true
+      end
+    end
+    if not found then return index_free(prefix, cid, RESOURCES) end
+    sort_nodes(list)
+    summarize_nodes(rec, list)
+    redis.call('HSET', prefix .. 'idx:nrec', cid, pack_nrec(list))
+  end
+  index_record(prefix, cid, rec, back)
+end
+
 -- index_cluster (re)writes every index entry of a live cluster. old_labels is
 -- the labels JSON the index holds for it (nil: none). advertised: as
 -- record_from_hash's. fixed_held: the index already holds the cluster's

@@ -159,10 +159,16 @@ local function end_reservation(prefix, qid, r, phase, now, so, eo)
         end
       end
     end
+    local debited -- the node whose debit goes (a listed reservation's went when it was listed)
     if r.node and r.node ~= '' and redis.call('SREM', prefix .. 'node-listed:' .. r.target, qid) == 0 then
+      debited = r.node
       clamped = math.max(clamped, node_debit(prefix, r.target, r.node, r, -1))
     end
-    index_free(prefix, r.target, RESOURCES)
+    if clamped == 0 then
+      index_returned(prefix, r.target, r, debited)
+    else -- a counter clamped: the index from the hashes
+      index_free(prefix, r.target, RESOURCES)
+    end
   elseif r.node and r.node ~= '' then
     redis.call('SREM', prefix .. 'node-listed:' .. r.target, qid)
   end
