@@ -96,7 +96,7 @@ func main() {
 	f.DurationVar(&o.leaseLength, "lease-length", 2*time.Minute, "the lease (and hold time) each reservation asks for, as rb-agent's --lease-length")
 	f.DurationVar(&o.renewInterval, "renew-interval", 30*time.Second, "how often each member renews its leases, as rb-agent's --lease-renew-interval")
 	f.IntVar(&o.replicas, "replicas", 2, "rb-broker processes; member i talks to replica i mod replicas")
-	f.BoolVar(&o.decideFromView, "decide-from-view", false, "run the replicas with --decide-from-view: each proposes its decisions' candidates from its view of the candidate index")
+	f.BoolVar(&o.decideFromView, "decide-from-view", true, "the replicas' --decide-from-view (rb-broker's default): each proposes its decisions' candidates from its view of the candidate index; false: every decision walks the index in Redis")
 	f.StringVar(&o.out, "out", "", "write the report as JSON to this file")
 	f.IntVar(&o.fillInFlight, "fill-in-flight", 128, "reservations in flight while filling")
 	f.IntVar(&o.maxInFlight, "max-in-flight", 2048, "most calls of the open loop in flight; a decision due beyond it is dropped and counted")
@@ -178,10 +178,7 @@ func run(ctx context.Context, o options, command string) (err error) {
 	// never call; its expiry loop is slowed to an hour so that the rb-broker
 	// processes do all the work.
 	s.b = brokertest.Start(tb, brokertest.Options{ExpiryInterval: time.Hour})
-	var flags []string
-	if o.decideFromView {
-		flags = append(flags, "--decide-from-view")
-	}
+	flags := []string{fmt.Sprintf("--decide-from-view=%t", o.decideFromView)}
 	for range o.replicas {
 		s.procs = append(s.procs, s.b.StartProcess(bin, nil, flags...))
 	}
