@@ -39,7 +39,7 @@ import (
 var suites = []Suite{
 	{
 		Name: "broker", Pkg: "./broker/store/",
-		About: "one reservation decision (reserve.lua) by federation size, candidate index vs full scan; trivial EVALSHA as the floor; per-node fit (10 nodes per cluster) vs no nodes; WAIT for a replica on vs off",
+		About: "one reservation decision (reserve.lua) by federation size, candidate index vs full scan, the replica's view's candidates vs the index walk; trivial EVALSHA as the floor; per-node fit (10 nodes per cluster) vs no nodes; WAIT for a replica on vs off",
 		Runs: []Run{
 			// Per-op cost differs by three orders of magnitude between the
 			// trivial script and the full scan at 10,000 clusters: one
@@ -48,6 +48,8 @@ var suites = []Suite{
 			{Bench: `^BenchmarkReserve$/^clusters=(10|100)$/^method=index$`, Benchtime: "2000x"},
 			{Bench: `^BenchmarkReserve$/^clusters=(10|100)$/^method=scan$`, Benchtime: "1000x"},
 			{Bench: `^BenchmarkReserve$/^clusters=(1000|10000)$/^method=index$`, Benchtime: "1000x"},
+			// The same decisions among the candidates of the replica's view.
+			{Bench: `^BenchmarkReserve$/^clusters=(1000|10000)$/^method=hint$`, Benchtime: "1000x"},
 			{Bench: `^BenchmarkReserve$/^clusters=1000$/^method=scan$`, Benchtime: "200x"},
 			{Bench: `^BenchmarkReserve$/^clusters=10000$/^method=scan$`, Benchtime: "50x"},
 			// Per-node fit: the same decision with clusters advertising no
@@ -60,6 +62,7 @@ var suites = []Suite{
 		},
 		Baselines: []Baseline{
 			{Label: "full scan", Match: `/method=index/`, Replace: `/method=scan/`},
+			{Label: "index walk", Match: `/method=hint/`, Replace: `/method=index/`},
 			{Label: "no nodes", Match: `/nodes=10(-slowpath)?/`, Replace: `/nodes=0/`},
 			{Label: "no WAIT", Match: `/wait=on/`, Replace: `/wait=off/`},
 			{Label: "trivial EVALSHA", Match: `/clusters=\d+/method=\w+/`, Replace: `/baseline-trivial-evalsha/`,
