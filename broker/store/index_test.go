@@ -174,47 +174,13 @@ func TestIndexMatchesFullScan(t *testing.T) {
 		require.NoError(t, admin(t, indexed).FlushAll(ctx).Err())
 		require.NoError(t, indexed.LoadScripts(ctx))
 		rng := rand.New(rand.NewPCG(uint64(round), propertySeed(t)))
-		ids := make([]string, n)
-		for i := range ids {
-			ids[i] = fmt.Sprintf("c%03d", i)
-		}
-		// A fifth of the clusters go stale: advertised once, long ago.
-		staleOnes := ids[:n/5]
-		for _, id := range staleOnes {
-			_, err := indexed.Advertise(ctx, id, randomAdvertisement(rng))
-			require.NoError(t, err)
-		}
-		time.Sleep(stale + 100*time.Millisecond)
-		// The others stay live: they publish again (a heartbeat) every 500 ms,
-		// as agents do, so none goes stale between the two decisions compared.
-		ads := map[string]model.Advertisement{}
-		// lastBeat is taken before a heartbeat starts: its first cluster is
-		// seen then. Concurrent, so that a loaded machine stays well within
-		// the threshold.
-		var lastBeat time.Time
-		heartbeat := func() {
-			lastBeat = time.Now()
-			var g errgroup.Group
-			g.SetLimit(16)
-			for _, id := range ids[n/5:] {
-				g.Go(func() error {
-					_, err := indexed.Advertise(ctx, id, ads[id])
-					return err
-				})
-			}
-			require.NoError(t, g.Wait())
-		}
-		for _, id := range ids[n/5:] {
-			ads[id] = randomAdvertisement(rng)
-		}
-		heartbeat()
+		fed := newRandomFederation(t, indexed, rng, n, stale)
+		ids := fed.ids
 
 		var kept []string
 		requesterOf := map[string]string{}
 		for i := range 150 {
-			if time.Since(lastBeat) > stale/6 {
-				heartbeat()
-			}
+			fed.beatIfDue(t)
 			requester := ids[rng.IntN(n)]
 			req := randomRequest(rng, fmt.Sprintf("r%d-%d", round, i), requester)
 			if rng.IntN(3) == 0 {
@@ -263,12 +229,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 				require.NoError(t, err)
 			}
 			if rng.IntN(5) == 0 {
-				id := ids[n/5+rng.IntN(n-n/5)]
-				ad := randomAdvertisement(rng)
-				ad.ReservationsOnNodes = listSome(t, rng, indexed, id)
-				ads[id] = ad
-				_, err := indexed.Advertise(ctx, id, ad)
-				require.NoError(t, err)
+				fed.readvertise(t, rng)
 			}
 		}
 		// The index still agrees with the hashes. (CheckInvariant would also
@@ -286,6 +247,76 @@ func TestIndexMatchesFullScan(t *testing.T) {
 	require.Greater(t, nodeNofit, 10, "refusals for node fit must be exercised")
 	require.Greater(t, methods["threshold"], 100, "the threshold walk must be exercised")
 	require.Greater(t, methods["direct"], 20, "direct evaluation must be exercised")
+}
+
+// randomFederation is a random state for the decision property tests, on
+// s's flushed Redis: clusters c000..., the first fifth advertised once and
+// left to go stale (stale: s's threshold), the others live, each with its
+// latest advertisement in ads.
+type randomFederation struct {
+	s        *store.Store
+	stale    time.Duration
+	ids      []string
+	ads      map[string]model.Advertisement
+	lastBeat time.Time
+}
+
+func newRandomFederation(t *testing.T, s *store.Store, rng *rand.Rand, n int, stale time.Duration) *randomFederation {
+	t.Helper()
+	f := &randomFederation{s: s, stale: stale, ids: make([]string, n), ads: map[string]model.Advertisement{}}
+	for i := range f.ids {
+		f.ids[i] = fmt.Sprintf("c%03d", i)
+	}
+	for _, id := range f.ids[:n/5] {
+		_, err := s.Advertise(context.Background(), id, randomAdvertisement(rng))
+		require.NoError(t, err)
+	}
+	time.Sleep(stale + 100*time.Millisecond)
+	for _, id := range f.live() {
+		f.ads[id] = randomAdvertisement(rng)
+	}
+	f.beat(t)
+	return f
+}
+
+func (f *randomFederation) live() []string { return f.ids[len(f.ids)/5:] }
+
+// beat publishes every live cluster's advertisement again (a heartbeat),
+// concurrently, so that a loaded machine stays well within the threshold;
+// lastBeat is taken before it starts: its first cluster is seen then.
+func (f *randomFederation) beat(t *testing.T) {
+	t.Helper()
+	f.lastBeat = time.Now()
+	var g errgroup.Group
+	g.SetLimit(16)
+	for _, id := range f.live() {
+		g.Go(func() error {
+			_, err := f.s.Advertise(context.Background(), id, f.ads[id])
+			return err
+		})
+	}
+	require.NoError(t, g.Wait())
+}
+
+// beatIfDue beats every sixth of the threshold, as agents publish: no live
+// cluster goes stale between two decisions compared.
+func (f *randomFederation) beatIfDue(t *testing.T) {
+	if time.Since(f.lastBeat) > f.stale/6 {
+		f.beat(t)
+	}
+}
+
+// readvertise gives a random live cluster new figures, listing about half
+// of the reservations placed on it as running there.
+func (f *randomFederation) readvertise(t *testing.T, rng *rand.Rand) {
+	t.Helper()
+	live := f.live()
+	id := live[rng.IntN(len(live))]
+	ad := randomAdvertisement(rng)
+	ad.ReservationsOnNodes = listSome(t, rng, f.s, id)
+	f.ads[id] = ad
+	_, err := f.s.Advertise(context.Background(), id, ad)
+	require.NoError(t, err)
 }
 
 // propertySeed is 7, or RB_PROPERTY_SEED to explore other random states.

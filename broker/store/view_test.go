@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
@@ -36,39 +35,12 @@ func TestHintedDecisionsMatchFullScan(t *testing.T) {
 		require.NoError(t, admin(t, hinted).FlushAll(ctx).Err())
 		require.NoError(t, hinted.LoadScripts(ctx))
 		rng := rand.New(rand.NewPCG(uint64(round), propertySeed(t)))
-		ids := make([]string, n)
-		for i := range ids {
-			ids[i] = fmt.Sprintf("c%03d", i)
-		}
-		for _, id := range ids[:n/5] { // a fifth go stale
-			_, err := hinted.Advertise(ctx, id, randomAdvertisement(rng))
-			require.NoError(t, err)
-		}
-		time.Sleep(stale + 100*time.Millisecond)
-		ads := map[string]model.Advertisement{}
-		for _, id := range ids[n/5:] {
-			ads[id] = randomAdvertisement(rng)
-		}
-		var lastBeat time.Time
-		heartbeat := func() {
-			lastBeat = time.Now()
-			var g errgroup.Group
-			g.SetLimit(16)
-			for _, id := range ids[n/5:] {
-				g.Go(func() error {
-					_, err := hinted.Advertise(ctx, id, ads[id])
-					return err
-				})
-			}
-			require.NoError(t, g.Wait())
-		}
-		heartbeat()
+		fed := newRandomFederation(t, hinted, rng, n, stale)
+		ids := fed.ids
 
 		var kept []model.ReserveRequest
 		for i := range 150 {
-			if time.Since(lastBeat) > stale/6 {
-				heartbeat()
-			}
+			fed.beatIfDue(t)
 			req := randomRequest(rng, fmt.Sprintf("r%d-%d", round, i), ids[rng.IntN(n)])
 			ref := req
 			ref.ID += "-scan"
@@ -101,12 +73,7 @@ func TestHintedDecisionsMatchFullScan(t *testing.T) {
 				require.NoError(t, err)
 			}
 			if rng.IntN(5) == 0 {
-				id := ids[n/5+rng.IntN(n-n/5)]
-				ad := randomAdvertisement(rng)
-				ad.ReservationsOnNodes = listSome(t, rng, hinted, id)
-				ads[id] = ad
-				_, err := hinted.Advertise(ctx, id, ad)
-				require.NoError(t, err)
+				fed.readvertise(t, rng)
 			}
 		}
 		require.NoError(t, hinted.CheckView(ctx), "round %d", round)
