@@ -206,11 +206,7 @@ func TestIndexMatchesFullScan(t *testing.T) {
 			}
 			require.NoError(t, wantErr)
 			require.NoError(t, gotErr, "round %d request %d: the scan chose %s", round, i, want.Reservation.Target)
-			require.Equal(t, want.Reservation.Target, got.Reservation.Target, "round %d request %d", round, i)
-			require.Equal(t, want.Reservation.Score, got.Reservation.Score, "round %d request %d", round, i)
-			require.Equal(t, want.Reservation.Candidates, got.Reservation.Candidates, "round %d request %d", round, i)
-			require.Equal(t, want.Reservation.Node, got.Reservation.Node, "round %d request %d", round, i)
-			require.Equal(t, want.Reservation.Preference, got.Reservation.Preference, "round %d request %d", round, i)
+			requireSameDecision(t, want.Reservation, got.Reservation, round, i)
 			prefs[preferenceOutcome(got.Reservation)]++
 			decided++
 			methods[lastAuditMethod(t, indexed)]++
@@ -247,6 +243,17 @@ func TestIndexMatchesFullScan(t *testing.T) {
 	require.Greater(t, nodeNofit, 10, "refusals for node fit must be exercised")
 	require.Greater(t, methods["threshold"], 100, "the threshold walk must be exercised")
 	require.Greater(t, methods["direct"], 20, "direct evaluation must be exercised")
+}
+
+// requireSameDecision: got was decided as want (the full scan's): the same
+// winner, score, candidates in order, node and preference outcome.
+func requireSameDecision(t *testing.T, want, got model.Reservation, round, i int) {
+	t.Helper()
+	require.Equal(t, want.Target, got.Target, "round %d request %d", round, i)
+	require.Equal(t, want.Score, got.Score, "round %d request %d", round, i)
+	require.Equal(t, want.Candidates, got.Candidates, "round %d request %d", round, i)
+	require.Equal(t, want.Node, got.Node, "round %d request %d", round, i)
+	require.Equal(t, want.Preference, got.Preference, "round %d request %d", round, i)
 }
 
 // randomFederation is a random state for the decision property tests, on

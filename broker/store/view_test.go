@@ -59,10 +59,7 @@ func TestHintedDecisionsMatchFullScan(t *testing.T) {
 			}
 			require.NoError(t, wantErr)
 			require.NoError(t, gotErr, "round %d request %d: the scan chose %s", round, i, want.Reservation.Target)
-			require.Equal(t, want.Reservation.Target, got.Reservation.Target, "round %d request %d", round, i)
-			require.Equal(t, want.Reservation.Score, got.Reservation.Score, "round %d request %d", round, i)
-			require.Equal(t, want.Reservation.Candidates, got.Reservation.Candidates, "round %d request %d", round, i)
-			require.Equal(t, want.Reservation.Node, got.Reservation.Node, "round %d request %d", round, i)
+			requireSameDecision(t, want.Reservation, got.Reservation, round, i)
 			methods[lastAuditMethod(t, hinted)]++
 			decided++
 
