@@ -237,7 +237,8 @@ var fitsPool = sync.Pool{New: func() any { return new([]viewFit) }}
 // cannot stand for the index's walk: nothing sure to fit, or a cluster that
 // may fit, by its node summary, priced outside the range of those that
 // surely do (the range weighs every score), or too many that may fit among
-// the best; the request is then decided over the whole index.
+// the best; or the request is better left to the index: a selector label
+// few clusters carry (hintDirectMax). The request then walks the index.
 func (v *clusterView) hint(req model.ReserveRequest, wRes, wCost float64, want int) (viewHint, bool) {
 	q := [4]float64{float64(req.Resources.CPU), float64(req.Resources.Memory), float64(req.Resources.GPU), float64(req.Resources.Storage)}
 	var reqd [4]int // the requested resources, in order
