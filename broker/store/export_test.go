@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -120,4 +121,22 @@ func SetViewPage(n int) int {
 	old := viewPage
 	viewPage = n
 	return old
+}
+
+// SetViewRereadEvery sets how often a view reads the whole index again, and
+// returns the previous value.
+func SetViewRereadEvery(d time.Duration) time.Duration {
+	old := viewRereadEvery
+	viewRereadEvery = d
+	return old
+}
+
+// ViewHolds returns the record s's view holds for cluster id (nil: none).
+func (s *Store) ViewHolds(id string) []float64 {
+	s.view.mu.RLock()
+	defer s.view.mu.RUnlock()
+	if at, ok := s.view.pos[id]; ok {
+		return s.view.recs[at].f[:]
+	}
+	return nil
 }

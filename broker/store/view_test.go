@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,4 +130,15 @@ func TestViewCatchesUp(t *testing.T) {
 	require.NoError(t, old.CheckView(ctx), "the feed starts: read whole again")
 	advertiseAll(ids[12:14], 8)
 	require.NoError(t, old.CheckView(ctx), "then changes")
+
+	// A record written without a number (a replica of an earlier release,
+	// during a rolling update): the view holds it as it was until it reads
+	// the whole index again.
+	raw, err := admin(t, s).HGet(ctx, s.Key("idx:rec"), "eu12").Result()
+	require.NoError(t, err)
+	require.NoError(t, admin(t, s).HSet(ctx, s.Key("idx:rec"), "eu12", raw[:8]+strings.Repeat("\x00", 8)+raw[16:]).Err()) // free cpu := 0
+	require.Error(t, old.CheckView(ctx), "not numbered: not seen")
+	defer store.SetViewRereadEvery(store.SetViewRereadEvery(0))
+	require.NoError(t, old.CheckView(ctx), "read whole again")
+	require.Zero(t, old.ViewHolds("eu12")[1])
 }
