@@ -13,6 +13,7 @@ import (
 
 	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/store"
+	"github.com/fluidos-project/resource-broker/internal/redistest"
 )
 
 // TestHintedDecisionsMatchFullScan: with its view of the index current (no
@@ -141,4 +142,47 @@ func TestViewCatchesUp(t *testing.T) {
 	defer store.SetViewRereadEvery(store.SetViewRereadEvery(0))
 	require.NoError(t, old.CheckView(ctx), "read whole again")
 	require.Zero(t, old.ViewHolds("eu12")[1])
+}
+
+// TestViewThroughRedisRestart: with Redis away a decision fails with the
+// connection's error (the view's catch-up counted as failed, the request as
+// walked) and writes nothing; Redis back on its append-only file, decisions
+// come from the view again, nothing acknowledged before is lost and the view
+// agrees with the index.
+func TestViewThroughRedisRestart(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t, redistest.WithAppendOnly())
+	rdb := srv.Client()
+	admins.Store(rdb, srv.AdminClient())
+	t.Cleanup(func() { admins.Delete(rdb) })
+	s := store.New(rdb, store.Config{StaleThreshold: time.Hour, DecideFromView: true})
+	require.NoError(t, s.LoadScripts(ctx))
+	for i := range 8 {
+		_, err := s.Advertise(ctx, fmt.Sprintf("eu%02d", i), cluster(int64(8+i), 64, 0, 10, map[string]string{"region": "eu"}))
+		require.NoError(t, err)
+	}
+	first, err := s.Reserve(ctx, request("r1", "eu00", 1000, 1, 0))
+	require.NoError(t, err)
+	require.Equal(t, "hint", lastAuditMethod(t, s))
+
+	srv.Stop()
+	down, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = s.Reserve(down, request("r2", "eu00", 1000, 1, 0))
+	cancel()
+	require.Error(t, err, "Redis is away")
+	stats := s.ViewStats()
+	require.Equal(t, uint64(1), stats.CatchUpErrors)
+	require.Equal(t, uint64(1), stats.Walked)
+
+	srv.Restart()
+	require.NoError(t, s.LoadScripts(ctx))
+	again, err := s.Reservation(ctx, "eu00", "r1")
+	require.NoError(t, err, "acknowledged before the restart")
+	require.Equal(t, first.Reservation.Target, again.Target)
+	second, err := s.Reserve(ctx, request("r2", "eu00", 1000, 1, 0))
+	require.NoError(t, err)
+	require.False(t, second.Replayed, "the attempt while Redis was away wrote nothing")
+	require.Equal(t, "hint", lastAuditMethod(t, s))
+	require.NoError(t, s.CheckView(ctx))
+	require.NoError(t, s.CheckInvariant(ctx))
 }
