@@ -229,11 +229,9 @@ func (s *Store) hintBatch(ctx context.Context, batch []*pendingReserve, args []a
 	for i, p := range batch {
 		if len(p.req.Preferences) == 0 {
 			if h, ok := v.hint(p.req, s.cfg.WeightResources, s.cfg.WeightCost, s.cfg.TopCandidates+2); ok {
-				if a, err := withHint(p.arg, h); err == nil {
-					args[i] = a
-					v.hinted.Add(1)
-					continue
-				}
+				args[i] = withHint(p.arg, h)
+				v.hinted.Add(1)
+				continue
 			}
 		}
 		v.walked.Add(1)

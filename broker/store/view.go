@@ -407,10 +407,7 @@ next:
 }
 
 // withHint is a request's reserveArg (a JSON object) with its hint added.
-func withHint(arg string, h viewHint) (string, error) {
-	b, err := json.Marshal(h)
-	if err != nil {
-		return "", err
-	}
-	return arg[:len(arg)-1] + `,"hint":` + string(b) + "}", nil
+func withHint(arg string, h viewHint) string {
+	b, _ := json.Marshal(h) // strings only: it cannot fail
+	return arg[:len(arg)-1] + `,"hint":` + string(b) + "}"
 }
