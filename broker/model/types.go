@@ -88,6 +88,10 @@ type Cluster struct {
 	NodesReserved map[string]Resources
 	// Digest names the advertisement stored (Ack.Digest).
 	Digest string
+	// Short holds, for each resource whose reserved amount the cluster's
+	// advertisements left above its offer (a node gone NotReady, local pods
+	// started), the reserved amount when that was seen (0: not short).
+	Short Resources
 }
 
 // StoredNodes are the advertised nodes with the broker's debits, by name.

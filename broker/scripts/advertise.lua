@@ -178,10 +178,49 @@ if in_index and not heartbeat then
     for i, name in ipairs(node_names(old_nt)) do old_nodes[name] = i end
   end
 end
+-- short: the resources whose reserved amount an advertisement left above
+-- what the cluster offers (alloc - used): a node gone NotReady or cordoned,
+-- local pods started. No decision does that (one takes only free capacity),
+-- so the invariant excuses a negative free for a resource only while it is
+-- marked here and its reserved amount is no more than when it was marked.
+-- A resource is marked when an advertisement lowers its offer below what is
+-- reserved, stays marked while the offer stays below (with the smaller of
+-- the amounts), and is cleared once the offer covers what is reserved.
+local OFFER = {}
+for _, res in ipairs(RESOURCES) do
+  OFFER[#OFFER + 1] = 'alloc_' .. res
+  OFFER[#OFFER + 1] = 'used_' .. res
+  OFFER[#OFFER + 1] = 'resv_' .. res
+end
+local function offer()
+  local v = redis.call('HMGET', ck, unpack(OFFER))
+  local out = {}
+  for i, res in ipairs(RESOURCES) do
+    out[res] = {offer = (tonumber(v[3 * i - 2]) or 0) - (tonumber(v[3 * i - 1]) or 0), resv = tonumber(v[3 * i]) or 0}
+  end
+  return out
+end
+local function mark_short(before, was_short)
+  local after, marks = offer(), {}
+  for _, res in ipairs(RESOURCES) do
+    local a, marked = after[res], was_short[res]
+    if a.offer < a.resv and (marked or a.offer < before[res].offer) then
+      marks[#marks + 1] = res .. '=' .. math.min(marked or a.resv, a.resv)
+    end
+  end
+  if #marks > 0 then
+    redis.call('HSET', ck, 'short', table.concat(marks, ' '))
+  else
+    redis.call('HDEL', ck, 'short')
+  end
+end
+
 if heartbeat then
   redis.call('HSET', ck, 'seen_ms', now, 'digest', digest)
 else
+  local before, was_short = offer(), parse_amounts(redis.call('HGET', ck, 'short') or nil)
   redis.call('HSET', ck, 'seen_ms', now, 'digest', digest, 'nodes', n_nodes, unpack(fields))
+  mark_short(before, was_short)
   redis.call('HSETNX', ck, 'first_seen_ms', now)
   redis.call('DEL', nk)
   if #node_fields > 0 then redis.call('HSET', nk, unpack(node_fields)) end

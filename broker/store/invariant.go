@@ -49,6 +49,14 @@ func (s *Store) CheckInvariant(ctx context.Context) error {
 	return err
 }
 
+// overbooked tells whether a negative free amount is the broker's doing.
+// Only an advertisement that shrank below what is reserved may leave one
+// (advertise.lua marks the resource short, with the amount then reserved);
+// a reservation never does, so one that grew the reserved amount since is.
+func overbooked(free, reserved, short int64) bool {
+	return free < 0 && (short == 0 || reserved > short)
+}
+
 // invariantReadings is how many readings CheckInvariant takes before it
 // reports a disagreement.
 const invariantReadings = 5
@@ -76,10 +84,10 @@ func (s *Store) checkInvariantOnce(ctx context.Context) error {
 		if sum != c.Reserved {
 			errs = append(errs, fmt.Errorf("cluster %s: reserved counter %+v != sum of live reservations %+v", c.ID, c.Reserved, sum))
 		}
-		if f := c.Free(); f.CPU < 0 || f.Memory < 0 || f.GPU < 0 || f.Storage < 0 {
-			// Only an advertisement that shrank below what is reserved may do this;
-			// a reservation never does.
-			errs = append(errs, fmt.Errorf("cluster %s: overbooked, free %+v", c.ID, f))
+		if f := c.Free(); overbooked(f.CPU, c.Reserved.CPU, c.Short.CPU) || overbooked(f.Memory, c.Reserved.Memory, c.Short.Memory) ||
+			overbooked(f.GPU, c.Reserved.GPU, c.Short.GPU) || overbooked(f.Storage, c.Reserved.Storage, c.Short.Storage) {
+			errs = append(errs, fmt.Errorf("cluster %s: overbooked, free %+v (allocatable %+v, allocated %+v, reserved %+v, %d nodes advertised)",
+				c.ID, f, c.Allocatable, c.Allocated, c.Reserved, len(c.Nodes)))
 		}
 		nodeErrs, err := s.checkNodes(ctx, c, live)
 		if err != nil {

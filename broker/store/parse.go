@@ -160,6 +160,7 @@ func clusterFromMap(id string, m map[string]string) (model.Cluster, error) {
 		SeenAt:    msTime(atoi(m["seen_ms"])),
 		FirstSeen: msTime(atoi(m["first_seen_ms"])),
 		Digest:    m["digest"],
+		Short:     resourcesFrom(amountsOf(m["short"]), ""),
 	}
 	if l := m["labels"]; l != "" && l != "{}" {
 		if err := json.Unmarshal([]byte(l), &c.Labels); err != nil {
