@@ -324,9 +324,17 @@ func BenchmarkAdvertise(b *testing.B) {
 // so that the record's node summary cannot decide any request and every
 // candidate's node record is read: the worst case of the per-node check.
 func benchNodes(rng *rand.Rand, ad model.Advertisement, slowPath bool) []model.NodeCapacity {
-	weights := []int64{1, 1, 1, 1, 2, 2, 2, 3, 3, 4} // sums to 20
+	return benchNodesOf(rng, ad, 1, slowPath)
+}
+
+// benchNodesOf splits a cluster into 10*k nodes of the same shapes.
+func benchNodesOf(rng *rand.Rand, ad model.Advertisement, k int, slowPath bool) []model.NodeCapacity {
+	var weights []int64
+	for range k {
+		weights = append(weights, 1, 1, 1, 1, 2, 2, 2, 3, 3, 4) // sums to 20
+	}
 	nodes := make([]model.NodeCapacity, len(weights))
-	part := func(total, w int64) int64 { return total / 20 * w }
+	part := func(total, w int64) int64 { return total / int64(20*k) * w }
 	for i, w := range weights {
 		a := model.Resources{CPU: part(ad.Allocatable.CPU, w), Memory: part(ad.Allocatable.Memory, w),
 			GPU: part(ad.Allocatable.GPU, w), Storage: part(ad.Allocatable.Storage, w)}
@@ -347,21 +355,26 @@ func benchNodes(rng *rand.Rand, ad model.Advertisement, slowPath bool) []model.N
 // cluster-level fit, as before), 10 nodes each (nodes=10: the record's node
 // summary decides, the winner's node record is read to choose its node) and
 // 10 nodes whose largest by cpu has no memory free (nodes=10-slowpath: every
-// candidate's node record is read).
+// candidate's node record is read); and 50 nodes each decided from the
+// replica's view (nodes=50-hint: the simulator's clusters, where the
+// commit's work on the winner's node table weighs).
 func BenchmarkReserveNodes(b *testing.B) {
 	st, rdb := benchStore(b)
 	ctx := context.Background()
 	for _, n := range []int{100, 10000} {
 		b.Run(fmt.Sprintf("clusters=%d", n), func(b *testing.B) {
-			for _, variant := range []string{"0", "10", "10-slowpath"} {
+			for _, variant := range []string{"0", "10", "10-slowpath", "50-hint"} {
 				require.NoError(b, admin(b, st).FlushAll(ctx).Err())
 				require.NoError(b, st.LoadScripts(ctx))
 				rng := rand.New(rand.NewPCG(uint64(n), 42))
 				ads := make([]model.Advertisement, n)
 				for i := range ads {
 					ads[i] = benchCluster(rng, benchClusterID(i))
-					if variant != "0" {
+					switch variant {
+					case "10", "10-slowpath":
 						ads[i].Nodes = benchNodes(rng, ads[i], variant == "10-slowpath")
+					case "50-hint":
+						ads[i].Nodes = benchNodesOf(rng, ads[i], 5, false)
 					}
 				}
 				var g errgroup.Group
@@ -374,9 +387,13 @@ func BenchmarkReserveNodes(b *testing.B) {
 				}
 				require.NoError(b, g.Wait())
 				requesters := min(n, 8)
+				s := st
+				if variant == "50-hint" { // as the simulator's members: decided from the replica's view
+					s = store.New(rdb, store.Config{StaleThreshold: time.Hour, Policy: benchLimits(b), DecideFromView: true})
+				}
 				b.Run("nodes="+variant, func(b *testing.B) {
 					runSerialAndParallel(b, rdb, "decisions/s", "evalsha", func(ctx context.Context, seq int64) error {
-						d, err := st.Reserve(ctx, model.ReserveRequest{
+						d, err := s.Reserve(ctx, model.ReserveRequest{
 							ID:        "b" + strconv.FormatInt(seq, 36),
 							Requester: benchClusterID(int(seq) % requesters),
 							Resources: benchRequests[seq%int64(len(benchRequests))],
