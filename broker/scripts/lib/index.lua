@@ -142,7 +142,7 @@ end
 -- reservation held (amounts: resource -> its decimal string) after its
 -- resv_* counters were lowered by as much, and, when node names the node
 -- whose debit was lowered too, gives that node its share back in the node
--- record (re-sorted, the summary recomputed). It reads the record and the
+-- record (moved to its place, the summary recomputed). It reads the record and the
 -- node record instead of the cluster's hashes: index_free parses and sorts
 -- every node, most of a release's time at 50 nodes. The same numbers
 -- (integers below 2^53 are exact in doubles), so only with struct-packed
@@ -158,17 +158,12 @@ local function index_returned(prefix, cid, amounts, node)
   end
   if node then
     local nraw = redis.call('HGET', prefix .. 'idx:nrec', cid)
-    local list, found = nraw and list_of(decode_nrec(nraw)) or {}, false
-    for _, e in ipairs(list) do
-      if e.name == node then
-        for _, res in ipairs(RESOURCES) do e[res] = e[res] + back[res] end
-        found = true
-      end
-    end
-    if not found then return index_free(prefix, cid, RESOURCES) end
-    sort_nodes(list)
-    summarize_nodes(rec, list)
-    redis.call('HSET', prefix .. 'idx:nrec', cid, pack_nrec(list))
+    local nt = nraw and decode_nrec(nraw)
+    local i = nt and node_index(nt, node)
+    if not i then return index_free(prefix, cid, RESOURCES) end
+    move_node(nt, i, back, 1)
+    summarize_table(rec, nt)
+    redis.call('HSET', prefix .. 'idx:nrec', cid, pack_table(nt))
   end
   index_record(prefix, cid, rec, back)
 end

@@ -157,25 +157,113 @@ local function node_names(nt)
   return nt.names
 end
 
--- table_of turns a sorted node list into a node table (keeping the list);
--- list_of turns a node table back into its node list.
+-- table_of turns a sorted node list into a node table.
 local function table_of(list)
   local f, names = {}, {}
   for i, e in ipairs(list) do
     f[4 * i - 3], f[4 * i - 2], f[4 * i - 1], f[4 * i] = e.cpu, e.mem, e.gpu, e.sto
     names[i] = e.name
   end
-  return {n = #list, f = f, names = names, list = list}
+  return {n = #list, f = f, names = names}
 end
-local function list_of(nt)
-  if nt.list then return nt.list end
-  local names, f, list = node_names(nt), nt.f, {}
+
+-- pack_table packs a node table as pack_nrec packs its list.
+local function pack_table(nt)
+  local names = node_names(nt)
+  if HAS_STRUCT then
+    return struct.pack('<H', nt.n) .. struct.pack(nrec_format(nt.n), unpack(nt.f, 1, 4 * nt.n)) .. table.concat(names, ' ')
+  end
+  return cjson.encode({names = names, f = nt.f})
+end
+
+-- The decisions' work on a node table is done in its arrays, without a
+-- table per node: a commit finds its node (best_fit_in), debits it and
+-- moves it to its place (move_node: only that node changed, no sort), and
+-- summarizes the table (summarize_table), as best_fit, sort_nodes and
+-- summarize_nodes do on a node list.
+
+-- best_fit_in is best_fit on node table nt: the index of the node a
+-- reservation of need takes, nil if none holds it.
+local function best_fit_in(nt, need)
+  local f, names = nt.f, node_names(nt)
+  local c, m, g, s = need.cpu, need.mem, need.gpu, need.sto
+  local best = nil
   for i = 1, nt.n do
     local b = 4 * i - 4
-    list[i] = {name = names[i], cpu = f[b + 1], mem = f[b + 2], gpu = f[b + 3], sto = f[b + 4]}
+    local fc, fm, fg, fs = f[b + 1], f[b + 2], f[b + 3], f[b + 4]
+    if (c <= 0 or fc >= c) and (m <= 0 or fm >= m) and (g <= 0 or fg >= g) and (s <= 0 or fs >= s) then
+      if best == nil then
+        best = i
+      else
+        local o = 4 * best - 4 -- BEST_FIT_ORDER: gpu, cpu, mem, sto, then name
+        local bg, bc, bm, bs = f[o + 3], f[o + 1], f[o + 2], f[o + 4]
+        if fg ~= bg then
+          if fg < bg then best = i end
+        elseif fc ~= bc then
+          if fc < bc then best = i end
+        elseif fm ~= bm then
+          if fm < bm then best = i end
+        elseif fs ~= bs then
+          if fs < bs then best = i end
+        elseif names[i] < names[best] then
+          best = i
+        end
+      end
+    end
   end
-  nt.list = list
-  return list
+  return best
+end
+
+-- node_index is the index of the node named name in node table nt, or nil.
+local function node_index(nt, name)
+  for i, n in ipairs(node_names(nt)) do
+    if n == name then return i end
+  end
+  return nil
+end
+
+-- move_node adds sign * amounts to node i of node table nt and moves it to
+-- its place (most free cpu first, then by name: sort_nodes' order).
+local function move_node(nt, i, amounts, sign)
+  local f, names = nt.f, node_names(nt)
+  local b = 4 * i - 4
+  local name = names[i]
+  local c, m, g, s = f[b + 1] + sign * amounts.cpu, f[b + 2] + sign * amounts.mem,
+    f[b + 3] + sign * amounts.gpu, f[b + 4] + sign * amounts.sto
+  local function goes_before(j) -- node j precedes the moved one
+    local cj = f[4 * j - 3]
+    return cj > c or (cj == c and names[j] < name)
+  end
+  local function shift(from, to) -- node from takes slot to
+    local x, y = 4 * from - 4, 4 * to - 4
+    f[y + 1], f[y + 2], f[y + 3], f[y + 4] = f[x + 1], f[x + 2], f[x + 3], f[x + 4]
+    names[to] = names[from]
+  end
+  while i < nt.n and goes_before(i + 1) do
+    shift(i + 1, i)
+    i = i + 1
+  end
+  while i > 1 and not goes_before(i - 1) do
+    shift(i - 1, i)
+    i = i - 1
+  end
+  b = 4 * i - 4
+  f[b + 1], f[b + 2], f[b + 3], f[b + 4] = c, m, g, s
+  names[i] = name
+end
+
+-- summarize_table is summarize_nodes on a node table.
+local function summarize_table(rec, nt)
+  local f = nt.f
+  rec[REC.nodes] = nt.n
+  for k, res in ipairs(RESOURCES) do
+    local top = nt.n > 0 and f[k] or 0
+    local most = top
+    for b = k, 4 * nt.n, 4 do
+      if f[b] > most then most = f[b] end
+    end
+    rec[TOP[res]], rec[MAX[res]] = top, most
+  end
 end
 
 -- node_debit adds sign * amounts (a map with cpu, mem, gpu, sto) to the

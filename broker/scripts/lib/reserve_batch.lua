@@ -115,19 +115,12 @@ end
 -- first taken) and per node, expiry entries, and members of the by-* sets.
 local taken, taken_order, node_taken, expiry_add, set_add = {}, {}, {}, {}, {}
 
--- take_node debits node of cluster cid in its node table (re-sorted as
--- idx:nrec keeps it) and in its record's node summary.
+-- take_node debits node of cluster cid in its node table (kept in the
+-- order idx:nrec keeps) and in its record's node summary.
 local function take_node(cid, node, amounts, rec)
-  local list = {}
-  for i, e in ipairs(list_of(node_table(cid))) do
-    list[i] = {name = e.name, cpu = e.cpu, mem = e.mem, gpu = e.gpu, sto = e.sto}
-    if e.name == node then
-      for _, res in ipairs(RESOURCES) do list[i][res] = e[res] - amounts[res] end
-    end
-  end
-  sort_nodes(list)
-  nodes_of[cid] = table_of(list)
-  if rec then summarize_nodes(rec, list) end
+  local nt = node_table(cid)
+  move_node(nt, node_index(nt, node), amounts, -1)
+  if rec then summarize_table(rec, nt) end
 end
 
 -- take takes amounts from cluster cid (and its node, if any) for the rest
@@ -179,7 +172,7 @@ local function flush_taken()
     local rec = recs[cid]
     if HAS_STRUCT and rec then
       index_record(prefix, cid, rec, t)
-      if per_node then redis.call('HSET', prefix .. 'idx:nrec', cid, pack_nrec(nodes_of[cid].list)) end
+      if per_node then redis.call('HSET', prefix .. 'idx:nrec', cid, pack_table(nodes_of[cid])) end
     else
       index_free(prefix, cid, RESOURCES)
     end

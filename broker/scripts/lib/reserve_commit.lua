@@ -60,7 +60,7 @@ local function report(top)
 end
 
 -- winner_node names the node the winner's reservation takes (nodes.lua
--- best_fit), nil on a cluster that advertises no nodes.
+-- best_fit_in), nil on a cluster that advertises no nodes.
 local function winner_node(d, cid)
   local nt = nil
   if d.nodes then
@@ -69,8 +69,8 @@ local function winner_node(d, cid)
     nt = node_table(cid)
   end
   if not nt then return nil end
-  local e = best_fit(list_of(nt), d.q.req)
-  return e and e.name
+  local i = best_fit_in(nt, d.q.req)
+  return i and node_names(nt)[i]
 end
 
 -- commit reserves d's winner: its capacity is taken (written at flush), the
