@@ -94,11 +94,15 @@ type MemoryStats struct {
 	PerLease []LeaseMemory `json:"perLease,omitempty"`
 }
 
-// BrokerStats is one rb-broker replica's CPU over the window.
+// BrokerStats is one rb-broker replica's CPU over the window, and how its
+// decisions were made: from its view of the index (hinted), or walking the
+// index in Redis (walked: the view could not stand for the walk).
 type BrokerStats struct {
 	Replica  int     `json:"replica"`
 	Pid      int     `json:"pid"`
 	CPUShare float64 `json:"cpuShare"`
+	Hinted   int64   `json:"hinted"`
+	Walked   int64   `json:"walked"`
 }
 
 // Checks are the end of the run's findings.
@@ -198,6 +202,14 @@ func (w Window) write(b *strings.Builder) {
 		fmt.Fprintf(b, ", rb-broker %d %.2f", br.Replica, br.CPUShare)
 	}
 	fmt.Fprintf(b, ", simulator %.2f; Redis used_memory at its end %s\n", w.SimulatorCPUShare, mib(w.MemoryAtEnd))
+	var hinted, walked int64
+	for _, br := range w.Brokers {
+		hinted, walked = hinted+br.Hinted, walked+br.Walked
+	}
+	if hinted+walked > 0 {
+		fmt.Fprintf(b, "Decisions from the replicas' views: %d hinted, %d walked the index (%.1f %%)\n",
+			hinted, walked, 100*float64(walked)/float64(hinted+walked))
+	}
 	if len(w.Redis.Scripts) > 0 {
 		b.WriteString("\nRedis' own time by script or command over the window (SLOWLOG; wall time inside Redis; est. CPU = share x Redis CPU):\n")
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -216,7 +216,8 @@ func (s *sim) steady(ctx context.Context, rate float64) (Window, error) {
 		w.Redis.SlowlogOverflowed = slow.lost
 	}
 	for i, p := range s.procs {
-		w.Brokers = append(w.Brokers, BrokerStats{Replica: i, Pid: p.Pid, CPUShare: share(cpu1.brokers[i]-cpu0.brokers[i], window)})
+		w.Brokers = append(w.Brokers, BrokerStats{Replica: i, Pid: p.Pid, CPUShare: share(cpu1.brokers[i]-cpu0.brokers[i], window),
+			Hinted: int64(cpu1.hinted[i] - cpu0.hinted[i]), Walked: int64(cpu1.walked[i] - cpu0.walked[i])})
 	}
 	w.SimulatorCPUShare = share(cpu1.self-cpu0.self, window)
 	w.MemoryAtEnd, _ = usedMemory(ctx, rdb)
@@ -236,6 +237,9 @@ type cpuReading struct {
 	redis   time.Duration
 	brokers []time.Duration
 	self    time.Duration
+	// hinted and walked: each replica's decisions from its view and those
+	// that walked the index (rb_broker_view_decisions_total).
+	hinted, walked []float64
 }
 
 func (s *sim) readCPU(ctx context.Context) (cpuReading, error) {
@@ -250,6 +254,11 @@ func (s *sim) readCPU(ctx context.Context) (cpuReading, error) {
 			return r, err
 		}
 		r.brokers = append(r.brokers, c)
+		h, w, err := viewDecisions(ctx, p.Health)
+		if err != nil {
+			return r, err
+		}
+		r.hinted, r.walked = append(r.hinted, h), append(r.walked, w)
 	}
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
