@@ -23,8 +23,21 @@ func tlsConfigFor(f *certdir.Files) *tls.Config {
 		// Always the pair, even if the broker names other acceptable CAs
 		// (after a CA rotation): its refusal then says why.
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return f.Cert, nil },
+		// New files, a new configuration: a session resumed is always one
+		// of the certificate these files hold.
+		ClientSessionCache: tls.NewLRUClientSessionCache(sessionCacheSize),
 	}
 }
+
+// sessionCacheSize is how many TLS sessions a client keeps to resume: one
+// per broker address it calls. A connection opened beside the idle ones (a
+// burst of calls past WithIdleConns, one closed by the broker) then resumes
+// the session of an earlier one: no certificate signed or verified on
+// either side (the broker restores the client's certificate from its
+// ticket and checks it against its current CAs on every call). A broker
+// replica that did not issue the ticket, or whose files changed since,
+// makes it a full handshake.
+const sessionCacheSize = 8
 
 // checkCerts reads the certificate directory again if it is due and, when it
 // changed, moves to a new connection pool with the new files.

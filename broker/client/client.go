@@ -136,8 +136,9 @@ func New(baseURL, certDir string, opts ...Option) (*Client, error) {
 }
 
 // NewWithTLS returns a client with a TLS configuration of the caller's (its
-// client certificate, root CAs); the configuration is cloned and raised to
-// TLS 1.2 at least. Nothing is reloaded.
+// client certificate, root CAs); the configuration is cloned, raised to
+// TLS 1.2 at least and given a session cache if it has none. Nothing is
+// reloaded.
 func NewWithTLS(baseURL string, tlsConfig *tls.Config, opts ...Option) (*Client, error) {
 	if tlsConfig == nil {
 		return nil, errors.New("client: nil TLS configuration")
@@ -145,6 +146,9 @@ func NewWithTLS(baseURL string, tlsConfig *tls.Config, opts ...Option) (*Client,
 	cfg := tlsConfig.Clone()
 	if cfg.MinVersion < tls.VersionTLS12 {
 		cfg.MinVersion = tls.VersionTLS12
+	}
+	if cfg.ClientSessionCache == nil {
+		cfg.ClientSessionCache = tls.NewLRUClientSessionCache(sessionCacheSize)
 	}
 	c, err := newClient(baseURL, cfg, newConfig(opts))
 	if err != nil {

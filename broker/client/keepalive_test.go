@@ -67,3 +67,58 @@ func TestConnectionsAreReused(t *testing.T) {
 	burst(2)
 	assert.Equal(t, warm, handshakes.Load(), "a second burst opens no connection")
 }
+
+// A connection opened after the idle ones were closed resumes the TLS
+// session of the one before (no certificate signed or verified), and the
+// broker still knows its caller: the client's certificate, restored from the
+// ticket, names rome.
+func TestReconnectResumesSession(t *testing.T) {
+	ctx := context.Background()
+	b := brokertest.Start(t, brokertest.Options{})
+	paris := newClient(t, b, "paris")
+	_, err := paris.Advertise(ctx, "paris", advertisement("1000", "4000Gi", "0.03"))
+	require.NoError(t, err)
+
+	pair, err := b.CA.IssueClient("rome")
+	require.NoError(t, err)
+	cert, err := pair.TLSCertificate()
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var resumed []bool
+	c, err := client.NewWithTLS(b.URL, &tls.Config{
+		RootCAs: b.CA.Pool(), Certificates: []tls.Certificate{cert},
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			mu.Lock()
+			defer mu.Unlock()
+			resumed = append(resumed, cs.DidResume)
+			return nil
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(c.CloseIdleConnections)
+
+	for i := range 3 {
+		id := fmt.Sprintf("resumed-%d", i)
+		_, err := c.Reserve(ctx, request(id, "10m", "16Mi"))
+		require.NoError(t, err)
+		r, err := c.Reservation(ctx, id)
+		require.NoError(t, err)
+		assert.Equal(t, "rome", r.Requester)
+		assert.Equal(t, "paris", r.Provider)
+		c.CloseIdleConnections()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []bool{false, true, true}, resumed, "a full handshake, then resumptions")
+
+	// A client of its own, another session cache: a full handshake.
+	other, err := client.NewWithTLS(b.URL, &tls.Config{RootCAs: b.CA.Pool(), Certificates: []tls.Certificate{cert},
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			assert.False(t, cs.DidResume)
+			return nil
+		}})
+	require.NoError(t, err)
+	t.Cleanup(other.CloseIdleConnections)
+	_, err = other.Reservation(ctx, "resumed-0")
+	require.NoError(t, err)
+}
