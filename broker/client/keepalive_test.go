@@ -20,22 +20,8 @@ import (
 // connection it keeps, not one per call.
 func TestConnectionsAreReused(t *testing.T) {
 	ctx := context.Background()
-	b := brokertest.Start(t, brokertest.Options{})
-	paris := newClient(t, b, "paris")
-	_, err := paris.Advertise(ctx, "paris", advertisement("1000", "4000Gi", "0.03"))
-	require.NoError(t, err)
-
-	pair, err := b.CA.IssueClient("rome")
-	require.NoError(t, err)
-	cert, err := pair.TLSCertificate()
-	require.NoError(t, err)
 	var handshakes atomic.Int64
-	c, err := client.NewWithTLS(b.URL, &tls.Config{
-		RootCAs: b.CA.Pool(), Certificates: []tls.Certificate{cert},
-		VerifyConnection: func(tls.ConnectionState) error { handshakes.Add(1); return nil },
-	})
-	require.NoError(t, err)
-	t.Cleanup(c.CloseIdleConnections)
+	_, c := romeWatchingHandshakes(t, func(tls.ConnectionState) { handshakes.Add(1) })
 
 	calls := func(prefix string, n int) {
 		for i := range n {
@@ -74,28 +60,13 @@ func TestConnectionsAreReused(t *testing.T) {
 // ticket, names rome.
 func TestReconnectResumesSession(t *testing.T) {
 	ctx := context.Background()
-	b := brokertest.Start(t, brokertest.Options{})
-	paris := newClient(t, b, "paris")
-	_, err := paris.Advertise(ctx, "paris", advertisement("1000", "4000Gi", "0.03"))
-	require.NoError(t, err)
-
-	pair, err := b.CA.IssueClient("rome")
-	require.NoError(t, err)
-	cert, err := pair.TLSCertificate()
-	require.NoError(t, err)
 	var mu sync.Mutex
 	var resumed []bool
-	c, err := client.NewWithTLS(b.URL, &tls.Config{
-		RootCAs: b.CA.Pool(), Certificates: []tls.Certificate{cert},
-		VerifyConnection: func(cs tls.ConnectionState) error {
-			mu.Lock()
-			defer mu.Unlock()
-			resumed = append(resumed, cs.DidResume)
-			return nil
-		},
+	b, c := romeWatchingHandshakes(t, func(cs tls.ConnectionState) {
+		mu.Lock()
+		defer mu.Unlock()
+		resumed = append(resumed, cs.DidResume)
 	})
-	require.NoError(t, err)
-	t.Cleanup(c.CloseIdleConnections)
 
 	for i := range 3 {
 		id := fmt.Sprintf("resumed-%d", i)
@@ -112,13 +83,34 @@ func TestReconnectResumesSession(t *testing.T) {
 	assert.Equal(t, []bool{false, true, true}, resumed, "a full handshake, then resumptions")
 
 	// A client of its own, another session cache: a full handshake.
-	other, err := client.NewWithTLS(b.URL, &tls.Config{RootCAs: b.CA.Pool(), Certificates: []tls.Certificate{cert},
-		VerifyConnection: func(cs tls.ConnectionState) error {
-			assert.False(t, cs.DidResume)
-			return nil
-		}})
+	other := romeClient(t, b, func(cs tls.ConnectionState) { assert.False(t, cs.DidResume) })
+	_, err := other.Reservation(ctx, "resumed-0")
 	require.NoError(t, err)
-	t.Cleanup(other.CloseIdleConnections)
-	_, err = other.Reservation(ctx, "resumed-0")
+}
+
+// romeWatchingHandshakes starts a broker where paris offers capacity and
+// returns it with a client of rome's whose every TLS handshake, full or
+// resumed, is shown to watch.
+func romeWatchingHandshakes(t *testing.T, watch func(tls.ConnectionState)) (*brokertest.Broker, *client.Client) {
+	t.Helper()
+	b := brokertest.Start(t, brokertest.Options{})
+	_, err := newClient(t, b, "paris").Advertise(context.Background(), "paris", advertisement("1000", "4000Gi", "0.03"))
 	require.NoError(t, err)
+	return b, romeClient(t, b, watch)
+}
+
+// romeClient is a client of rome's, with a TLS configuration of the test's.
+func romeClient(t *testing.T, b *brokertest.Broker, watch func(tls.ConnectionState)) *client.Client {
+	t.Helper()
+	pair, err := b.CA.IssueClient("rome")
+	require.NoError(t, err)
+	cert, err := pair.TLSCertificate()
+	require.NoError(t, err)
+	c, err := client.NewWithTLS(b.URL, &tls.Config{
+		RootCAs: b.CA.Pool(), Certificates: []tls.Certificate{cert},
+		VerifyConnection: func(cs tls.ConnectionState) error { watch(cs); return nil },
+	})
+	require.NoError(t, err)
+	t.Cleanup(c.CloseIdleConnections)
+	return c
 }

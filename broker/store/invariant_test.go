@@ -37,10 +37,8 @@ func TestCheckInvariantDetectsDrift(t *testing.T) {
 // reports it. The mark goes once the offer covers what is reserved.
 func TestAdvertisementShortOfReserved(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	s := store.New(rdb, store.Config{})
-	require.NoError(t, s.LoadScripts(ctx))
+	s := newStore(t, store.Config{})
+	rdb := s.Client()
 	_, err := s.Advertise(ctx, "paris", cluster(8, 16, 0, 1, nil))
 	require.NoError(t, err)
 	for _, id := range []string{"r1", "r2", "r3"} {
