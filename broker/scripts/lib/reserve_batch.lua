@@ -114,12 +114,18 @@ end
 -- The writes held back until flush: capacity taken per cluster (in the order
 -- first taken) and per node, expiry entries, and members of the by-* sets.
 local taken, taken_order, node_taken, expiry_add, set_add = {}, {}, {}, {}, {}
+local from_hashes = {} -- clusters whose index flush writes from their hashes (index_free)
 
 -- take_node debits node of cluster cid in its node table (kept in the
 -- order idx:nrec keeps) and in its record's node summary.
 local function take_node(cid, node, amounts, rec)
   local nt = node_table(cid)
-  move_node(nt, node_index(nt, node), amounts, -1)
+  local i = nt and node_index(nt, node)
+  if not i then -- the node record does not hold it: flush refreshes the cluster from its hashes
+    from_hashes[cid] = true
+    return
+  end
+  move_node(nt, i, amounts, -1)
   if rec then summarize_table(rec, nt) end
 end
 
@@ -170,14 +176,14 @@ local function flush_taken()
       for node, d in pairs(per_node) do node_debit(prefix, cid, node, d, 1) end
     end
     local rec = recs[cid]
-    if HAS_STRUCT and rec then
+    if HAS_STRUCT and rec and not from_hashes[cid] then
       index_record(prefix, cid, rec, t)
       if per_node then redis.call('HSET', prefix .. 'idx:nrec', cid, pack_table(nodes_of[cid])) end
     else
       index_free(prefix, cid, RESOURCES)
     end
   end
-  taken, taken_order, node_taken = {}, {}, {}
+  taken, taken_order, node_taken, from_hashes = {}, {}, {}, {}
 end
 
 -- flush writes everything held back: whatever reads the index or the
