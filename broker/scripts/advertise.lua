@@ -192,13 +192,16 @@ for _, res in ipairs(RESOURCES) do
   OFFER[#OFFER + 1] = 'used_' .. res
   OFFER[#OFFER + 1] = 'resv_' .. res
 end
+OFFER[#OFFER + 1] = 'short'
+-- offer reads the cluster's offer and reserved amount by resource, and its
+-- short marks.
 local function offer()
   local v = redis.call('HMGET', ck, unpack(OFFER))
   local out = {}
   for i, res in ipairs(RESOURCES) do
     out[res] = {offer = (tonumber(v[3 * i - 2]) or 0) - (tonumber(v[3 * i - 1]) or 0), resv = tonumber(v[3 * i]) or 0}
   end
-  return out
+  return out, parse_amounts(v[#OFFER] or nil)
 end
 local function mark_short(before, was_short)
   local after, marks = offer(), {}
@@ -218,7 +221,7 @@ end
 if heartbeat then
   redis.call('HSET', ck, 'seen_ms', now, 'digest', digest)
 else
-  local before, was_short = offer(), parse_amounts(redis.call('HGET', ck, 'short') or nil)
+  local before, was_short = offer()
   redis.call('HSET', ck, 'seen_ms', now, 'digest', digest, 'nodes', n_nodes, unpack(fields))
   mark_short(before, was_short)
   redis.call('HSETNX', ck, 'first_seen_ms', now)

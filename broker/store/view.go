@@ -32,7 +32,7 @@ type clusterView struct {
 	// What the view did, for the metrics (ViewStats).
 	hinted, walked, failed atomic.Uint64
 
-	readWhole time.Time // when the view last read the whole index
+	readWhole atomic.Int64 // when the view last read the whole index (Unix ns); batches catch up concurrently
 
 	mu    sync.RWMutex
 	epoch string // the numbering of the changes the view follows ("-": it holds nothing yet)
@@ -88,7 +88,7 @@ func (s *Store) catchUpView(ctx context.Context) error {
 		v.mu.RLock()
 		epoch, seq := v.epoch, v.seq
 		v.mu.RUnlock()
-		if time.Since(v.readWhole) > viewRereadEvery {
+		if time.Since(time.Unix(0, v.readWhole.Load())) > viewRereadEvery {
 			epoch = "-" // read whole
 		}
 		reply, err := s.run(ctx, scripts.View, epoch, seq, viewPage)
@@ -101,7 +101,7 @@ func (s *Store) catchUpView(ctx context.Context) error {
 		}
 		v.apply(page)
 		if page.whole {
-			v.readWhole = time.Now()
+			v.readWhole.Store(time.Now().UnixNano())
 		}
 		if page.whole || len(page.ids) < viewPage {
 			return nil

@@ -23,41 +23,43 @@ local function holds(free, need)
   return true
 end
 
--- BEST_FIT_ORDER: least free gpu, then cpu, memory, storage. Bin packing: a
--- GPU node stays for GPU requests and a large node for large requests.
-local BEST_FIT_ORDER = {'gpu', 'cpu', 'mem', 'sto'}
+-- fits_better tells whether a node with free g, c, m, s named name is a
+-- better fit than one with bg, bc, bm, bs named bname: least free gpu, then
+-- cpu, memory, storage, then the name. Bin packing: a GPU node stays for GPU
+-- requests and a large node for large requests.
+local function fits_better(g, c, m, s, name, bg, bc, bm, bs, bname)
+  if g ~= bg then return g < bg end
+  if c ~= bc then return c < bc end
+  if m ~= bm then return m < bm end
+  if s ~= bs then return s < bs end
+  return name < bname
+end
 
 -- best_fit is the node of a node list a reservation of need takes: among
--- those that hold it, the best fit (BEST_FIT_ORDER, then name); nil if none.
--- Every decision that places a reservation on a node chooses it here.
+-- those that hold it, the best fit (fits_better); nil if none. Every
+-- decision that places a reservation on a node chooses it here or in
+-- best_fit_in, the same on a node table.
 local function best_fit(list, need)
   local best = nil
   for _, e in ipairs(list) do
-    if holds(e, need) then
-      if best == nil then
-        best = e
-      else
-        local decided = false
-        for _, res in ipairs(BEST_FIT_ORDER) do
-          if e[res] ~= best[res] then
-            if e[res] < best[res] then best = e end
-            decided = true
-            break
-          end
-        end
-        if not decided and e.name < best.name then best = e end
-      end
+    if holds(e, need) and (best == nil or
+      fits_better(e.gpu, e.cpu, e.mem, e.sto, e.name, best.gpu, best.cpu, best.mem, best.sto, best.name)) then
+      best = e
     end
   end
   return best
 end
 
--- sort_nodes orders a node list: most free cpu first, then by name.
+-- precedes is the order of node lists and node tables: most free cpu
+-- first, then by name.
+local function precedes(c, name, oc, oname)
+  if c ~= oc then return c > oc end
+  return name < oname
+end
+
+-- sort_nodes orders a node list (precedes).
 local function sort_nodes(list)
-  table.sort(list, function(x, y)
-    if x.cpu ~= y.cpu then return x.cpu > y.cpu end
-    return x.name < y.name
-  end)
+  table.sort(list, function(x, y) return precedes(x.cpu, x.name, y.cpu, y.name) end)
 end
 
 -- node_list reads a cluster's node list from its hashes (free = advertised
@@ -87,20 +89,6 @@ local function node_list(prefix, cid, advertised)
   return list
 end
 
--- summarize_nodes sets a record's node summary (records.lua) from a sorted
--- node list (nil: no nodes). Enough to decide most fits without reading
--- the nodes: a request the first node holds fits, one beyond a maximum does not.
-local function summarize_nodes(rec, list)
-  rec[REC.nodes] = list and #list or 0
-  for _, res in ipairs(RESOURCES) do
-    local top = list and list[1] and list[1][res] or 0
-    rec[TOP[res]], rec[MAX[res]] = top, top
-    for _, e in ipairs(list or {}) do
-      if e[res] > rec[MAX[res]] then rec[MAX[res]] = e[res] end
-    end
-  end
-end
-
 -- summary_fit decides from a record's node summary whether one of its
 -- nodes can hold c, m, g, s: true, false, or nil when it cannot tell.
 local function summary_fit(r, c, m, g, s)
@@ -115,8 +103,8 @@ local function summary_fit(r, c, m, g, s)
   return nil
 end
 
--- pack_nrec packs a sorted node list as an idx:nrec value; decode_nrec reads
--- one into a node table (names split only when asked for: node_names).
+-- pack_table (below) packs a node table as an idx:nrec value; decode_nrec
+-- reads one into a node table (names split only when asked for: node_names).
 local NREC_FORMATS = {}
 local function nrec_format(n)
   local f = NREC_FORMATS[n]
@@ -125,17 +113,6 @@ local function nrec_format(n)
     NREC_FORMATS[n] = f
   end
   return f
-end
-local function pack_nrec(list)
-  local f, names = {}, {}
-  for i, e in ipairs(list) do
-    f[4 * i - 3], f[4 * i - 2], f[4 * i - 1], f[4 * i] = e.cpu, e.mem, e.gpu, e.sto
-    names[i] = e.name
-  end
-  if HAS_STRUCT then
-    return struct.pack('<H', #list) .. struct.pack(nrec_format(#list), unpack(f)) .. table.concat(names, ' ')
-  end
-  return cjson.encode({names = names, f = f})
 end
 local function decode_nrec(raw)
   if HAS_STRUCT then
@@ -167,7 +144,8 @@ local function table_of(list)
   return {n = #list, f = f, names = names}
 end
 
--- pack_table packs a node table as pack_nrec packs its list.
+-- pack_table packs a node table as an idx:nrec value; pack_nrec a sorted
+-- node list.
 local function pack_table(nt)
   local names = node_names(nt)
   if HAS_STRUCT then
@@ -175,12 +153,15 @@ local function pack_table(nt)
   end
   return cjson.encode({names = names, f = nt.f})
 end
+local function pack_nrec(list)
+  return pack_table(table_of(list))
+end
 
 -- The decisions' work on a node table is done in its arrays, without a
 -- table per node: a commit finds its node (best_fit_in), debits it and
 -- moves it to its place (move_node: only that node changed, no sort), and
--- summarizes the table (summarize_table), as best_fit, sort_nodes and
--- summarize_nodes do on a node list.
+-- summarizes the table (summarize_table): the choice of best_fit and the
+-- order of sort_nodes (fits_better, precedes).
 
 -- best_fit_in is best_fit on node table nt: the index of the node a
 -- reservation of need takes, nil if none holds it.
@@ -192,22 +173,9 @@ local function best_fit_in(nt, need)
     local b = 4 * i - 4
     local fc, fm, fg, fs = f[b + 1], f[b + 2], f[b + 3], f[b + 4]
     if (c <= 0 or fc >= c) and (m <= 0 or fm >= m) and (g <= 0 or fg >= g) and (s <= 0 or fs >= s) then
-      if best == nil then
+      local o = best and 4 * best - 4
+      if best == nil or fits_better(fg, fc, fm, fs, names[i], f[o + 3], f[o + 1], f[o + 2], f[o + 4], names[best]) then
         best = i
-      else
-        local o = 4 * best - 4 -- BEST_FIT_ORDER: gpu, cpu, mem, sto, then name
-        local bg, bc, bm, bs = f[o + 3], f[o + 1], f[o + 2], f[o + 4]
-        if fg ~= bg then
-          if fg < bg then best = i end
-        elseif fc ~= bc then
-          if fc < bc then best = i end
-        elseif fm ~= bm then
-          if fm < bm then best = i end
-        elseif fs ~= bs then
-          if fs < bs then best = i end
-        elseif names[i] < names[best] then
-          best = i
-        end
       end
     end
   end
@@ -231,8 +199,7 @@ local function move_node(nt, i, amounts, sign)
   local c, m, g, s = f[b + 1] + sign * amounts.cpu, f[b + 2] + sign * amounts.mem,
     f[b + 3] + sign * amounts.gpu, f[b + 4] + sign * amounts.sto
   local function goes_before(j) -- node j precedes the moved one
-    local cj = f[4 * j - 3]
-    return cj > c or (cj == c and names[j] < name)
+    return precedes(f[4 * j - 3], names[j], c, name)
   end
   local function shift(from, to) -- node from takes slot to
     local x, y = 4 * from - 4, 4 * to - 4
@@ -252,7 +219,10 @@ local function move_node(nt, i, amounts, sign)
   names[i] = name
 end
 
--- summarize_table is summarize_nodes on a node table.
+-- summarize_table sets a record's node summary (records.lua) from a node
+-- table, summarize_nodes from a sorted node list (nil: no nodes). Enough to
+-- decide most fits without reading the nodes: a request the first node holds
+-- fits, one beyond a maximum does not.
 local function summarize_table(rec, nt)
   local f = nt.f
   rec[REC.nodes] = nt.n
@@ -264,6 +234,9 @@ local function summarize_table(rec, nt)
     end
     rec[TOP[res]], rec[MAX[res]] = top, most
   end
+end
+local function summarize_nodes(rec, list)
+  summarize_table(rec, table_of(list or {}))
 end
 
 -- node_debit adds sign * amounts (a map with cpu, mem, gpu, sto) to the
