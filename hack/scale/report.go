@@ -49,6 +49,10 @@ type Window struct {
 	RenewedIDs int64         `json:"renewedIds"`
 	Redis      RedisStats    `json:"redis"`
 	Brokers    []BrokerStats `json:"brokers"`
+	// Answered is how long the replicas took to answer, by route, from
+	// their own histograms: the calls' latency less the client's side, the
+	// network and the time before a replica reads the request.
+	Answered []AnsweredStats `json:"answered,omitempty"`
 	// SimulatorCPUShare is this process's CPU: the members' clients (and
 	// the idle in-process broker of brokertest).
 	SimulatorCPUShare float64 `json:"simulatorCpuShare"`
@@ -103,6 +107,34 @@ type BrokerStats struct {
 	CPUShare float64 `json:"cpuShare"`
 	Hinted   int64   `json:"hinted"`
 	Walked   int64   `json:"walked"`
+}
+
+// AnsweredStats are one route's answers over a window, summed over the
+// replicas (rb_broker_http_request_duration_seconds; "decide":
+// rb_broker_decision_duration_seconds, a decision's wait for its batch and
+// its reserve.lua round trip), with quantiles interpolated in its buckets.
+type AnsweredStats struct {
+	Route string  `json:"route"`
+	Calls int64   `json:"calls"`
+	P50Ms float64 `json:"p50Ms"`
+	P99Ms float64 `json:"p99Ms"`
+}
+
+// answeredStats lists the routes called over the window, the most called first.
+func answeredStats(hs map[string]histogram) []AnsweredStats {
+	var out []AnsweredStats
+	for route, h := range hs {
+		if n := h.count(); n > 0 {
+			out = append(out, AnsweredStats{Route: route, Calls: int64(n), P50Ms: 1000 * h.quantile(0.5), P99Ms: 1000 * h.quantile(0.99)})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Calls != out[j].Calls {
+			return out[i].Calls > out[j].Calls
+		}
+		return out[i].Route < out[j].Route
+	})
+	return out
 }
 
 // Checks are the end of the run's findings.
@@ -209,6 +241,15 @@ func (w Window) write(b *strings.Builder) {
 	if hinted+walked > 0 {
 		fmt.Fprintf(b, "Decisions from the replicas' views: %d hinted, %d walked the index (%.1f %%)\n",
 			hinted, walked, 100*float64(walked)/float64(hinted+walked))
+	}
+	if len(w.Answered) > 0 {
+		b.WriteString("\nAnswered inside the replicas (their duration histograms, summed; quantiles interpolated in buckets doubling in size):\n")
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "route\tcalls\tp50 ms\tp99 ms\t")
+		for _, a := range w.Answered {
+			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t\n", a.Route, a.Calls, a.P50Ms, a.P99Ms)
+		}
+		tw.Flush()
 	}
 	if len(w.Redis.Scripts) > 0 {
 		b.WriteString("\nRedis' own time by script or command over the window (SLOWLOG; wall time inside Redis; est. CPU = share x Redis CPU):\n")

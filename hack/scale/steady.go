@@ -215,10 +215,22 @@ func (s *sim) steady(ctx context.Context, rate float64) (Window, error) {
 		w.Redis.Scripts = slow.stats(w.Redis.Commands)
 		w.Redis.SlowlogOverflowed = slow.lost
 	}
+	answered := map[string]histogram{} // over the window, summed over the replicas
 	for i, p := range s.procs {
+		r0, r1 := cpu0.replicas[i], cpu1.replicas[i]
 		w.Brokers = append(w.Brokers, BrokerStats{Replica: i, Pid: p.Pid, CPUShare: share(cpu1.brokers[i]-cpu0.brokers[i], window),
-			Hinted: int64(cpu1.hinted[i] - cpu0.hinted[i]), Walked: int64(cpu1.walked[i] - cpu0.walked[i])})
+			Hinted: int64(r1.hinted - r0.hinted), Walked: int64(r1.walked - r0.walked)})
+		for key, h := range r1.answered {
+			d := h.minus(r0.answered[key])
+			if sum, ok := answered[key]; ok && len(sum.counts) == len(d.counts) {
+				for j := range d.counts {
+					d.counts[j] += sum.counts[j]
+				}
+			}
+			answered[key] = d
+		}
 	}
+	w.Answered = answeredStats(answered)
 	w.SimulatorCPUShare = share(cpu1.self-cpu0.self, window)
 	w.MemoryAtEnd, _ = usedMemory(ctx, rdb)
 	w.LoadAverageEnd = loadAverage()
@@ -237,9 +249,9 @@ type cpuReading struct {
 	redis   time.Duration
 	brokers []time.Duration
 	self    time.Duration
-	// hinted and walked: each replica's decisions from its view and those
-	// that walked the index (rb_broker_view_decisions_total).
-	hinted, walked []float64
+	// replicas: what each replica's /metrics said (its decisions from its
+	// view, its answers' durations).
+	replicas []replicaMetrics
 }
 
 func (s *sim) readCPU(ctx context.Context) (cpuReading, error) {
@@ -254,11 +266,11 @@ func (s *sim) readCPU(ctx context.Context) (cpuReading, error) {
 			return r, err
 		}
 		r.brokers = append(r.brokers, c)
-		h, w, err := viewDecisions(ctx, p.Health)
+		rm, err := scrapeReplica(ctx, p.Health)
 		if err != nil {
 			return r, err
 		}
-		r.hinted, r.walked = append(r.hinted, h), append(r.walked, w)
+		r.replicas = append(r.replicas, rm)
 	}
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
