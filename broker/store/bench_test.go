@@ -153,7 +153,7 @@ func report(b *testing.B, rdb *redis.Client, unit, cmd string, lat []time.Durati
 		b.ReportMetric(pct(0.99), "p99-ms")
 	}
 	if st := readStats(b, rdb)[cmd]; st.calls > 0 && secs > 0 {
-		// Per operation, not per call: concurrent reservations share a call (store.reserveBatcher).
+		// Per operation, not per call: concurrent reservations share a call (store.batcher).
 		b.ReportMetric(float64(st.usec)/float64(b.N), "redis-us/op")
 		b.ReportMetric(float64(b.N)/float64(st.calls), "ops/call")
 		b.ReportMetric(100*float64(st.usec)/1e6/secs, "redis-busy-%")
@@ -508,7 +508,8 @@ func BenchmarkReservePreferences(b *testing.B) {
 // BenchmarkRelease measures ending one reservation (release.lua) placed on
 // a node of a cluster advertising 50 (the simulator's size): the capacity
 // given back to the cluster's counters, its node's debit and its index
-// entries. Redis time per release (redis-us/op).
+// entries. Redis time per release (redis-us/op); parallel: callers overlap, so
+// releases share calls (ops/call).
 func BenchmarkRelease(b *testing.B) {
 	st, rdb := benchStore(b)
 	ctx := context.Background()
@@ -527,8 +528,8 @@ func BenchmarkRelease(b *testing.B) {
 		_, err := st.Advertise(ctx, benchClusterID(i), ad)
 		require.NoError(b, err)
 	}
-	b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
-		type placed struct{ requester, id string }
+	type placed struct{ requester, id string }
+	place := func(b *testing.B) []placed {
 		held := make([]placed, b.N)
 		for i := range held {
 			seq := benchSeq.Add(1)
@@ -539,15 +540,48 @@ func BenchmarkRelease(b *testing.B) {
 			held[i] = placed{req.Requester, req.ID}
 		}
 		require.NoError(b, adminOf(b, rdb).ConfigResetStat(ctx).Err())
+		return held
+	}
+	// serial: one caller, one release.lua call per release; parallel:
+	// benchParallelism × GOMAXPROCS callers, whose releases the store
+	// batches (store.batcher).
+	b.Run(fmt.Sprintf("nodes=%d/serial", nodes), func(b *testing.B) {
+		held := place(b)
+		lat := make([]time.Duration, 0, len(held))
 		b.ResetTimer()
 		for _, p := range held {
+			t0 := time.Now()
 			if _, err := st.Release(ctx, p.requester, p.id, p.requester); err != nil {
 				b.Fatal(err)
 			}
+			lat = append(lat, time.Since(t0))
 		}
 		b.StopTimer()
-		if st := readStats(b, rdb)["evalsha"]; st.calls > 0 {
-			b.ReportMetric(float64(st.usec)/float64(b.N), "redis-us/op")
-		}
+		report(b, rdb, "releases/s", "evalsha", lat)
+	})
+	b.Run(fmt.Sprintf("nodes=%d/parallel", nodes), func(b *testing.B) {
+		held := place(b)
+		var next atomic.Int64
+		var mu sync.Mutex
+		var all []time.Duration
+		b.SetParallelism(benchParallelism)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			lat := make([]time.Duration, 0, 1024)
+			for pb.Next() {
+				p := held[next.Add(1)-1]
+				t0 := time.Now()
+				if _, err := st.Release(ctx, p.requester, p.id, p.requester); err != nil {
+					b.Error(err)
+					return
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			mu.Lock()
+			all = append(all, lat...)
+			mu.Unlock()
+		})
+		b.StopTimer()
+		report(b, rdb, "releases/s", "evalsha", all)
 	})
 }

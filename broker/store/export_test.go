@@ -38,10 +38,29 @@ func (s *Store) ReserveBatch(ctx context.Context, reqs []model.ReserveRequest) (
 	s.sendReserves(ctx, batch)
 	decisions, errs := make([]model.Decision, len(reqs)), make([]error, len(reqs))
 	for i, p := range batch {
-		r := <-p.done
-		decisions[i], errs[i] = r.decision, r.err
+		a := <-p.done
+		decisions[i], errs[i] = a.result, a.err
 	}
 	return decisions, errs
+}
+
+// ReleaseCase is one release of ReleaseBatch: an id, released by Caller.
+type ReleaseCase struct{ ID, Caller string }
+
+// ReleaseBatch ends requester's reservations in one release.lua call, in
+// order: the batch the batcher would send if they all queued at once.
+func (s *Store) ReleaseBatch(ctx context.Context, requester string, cases []ReleaseCase) ([]ReleaseResult, []error) {
+	batch := make([]*pending[releaseCall, ReleaseResult], len(cases))
+	for i, c := range cases {
+		batch[i] = newPending[releaseCall, ReleaseResult](ctx, releaseCall{requester: requester, id: c.ID, caller: c.Caller})
+	}
+	s.sendReleases(ctx, batch)
+	results, errs := make([]ReleaseResult, len(cases)), make([]error, len(cases))
+	for i, p := range batch {
+		a := <-p.done
+		results[i], errs[i] = a.result, a.err
+	}
+	return results, errs
 }
 
 // SealGrantOfRecord seals grant as a broker of the previous release wrote it

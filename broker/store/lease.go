@@ -25,18 +25,51 @@ type ReleaseResult struct {
 }
 
 // Release ends a live reservation, requester's id, on behalf of caller (its
-// requester or provider).
+// requester or provider). The releases a busy replica receives meanwhile
+// are ended together, in one release.lua call (batcher).
 func (s *Store) Release(ctx context.Context, requester, id, caller string) (ReleaseResult, error) {
-	reply, err := s.run(ctx, scripts.Release, requester, id, caller, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(),
-		s.cfg.Retention.Milliseconds(), s.cfg.MaxEndedPerMember)
-	if err != nil {
-		return ReleaseResult{}, err
+	return s.release.do(ctx, newPending[releaseCall, ReleaseResult](ctx, releaseCall{requester: requester, id: id, caller: caller}))
+}
+
+// releaseCall is one release, as release.lua reads it.
+type releaseCall struct{ requester, id, caller string }
+
+// sendReleases ends a batch of releases in one release.lua call and hands
+// each its result.
+func (s *Store) sendReleases(ctx context.Context, batch []*pending[releaseCall, ReleaseResult]) {
+	args := make([]any, 0, 4+3*len(batch))
+	args = append(args, s.cfg.EventsMaxLen, s.cfg.EventsTTL.Milliseconds(), s.cfg.Retention.Milliseconds(), s.cfg.MaxEndedPerMember)
+	for _, p := range batch {
+		args = append(args, p.call.requester, p.call.id, p.call.caller)
 	}
-	switch reply[0].(string) {
+	replies, err := s.run(ctx, scripts.Release, args...)
+	if err == nil && len(replies) != len(batch) {
+		err = fmt.Errorf("release: %d replies for %d releases", len(replies), len(batch))
+	}
+	for i, p := range batch {
+		if err != nil {
+			p.answer(ReleaseResult{}, err)
+			continue
+		}
+		reply, ok := replies[i].([]any)
+		if !ok || len(reply) < 4 {
+			p.answer(ReleaseResult{}, fmt.Errorf("unexpected release reply %v", replies[i]))
+			continue
+		}
+		p.answer(s.parseReleaseReply(p.call.id, reply))
+	}
+}
+
+// parseReleaseReply reads one release's {status, reservation, clamped, now_ms[, message]}.
+func (s *Store) parseReleaseReply(id string, reply []any) (ReleaseResult, error) {
+	switch reply[0] {
 	case "notfound":
 		return ReleaseResult{}, ErrNotFound
 	case "forbidden":
 		return ReleaseResult{}, ErrForbidden
+	case "error":
+		msg, _ := reply[len(reply)-1].(string)
+		return ReleaseResult{}, fmt.Errorf("release %s: %s", id, msg)
 	}
 	now, _ := reply[3].(int64)
 	r, err := s.readReservation(id, flatMap(toStrings(reply[1].([]any))), now)

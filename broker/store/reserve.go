@@ -90,12 +90,21 @@ func (s *Store) policyLimits(requester string, elsewhere model.Usage) model.Limi
 	return l
 }
 
+// pendingReserve is one request waiting for its decision.
+type pendingReserve = pending[reserveCall, model.Decision]
+
+// reserveCall is a request and its ARGV value in reserve.lua (reserveArg).
+type reserveCall struct {
+	req model.ReserveRequest
+	arg string
+}
+
 func newPendingReserve(ctx context.Context, req model.ReserveRequest) (*pendingReserve, error) {
 	arg, err := encodeReserveArg(req)
 	if err != nil {
 		return nil, err
 	}
-	return &pendingReserve{ctx: ctx, req: req, done: make(chan reserveResult, 1), arg: arg}, nil
+	return newPending[reserveCall, model.Decision](ctx, reserveCall{req: req, arg: arg}), nil
 }
 
 // reserveArg is one request as reserve.lua reads it, one JSON object per
@@ -193,7 +202,7 @@ func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
 		s.cfg.TopCandidates, s.cfg.EventsMaxLen, s.cfg.AuditMaxLen,
 		max(s.cfg.WaitTTL.Milliseconds(), 0), s.cfg.EventsTTL.Milliseconds())
 	for _, p := range batch {
-		args = append(args, p.arg)
+		args = append(args, p.call.arg)
 	}
 	if s.view != nil {
 		s.hintBatch(ctx, batch, args[len(args)-len(batch):])
@@ -204,16 +213,15 @@ func (s *Store) sendReserves(ctx context.Context, batch []*pendingReserve) {
 	}
 	for i, p := range batch {
 		if err != nil {
-			p.done <- reserveResult{err: err}
+			p.answer(model.Decision{}, err)
 			continue
 		}
 		reply, ok := replies[i].([]any)
 		if !ok || len(reply) != 5 {
-			p.done <- reserveResult{err: fmt.Errorf("unexpected reserve reply %v", replies[i])}
+			p.answer(model.Decision{}, fmt.Errorf("unexpected reserve reply %v", replies[i]))
 			continue
 		}
-		d, err := s.parseReserveReply(p.req, reply)
-		p.done <- reserveResult{decision: d, err: err}
+		p.answer(s.parseReserveReply(p.call.req, reply))
 	}
 }
 
@@ -227,9 +235,9 @@ func (s *Store) hintBatch(ctx context.Context, batch []*pendingReserve, args []a
 		return
 	}
 	for i, p := range batch {
-		if len(p.req.Preferences) == 0 {
-			if h, ok := v.hint(p.req, s.cfg.WeightResources, s.cfg.WeightCost, s.cfg.TopCandidates+2); ok {
-				args[i] = withHint(p.arg, h)
+		if len(p.call.req.Preferences) == 0 {
+			if h, ok := v.hint(p.call.req, s.cfg.WeightResources, s.cfg.WeightCost, s.cfg.TopCandidates+2); ok {
+				args[i] = withHint(p.call.arg, h)
 				v.hinted.Add(1)
 				continue
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fluidos-project/resource-broker/broker/model"
 	"github.com/fluidos-project/resource-broker/broker/scripts"
 )
 
@@ -77,12 +78,13 @@ type Config struct {
 	// on CapacityAvailable. Negative: no waiting list, no priority order.
 	WaitTTL time.Duration
 	// ReserveBatch is the most requests one reserve.lua call decides (the
-	// requests that queued while earlier calls were in flight); default 64.
-	// 1 sends every request alone.
+	// requests that queued while earlier calls were in flight), and the most
+	// releases one release.lua call ends; default 64. 1 sends every request
+	// alone.
 	ReserveBatch int
 	// ReserveInFlight is how many reserve.lua calls one store keeps in
-	// flight at once; default 2 (Redis runs one while the other's reply is
-	// read and the next batch forms).
+	// flight at once, and how many release.lua calls; default 2 (Redis runs
+	// one while the other's reply is read and the next batch forms).
 	ReserveInFlight int
 	// DecideFromView has this replica keep a view of the candidate index in
 	// memory (view.go) and propose each decision's candidates from it, so
@@ -165,7 +167,8 @@ func (c *Config) defaults() {
 type Store struct {
 	rdb     redis.UniversalClient
 	cfg     Config
-	reserve *reserveBatcher
+	reserve *batcher[reserveCall, model.Decision]
+	release *batcher[releaseCall, ReleaseResult]
 	// decide is the script that decides reservations: scripts.Reserve, or
 	// in tests the full-scan reference it is checked against.
 	decide *redis.Script
@@ -177,7 +180,8 @@ type Store struct {
 func New(rdb redis.UniversalClient, cfg Config) *Store {
 	cfg.defaults()
 	s := &Store{rdb: rdb, cfg: cfg, decide: scripts.Reserve}
-	s.reserve = &reserveBatcher{maxBatch: cfg.ReserveBatch, maxInFlight: cfg.ReserveInFlight, send: s.sendReserves}
+	s.reserve = &batcher[reserveCall, model.Decision]{maxBatch: cfg.ReserveBatch, maxInFlight: cfg.ReserveInFlight, send: s.sendReserves}
+	s.release = &batcher[releaseCall, ReleaseResult]{maxBatch: cfg.ReserveBatch, maxInFlight: cfg.ReserveInFlight, send: s.sendReleases}
 	if cfg.DecideFromView {
 		s.view = newClusterView()
 	}
