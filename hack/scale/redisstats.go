@@ -112,6 +112,9 @@ type ScriptStats struct {
 	// Redis, which on a loaded machine include its waits for a core, so
 	// their sum may exceed Redis' CPU time; the shares still divide it.
 	Share float64 `json:"share"`
+	// MaxUsec is the longest call logged: Redis held every other caller
+	// that long (0 for the calls the log missed).
+	MaxUsec int64 `json:"maxUsec"`
 }
 
 // slowlogSampler has Redis log the commands that take at least a
@@ -125,25 +128,31 @@ type slowlogSampler struct {
 	rdb   *redis.Client
 	names map[string]string
 
-	mu     sync.Mutex
-	calls  map[string]int64
-	usec   map[string]int64
-	lost   bool  // the ring went round between two drains
-	lastID int64 // the newest entry counted
+	mu      sync.Mutex
+	calls   map[string]int64
+	usec    map[string]int64
+	maxUsec map[string]int64
+	lost    bool  // the ring went round between two drains
+	lastID  int64 // the newest entry counted
+	read    int   // how many entries the next drain asks for first
 }
 
-// The ring holds slowlogLen entries; a drain reads the newest slowlogRead
-// (SLOWLOG GET costs Redis for every entry it returns, read or not before).
+// The ring holds slowlogLen entries. SLOWLOG GET costs Redis for every entry
+// it returns, read before or not, and holds it meanwhile (10,000 entries:
+// 20-30 ms, a stall every caller of that moment sees): a drain asks for
+// about twice what the last one found new, and more only if that did not
+// reach back to the entries it read before.
 const (
-	slowlogLen  = 100_000
-	slowlogRead = 10_000
+	slowlogLen       = 100_000
+	slowlogFirstRead = 1000
 )
 
 // unlogged names the script calls INFO commandstats counted and SLOWLOG did not.
 const unlogged = "evalsha not in SLOWLOG"
 
 func startSlowlog(ctx context.Context, rdb *redis.Client, thresholdUsec int) (*slowlogSampler, error) {
-	s := &slowlogSampler{rdb: rdb, names: scriptNames(), calls: map[string]int64{}, usec: map[string]int64{}, lastID: -1}
+	s := &slowlogSampler{rdb: rdb, names: scriptNames(), calls: map[string]int64{}, usec: map[string]int64{}, maxUsec: map[string]int64{},
+		lastID: -1, read: slowlogFirstRead}
 	for k, v := range map[string]string{"slowlog-log-slower-than": strconv.Itoa(thresholdUsec), "slowlog-max-len": strconv.Itoa(slowlogLen)} {
 		if err := rdb.ConfigSet(ctx, k, v).Err(); err != nil {
 			return nil, err
@@ -156,15 +165,29 @@ func startSlowlog(ctx context.Context, rdb *redis.Client, thresholdUsec int) (*s
 // SLOWLOG RESET after the read would lose what Redis logged between the two,
 // much of it when Redis is busy).
 func (s *slowlogSampler) drain(ctx context.Context) error {
-	logs, err := s.rdb.SlowLogGet(ctx, slowlogRead).Result()
-	if err != nil {
-		return err
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if n := len(logs); n >= slowlogRead && logs[n-1].ID > s.lastID+1 {
-		s.lost = true // more were logged since the last drain than one read returns
+	var logs []redis.SlowLog
+	for n := s.read; ; n = min(4*n, slowlogLen) {
+		var err error
+		if logs, err = s.rdb.SlowLogGet(ctx, int64(n)).Result(); err != nil {
+			return err
+		}
+		if len(logs) < n || logs[len(logs)-1].ID <= s.lastID+1 {
+			break // all there is, or back to what the last drain read
+		}
+		if n == slowlogLen {
+			s.lost = true // the ring went round since the last drain
+			break
+		}
 	}
+	fresh := 0
+	for _, l := range logs {
+		if l.ID > s.lastID {
+			fresh++
+		}
+	}
+	s.read = min(max(2*fresh, slowlogFirstRead), slowlogLen)
 	last := s.lastID
 	for _, l := range logs { // newest first
 		if l.ID <= s.lastID {
@@ -180,8 +203,10 @@ func (s *slowlogSampler) drain(ctx context.Context) error {
 				k = name + ".lua"
 			}
 		}
+		us := l.Duration.Microseconds()
 		s.calls[k]++
-		s.usec[k] += l.Duration.Microseconds()
+		s.usec[k] += us
+		s.maxUsec[k] = max(s.maxUsec[k], us)
 	}
 	s.lastID = last
 	return nil
@@ -220,7 +245,7 @@ func (s *slowlogSampler) stats(commands []CommandStats) []ScriptStats {
 	}
 	out := make([]ScriptStats, 0, len(calls))
 	for k, n := range calls {
-		st := ScriptStats{Script: k, Calls: n, Usec: usec[k], UsecPerCall: float64(usec[k]) / float64(n)}
+		st := ScriptStats{Script: k, Calls: n, Usec: usec[k], UsecPerCall: float64(usec[k]) / float64(n), MaxUsec: s.maxUsec[k]}
 		if total > 0 {
 			st.Share = float64(usec[k]) / float64(total)
 		}

@@ -254,12 +254,12 @@ func (w Window) write(b *strings.Builder) {
 	if len(w.Redis.Scripts) > 0 {
 		b.WriteString("\nRedis' own time by script or command over the window (SLOWLOG; wall time inside Redis; est. CPU = share x Redis CPU):\n")
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "script\tcalls\tµs per call\tseconds\tshare\test. CPU, core\t")
+		fmt.Fprintln(tw, "script\tcalls\tµs per call\tmax µs\tseconds\tshare\test. CPU, core\t")
 		for i, s := range w.Redis.Scripts {
 			if i == 10 {
 				break
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.0f %%\t%.3f\t\n", s.Script, s.Calls, s.UsecPerCall, float64(s.Usec)/1e6, 100*s.Share, s.Share*w.Redis.CPUShare)
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%.2f\t%.0f %%\t%.3f\t\n", s.Script, s.Calls, s.UsecPerCall, s.MaxUsec, float64(s.Usec)/1e6, 100*s.Share, s.Share*w.Redis.CPUShare)
 		}
 		tw.Flush()
 	}
