@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -157,6 +158,7 @@ func TestConcurrentReleases(t *testing.T) {
 		require.NoError(t, err)
 		providers[i] = d.Reservation.Target
 	}
+	require.NoError(t, admin(t, s).ConfigResetStat(ctx).Err())
 	var (
 		mu       sync.Mutex
 		released = map[string]int{}
@@ -183,6 +185,8 @@ func TestConcurrentReleases(t *testing.T) {
 		}
 	}
 	wg.Wait()
+	scriptCalls := readStats(t, s.Client().(*redis.Client))["evalsha"].calls
+	require.Less(t, scriptCalls, int64(2*n), "the releases share release.lua calls")
 	require.Len(t, released, n)
 	for id, times := range released {
 		require.Equal(t, 1, times, id)

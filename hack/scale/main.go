@@ -64,6 +64,7 @@ type options struct {
 	out                               string
 	fillInFlight, maxInFlight         int
 	slowlogUsec                       int
+	redisNice                         int
 	seed                              uint64
 	heartbeats                        bool
 	moves                             float64
@@ -102,6 +103,9 @@ func main() {
 	f.IntVar(&o.maxInFlight, "max-in-flight", 2048, "most calls of the open loop in flight; a decision due beyond it is dropped and counted")
 	f.IntVar(&o.slowlogUsec, "slowlog-usec", 50, "attribute Redis' time to scripts through SLOWLOG, logging the commands of the window that take at least this many µs "+
 		"(0 logs every command, those the scripts call too, which slows Redis at scale); negative: off")
+	f.IntVar(&o.redisNice, "redis-nice", -10, "run redis-server this much nicer than the simulator and the replicas, which share its cores (negative: a higher priority), "+
+		"as a deployment gives Redis, the one thread every call goes through, a core of its own; 0: the same priority. "+
+		"A higher priority needs CAP_SYS_NICE: without it the run goes on at the same priority and the report says so")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated clusters and requests")
 	f.BoolVar(&o.heartbeats, "heartbeats", true, "members send a heartbeat naming the advertisement the broker holds while their figures stay within the agent's band of it, as agent/publisher does; false: a full advertisement every period")
 	f.BoolVar(&o.fillPinned, "fill-pinned", false, "fill with requests that each name one provider by a label of its own (the member's "+memberLabel+"), round-robin over the providers: "+
@@ -181,6 +185,9 @@ func run(ctx context.Context, o options, command string) (err error) {
 	flags := []string{fmt.Sprintf("--decide-from-view=%t", o.decideFromView)}
 	for range o.replicas {
 		s.procs = append(s.procs, s.b.StartProcess(bin, nil, flags...))
+	}
+	if rep.Nice, err = prioritizeRedis(ctx, s.b.RDB, o.redisNice); err != nil {
+		step("redis-server left at the simulator's priority: %v", err)
 	}
 
 	step("issuing %d client certificates", o.clusters)

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -253,4 +255,40 @@ func (s *slowlogSampler) stats(commands []CommandStats) []ScriptStats {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Usec > out[j].Usec })
 	return out
+}
+
+// Niceness is the priority each process ran at (nice values: -20 the
+// highest, 19 the lowest; the replicas run at the simulator's).
+type Niceness struct {
+	Simulator int `json:"simulator"`
+	Redis     int `json:"redis"`
+}
+
+// prioritizeRedis sets redis-server's nice value to the simulator's plus
+// delta (within -20..19): on a machine whose cores Redis shares with the
+// replicas and the simulator, the scheduler otherwise gives its one thread
+// the share of any other thread, and every call waits in its queue while it
+// waits for a core. It returns the nice values the run goes on with.
+func prioritizeRedis(ctx context.Context, rdb *redis.Client, delta int) (Niceness, error) {
+	own, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0)
+	if err != nil {
+		return Niceness{}, err
+	}
+	n := Niceness{Simulator: 20 - own} // the system call answers 20 - nice
+	n.Redis = n.Simulator
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return n, err
+	}
+	v, _ := infoField(info, "process_id")
+	pid, err := strconv.Atoi(v)
+	if err != nil {
+		return n, fmt.Errorf("redis-server's process_id %q: %w", v, err)
+	}
+	want := min(max(n.Simulator+delta, -20), 19)
+	if err := syscall.Setpriority(syscall.PRIO_PROCESS, pid, want); err != nil {
+		return n, fmt.Errorf("nice %d for redis-server: %w", want, err)
+	}
+	n.Redis = want
+	return n, nil
 }
