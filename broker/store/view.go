@@ -283,6 +283,10 @@ func (v *clusterView) hint(req model.ReserveRequest, wRes, wCost float64, want i
 	pooled := fitsPool.Get().(*[]viewFit)
 	defer fitsPool.Put(pooled)
 	fits := (*pooled)[:0]
+	self := -1 // the requester's record: never its own candidate (by position: ids of one length compare in full)
+	if at, ok := v.pos[req.Requester]; ok {
+		self = at
+	}
 	lo, hi := -1, -1
 	var minP, maxP float64
 next:
@@ -297,7 +301,7 @@ next:
 			}
 			sum += (free - q[res]) / f[recAlloc+2*res]
 		}
-		if r.id == req.Requester {
+		if i == self {
 			continue
 		}
 		if len(req.Selector) > 0 { // ranging over an empty map costs as much as the rest
