@@ -65,6 +65,7 @@ type options struct {
 	fillInFlight, maxInFlight         int
 	slowlogUsec                       int
 	redisNice                         int
+	settle                            time.Duration
 	seed                              uint64
 	heartbeats                        bool
 	moves                             float64
@@ -94,6 +95,8 @@ func main() {
 	f.Float64SliceVar(&o.decisionsPerSecond, "decisions-per-second", []float64{500}, "reservations offered per second in the window (an open loop), each released after a random hold; 0: none, the leases are held through the window. "+
 		"A list (0,500,2000) measures a window at each rate, one after the other, on the same filled leases")
 	f.DurationVar(&o.duration, "duration", time.Minute, "each steady window measured")
+	f.DurationVar(&o.settle, "settle", 90*time.Second, "after the fill, the members renew and advertise this long before the first window, so that it measures the steady state: "+
+		"a requester's renewals are its renewal set's from the third after its leases last changed (the fill's are renewed id by id until then; three --renew-interval)")
 	f.DurationVar(&o.leaseLength, "lease-length", 2*time.Minute, "the lease (and hold time) each reservation asks for, as rb-agent's --lease-length")
 	f.DurationVar(&o.renewInterval, "renew-interval", 30*time.Second, "how often each member renews its leases, as rb-agent's --lease-renew-interval")
 	f.IntVar(&o.replicas, "replicas", 2, "rb-broker processes; member i talks to replica i mod replicas")
@@ -166,7 +169,7 @@ func run(ctx context.Context, o options, command string) (err error) {
 	rep := &Report{Command: command, Commit: gitCommit(), CPUs: runtime.NumCPU(), LoadAverageStart: loadAverage(), Options: o,
 		Config: Config{Clusters: o.clusters, NodesPerCluster: o.nodesPerCluster, Leases: o.leases, DecisionsPerSecond: o.decisionsPerSecond,
 			LeaseSeconds: o.leaseLength.Seconds(), RenewIntervalSeconds: o.renewInterval.Seconds(), Heartbeats: o.heartbeats, AdvertMoves: o.moves,
-			DurationSeconds: o.duration.Seconds(), Replicas: o.replicas}}
+			DurationSeconds: o.duration.Seconds(), SettleSeconds: o.settle.Seconds(), Replicas: o.replicas}}
 	s := &sim{o: o, leases: &leaseQueue{}, rng: rand.New(rand.NewPCG(o.seed, 7))}
 	s.vouch.Store(&o.vouch[0])
 	if o.grant {
@@ -241,6 +244,13 @@ func run(ctx context.Context, o options, command string) (err error) {
 	if n := s.live.Load(); n > 0 {
 		rep.Memory.BytesPerLease = float64(mem2-mem1) / float64(n)
 		rep.Memory.PerLease = leaseMemory(kinds1, kinds2, mem1, mem2, n)
+	}
+	if o.settle > 0 {
+		step("settling for %s: the members renew and advertise, nothing measured", o.settle)
+		select {
+		case <-ctx.Done():
+		case <-time.After(o.settle):
+		}
 	}
 	if ctx.Err() != nil {
 		stopLoops()

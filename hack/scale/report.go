@@ -68,6 +68,7 @@ type Config struct {
 	Leases               int       `json:"leases"`
 	DecisionsPerSecond   []float64 `json:"decisionsPerSecond"`
 	DurationSeconds      float64   `json:"durationSeconds"`
+	SettleSeconds        float64   `json:"settleSeconds"`
 	LeaseSeconds         float64   `json:"leaseSeconds"`
 	RenewIntervalSeconds float64   `json:"renewIntervalSeconds"`
 	Replicas             int       `json:"replicas"`
