@@ -181,29 +181,41 @@ func runSerialAndParallel(b *testing.B, rdb *redis.Client, unit, cmd string, op 
 		}
 		report(b, rdb, unit, cmd, lat)
 	})
-	b.Run("parallel", func(b *testing.B) {
-		require.NoError(b, adminOf(b, rdb).ConfigResetStat(ctx).Err())
-		var mu sync.Mutex
-		var all []time.Duration
-		b.SetParallelism(benchParallelism)
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			lat := make([]time.Duration, 0, 1024)
-			for pb.Next() {
-				t0 := time.Now()
-				if err := op(ctx, benchSeq.Add(1)); err != nil {
-					b.Error(err)
-					return
-				}
-				lat = append(lat, time.Since(t0))
+	b.Run("parallel", func(b *testing.B) { runParallel(b, rdb, unit, cmd, op) })
+}
+
+// runParallel times op called by benchParallelism × GOMAXPROCS callers over
+// the pool (throughput), from Redis' statistics reset, and reports it.
+func runParallel(b *testing.B, rdb *redis.Client, unit, cmd string, op func(ctx context.Context, seq int64) error) {
+	require.NoError(b, adminOf(b, rdb).ConfigResetStat(context.Background()).Err())
+	report(b, rdb, unit, cmd, timeParallel(b, op))
+}
+
+// timeParallel calls op from benchParallelism × GOMAXPROCS callers, b.N
+// times in all, each with its own benchSeq number, and returns each call's
+// latency.
+func timeParallel(b *testing.B, op func(ctx context.Context, seq int64) error) []time.Duration {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var all []time.Duration
+	b.SetParallelism(benchParallelism)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		lat := make([]time.Duration, 0, 1024)
+		for pb.Next() {
+			t0 := time.Now()
+			if err := op(ctx, benchSeq.Add(1)); err != nil {
+				b.Error(err)
+				return
 			}
-			mu.Lock()
-			all = append(all, lat...)
-			mu.Unlock()
-		})
-		b.StopTimer()
-		report(b, rdb, unit, cmd, all)
+			lat = append(lat, time.Since(t0))
+		}
+		mu.Lock()
+		all = append(all, lat...)
+		mu.Unlock()
 	})
+	b.StopTimer()
+	return all
 }
 
 func benchStore(b *testing.B) (*store.Store, *redis.Client) {
@@ -562,26 +574,10 @@ func BenchmarkRelease(b *testing.B) {
 	b.Run(fmt.Sprintf("nodes=%d/parallel", nodes), func(b *testing.B) {
 		held := place(b)
 		var next atomic.Int64
-		var mu sync.Mutex
-		var all []time.Duration
-		b.SetParallelism(benchParallelism)
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			lat := make([]time.Duration, 0, 1024)
-			for pb.Next() {
-				p := held[next.Add(1)-1]
-				t0 := time.Now()
-				if _, err := st.Release(ctx, p.requester, p.id, p.requester); err != nil {
-					b.Error(err)
-					return
-				}
-				lat = append(lat, time.Since(t0))
-			}
-			mu.Lock()
-			all = append(all, lat...)
-			mu.Unlock()
+		runParallel(b, rdb, "releases/s", "evalsha", func(ctx context.Context, _ int64) error {
+			p := held[next.Add(1)-1]
+			_, err := st.Release(ctx, p.requester, p.id, p.requester)
+			return err
 		})
-		b.StopTimer()
-		report(b, rdb, "releases/s", "evalsha", all)
 	})
 }

@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -83,25 +82,10 @@ func BenchmarkCells(b *testing.B) {
 	}
 	for _, leaf := range leaves {
 		b.Run(leaf.name, func(b *testing.B) {
-			var mu sync.Mutex
-			var all []time.Duration
-			b.SetParallelism(benchParallelism)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				lat := make([]time.Duration, 0, 1024)
-				for pb.Next() {
-					t0 := time.Now()
-					if _, err := leaf.decide(ctx, benchSeq.Add(1)); err != nil {
-						b.Error(err)
-						return
-					}
-					lat = append(lat, time.Since(t0))
-				}
-				mu.Lock()
-				all = append(all, lat...)
-				mu.Unlock()
+			all := timeParallel(b, func(ctx context.Context, seq int64) error {
+				_, err := leaf.decide(ctx, seq)
+				return err
 			})
-			b.StopTimer()
 			reportLatencies(b, all)
 			missed, gap := decisionQuality(b, leaf.cells, request, leaf.decide)
 			b.ReportMetric(missed, "missed-%")
