@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -112,15 +113,53 @@ func backToBaseline(t *testing.T, bed *testbed.Bed, base testbed.Capacity, timeo
 	t.Helper()
 	ctx := context.Background()
 	waitNoLive(t, bed, timeout)
-	eventually(t, timeout, "capacity back to the starting numbers", func() (bool, string) {
+	deadline := time.Now().Add(timeout)
+	for {
 		c, err := bed.Capacity(ctx)
+		d := ""
 		if err != nil {
-			return false, err.Error()
+			d = err.Error()
+		} else if d = c.Diff(base); d == "" {
+			break
 		}
-		d := c.Diff(base)
-		return d == "", d
-	})
+		if time.Now().After(deadline) {
+			// A cluster short of nodes: say what its agent saw of them
+			// (an advertisement counts the Ready, schedulable ones).
+			t.Fatalf("waiting for capacity back to the starting numbers: not within %s: %s; the clusters' nodes now: %s",
+				timeout, d, nodeStates(bed, base))
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
 	require.NoError(t, bed.Store.CheckInvariant(ctx))
+}
+
+// nodeStates tells, for each cluster of base, each of its real nodes' Ready
+// condition (status, reason, message, last heartbeat) and whether it is
+// cordoned.
+func nodeStates(bed *testbed.Bed, base testbed.Capacity) string {
+	var b strings.Builder
+	for _, name := range slices.Sorted(maps.Keys(base)) {
+		c := bed.Cluster(name)
+		if c == nil {
+			continue
+		}
+		for _, node := range c.Nodes() {
+			var n corev1.Node
+			if err := c.Client.Get(context.Background(), client.ObjectKey{Name: node}, &n); err != nil {
+				fmt.Fprintf(&b, "%s/%s: %v; ", name, node, err)
+				continue
+			}
+			fmt.Fprintf(&b, "%s/%s: unschedulable=%v", name, node, n.Spec.Unschedulable)
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady {
+					fmt.Fprintf(&b, " Ready=%s (%s: %s; heartbeat %s, since %s)", cond.Status, cond.Reason, cond.Message,
+						cond.LastHeartbeatTime.Format(time.StampMilli), cond.LastTransitionTime.Format(time.StampMilli))
+				}
+			}
+			b.WriteString("; ")
+		}
+	}
+	return b.String()
 }
 
 // waitNoPodOrReservation waits until namespace ns of c holds no pod and no Reservation.
