@@ -117,26 +117,36 @@ func scrapeReplica(ctx context.Context, health string) (replicaMetrics, error) {
 
 // add adds metric m's histogram to the one read as key (a sum over labels).
 func (rm replicaMetrics) add(key string, m *dto.Metric) {
-	h := m.GetHistogram()
-	if h == nil {
-		return
+	if h := m.GetHistogram(); h != nil {
+		rm.answered[key] = rm.answered[key].plus(fromProto(h))
 	}
-	sum := rm.answered[key]
-	if sum.bounds == nil {
-		for _, b := range h.GetBucket() {
-			sum.bounds = append(sum.bounds, b.GetUpperBound())
+}
+
+// fromProto is a histogram as /metrics carries it.
+func fromProto(h *dto.Histogram) histogram {
+	var out histogram
+	for _, b := range h.GetBucket() {
+		out.bounds = append(out.bounds, b.GetUpperBound())
+		out.counts = append(out.counts, float64(b.GetCumulativeCount()))
+	}
+	out.bounds = append(out.bounds, math.Inf(1))
+	out.counts = append(out.counts, float64(h.GetSampleCount()))
+	return out
+}
+
+// plus is the sum of h and o, histograms of the same buckets (an empty one
+// adds nothing; o's buckets differing, h alone).
+func (h histogram) plus(o histogram) histogram {
+	if len(h.counts) == 0 {
+		return o
+	}
+	sum := histogram{bounds: h.bounds, counts: slices.Clone(h.counts)}
+	if len(o.counts) == len(sum.counts) {
+		for i := range sum.counts {
+			sum.counts[i] += o.counts[i]
 		}
-		sum.bounds = append(sum.bounds, math.Inf(1))
-		sum.counts = make([]float64, len(sum.bounds))
 	}
-	if len(sum.bounds) != len(h.GetBucket())+1 {
-		return // not the same buckets: cannot be summed
-	}
-	for i, b := range h.GetBucket() {
-		sum.counts[i] += float64(b.GetCumulativeCount())
-	}
-	sum.counts[len(sum.counts)-1] += float64(h.GetSampleCount())
-	rm.answered[key] = sum
+	return sum
 }
 
 func label(m *dto.Metric, name string) string {

@@ -221,13 +221,7 @@ func (s *sim) steady(ctx context.Context, rate float64) (Window, error) {
 		w.Brokers = append(w.Brokers, BrokerStats{Replica: i, Pid: p.Pid, CPUShare: share(cpu1.brokers[i]-cpu0.brokers[i], window),
 			Hinted: int64(r1.hinted - r0.hinted), Walked: int64(r1.walked - r0.walked)})
 		for key, h := range r1.answered {
-			d := h.minus(r0.answered[key])
-			if sum, ok := answered[key]; ok && len(sum.counts) == len(d.counts) {
-				for j := range d.counts {
-					d.counts[j] += sum.counts[j]
-				}
-			}
-			answered[key] = d
+			answered[key] = answered[key].plus(h.minus(r0.answered[key]))
 		}
 	}
 	w.Answered = answeredStats(answered)
