@@ -65,6 +65,7 @@ type options struct {
 	fillInFlight, maxInFlight         int
 	slowlogUsec                       int
 	redisNice                         int
+	brokerNice                        int
 	settle                            time.Duration
 	seed                              uint64
 	heartbeats                        bool
@@ -109,6 +110,8 @@ func main() {
 	f.IntVar(&o.redisNice, "redis-nice", -10, "run redis-server this much nicer than the simulator and the replicas, which share its cores (negative: a higher priority), "+
 		"as a deployment gives Redis, the one thread every call goes through, a core of its own; 0: the same priority. "+
 		"A higher priority needs CAP_SYS_NICE: without it the run goes on at the same priority and the report says so")
+	f.IntVar(&o.brokerNice, "broker-nice", -5, "run the replicas this much nicer than the simulator (negative: a higher priority): the simulator stands for members on machines of their own, "+
+		"and would otherwise take the replicas' share of the cores when they need them; 0: the same priority")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated clusters and requests")
 	f.BoolVar(&o.heartbeats, "heartbeats", true, "members send a heartbeat naming the advertisement the broker holds while their figures stay within the agent's band of it, as agent/publisher does; false: a full advertisement every period")
 	f.BoolVar(&o.fillPinned, "fill-pinned", false, "fill with requests that each name one provider by a label of its own (the member's "+memberLabel+"), round-robin over the providers: "+
@@ -189,8 +192,12 @@ func run(ctx context.Context, o options, command string) (err error) {
 	for range o.replicas {
 		s.procs = append(s.procs, s.b.StartProcess(bin, nil, flags...))
 	}
-	if rep.Nice, err = prioritizeRedis(ctx, s.b.RDB, o.redisNice); err != nil {
-		step("redis-server left at the simulator's priority: %v", err)
+	pids := make([]int, len(s.procs))
+	for i, p := range s.procs {
+		pids[i] = p.Pid
+	}
+	if rep.Nice, err = prioritize(ctx, s.b.RDB, pids, o.redisNice, o.brokerNice); err != nil {
+		step("priorities left as they were from where this failed: %v", err)
 	}
 
 	step("issuing %d client certificates", o.clusters)

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -258,24 +260,28 @@ func (s *slowlogSampler) stats(commands []CommandStats) []ScriptStats {
 }
 
 // Niceness is the priority each process ran at (nice values: -20 the
-// highest, 19 the lowest; the replicas run at the simulator's).
+// highest, 19 the lowest).
 type Niceness struct {
 	Simulator int `json:"simulator"`
 	Redis     int `json:"redis"`
+	Replicas  int `json:"replicas"`
 }
 
-// prioritizeRedis sets redis-server's nice value to the simulator's plus
-// delta (within -20..19): on a machine whose cores Redis shares with the
-// replicas and the simulator, the scheduler otherwise gives its one thread
-// the share of any other thread, and every call waits in its queue while it
-// waits for a core. It returns the nice values the run goes on with.
-func prioritizeRedis(ctx context.Context, rdb *redis.Client, delta int) (Niceness, error) {
+// prioritize gives redis-server the simulator's nice value plus redisDelta
+// and the replicas the simulator's plus brokerDelta (within -20..19). The
+// machine's cores are shared: without it the scheduler gives Redis' one
+// thread the share of any of the replicas' and the simulator's threads, and
+// every call waits in its queue while it waits for a core; and the
+// simulator, which stands for 10,000 members on machines of their own, takes
+// the replicas' cores when they need them. It returns the nice values the
+// run goes on with (those it could not set left as they were).
+func prioritize(ctx context.Context, rdb *redis.Client, replicas []int, redisDelta, brokerDelta int) (Niceness, error) {
 	own, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0)
 	if err != nil {
 		return Niceness{}, err
 	}
-	n := Niceness{Simulator: 20 - own} // the system call answers 20 - nice
-	n.Redis = n.Simulator
+	sim := 20 - own // the system call answers 20 - nice
+	n := Niceness{Simulator: sim, Redis: sim, Replicas: sim}
 	info, err := rdb.Info(ctx, "server").Result()
 	if err != nil {
 		return n, err
@@ -285,10 +291,37 @@ func prioritizeRedis(ctx context.Context, rdb *redis.Client, delta int) (Nicenes
 	if err != nil {
 		return n, fmt.Errorf("redis-server's process_id %q: %w", v, err)
 	}
-	want := min(max(n.Simulator+delta, -20), 19)
-	if err := syscall.Setpriority(syscall.PRIO_PROCESS, pid, want); err != nil {
-		return n, fmt.Errorf("nice %d for redis-server: %w", want, err)
+	want := min(max(sim+redisDelta, -20), 19)
+	if err := renice(pid, want); err != nil {
+		return n, fmt.Errorf("redis-server: %w", err)
 	}
 	n.Redis = want
+	want = min(max(sim+brokerDelta, -20), 19)
+	for _, pid := range replicas {
+		if err := renice(pid, want); err != nil {
+			return n, fmt.Errorf("rb-broker: %w", err)
+		}
+	}
+	n.Replicas = want
 	return n, nil
+}
+
+// renice sets the nice value of every thread of process pid: on Linux a
+// nice value is a thread's (setpriority's PRIO_PROCESS names one thread),
+// and the threads a process starts later inherit their parent thread's.
+func renice(pid, nice int) error {
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("nice %d for thread %d: %w", nice, tid, err)
+		}
+	}
+	return nil
 }

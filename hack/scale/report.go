@@ -21,7 +21,7 @@ type Report struct {
 	LoadAverageEnd   string  `json:"loadAverageEnd"`
 	Options          options `json:"-"`
 	Config           Config  `json:"config"`
-	// Nice is the priority redis-server and the other processes ran at (--redis-nice).
+	// Nice is the priority each process ran at (--redis-nice, --broker-nice).
 	Nice Niceness `json:"nice"`
 
 	Fill    FillStats       `json:"fill"`
@@ -168,7 +168,7 @@ func (r *Report) Table() string {
 	o := r.Options
 	fmt.Fprintf(&b, "\n%d clusters x %d nodes, %d leases (%s, renewed every %s), %d replicas; commit %s, %d CPUs, load %s -> %s\n",
 		o.clusters, o.nodesPerCluster, o.leases, o.leaseLength, o.renewInterval, o.replicas, r.Commit, r.CPUs, r.LoadAverageStart, r.LoadAverageEnd)
-	fmt.Fprintf(&b, "nice: redis-server %d, the replicas and the simulator %d\n", r.Nice.Redis, r.Nice.Simulator)
+	fmt.Fprintf(&b, "nice: redis-server %d, the replicas %d, the simulator %d\n", r.Nice.Redis, r.Nice.Replicas, r.Nice.Simulator)
 	fmt.Fprintf(&b, "fill: %d leases in %.1f s (%.0f/s)\n", r.Fill.Leases, r.Fill.Seconds, r.Fill.PerSecond)
 	m := r.Memory
 	fmt.Fprintf(&b, "Redis used_memory: empty %s, advertised %s (%.0f B per cluster), filled %s (%.0f B per lease)\n",
