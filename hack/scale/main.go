@@ -66,6 +66,7 @@ type options struct {
 	slowlogUsec                       int
 	redisNice                         int
 	brokerNice                        int
+	latencyMonitorMs                  int
 	settle                            time.Duration
 	seed                              uint64
 	heartbeats                        bool
@@ -110,6 +111,7 @@ func main() {
 	f.IntVar(&o.redisNice, "redis-nice", -10, "run redis-server this much nicer than the simulator and the replicas, which share its cores (negative: a higher priority), "+
 		"as a deployment gives Redis, the one thread every call goes through, a core of its own; 0: the same priority. "+
 		"A higher priority needs CAP_SYS_NICE: without it the run goes on at the same priority and the report says so")
+	f.IntVar(&o.latencyMonitorMs, "latency-monitor-ms", 2, "record with Redis' latency monitor what holds it at least this many ms in each window (commands, and the work between them that SLOWLOG does not see: the expire cycle, ...); 0: off")
 	f.IntVar(&o.brokerNice, "broker-nice", -5, "run the replicas this much nicer than the simulator (negative: a higher priority): the simulator stands for members on machines of their own, "+
 		"and would otherwise take the replicas' share of the cores when they need them; 0: the same priority")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated clusters and requests")

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -119,7 +121,16 @@ type ScriptStats struct {
 	// MaxUsec is the longest call logged: Redis held every other caller
 	// that long (0 for the calls the log missed).
 	MaxUsec int64 `json:"maxUsec"`
+	// P99Usec is the 99th percentile of the calls logged, and LongUsec
+	// the time in the calls of at least longCallUsec: the calls that make
+	// every caller of their moment wait long (0 for the calls the log
+	// missed).
+	P99Usec  int64 `json:"p99Usec"`
+	LongUsec int64 `json:"longUsec"`
 }
+
+// longCallUsec: a call at least this long is counted as long (ScriptStats.LongUsec).
+const longCallUsec = 2000
 
 // slowlogSampler has Redis log the commands that take at least a
 // threshold (slowlog-log-slower-than) and drains the log often, before its
@@ -136,6 +147,7 @@ type slowlogSampler struct {
 	calls   map[string]int64
 	usec    map[string]int64
 	maxUsec map[string]int64
+	each    map[string][]int32 // every logged call's µs, for the percentiles
 	lost    bool  // the ring went round between two drains
 	lastID  int64 // the newest entry counted
 	read    int   // how many entries the next drain asks for first
@@ -156,7 +168,7 @@ const unlogged = "evalsha not in SLOWLOG"
 
 func startSlowlog(ctx context.Context, rdb *redis.Client, thresholdUsec int) (*slowlogSampler, error) {
 	s := &slowlogSampler{rdb: rdb, names: scriptNames(), calls: map[string]int64{}, usec: map[string]int64{}, maxUsec: map[string]int64{},
-		lastID: -1, read: slowlogFirstRead}
+		each: map[string][]int32{}, lastID: -1, read: slowlogFirstRead}
 	for k, v := range map[string]string{"slowlog-log-slower-than": strconv.Itoa(thresholdUsec), "slowlog-max-len": strconv.Itoa(slowlogLen)} {
 		if err := rdb.ConfigSet(ctx, k, v).Err(); err != nil {
 			return nil, err
@@ -211,6 +223,7 @@ func (s *slowlogSampler) drain(ctx context.Context) error {
 		s.calls[k]++
 		s.usec[k] += us
 		s.maxUsec[k] = max(s.maxUsec[k], us)
+		s.each[k] = append(s.each[k], int32(min(us, math.MaxInt32)))
 	}
 	s.lastID = last
 	return nil
@@ -250,6 +263,7 @@ func (s *slowlogSampler) stats(commands []CommandStats) []ScriptStats {
 	out := make([]ScriptStats, 0, len(calls))
 	for k, n := range calls {
 		st := ScriptStats{Script: k, Calls: n, Usec: usec[k], UsecPerCall: float64(usec[k]) / float64(n), MaxUsec: s.maxUsec[k]}
+		st.P99Usec, st.LongUsec = tail(s.each[k])
 		if total > 0 {
 			st.Share = float64(usec[k]) / float64(total)
 		}
@@ -257,6 +271,23 @@ func (s *slowlogSampler) stats(commands []CommandStats) []ScriptStats {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Usec > out[j].Usec })
 	return out
+}
+
+// tail returns the 99th percentile of the logged calls (a script's calls
+// under the log's threshold count on the line of the unlogged ones) and the
+// time in those of at least longCallUsec.
+func tail(logged []int32) (p99, long int64) {
+	if len(logged) == 0 {
+		return 0, 0
+	}
+	for _, us := range logged {
+		if us >= longCallUsec {
+			long += int64(us)
+		}
+	}
+	sorted := slices.Clone(logged)
+	slices.Sort(sorted)
+	return int64(sorted[int(math.Ceil(0.99*float64(len(sorted))))-1]), long
 }
 
 // Niceness is the priority each process ran at (nice values: -20 the
@@ -324,4 +355,64 @@ func renice(pid, nice int) error {
 		}
 	}
 	return nil
+}
+
+// StallStats is one kind of event Redis' latency monitor recorded over a
+// window (LATENCY HISTORY: the longest of each second at or over the
+// monitor's threshold): commands ("command", "fast-command") and the work
+// Redis does between them ("expire-cycle", "eviction-cycle", "fork", ...),
+// which SLOWLOG does not see and every caller waits for alike.
+type StallStats struct {
+	Event string `json:"event"`
+	// Seconds counts the seconds with at least one such event; MaxMs is the
+	// longest, SumMs the sum of each second's longest (a lower bound of the
+	// time Redis was held by them).
+	Seconds int64 `json:"seconds"`
+	MaxMs   int64 `json:"maxMs"`
+	SumMs   int64 `json:"sumMs"`
+}
+
+// startLatencyMonitor has Redis record the events that take at least
+// thresholdMs from now on.
+func startLatencyMonitor(ctx context.Context, rdb *redis.Client, thresholdMs int) error {
+	if err := rdb.ConfigSet(ctx, "latency-monitor-threshold", strconv.Itoa(thresholdMs)).Err(); err != nil {
+		return err
+	}
+	return rdb.Do(ctx, "LATENCY", "RESET").Err()
+}
+
+// readLatencyMonitor returns the events recorded since startLatencyMonitor
+// (the history keeps the last 160 seconds of each), the longest first, and
+// turns the monitor off.
+func readLatencyMonitor(ctx context.Context, rdb *redis.Client) ([]StallStats, error) {
+	latest, err := rdb.Do(ctx, "LATENCY", "LATEST").Slice()
+	if err != nil {
+		return nil, err
+	}
+	var out []StallStats
+	for _, e := range latest {
+		fields, ok := e.([]any)
+		if !ok || len(fields) == 0 {
+			continue
+		}
+		event, _ := fields[0].(string)
+		history, err := rdb.Do(ctx, "LATENCY", "HISTORY", event).Slice()
+		if err != nil {
+			return nil, err
+		}
+		st := StallStats{Event: event}
+		for _, h := range history {
+			sample, ok := h.([]any)
+			if !ok || len(sample) != 2 {
+				continue
+			}
+			ms, _ := sample[1].(int64)
+			st.Seconds++
+			st.SumMs += ms
+			st.MaxMs = max(st.MaxMs, ms)
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].SumMs > out[j].SumMs })
+	return out, rdb.ConfigSet(ctx, "latency-monitor-threshold", "0").Err()
 }

@@ -90,6 +90,8 @@ type RedisStats struct {
 	Scripts           []ScriptStats  `json:"scripts,omitempty"`
 	SlowlogOverflowed bool           `json:"slowlogOverflowed,omitempty"`
 	Commands          []CommandStats `json:"commandstats"`
+	// Stalls are what Redis' latency monitor recorded (--latency-monitor-ms).
+	Stalls []StallStats `json:"stalls,omitempty"`
 }
 
 // MemoryStats is Redis' used_memory at each step.
@@ -258,12 +260,22 @@ func (w Window) write(b *strings.Builder) {
 	if len(w.Redis.Scripts) > 0 {
 		b.WriteString("\nRedis' own time by script or command over the window (SLOWLOG; wall time inside Redis; est. CPU = share x Redis CPU):\n")
 		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "script\tcalls\tµs per call\tmax µs\tseconds\tshare\test. CPU, core\t")
+		fmt.Fprintln(tw, "script\tcalls\tµs per call\tp99 µs\tmax µs\tseconds\tin calls ≥ 2 ms\tshare\test. CPU, core\t")
 		for i, s := range w.Redis.Scripts {
 			if i == 10 {
 				break
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%.2f\t%.0f %%\t%.3f\t\n", s.Script, s.Calls, s.UsecPerCall, s.MaxUsec, float64(s.Usec)/1e6, 100*s.Share, s.Share*w.Redis.CPUShare)
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%d\t%.2f\t%.2f\t%.0f %%\t%.3f\t\n", s.Script, s.Calls, s.UsecPerCall, s.P99Usec, s.MaxUsec,
+				float64(s.Usec)/1e6, float64(s.LongUsec)/1e6, 100*s.Share, s.Share*w.Redis.CPUShare)
+		}
+		tw.Flush()
+	}
+	if len(w.Redis.Stalls) > 0 {
+		b.WriteString("\nRedis' latency monitor (each second's longest event over the threshold, by kind):\n")
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "event\tseconds with one\tmax ms\tsum of each second's longest, ms\t")
+		for _, st := range w.Redis.Stalls {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t\n", st.Event, st.Seconds, st.MaxMs, st.SumMs)
 		}
 		tw.Flush()
 	}

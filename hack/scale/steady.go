@@ -88,6 +88,11 @@ func (s *sim) steady(ctx context.Context, rate float64) (Window, error) {
 			return w, err
 		}
 	}
+	if s.o.latencyMonitorMs > 0 {
+		if err := startLatencyMonitor(ctx, rdb, s.o.latencyMonitorMs); err != nil {
+			return w, err
+		}
+	}
 	steadyRec := newRecorder()
 	s.rec.Store(steadyRec)
 	renewed0 := s.renewedIDs.Load()
@@ -197,6 +202,12 @@ func (s *sim) steady(ctx context.Context, rate float64) (Window, error) {
 		return w, err
 	}
 	loops.Wait()
+	var stalls []StallStats
+	if s.o.latencyMonitorMs > 0 {
+		if stalls, err = readLatencyMonitor(ctx, rdb); err != nil {
+			return w, err
+		}
+	}
 	if slow != nil {
 		if err := slow.drain(ctx); err != nil {
 			return w, err
@@ -210,7 +221,7 @@ func (s *sim) steady(ctx context.Context, rate float64) (Window, error) {
 	w.LiveAtEnd = s.live.Load()
 	w.RenewedIDs = s.renewedIDs.Load() - renewed0
 	redisCPU := cpu1.redis - cpu0.redis
-	w.Redis = RedisStats{CPUShare: share(redisCPU, window), Commands: commandStats(stats)}
+	w.Redis = RedisStats{CPUShare: share(redisCPU, window), Commands: commandStats(stats), Stalls: stalls}
 	if slow != nil {
 		w.Redis.Scripts = slow.stats(w.Redis.Commands)
 		w.Redis.SlowlogOverflowed = slow.lost
