@@ -148,9 +148,9 @@ type slowlogSampler struct {
 	usec    map[string]int64
 	maxUsec map[string]int64
 	each    map[string][]int32 // every logged call's µs, for the percentiles
-	lost    bool  // the ring went round between two drains
-	lastID  int64 // the newest entry counted
-	read    int   // how many entries the next drain asks for first
+	lost    bool               // the ring went round between two drains
+	lastID  int64              // the newest entry counted
+	read    int                // how many entries the next drain asks for first
 }
 
 // The ring holds slowlogLen entries. SLOWLOG GET costs Redis for every entry
