@@ -112,8 +112,8 @@ func main() {
 		"as a deployment gives Redis, the one thread every call goes through, a core of its own; 0: the same priority. "+
 		"A higher priority needs CAP_SYS_NICE: without it the run goes on at the same priority and the report says so")
 	f.IntVar(&o.latencyMonitorMs, "latency-monitor-ms", 2, "record with Redis' latency monitor what holds it at least this many ms in each window (commands, and the work between them that SLOWLOG does not see: the expire cycle, ...); 0: off")
-	f.IntVar(&o.brokerNice, "broker-nice", -5, "run the replicas this much nicer than the simulator (negative: a higher priority): the simulator stands for members on machines of their own, "+
-		"and would otherwise take the replicas' share of the cores when they need them; 0: the same priority")
+	f.IntVar(&o.brokerNice, "broker-nice", 0, "run the replicas this much nicer than the simulator (negative: a higher priority), which stands for members on machines of their own "+
+		"(-5 measured no better than 0 at 500/s and 2,000/s: docs/benchmarks.md)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated clusters and requests")
 	f.BoolVar(&o.heartbeats, "heartbeats", true, "members send a heartbeat naming the advertisement the broker holds while their figures stay within the agent's band of it, as agent/publisher does; false: a full advertisement every period")
 	f.BoolVar(&o.fillPinned, "fill-pinned", false, "fill with requests that each name one provider by a label of its own (the member's "+memberLabel+"), round-robin over the providers: "+

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fluidos-project/resource-broker/broker/scripts"
+	"github.com/fluidos-project/resource-broker/broker/store"
 )
 
 // infoField reads one "name:value" line of an INFO section.
@@ -415,4 +416,49 @@ func readLatencyMonitor(ctx context.Context, rdb *redis.Client) ([]StallStats, e
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].SumMs > out[j].SumMs })
 	return out, rdb.ConfigSet(ctx, "latency-monitor-threshold", "0").Err()
+}
+
+// MethodStats counts the decisions of the audit stream's last entries by
+// how their candidates were found (reserve.lua's method: "hint" from a
+// replica's view; "direct" or "threshold", the index walked in Redis, as
+// when a hint's price range no longer fits), with the clusters they
+// examined.
+type MethodStats struct {
+	Method    string `json:"method"`
+	Decisions int64  `json:"decisions"`
+	Examined  int64  `json:"examined"`
+}
+
+// auditSample is how many of the audit stream's newest entries a window
+// reads (the broker keeps about 10,000: store.DefaultAuditMaxLen).
+const auditSample = store.DefaultAuditMaxLen
+
+// auditMethods reads up to n of the audit stream's newest entries.
+func auditMethods(ctx context.Context, rdb *redis.Client, key string, n int64) ([]MethodStats, error) {
+	entries, err := rdb.XRevRangeN(ctx, key, "+", "-", n).Result()
+	if err != nil {
+		return nil, err
+	}
+	by := map[string]*MethodStats{}
+	for _, e := range entries {
+		m, _ := e.Values["method"].(string)
+		if m == "" {
+			continue // not a decision (an expiry, a release)
+		}
+		st := by[m]
+		if st == nil {
+			st = &MethodStats{Method: m}
+			by[m] = st
+		}
+		st.Decisions++
+		ex, _ := e.Values["examined"].(string)
+		n, _ := strconv.ParseInt(ex, 10, 64)
+		st.Examined += n
+	}
+	out := make([]MethodStats, 0, len(by))
+	for _, st := range by {
+		out = append(out, *st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Decisions > out[j].Decisions })
+	return out, nil
 }

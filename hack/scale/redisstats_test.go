@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -51,4 +52,24 @@ return 1`
 	threshold, err := rdb.ConfigGet(ctx, "latency-monitor-threshold").Result()
 	require.NoError(t, err)
 	assert.Equal(t, "0", threshold["latency-monitor-threshold"])
+}
+
+// TestAuditMethods counts decisions by method from a real audit stream,
+// leaving out the entries that are not decisions.
+func TestAuditMethods(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).AdminClient()
+	add := func(fields ...any) {
+		require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: "audit", Values: fields}).Err())
+	}
+	add("outcome", "reserved", "method", "hint", "examined", "7")
+	add("outcome", "reserved", "method", "threshold", "examined", "400")
+	add("outcome", "deferred", "blocked_by", "x")
+	add("outcome", "reserved", "method", "hint", "examined", "5")
+	got, err := auditMethods(ctx, rdb, "audit", 10)
+	require.NoError(t, err)
+	assert.Equal(t, []MethodStats{{Method: "hint", Decisions: 2, Examined: 12}, {Method: "threshold", Decisions: 1, Examined: 400}}, got)
+	got, err = auditMethods(ctx, rdb, "audit", 1)
+	require.NoError(t, err)
+	assert.Equal(t, []MethodStats{{Method: "hint", Decisions: 1, Examined: 5}}, got, "the newest entry only")
 }

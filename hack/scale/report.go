@@ -92,6 +92,9 @@ type RedisStats struct {
 	Commands          []CommandStats `json:"commandstats"`
 	// Stalls are what Redis' latency monitor recorded (--latency-monitor-ms).
 	Stalls []StallStats `json:"stalls,omitempty"`
+	// Methods are the window's last decisions (the audit stream's) by how
+	// their candidates were found.
+	Methods []MethodStats `json:"methods,omitempty"`
 }
 
 // MemoryStats is Redis' used_memory at each step.
@@ -269,6 +272,13 @@ func (w Window) write(b *strings.Builder) {
 				float64(s.Usec)/1e6, float64(s.LongUsec)/1e6, 100*s.Share, s.Share*w.Redis.CPUShare)
 		}
 		tw.Flush()
+	}
+	if len(w.Redis.Methods) > 0 {
+		b.WriteString("\nThe last decisions of the window by method (the audit stream's newest entries):")
+		for _, m := range w.Redis.Methods {
+			fmt.Fprintf(b, " %s %d (%.1f clusters examined each);", m.Method, m.Decisions, float64(m.Examined)/float64(max(m.Decisions, 1)))
+		}
+		b.WriteString("\n")
 	}
 	if len(w.Redis.Stalls) > 0 {
 		b.WriteString("\nRedis' latency monitor (each second's longest event over the threshold, by kind):\n")

@@ -202,6 +202,10 @@ func (s *sim) steady(ctx context.Context, rate float64) (Window, error) {
 		return w, err
 	}
 	loops.Wait()
+	methods, err := auditMethods(ctx, rdb, s.b.Store.Key("audit"), auditSample)
+	if err != nil {
+		return w, err
+	}
 	var stalls []StallStats
 	if s.o.latencyMonitorMs > 0 {
 		if stalls, err = readLatencyMonitor(ctx, rdb); err != nil {
@@ -221,7 +225,7 @@ func (s *sim) steady(ctx context.Context, rate float64) (Window, error) {
 	w.LiveAtEnd = s.live.Load()
 	w.RenewedIDs = s.renewedIDs.Load() - renewed0
 	redisCPU := cpu1.redis - cpu0.redis
-	w.Redis = RedisStats{CPUShare: share(redisCPU, window), Commands: commandStats(stats), Stalls: stalls}
+	w.Redis = RedisStats{CPUShare: share(redisCPU, window), Commands: commandStats(stats), Stalls: stalls, Methods: methods}
 	if slow != nil {
 		w.Redis.Scripts = slow.stats(w.Redis.Commands)
 		w.Redis.SlowlogOverflowed = slow.lost
