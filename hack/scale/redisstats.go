@@ -303,10 +303,10 @@ type Niceness struct {
 // and the replicas the simulator's plus brokerDelta (within -20..19). The
 // machine's cores are shared: without it the scheduler gives Redis' one
 // thread the share of any of the replicas' and the simulator's threads, and
-// every call waits in its queue while it waits for a core; and the
-// simulator, which stands for 10,000 members on machines of their own, takes
-// the replicas' cores when they need them. It returns the nice values the
-// run goes on with (those it could not set left as they were).
+// every call waits in its queue while it waits for a core. (The replicas'
+// priority over the simulator, which stands for members on machines of
+// their own, measured no better: brokerDelta defaults to 0.) It returns the
+// nice values the run goes on with (those it could not set left as they were).
 func prioritize(ctx context.Context, rdb *redis.Client, replicas []int, redisDelta, brokerDelta int) (Niceness, error) {
 	own, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0)
 	if err != nil {
