@@ -58,6 +58,13 @@ func stats(ds []time.Duration) string {
 // fails the test with the last message cond gave.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
+	eventuallyExplained(t, timeout, what, cond, nil)
+}
+
+// eventuallyExplained is eventually whose failure also says explain(), a
+// look at the state too costly to take at every poll (nil: nothing more).
+func eventuallyExplained(t testing.TB, timeout time.Duration, what string, cond func() (bool, string), explain func() string) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		ok, msg := cond()
@@ -65,6 +72,9 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() (b
 			return
 		}
 		if time.Now().After(deadline) {
+			if explain != nil {
+				msg += "; " + explain()
+			}
 			t.Fatalf("waiting for %s: not within %s: %s", what, timeout, msg)
 		}
 		time.Sleep(25 * time.Millisecond)
@@ -113,23 +123,16 @@ func backToBaseline(t *testing.T, bed *testbed.Bed, base testbed.Capacity, timeo
 	t.Helper()
 	ctx := context.Background()
 	waitNoLive(t, bed, timeout)
-	deadline := time.Now().Add(timeout)
-	for {
+	// A cluster short of nodes: the failure says what its agent saw of
+	// them (an advertisement counts the Ready, schedulable ones).
+	eventuallyExplained(t, timeout, "capacity back to the starting numbers", func() (bool, string) {
 		c, err := bed.Capacity(ctx)
-		d := ""
 		if err != nil {
-			d = err.Error()
-		} else if d = c.Diff(base); d == "" {
-			break
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			// A cluster short of nodes: say what its agent saw of them
-			// (an advertisement counts the Ready, schedulable ones).
-			t.Fatalf("waiting for capacity back to the starting numbers: not within %s: %s; the clusters' nodes now: %s",
-				timeout, d, nodeStates(bed, base))
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+		d := c.Diff(base)
+		return d == "", d
+	}, func() string { return "the clusters' nodes now: " + nodeStates(bed, base) })
 	require.NoError(t, bed.Store.CheckInvariant(ctx))
 }
 
